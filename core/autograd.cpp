@@ -1,0 +1,176 @@
+#include "core/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+namespace loom {
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+thread_local bool t_grad_mode = true;
+
+void accumulate(Tensor& total, Tensor&& gradient) {
+  if (!gradient.defined()) return;
+  if (!total.defined()) {
+    total = std::move(gradient);
+    return;
+  }
+  // The buffer may alias a tensor someone else holds: sum into a fresh one.
+  Tensor sum = total.clone();
+  sum.add_(gradient);
+  total = std::move(sum);
+}
+}  // namespace
+
+Node::Node(std::string name, uint32_t num_outputs)
+    : sequence_nr_(g_next_sequence_nr.fetch_add(1)), name_(std::move(name)), num_outputs_(num_outputs) {}
+
+FunctionNode::FunctionNode(std::string name, uint32_t num_outputs, BackwardFunction backward)
+    : Node(std::move(name), num_outputs), backward_(std::move(backward)) {}
+
+TensorList FunctionNode::apply(TensorList&& grad_outputs) {
+  LOOM_CHECK(backward_, "backward through ", name(),
+             " a second time: its saved tensors were freed; pass retain_graph=true to the first backward");
+  TensorList grads = backward_(grad_outputs, *this);
+  LOOM_CHECK(grads.size() == next_edges.size(), name(), " backward returned ", grads.size(), " gradients for ",
+             next_edges.size(), " inputs");
+  return grads;
+}
+
+AccumulateGrad::AccumulateGrad(Tensor variable) : Node("AccumulateGrad"), variable_(std::move(variable)) {
+  // Leaves accumulate as soon as they are ready, ahead of any other node.
+  sequence_nr_ = UINT64_MAX;
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+  Tensor gradient = std::move(grad_outputs.at(0));
+  if (!gradient.defined()) return {};
+  TensorImpl& impl = *variable_.impl();
+  LOOM_CHECK(gradient.sizes() == impl.sizes, "gradient of shape ", shape_str(gradient.sizes()),
+             " for a parameter of shape ", shape_str(impl.sizes));
+  if (!impl.grad.defined()) {
+    // Keep the incoming tensor when nobody else can see it; otherwise copy.
+    if (gradient.dtype() != impl.dtype) gradient = gradient.to(impl.dtype);
+    if (!gradient.is_contiguous() || gradient.storage().use_count() > 1 || gradient.impl_ptr().use_count() > 1) {
+      gradient = gradient.clone();
+    }
+    impl.grad = gradient.detach();
+  } else {
+    impl.grad.add_(gradient);
+  }
+  for (auto& hook : impl.post_accumulate_grad_hooks) hook(variable_);
+  return {};
+}
+
+bool grad_mode_enabled() { return t_grad_mode; }
+void set_grad_mode(bool enabled) { t_grad_mode = enabled; }
+
+bool any_requires_grad(const TensorList& inputs) {
+  if (!grad_mode_enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  TensorImpl& impl = *t.impl();
+  if (impl.grad_fn) return {impl.grad_fn, impl.output_nr};
+  std::shared_ptr<Node> accumulator = impl.grad_accumulator.lock();
+  if (!accumulator) {
+    accumulator = std::make_shared<AccumulateGrad>(t);
+    impl.grad_accumulator = accumulator;
+  }
+  return {accumulator, 0};
+}
+
+bool record(const char* name, const TensorList& inputs, const std::vector<Tensor*>& outputs,
+            BackwardFunction backward) {
+  if (!any_requires_grad(inputs)) return false;
+  auto node = std::make_shared<FunctionNode>(name, static_cast<uint32_t>(outputs.size()), std::move(backward));
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& input : inputs) node->next_edges.push_back(gradient_edge(input));
+  for (uint32_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl& out = *outputs[i]->impl();
+    out.requires_grad = true;
+    out.grad_fn = node;
+    out.output_nr = i;
+  }
+  return true;
+}
+
+void run_backward(const TensorList& roots, const TensorList& root_grads, bool retain_graph) {
+  LOOM_CHECK(roots.size() == root_grads.size(), "backward: ", roots.size(), " roots but ", root_grads.size(),
+             " gradients");
+  NoGradGuard no_grad;
+
+  // Count, for every reachable node, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack;
+  for (const Tensor& root : roots) {
+    Edge edge = gradient_edge(root);
+    LOOM_CHECK(edge.valid(), "backward: tensor ", root.str(), " does not require grad and has no grad_fn");
+    if (dependencies.emplace(edge.node.get(), 0).second) stack.push_back(edge.node.get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& edge : node->next_edges) {
+      if (!edge.valid()) continue;
+      auto [it, inserted] = dependencies.emplace(edge.node.get(), 0);
+      ++it->second;
+      if (inserted) stack.push_back(edge.node.get());
+    }
+  }
+
+  struct Pending {
+    std::shared_ptr<Node> node;
+    TensorList grads;
+  };
+  std::unordered_map<Node*, Pending> pending;
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr() < b->sequence_nr();
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
+      later_first);
+
+  auto deliver = [&](const Edge& edge, Tensor&& gradient) {
+    Pending& slot = pending[edge.node.get()];
+    if (!slot.node) {
+      slot.node = edge.node;
+      slot.grads.resize(edge.node->num_outputs());
+    }
+    accumulate(slot.grads.at(edge.input_nr), std::move(gradient));
+  };
+  for (size_t i = 0; i < roots.size(); ++i) {
+    Edge edge = gradient_edge(roots[i]);
+    Tensor seed = root_grads[i];
+    deliver(edge, std::move(seed));
+  }
+  for (auto& [node, slot] : pending) {
+    if (dependencies[node] == 0) ready.push(slot.node);
+  }
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    auto found = pending.find(node.get());
+    TensorList grads = std::move(found->second.grads);
+    pending.erase(found);
+    bool any_gradient = false;
+    for (const Tensor& g : grads) any_gradient = any_gradient || g.defined();
+    // A node that received no gradient at all passes none on.
+    TensorList input_grads = any_gradient ? node->apply(std::move(grads)) : TensorList();
+    if (!retain_graph) node->release_saved();
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& edge = node->next_edges[i];
+      if (!edge.valid()) continue;
+      Tensor gradient = i < input_grads.size() ? std::move(input_grads[i]) : Tensor();
+      deliver(edge, std::move(gradient));
+      if (--dependencies[edge.node.get()] == 0) ready.push(edge.node);
+    }
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,108 @@
+// Reverse-mode autodiff: Node (the backward of one op), the iterative engine,
+// AccumulateGrad for leaves, and grad mode.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+using TensorList = std::vector<Tensor>;
+
+// Where a gradient flows: input `input_nr` of `node`.
+struct Edge {
+  std::shared_ptr<Node> node;
+  uint32_t input_nr = 0;
+  bool valid() const { return node != nullptr; }
+};
+
+// The backward of one op. apply() receives one gradient per output of the op
+// (undefined where none flowed) and returns one gradient per next_edge
+// (undefined where the input needs none).
+class Node {
+ public:
+  explicit Node(std::string name, uint32_t num_outputs = 1);
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  virtual TensorList apply(TensorList&& grad_outputs) = 0;
+  // Frees what backward saved; called once the node has run unless the graph is retained.
+  virtual void release_saved() {}
+
+  const std::string& name() const { return name_; }
+  uint32_t num_outputs() const { return num_outputs_; }
+  // Order of creation; the engine runs ready nodes latest-first, so backward
+  // visits layers in reverse forward order.
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+
+  std::vector<Edge> next_edges;
+
+ protected:
+  uint64_t sequence_nr_;
+
+ private:
+  std::string name_;
+  uint32_t num_outputs_;
+};
+
+// Backward of an op as a closure over exactly what it saved.
+using BackwardFunction = std::function<TensorList(const TensorList& grad_outputs, const Node& node)>;
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, uint32_t num_outputs, BackwardFunction backward);
+  TensorList apply(TensorList&& grad_outputs) override;
+  void release_saved() override { backward_ = nullptr; }
+
+ private:
+  BackwardFunction backward_;
+};
+
+// Sums gradients into a leaf's .grad, then runs its post-accumulate hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(Tensor variable);
+  TensorList apply(TensorList&& grad_outputs) override;
+  const Tensor& variable() const { return variable_; }
+
+ private:
+  Tensor variable_;
+};
+
+// Grad mode is per thread; ops record a graph only while it is on.
+bool grad_mode_enabled();
+void set_grad_mode(bool enabled);
+
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(grad_mode_enabled()) { set_grad_mode(false); }
+  ~NoGradGuard() { set_grad_mode(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when grad mode is on and some input requires grad: the op must record.
+bool any_requires_grad(const TensorList& inputs);
+
+// Records `backward` as the grad_fn of `outputs` when any_requires_grad(inputs).
+// Undefined inputs get no edge. Returns whether a node was recorded.
+bool record(const char* name, const TensorList& inputs, const std::vector<Tensor*>& outputs,
+            BackwardFunction backward);
+
+// The edge a gradient for `t` must flow to: its grad_fn, or its AccumulateGrad.
+Edge gradient_edge(const Tensor& t);
+
+// Runs backward from `roots` seeded with `root_grads`.
+void run_backward(const TensorList& roots, const TensorList& root_grads, bool retain_graph);
+
+}  // namespace loom
