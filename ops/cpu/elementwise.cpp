@@ -1,0 +1,84 @@
+// CPU kernels of the elementwise ops and whole-tensor reductions.
+#include "ops/elementwise.h"
+
+#include "core/parallel.h"
+#include "ops/dispatch.h"
+
+namespace loom::ops::cpu {
+namespace {
+constexpr int64_t kGrain = 1 << 14;
+
+// Runs fn<T>(out, n) on a new tensor shaped like `like` in the compute dtype of
+// `like`, then converts back to `like`'s dtype.
+template <class Fn>
+Tensor unary_map(const Tensor& like, Fn&& fn) {
+  const DType compute = cpu_compute_dtype(like.dtype());
+  Tensor out = Tensor::empty(like.sizes(), compute);
+  visit_compute_dtype(compute, "elementwise", [&]<class T>() { fn.template operator()<T>(out.data<T>(), out.numel()); });
+  return compute == like.dtype() ? out : out.to(like.dtype());
+}
+}  // namespace
+
+Tensor binary(Binary op, const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = cpu_compute_input(a_in), b = cpu_compute_input(b_in);
+  return unary_map(a_in, [&]<class T>(T* out, int64_t n) {
+    const T* x = a.data<T>();
+    const T* y = b.data<T>();
+    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      switch (op) {
+        case Binary::add: for (int64_t i = begin; i < end; ++i) out[i] = x[i] + y[i]; break;
+        case Binary::sub: for (int64_t i = begin; i < end; ++i) out[i] = x[i] - y[i]; break;
+        case Binary::mul: for (int64_t i = begin; i < end; ++i) out[i] = x[i] * y[i]; break;
+      }
+    });
+  });
+}
+
+Tensor affine(const Tensor& x_in, double factor, double offset) {
+  Tensor x = cpu_compute_input(x_in);
+  return unary_map(x_in, [&]<class T>(T* out, int64_t n) {
+    const T* in = x.data<T>();
+    const T f = static_cast<T>(factor), o = static_cast<T>(offset);
+    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = in[i] * f + o;
+    });
+  });
+}
+
+Tensor relu_forward(const Tensor& x_in) {
+  Tensor x = cpu_compute_input(x_in);
+  return unary_map(x_in, [&]<class T>(T* out, int64_t n) {
+    const T* in = x.data<T>();
+    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = in[i] > T(0) ? in[i] : T(0);
+    });
+  });
+}
+
+Tensor relu_backward(const Tensor& grad_in, const Tensor& output_in) {
+  Tensor g = cpu_compute_input(grad_in), y = cpu_compute_input(output_in);
+  return unary_map(grad_in, [&]<class T>(T* out, int64_t n) {
+    const T* gp = g.data<T>();
+    const T* yp = y.data<T>();
+    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = yp[i] > T(0) ? gp[i] : T(0);
+    });
+  });
+}
+
+Tensor sum_all(const Tensor& x_in) {
+  Tensor x = cpu_compute_input(x_in);
+  double total = visit_compute_dtype(x.dtype(), "sum", [&]<class T>() {
+    const T* p = x.data<T>();
+    double s = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) s += static_cast<double>(p[i]);
+    return s;
+  });
+  return Tensor::full({}, total, x_in.dtype());
+}
+
+Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor) {
+  return Tensor::full(sizes, g.item() * factor, g.dtype());
+}
+
+}  // namespace loom::ops::cpu

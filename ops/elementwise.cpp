@@ -1,0 +1,106 @@
+#include "ops/elementwise.h"
+
+#include "ops/dispatch.h"
+
+namespace loom {
+
+using ops::on_cuda;
+namespace cpu = ops::cpu;
+namespace gpu = ops::cuda;
+
+namespace {
+Tensor dispatch_binary(cpu::Binary op, const Tensor& a, const Tensor& b) {
+  ops::check_same_device_and_dtype("elementwise op", {a, b});
+  LOOM_CHECK(a.sizes() == b.sizes(), "elementwise op: shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
+             " differ");
+  NoGradGuard no_grad;
+  return on_cuda(a) ? LOOM_CUDA_KERNEL(gpu::binary(op, a, b)) : cpu::binary(op, a, b);
+}
+
+Tensor dispatch_affine(const Tensor& x, double factor, double offset) {
+  NoGradGuard no_grad;
+  return on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::affine(x, factor, offset)) : cpu::affine(x, factor, offset);
+}
+
+Tensor dispatch_broadcast(const Tensor& g, const Shape& sizes, double factor) {
+  return on_cuda(g) ? LOOM_CUDA_KERNEL(gpu::broadcast_scalar(g, sizes, factor))
+                    : cpu::broadcast_scalar(g, sizes, factor);
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = dispatch_binary(cpu::Binary::add, a, b);
+  record("add", {a, b}, {&out}, [](const TensorList& g, const Node&) { return TensorList{g[0], g[0]}; });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = dispatch_binary(cpu::Binary::sub, a, b);
+  record("sub", {a, b}, {&out}, [](const TensorList& g, const Node& node) {
+    return TensorList{g[0], node.needs_input_grad(1) ? dispatch_affine(g[0], -1.0, 0.0) : Tensor()};
+  });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = dispatch_binary(cpu::Binary::mul, a, b);
+  record("mul", {a, b}, {&out}, [a = a.detach(), b = b.detach()](const TensorList& g, const Node& node) {
+    return TensorList{node.needs_input_grad(0) ? dispatch_binary(cpu::Binary::mul, g[0], b) : Tensor(),
+                      node.needs_input_grad(1) ? dispatch_binary(cpu::Binary::mul, g[0], a) : Tensor()};
+  });
+  return out;
+}
+
+Tensor scale(const Tensor& x, double factor) {
+  Tensor out = dispatch_affine(x, factor, 0.0);
+  record("scale", {x}, {&out}, [factor](const TensorList& g, const Node&) { return TensorList{dispatch_affine(g[0], factor, 0.0)}; });
+  return out;
+}
+
+Tensor add_scalar(const Tensor& x, double value) {
+  Tensor out = dispatch_affine(x, 1.0, value);
+  record("add_scalar", {x}, {&out}, [](const TensorList& g, const Node&) { return TensorList{g[0]}; });
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::relu_forward(x)) : cpu::relu_forward(x);
+  }
+  record("relu", {x}, {&out}, [y = out.detach()](const TensorList& g, const Node&) {
+    return TensorList{on_cuda(y) ? LOOM_CUDA_KERNEL(gpu::relu_backward(g[0], y)) : cpu::relu_backward(g[0], y)};
+  });
+  return out;
+}
+
+Tensor sum(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::sum_all(x)) : cpu::sum_all(x);
+  }
+  Shape sizes = x.sizes();
+  record("sum", {x}, {&out}, [sizes](const TensorList& g, const Node&) {
+    return TensorList{dispatch_broadcast(g[0], sizes, 1.0)};
+  });
+  return out;
+}
+
+Tensor mean(const Tensor& x) {
+  LOOM_CHECK(x.numel() > 0, "mean of an empty tensor");
+  Tensor out;
+  const double inverse = 1.0 / static_cast<double>(x.numel());
+  {
+    NoGradGuard no_grad;
+    out = dispatch_affine(on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::sum_all(x)) : cpu::sum_all(x), inverse, 0.0);
+  }
+  Shape sizes = x.sizes();
+  record("mean", {x}, {&out}, [sizes, inverse](const TensorList& g, const Node&) {
+    return TensorList{dispatch_broadcast(g[0], sizes, inverse)};
+  });
+  return out;
+}
+
+}  // namespace loom

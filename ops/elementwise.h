@@ -1,0 +1,51 @@
+// Elementwise ops: add (residuals), sub, mul, scalar ops, relu; and the
+// whole-tensor reductions sum and mean.
+//
+// Backward rules:
+//   add:  da = g, db = g           sub: da = g, db = -g
+//   mul:  da = g * b, db = g * a   scale(x, s): dx = s * g     add_scalar: dx = g
+//   relu: dx = g * (y > 0)
+//   sum:  dx = g broadcast         mean: dx = g / numel broadcast
+#pragma once
+
+#include "core/tensor.h"
+
+namespace loom {
+
+Tensor add(const Tensor& a, const Tensor& b);  // same shape
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, double factor);
+Tensor add_scalar(const Tensor& x, double value);
+Tensor relu(const Tensor& x);
+Tensor sum(const Tensor& x);   // 0-d result
+Tensor mean(const Tensor& x);  // 0-d result
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator*(const Tensor& x, double s) { return scale(x, s); }
+inline Tensor operator*(double s, const Tensor& x) { return scale(x, s); }
+inline Tensor operator+(const Tensor& x, double v) { return add_scalar(x, v); }
+
+namespace ops::cpu {
+enum class Binary { add, sub, mul };
+Tensor binary(Binary op, const Tensor& a, const Tensor& b);
+// y = x * factor + offset
+Tensor affine(const Tensor& x, double factor, double offset);
+Tensor relu_forward(const Tensor& x);
+Tensor relu_backward(const Tensor& grad, const Tensor& output);
+Tensor sum_all(const Tensor& x);  // 0-d, f64 accumulation
+Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
+}  // namespace ops::cpu
+
+namespace ops::cuda {
+Tensor binary(cpu::Binary op, const Tensor& a, const Tensor& b);
+Tensor affine(const Tensor& x, double factor, double offset);
+Tensor relu_forward(const Tensor& x);
+Tensor relu_backward(const Tensor& grad, const Tensor& output);
+Tensor sum_all(const Tensor& x);
+Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
+}  // namespace ops::cuda
+
+}  // namespace loom

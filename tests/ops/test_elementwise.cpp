@@ -1,0 +1,115 @@
+// Elementwise ops and reductions: hand-computed forward values, backward
+// against finite differences, and the autograd engine's accumulation rules.
+#include <doctest/doctest.h>
+
+#include "ops/elementwise.h"
+#include "tests/support/gradcheck.h"
+
+using namespace loom;
+using loom::testing::check_gradients;
+using loom::testing::random_tensor;
+
+TEST_CASE("elementwise forward matches hand computation") {
+  Tensor a = Tensor::from_vector<float>({1, -2, 3, -4}, {2, 2});
+  Tensor b = Tensor::from_vector<float>({0.5f, 0.5f, 2, 2}, {2, 2});
+  CHECK(add(a, b).to_vector<float>() == std::vector<float>{1.5f, -1.5f, 5, -2});
+  CHECK(sub(a, b).to_vector<float>() == std::vector<float>{0.5f, -2.5f, 1, -6});
+  CHECK(mul(a, b).to_vector<float>() == std::vector<float>{0.5f, -1, 6, -8});
+  CHECK(relu(a).to_vector<float>() == std::vector<float>{1, 0, 3, 0});
+  CHECK(scale(a, 2).to_vector<float>() == std::vector<float>{2, -4, 6, -8});
+  CHECK(add_scalar(a, 1).to_vector<float>() == std::vector<float>{2, -1, 4, -3});
+  CHECK(sum(a).item() == -2);
+  CHECK(mean(a).item() == -0.5);
+}
+
+TEST_CASE("elementwise backward matches finite differences") {
+  Tensor a = random_tensor({3, 5}, 1).set_requires_grad(true);
+  Tensor b = random_tensor({3, 5}, 2).set_requires_grad(true);
+  check_gradients([](const TensorList& x) { return add(x[0], x[1]); }, {a, b});
+  check_gradients([](const TensorList& x) { return sub(x[0], x[1]); }, {a, b});
+  check_gradients([](const TensorList& x) { return mul(x[0], x[1]); }, {a, b});
+  check_gradients([](const TensorList& x) { return scale(x[0], -3.5); }, {a});
+  check_gradients([](const TensorList& x) { return add_scalar(x[0], 2.0); }, {a});
+  check_gradients([](const TensorList& x) { return sum(x[0]); }, {a});
+  check_gradients([](const TensorList& x) { return mean(x[0]); }, {a});
+  // relu is not differentiable at 0: keep values away from it.
+  Tensor c = random_tensor({4, 7}, 3, 0.1, 1.0);
+  Tensor d = scale(random_tensor({4, 7}, 4, 0.1, 1.0), -1.0);
+  Tensor mixed = Tensor::empty({8, 7}, DType::f64);
+  mixed.slice(0, 0, 4).copy_(c);
+  mixed.slice(0, 4, 8).copy_(d);
+  mixed.set_requires_grad(true);
+  check_gradients([](const TensorList& x) { return relu(x[0]); }, {mixed});
+}
+
+TEST_CASE("views are differentiable") {
+  Tensor a = random_tensor({2, 3, 4}, 5).set_requires_grad(true);
+  check_gradients([](const TensorList& x) { return x[0].transpose(0, 2).contiguous(); }, {a});
+  check_gradients([](const TensorList& x) { return x[0].reshape({6, 4}); }, {a});
+  check_gradients([](const TensorList& x) { return x[0].slice(2, 1, 4, 2); }, {a});
+  check_gradients([](const TensorList& x) { return x[0].permute({1, 2, 0}).slice(0, 1, 3).contiguous(); }, {a});
+  check_gradients([](const TensorList& x) { return x[0].flatten(1); }, {a});
+  // A dtype conversion passes the gradient through, converted back.
+  Tensor y = sum(a.to(DType::f32));
+  a.set_grad(Tensor());
+  y.backward();
+  CHECK(a.grad().dtype() == DType::f64);
+  CHECK(a.grad().to_vector<double>() == std::vector<double>(24, 1.0));
+}
+
+TEST_CASE("gradients accumulate across uses and across backward calls") {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad(true);
+  // y = x*x + x: dy/dx = 2x + 1, with x used three times in the graph.
+  Tensor y = sum(add(mul(x, x), x));
+  y.backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 5, 7});
+  Tensor z = sum(scale(x, 2.0));
+  z.backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{5, 7, 9});
+}
+
+TEST_CASE("post-accumulate hooks run once per backward, after the gradient is complete") {
+  Tensor x = Tensor::from_vector<double>({1, 2}, {2}).set_requires_grad(true);
+  std::vector<double> seen;
+  int calls = 0;
+  x.register_post_accumulate_grad_hook([&](Tensor& p) {
+    ++calls;
+    seen = p.grad().to_vector<double>();
+  });
+  sum(add(mul(x, x), scale(x, 3.0))).backward();
+  CHECK(calls == 1);
+  CHECK(seen == std::vector<double>{5, 7});
+}
+
+TEST_CASE("no-grad mode records nothing and backward twice needs retain_graph") {
+  Tensor x = Tensor::from_vector<double>({1, 2}, {2}).set_requires_grad(true);
+  {
+    NoGradGuard guard;
+    Tensor y = mul(x, x);
+    CHECK_FALSE(y.requires_grad());
+    CHECK(y.grad_fn() == nullptr);
+  }
+  Tensor y = sum(mul(x, x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 8});
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("retain_graph"), Error);
+  Tensor v = Tensor::zeros({1});
+  CHECK_THROWS_WITH_AS(v.backward(), doctest::Contains("does not require grad"), Error);
+}
+
+TEST_CASE("f16 and bf16 round trip and compute through f32") {
+  Tensor a = Tensor::from_vector<float>({1.0f, -2.5f, 65504.0f, 1e-7f, 3.14159f}, {5});
+  auto half = a.to(DType::f16).to_vector<float>();
+  CHECK(half[0] == 1.0f);
+  CHECK(half[1] == -2.5f);
+  CHECK(half[2] == 65504.0f);
+  CHECK(half[3] == doctest::Approx(1.1920929e-7).epsilon(1e-3));  // nearest subnormal: 2 * 2^-24
+  CHECK(half[4] == doctest::Approx(3.140625));
+  CHECK(static_cast<float>(Half(65520.0f)) == INFINITY);
+  CHECK(static_cast<float>(BFloat16(3.14159f)) == 3.140625f);
+  CHECK(static_cast<float>(BFloat16(1.0f + 1.0f / 256)) == 1.0f);  // tie rounds to even
+  Tensor h = a.slice(0, 0, 2).to(DType::bf16);
+  CHECK(relu(h).dtype() == DType::bf16);
+  CHECK(relu(h).to_vector<float>() == std::vector<float>{1.0f, 0.0f});
+}

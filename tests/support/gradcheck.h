@@ -1,0 +1,91 @@
+// Finite-difference gradient checks in f64: the independent reference every
+// op's backward is tested against.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "core/tensor.h"
+
+namespace loom::testing {
+
+// A random f64 tensor with values in [low, high).
+inline Tensor random_tensor(const Shape& sizes, uint64_t seed, double low = -1.0, double high = 1.0,
+                            DType dtype = DType::f64) {
+  Generator gen(seed);
+  Tensor t = Tensor::empty(sizes, dtype);
+  gen.uniform_(t, low, high);
+  return t;
+}
+
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to_vector<double>()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector<double>();
+  auto y = b.to_vector<double>();
+  REQUIRE(x.size() == y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// Relative error ||a - b||_inf / max(||b||_inf, floor).
+inline double relative_error(const Tensor& actual, const Tensor& expected, double floor = 1e-3) {
+  return max_abs_diff(actual, expected) / std::max(max_abs(expected), floor);
+}
+
+// Checks d(sum(f(inputs) * w))/d(input) from backward against central
+// differences, for every input whose requires_grad is set. `f` must be
+// deterministic. Inputs must be f64.
+inline void check_gradients(const std::function<Tensor(const TensorList&)>& f, TensorList inputs,
+                            double tolerance = 1e-6, double eps = 1e-6, uint64_t seed = 99) {
+  for (Tensor& t : inputs) REQUIRE(t.dtype() == DType::f64);
+  Tensor out = f(inputs);
+  Tensor weights = random_tensor(out.sizes(), seed);
+  for (Tensor& t : inputs) {
+    if (t.requires_grad()) t.set_grad(Tensor());
+  }
+  out.backward(weights);
+
+  auto objective = [&]() {
+    NoGradGuard no_grad;
+    Tensor y = f(inputs).contiguous();
+    const double* yp = y.data<double>();
+    const double* wp = weights.data<double>();
+    double s = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) s += yp[i] * wp[i];
+    return s;
+  };
+
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& x = inputs[k];
+    if (!x.requires_grad()) continue;
+    REQUIRE_MESSAGE(x.grad().defined(), "input ", k, " received no gradient");
+    Tensor numeric = Tensor::zeros(x.sizes(), DType::f64);
+    double* xp = x.data<double>();
+    double* np = numeric.data<double>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double saved = xp[i];
+      xp[i] = saved + eps;
+      const double plus = objective();
+      xp[i] = saved - eps;
+      const double minus = objective();
+      xp[i] = saved;
+      np[i] = (plus - minus) / (2 * eps);
+    }
+    const double error = relative_error(x.grad(), numeric);
+    INFO("input ", k, " ", x.str(), ": relative error ", error);
+    CHECK(error < tolerance);
+  }
+}
+
+}  // namespace loom::testing
