@@ -1,0 +1,37 @@
+#include "ops/linear.h"
+
+#include "ops/dispatch.h"
+
+namespace loom {
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  LOOM_CHECK(input.dim() == 2, "linear: input must be (N, in_features), got ", input.str());
+  LOOM_CHECK(weight.dim() == 2 && weight.size(1) == input.size(1), "linear: weight ", weight.str(),
+             " does not match input ", input.str(), "; expected (out_features, ", input.size(1), ")");
+  LOOM_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.str(),
+             " does not match ", weight.size(0), " output features");
+  ops::check_same_device_and_dtype("linear", {input, weight, bias});
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = ops::on_cuda(input) ? LOOM_CUDA_KERNEL(ops::cuda::linear_forward(input, weight, bias))
+                              : ops::cpu::linear_forward(input, weight, bias);
+  }
+  record("linear", {input, weight, bias}, {&out},
+         [x = input.detach(), w = weight.detach()](const TensorList& g, const Node& node) {
+           TensorList grads(3);
+           if (ops::on_cuda(x)) {
+             LOOM_CUDA_KERNEL((ops::cuda::linear_backward(g[0], x, w, node.needs_input_grad(0),
+                                                          node.needs_input_grad(1), node.needs_input_grad(2),
+                                                          grads[0], grads[1], grads[2]),
+                               Tensor()));
+           } else {
+             ops::cpu::linear_backward(g[0], x, w, node.needs_input_grad(0), node.needs_input_grad(1),
+                                       node.needs_input_grad(2), grads[0], grads[1], grads[2]);
+           }
+           return grads;
+         });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,25 @@
+// linear: y = x · Wᵀ + b for x (N, in), W (out, in), b (out) or undefined.
+//
+// Backward: dx = dy · W (N, in); dW = dyᵀ · x (out, in); db = Σ_n dy (out).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace loom {
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
+
+namespace ops::cpu {
+Tensor linear_forward(const Tensor& input, const Tensor& weight, const Tensor& bias);
+// Any of the outputs may be skipped (want_* false → undefined).
+void linear_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight, bool want_input,
+                     bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias);
+}  // namespace ops::cpu
+
+namespace ops::cuda {
+Tensor linear_forward(const Tensor& input, const Tensor& weight, const Tensor& bias);
+void linear_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight, bool want_input,
+                     bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias);
+}  // namespace ops::cuda
+
+}  // namespace loom

@@ -1,0 +1,88 @@
+#include "ops/loss.h"
+
+#include "ops/dispatch.h"
+
+namespace loom {
+
+using ops::on_cuda;
+namespace cpu = ops::cpu;
+namespace gpu = ops::cuda;
+
+namespace {
+void check_logits(const char* op, const Tensor& logits) {
+  LOOM_CHECK(logits.dim() == 2, op, ": expected (N, C) scores, got ", logits.str());
+  LOOM_CHECK(is_floating(logits.dtype()), op, ": expected floating-point scores, got ", logits.str());
+}
+void check_targets(const char* op, const Tensor& scores, const Tensor& targets) {
+  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == scores.size(0) && targets.dtype() == DType::i64, op,
+             ": targets must be i64 (", scores.size(0), "), got ", targets.str());
+  LOOM_CHECK(targets.device() == scores.device(), op, ": targets on ", targets.device().str(), ", scores on ",
+             scores.device().str());
+}
+}  // namespace
+
+Tensor log_softmax(const Tensor& logits) {
+  check_logits("log_softmax", logits);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = on_cuda(logits) ? LOOM_CUDA_KERNEL(gpu::log_softmax_forward(logits)) : cpu::log_softmax_forward(logits);
+  }
+  record("log_softmax", {logits}, {&out}, [y = out.detach()](const TensorList& g, const Node&) {
+    return TensorList{on_cuda(y) ? LOOM_CUDA_KERNEL(gpu::log_softmax_backward(g[0], y))
+                                 : cpu::log_softmax_backward(g[0], y)};
+  });
+  return out;
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
+  check_logits("nll_loss", log_probs);
+  check_targets("nll_loss", log_probs, targets);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = on_cuda(log_probs) ? LOOM_CUDA_KERNEL(gpu::nll_loss_forward(log_probs, targets))
+                             : cpu::nll_loss_forward(log_probs, targets);
+  }
+  record("nll_loss", {log_probs}, {&out}, [lp = log_probs.detach(), targets](const TensorList& g, const Node&) {
+    return TensorList{on_cuda(lp) ? LOOM_CUDA_KERNEL(gpu::nll_loss_backward(g[0], lp, targets))
+                                  : cpu::nll_loss_backward(g[0], lp, targets)};
+  });
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  check_logits("cross_entropy", logits);
+  check_targets("cross_entropy", logits, targets);
+  Tensor out, probabilities;
+  {
+    NoGradGuard no_grad;
+    out = on_cuda(logits) ? LOOM_CUDA_KERNEL(gpu::cross_entropy_forward(logits, targets, probabilities))
+                          : cpu::cross_entropy_forward(logits, targets, probabilities);
+  }
+  record("cross_entropy", {logits}, {&out},
+         [probabilities, targets, dtype = logits.dtype()](const TensorList& g, const Node&) {
+           Tensor dx = on_cuda(probabilities)
+                           ? LOOM_CUDA_KERNEL(gpu::cross_entropy_backward(g[0], probabilities, targets))
+                           : cpu::cross_entropy_backward(g[0], probabilities, targets);
+           return TensorList{dx.to(dtype)};
+         });
+  return out;
+}
+
+Tensor argmax(const Tensor& x) {
+  check_logits("argmax", x);
+  NoGradGuard no_grad;
+  return on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::argmax(x)) : cpu::argmax(x);
+}
+
+int64_t count_correct(const Tensor& logits, const Tensor& targets) {
+  check_targets("count_correct", logits, targets);
+  std::vector<int64_t> predicted = argmax(logits).to_vector<int64_t>();
+  std::vector<int64_t> expected = targets.to_vector<int64_t>();
+  int64_t correct = 0;
+  for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == expected[i];
+  return correct;
+}
+
+}  // namespace loom
