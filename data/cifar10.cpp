@@ -1,0 +1,161 @@
+// CIFAR-10 binary reader and writer, and the synthetic generator.
+#include "data/cifar10.h"
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "core/generator.h"
+
+namespace loom::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t image_bytes = cifar10_record_bytes - 1;
+constexpr std::array<const char*, 10> class_names = {"airplane", "automobile", "bird", "cat",  "deer",
+                                                     "dog",      "frog",       "horse", "ship", "truck"};
+
+fs::path resolve_directory(const fs::path& directory) {
+  if (fs::is_regular_file(directory / "data_batch_1.bin") || fs::is_regular_file(directory / "test_batch.bin")) {
+    return directory;
+  }
+  if (fs::is_directory(directory / "cifar-10-batches-bin")) return directory / "cifar-10-batches-bin";
+  return directory;
+}
+
+}  // namespace
+
+ImageDataset read_cifar10_files(const std::vector<fs::path>& paths, const std::string& name) {
+  std::vector<uintmax_t> sizes;
+  uintmax_t total_bytes = 0;
+  for (const fs::path& path : paths) {
+    std::error_code error;
+    const uintmax_t bytes = fs::file_size(path, error);
+    if (error) LOOM_FAIL("CIFAR-10 file ", path.string(), " cannot be read: ", error.message());
+    if (bytes % cifar10_record_bytes != 0) {
+      LOOM_FAIL("CIFAR-10 file ", path.string(), " has ", bytes, " bytes; expected a multiple of ",
+                cifar10_record_bytes, " (a label byte and 3x32x32 pixels per image)");
+    }
+    sizes.push_back(bytes);
+    total_bytes += bytes;
+  }
+  const int64_t count = static_cast<int64_t>(total_bytes / cifar10_record_bytes);
+  std::vector<uint8_t> pixels(static_cast<size_t>(count * image_bytes));
+  std::vector<int64_t> labels(static_cast<size_t>(count));
+
+  int64_t sample = 0;
+  std::vector<uint8_t> records;
+  for (size_t f = 0; f < paths.size(); ++f) {
+    std::ifstream in(paths[f], std::ios::binary);
+    records.resize(sizes[f]);
+    if (!in.read(reinterpret_cast<char*>(records.data()), static_cast<std::streamsize>(records.size()))) {
+      LOOM_FAIL("CIFAR-10 file ", paths[f].string(), ": reading ", sizes[f], " bytes failed");
+    }
+    const int64_t file_records = static_cast<int64_t>(sizes[f]) / cifar10_record_bytes;
+    for (int64_t r = 0; r < file_records; ++r, ++sample) {
+      const uint8_t* record = records.data() + r * cifar10_record_bytes;
+      if (record[0] >= cifar10_classes) {
+        LOOM_FAIL("CIFAR-10 file ", paths[f].string(), ": record ", r, " has label ", int{record[0]},
+                  "; labels must be 0..9");
+      }
+      labels[sample] = record[0];
+      std::copy(record + 1, record + cifar10_record_bytes, pixels.data() + sample * image_bytes);
+    }
+  }
+  return ImageDataset(cifar10_channels, cifar10_side, cifar10_side, std::move(pixels), std::move(labels), name);
+}
+
+TrainTestSplit load_cifar10(const fs::path& requested) {
+  if (!fs::is_directory(requested)) {
+    LOOM_FAIL("CIFAR-10 directory ", requested.string(), " does not exist or is not a directory");
+  }
+  const fs::path directory = resolve_directory(requested);
+  std::vector<fs::path> train_paths;
+  for (int i = 1; i <= 5; ++i) train_paths.push_back(directory / str("data_batch_", i, ".bin"));
+  const fs::path test_path = directory / "test_batch.bin";
+
+  std::string missing;
+  for (const fs::path& path : train_paths) {
+    if (!fs::is_regular_file(path)) missing += str(missing.empty() ? "" : ", ", path.filename().string());
+  }
+  if (!fs::is_regular_file(test_path)) missing += str(missing.empty() ? "" : ", ", "test_batch.bin");
+  if (!missing.empty()) {
+    LOOM_FAIL("CIFAR-10 directory ", requested.string(), " is missing ", missing,
+              "; expected the binary version (cifar-10-binary.tar.gz) extracted there");
+  }
+  return {read_cifar10_files(train_paths, "CIFAR-10 train"), read_cifar10_files({test_path}, "CIFAR-10 test")};
+}
+
+void write_cifar10_file(const fs::path& path, const ImageDataset& dataset, int64_t begin, int64_t end) {
+  LOOM_CHECK(dataset.channels() == cifar10_channels && dataset.height() == cifar10_side &&
+                 dataset.width() == cifar10_side,
+             "write_cifar10_file: dataset ", dataset.name(), " has images of (", dataset.channels(), ", ",
+             dataset.height(), ", ", dataset.width(), "); CIFAR-10 files hold (3, 32, 32)");
+  LOOM_CHECK(0 <= begin && begin <= end && end <= dataset.size(), "write_cifar10_file: range [", begin, ", ", end,
+             ") is outside the ", dataset.size(), " samples of ", dataset.name());
+  std::vector<uint8_t> records(static_cast<size_t>((end - begin) * cifar10_record_bytes));
+  for (int64_t i = begin; i < end; ++i) {
+    uint8_t* record = records.data() + (i - begin) * cifar10_record_bytes;
+    const int64_t label = dataset.label(i);
+    LOOM_CHECK(label >= 0 && label < cifar10_classes, "write_cifar10_file: sample ", i, " has label ", label,
+               "; CIFAR-10 labels are 0..9");
+    record[0] = static_cast<uint8_t>(label);
+    std::copy(dataset.image(i), dataset.image(i) + image_bytes, record + 1);
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(records.data()), static_cast<std::streamsize>(records.size()));
+  out.close();
+  if (!out) LOOM_FAIL("CIFAR-10 file ", path.string(), ": writing ", records.size(), " bytes failed");
+}
+
+void write_cifar10_directory(const fs::path& directory, const ImageDataset& train, const ImageDataset& test) {
+  fs::create_directories(directory);
+  const int64_t batches = 5;
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t begin = train.size() * b / batches;
+    const int64_t end = train.size() * (b + 1) / batches;
+    write_cifar10_file(directory / str("data_batch_", b + 1, ".bin"), train, begin, end);
+  }
+  write_cifar10_file(directory / "test_batch.bin", test, 0, test.size());
+  std::ofstream meta(directory / "batches.meta.txt");
+  for (const char* name : class_names) meta << name << "\n";
+}
+
+ImageDataset synthetic_cifar10(int64_t count, uint64_t seed) {
+  LOOM_CHECK(count >= 0, "synthetic_cifar10: count ", count, " must be non-negative");
+  // Per class: a base colour and a stripe direction; per image: noise and a
+  // random stripe phase. Values stay in 0..255 by clamping.
+  std::array<std::array<int, 3>, cifar10_classes> class_colour{};
+  for (int64_t c = 0; c < cifar10_classes; ++c) {
+    Generator colours(Generator::mix(seed, 1000 + static_cast<uint64_t>(c)));
+    for (int& channel : class_colour[c]) channel = 40 + static_cast<int>(colours.below(176));
+  }
+  std::vector<uint8_t> pixels(static_cast<size_t>(count * image_bytes));
+  std::vector<int64_t> labels(static_cast<size_t>(count));
+  const int64_t plane = cifar10_side * cifar10_side;
+  for (int64_t i = 0; i < count; ++i) {
+    Generator random(Generator::mix(seed, static_cast<uint64_t>(i)));
+    const int64_t label = static_cast<int64_t>(random.below(cifar10_classes));
+    labels[i] = label;
+    const int64_t phase = static_cast<int64_t>(random.below(8));
+    const bool vertical = label % 2 == 1;
+    uint8_t* image = pixels.data() + i * image_bytes;
+    for (int64_t y = 0; y < cifar10_side; ++y) {
+      for (int64_t x = 0; x < cifar10_side; ++x) {
+        const int stripe = (((vertical ? x : y) + phase) / (2 + label / 2)) % 2 == 0 ? 30 : -30;
+        const uint64_t noise = random.next_u64();
+        for (int64_t c = 0; c < cifar10_channels; ++c) {
+          const int value = class_colour[label][c] + stripe + static_cast<int>((noise >> (8 * c)) & 63) - 32;
+          image[c * plane + y * cifar10_side + x] = static_cast<uint8_t>(std::clamp(value, 0, 255));
+        }
+      }
+    }
+  }
+  return ImageDataset(cifar10_channels, cifar10_side, cifar10_side, std::move(pixels), std::move(labels),
+                      "synthetic CIFAR-10");
+}
+
+}  // namespace loom::data

@@ -1,0 +1,294 @@
+// DataLoader: per-epoch worker threads, a bounded in-order prefetch window and
+// the collate loop that writes augmented samples straight into the batch.
+#include "data/loader.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loom::data {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The image tensor of a batch and the element strides of one sample in it.
+struct BatchImages {
+  Tensor images;
+  int64_t sample_stride = 0;
+  SampleStrides strides;
+};
+
+BatchImages allocate_images(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                            const DataLoaderOptions& options) {
+  // PINNED MEMORY: when the CUDA backend exists and options.pin_memory() is
+  // set, this is where the batch comes from the pinned host allocator, and the
+  // caller enqueues the H2D copy on the loader's copy stream (recording an
+  // event the compute stream waits on) before handing the batch over.
+  BatchImages out;
+  if (options.memory_format() == MemoryFormat::nchw) {
+    out.images = Tensor::empty({batch, channels, height, width}, options.dtype());
+    out.sample_stride = channels * height * width;
+    out.strides = {height * width, width, 1};
+  } else {
+    // Channels-last: memory (B, H, W, C), logical sizes (B, C, H, W).
+    Tensor memory = Tensor::empty({batch, height, width, channels}, options.dtype());
+    out.images = make_view(memory, {batch, channels, height, width},
+                           {height * width * channels, 1, width * channels, channels}, 0);
+    out.sample_stride = height * width * channels;
+    out.strides = {1, width * channels, channels};
+  }
+  return out;
+}
+
+template <class T>
+void collate(const ImageDataset& dataset, const FusedTransform& transform, uint64_t seed, int64_t epoch,
+             const int64_t* indices, int64_t count, const BatchImages& out, int64_t* labels) {
+  T* base = static_cast<T*>(out.images.raw_data());
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t index = indices[s];
+    transform.apply<T>(dataset.image(index), transform.draw(seed, epoch, index), base + s * out.sample_stride,
+                       out.strides);
+    labels[s] = dataset.label(index);
+  }
+}
+
+}  // namespace
+
+Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, const DataLoaderOptions& options,
+                  int64_t epoch, const int64_t* indices, int64_t count, int64_t batch_index) {
+  BatchImages out =
+      allocate_images(count, transform.channels(), transform.output_height(), transform.output_width(), options);
+  Batch batch;
+  batch.index = batch_index;
+  batch.labels = Tensor::empty({count}, DType::i64);
+  int64_t* labels = batch.labels.data<int64_t>();
+  switch (options.dtype()) {
+    case DType::f32: collate<float>(dataset, transform, options.seed(), epoch, indices, count, out, labels); break;
+    case DType::f64: collate<double>(dataset, transform, options.seed(), epoch, indices, count, out, labels); break;
+    case DType::f16: collate<Half>(dataset, transform, options.seed(), epoch, indices, count, out, labels); break;
+    case DType::bf16:
+      collate<BFloat16>(dataset, transform, options.seed(), epoch, indices, count, out, labels);
+      break;
+    default: LOOM_FAIL("DataLoader: output dtype ", dtype_name(options.dtype()), " is not f32, f64, f16 or bf16");
+  }
+  batch.images = std::move(out.images);
+  if (options.batch_transform()) options.batch_transform()(batch);
+  return batch;
+}
+
+// What every epoch shares and nothing mutates.
+struct DataLoader::Plan {
+  ImageDataset dataset;
+  FusedTransform transform;
+  DataLoaderOptions options;
+};
+
+// One epoch in progress. Workers claim batch numbers in order, but only within
+// a window of `capacity` batches past the one the consumer waits for, which
+// bounds memory; finished batches wait in slot (number % capacity) until the
+// consumer reaches them, so delivery follows sampler order whatever the
+// workers' timing.
+class DataLoader::EpochRun {
+ public:
+  EpochRun(std::shared_ptr<const Plan> plan, int64_t epoch, std::vector<int64_t> order)
+      : plan_(std::move(plan)), epoch_(epoch), order_(std::move(order)) {
+    const DataLoaderOptions& options = plan_->options;
+    const int64_t n = static_cast<int64_t>(order_.size());
+    num_batches_ = options.drop_last() ? n / options.batch_size() : (n + options.batch_size() - 1) / options.batch_size();
+    const int64_t workers = std::min(options.num_workers(), num_batches_);
+    capacity_ = std::max<int64_t>(1, options.prefetch_factor() * workers);
+    slots_.resize(static_cast<size_t>(capacity_));
+    workers_.reserve(static_cast<size_t>(workers));
+    try {
+      for (int64_t w = 0; w < workers; ++w) workers_.emplace_back([this] { work(); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+  ~EpochRun() { stop(); }
+  EpochRun(const EpochRun&) = delete;
+  EpochRun& operator=(const EpochRun&) = delete;
+
+  int64_t epoch() const { return epoch_; }
+
+  std::optional<Batch> next() {
+    if (plan_->options.num_workers() == 0) {
+      if (next_delivery_ >= num_batches_) return std::nullopt;
+      const int64_t number = next_delivery_++;
+      try {
+        return build(number);
+      } catch (const std::exception& error) {
+        next_delivery_ = num_batches_;
+        throw Error(failure_message(number, error.what()));
+      }
+    }
+    std::unique_lock lock(mutex_);
+    if (next_delivery_ >= num_batches_) {
+      lock.unlock();
+      stop();  // the workers have finished: join them now rather than at the next epoch
+      return std::nullopt;
+    }
+    Slot& slot = slots_[static_cast<size_t>(next_delivery_ % capacity_)];
+    batch_ready_.wait(lock, [&] { return slot.done; });
+    const int64_t number = next_delivery_++;
+    slot.done = false;
+    if (!slot.error.empty()) {
+      const std::string message = failure_message(number, slot.error);
+      next_delivery_ = num_batches_;
+      lock.unlock();
+      stop();
+      throw Error(message);
+    }
+    Batch batch = std::move(*slot.batch);
+    slot.batch.reset();
+    lock.unlock();
+    window_moved_.notify_all();
+    return batch;
+  }
+
+  // Asks the workers to finish the batch they are building and exit, then joins them.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    window_moved_.notify_all();
+    for (std::thread& worker : workers_) {
+      if (worker.joinable()) worker.join();
+    }
+    workers_.clear();
+  }
+
+ private:
+  struct Slot {
+    bool done = false;
+    std::optional<Batch> batch;
+    std::string error;
+  };
+
+  Batch build(int64_t number) const {
+    const int64_t batch_size = plan_->options.batch_size();
+    const int64_t begin = number * batch_size;
+    const int64_t count = std::min<int64_t>(batch_size, static_cast<int64_t>(order_.size()) - begin);
+    return build_batch(plan_->dataset, plan_->transform, plan_->options, epoch_, order_.data() + begin, count,
+                       number);
+  }
+
+  std::string failure_message(int64_t number, const std::string& what) const {
+    return str("DataLoader: building batch ", number, " of epoch ", epoch_, " failed: ", what);
+  }
+
+  void work() {
+    for (;;) {
+      int64_t number;
+      {
+        std::unique_lock lock(mutex_);
+        window_moved_.wait(lock, [&] {
+          return stopping_ || next_claim_ >= num_batches_ || next_claim_ < next_delivery_ + capacity_;
+        });
+        if (stopping_ || next_claim_ >= num_batches_) return;
+        number = next_claim_++;
+      }
+      std::optional<Batch> batch;
+      std::string error;
+      try {
+        batch = build(number);
+      } catch (const std::exception& failure) {
+        error = failure.what();
+        if (error.empty()) error = "an exception without a message";
+      } catch (...) {
+        error = "an exception that is not a std::exception";
+      }
+      {
+        std::lock_guard lock(mutex_);
+        Slot& slot = slots_[static_cast<size_t>(number % capacity_)];
+        slot.batch = std::move(batch);
+        slot.error = std::move(error);
+        slot.done = true;
+      }
+      batch_ready_.notify_one();
+    }
+  }
+
+  std::shared_ptr<const Plan> plan_;
+  const int64_t epoch_;
+  const std::vector<int64_t> order_;
+  int64_t num_batches_ = 0;
+  int64_t capacity_ = 1;
+
+  std::mutex mutex_;
+  std::condition_variable batch_ready_;   // a worker filled a slot
+  std::condition_variable window_moved_;  // the consumer freed a slot, or stop
+  std::vector<Slot> slots_;
+  int64_t next_claim_ = 0;     // next batch a worker will build
+  int64_t next_delivery_ = 0;  // next batch next() returns
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+DataLoader::DataLoader(ImageDataset dataset, const Compose& transforms, DataLoaderOptions options,
+                       std::shared_ptr<Sampler> sampler)
+    : sampler_(std::move(sampler)) {
+  LOOM_CHECK(options.batch_size() >= 1, "DataLoader: batch size ", options.batch_size(), " must be at least 1");
+  LOOM_CHECK(options.num_workers() >= 0, "DataLoader: num_workers ", options.num_workers(),
+             " must be non-negative (0 loads in the calling thread)");
+  LOOM_CHECK(options.prefetch_factor() >= 1, "DataLoader: prefetch_factor ", options.prefetch_factor(),
+             " must be at least 1");
+  const DType dtype = options.dtype();
+  LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
+             "DataLoader: output dtype ", dtype_name(dtype), " is not one of f32, f64, f16, bf16");
+  if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset.size());
+  FusedTransform transform(transforms, dataset.channels(), dataset.height(), dataset.width());
+  plan_ = std::make_shared<const Plan>(Plan{std::move(dataset), std::move(transform), std::move(options)});
+}
+
+DataLoader::~DataLoader() = default;
+DataLoader::DataLoader(DataLoader&&) noexcept = default;
+DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
+
+void DataLoader::start_epoch(int64_t epoch) {
+  run_.reset();
+  sampler_->set_epoch(epoch);
+  run_ = std::make_unique<EpochRun>(plan_, epoch, sampler_->indices());
+}
+
+std::optional<Batch> DataLoader::next() {
+  LOOM_CHECK(run_ != nullptr, "DataLoader: call start_epoch(epoch) (or iterate loader.epoch(epoch)) before next()");
+  const Clock::time_point start = Clock::now();
+  std::optional<Batch> batch = run_->next();
+  if (batch) {
+    last_wait_seconds_ = seconds_since(start);
+    total_wait_seconds_ += last_wait_seconds_;
+  }
+  return batch;
+}
+
+void DataLoader::stop() { run_.reset(); }
+
+DataLoader::EpochRange DataLoader::epoch(int64_t epoch) {
+  start_epoch(epoch);
+  return EpochRange(this);
+}
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = sampler_->size();
+  const int64_t batch_size = plan_->options.batch_size();
+  return plan_->options.drop_last() ? n / batch_size : (n + batch_size - 1) / batch_size;
+}
+
+const ImageDataset& DataLoader::dataset() const { return plan_->dataset; }
+const DataLoaderOptions& DataLoader::options() const { return plan_->options; }
+
+}  // namespace loom::data

@@ -1,0 +1,155 @@
+// DataLoader: sampler -> batches of indices -> worker threads that decode,
+// augment and collate -> bounded in-order prefetch queue -> training thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+
+#include "core/tensor.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "data/transforms.h"
+
+namespace loom::data {
+
+// How a batch of images is laid out in memory. Both have logical sizes
+// (B, C, H, W); nhwc is the channels-last stride variant.
+enum class MemoryFormat { nchw, nhwc };
+
+struct Batch {
+  Tensor images;      // (B, C, H, W), options.dtype(), in options.memory_format()
+  Tensor labels;      // (B) i64
+  int64_t index = 0;  // position of this batch in its epoch
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+class DataLoaderOptions {
+ public:
+  // Samples per batch; the last batch of an epoch is smaller unless drop_last.
+  DataLoaderOptions& batch_size(int64_t value) { batch_size_ = value; return *this; }
+  // Worker threads; 0 builds every batch in the thread that calls next().
+  DataLoaderOptions& num_workers(int64_t value) { num_workers_ = value; return *this; }
+  // Batches in flight per worker (built or being built, not yet consumed).
+  DataLoaderOptions& prefetch_factor(int64_t value) { prefetch_factor_ = value; return *this; }
+  DataLoaderOptions& drop_last(bool value) { drop_last_ = value; return *this; }
+  // Accepted for API parity; until the CUDA backend lands batches live in
+  // ordinary CPU memory (see allocate_images in loader.cpp).
+  DataLoaderOptions& pin_memory(bool value) { pin_memory_ = value; return *this; }
+  // Element type of the images: f32 (default), f64, f16 or bf16, written directly.
+  DataLoaderOptions& dtype(DType value) { dtype_ = value; return *this; }
+  DataLoaderOptions& memory_format(MemoryFormat value) { memory_format_ = value; return *this; }
+  // Seed of the augmentation randomness: sample i of epoch e uses (seed, e, i).
+  DataLoaderOptions& seed(uint64_t value) { seed_ = value; return *this; }
+  // Runs on every collated batch in the thread that built it (e.g. batch-level
+  // augmentation); an exception it throws reaches the training thread.
+  DataLoaderOptions& batch_transform(std::function<void(Batch&)> value) {
+    batch_transform_ = std::move(value);
+    return *this;
+  }
+
+  int64_t batch_size() const { return batch_size_; }
+  int64_t num_workers() const { return num_workers_; }
+  int64_t prefetch_factor() const { return prefetch_factor_; }
+  bool drop_last() const { return drop_last_; }
+  bool pin_memory() const { return pin_memory_; }
+  DType dtype() const { return dtype_; }
+  MemoryFormat memory_format() const { return memory_format_; }
+  uint64_t seed() const { return seed_; }
+  const std::function<void(Batch&)>& batch_transform() const { return batch_transform_; }
+
+ private:
+  int64_t batch_size_ = 64;
+  int64_t num_workers_ = 0;
+  int64_t prefetch_factor_ = 2;
+  bool drop_last_ = false;
+  bool pin_memory_ = false;
+  DType dtype_ = DType::f32;
+  MemoryFormat memory_format_ = MemoryFormat::nchw;
+  uint64_t seed_ = 0;
+  std::function<void(Batch&)> batch_transform_;
+};
+
+class DataLoader {
+ public:
+  // Without a sampler the loader visits the dataset in order.
+  DataLoader(ImageDataset dataset, const Compose& transforms, DataLoaderOptions options = {},
+             std::shared_ptr<Sampler> sampler = nullptr);
+  // Stops the epoch in progress and joins its workers.
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
+
+  // Ends any epoch in progress (joining its workers), sets the sampler's
+  // epoch and starts the workers on the new one.
+  void start_epoch(int64_t epoch);
+  // The next batch in sampler order, or nullopt at the end of the epoch.
+  // Rethrows, as loom::Error with its message, an exception from building the batch.
+  std::optional<Batch> next();
+  // Ends the epoch in progress early and joins its workers.
+  void stop();
+
+  class EpochRange;
+  // start_epoch(epoch), then iterate: for (Batch& batch : loader.epoch(e)).
+  EpochRange epoch(int64_t epoch);
+
+  // Batches per epoch with the current sampler size.
+  int64_t num_batches() const;
+  // Seconds the last next() waited for its batch (the "Time dataload" figure),
+  // and the sum since construction or reset_wait_total().
+  double last_wait_seconds() const { return last_wait_seconds_; }
+  double total_wait_seconds() const { return total_wait_seconds_; }
+  void reset_wait_total() { total_wait_seconds_ = 0.0; }
+
+  const ImageDataset& dataset() const;
+  Sampler& sampler() { return *sampler_; }
+  const DataLoaderOptions& options() const;
+
+ private:
+  struct Plan;
+  class EpochRun;
+  std::shared_ptr<const Plan> plan_;
+  std::shared_ptr<Sampler> sampler_;
+  std::unique_ptr<EpochRun> run_;
+  double last_wait_seconds_ = 0.0;
+  double total_wait_seconds_ = 0.0;
+};
+
+// An input range over one epoch; each step calls DataLoader::next().
+class DataLoader::EpochRange {
+ public:
+  class Iterator {
+   public:
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    explicit Iterator(DataLoader* loader) : loader_(loader), current_(loader->next()) {}
+    Batch& operator*() { return *current_; }
+    Batch* operator->() { return &*current_; }
+    Iterator& operator++() {
+      current_ = loader_->next();
+      return *this;
+    }
+    bool operator==(std::default_sentinel_t) const { return !current_.has_value(); }
+
+   private:
+    DataLoader* loader_;
+    std::optional<Batch> current_;
+  };
+  explicit EpochRange(DataLoader* loader) : loader_(loader) {}
+  Iterator begin() { return Iterator(loader_); }
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  DataLoader* loader_;
+};
+
+// Builds batch `batch_index` of an epoch from `order` without threads: what
+// each worker runs. Exposed for tests and benchmarks.
+Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, const DataLoaderOptions& options,
+                  int64_t epoch, const int64_t* indices, int64_t count, int64_t batch_index);
+
+}  // namespace loom::data

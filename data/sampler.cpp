@@ -1,0 +1,68 @@
+// Sequential, random and distributed samplers.
+#include "data/sampler.h"
+
+#include <numeric>
+#include <utility>
+
+#include "core/error.h"
+#include "core/generator.h"
+
+namespace loom::data {
+
+SequentialSampler::SequentialSampler(int64_t dataset_size) : dataset_size_(dataset_size) {
+  LOOM_CHECK(dataset_size >= 0, "SequentialSampler: dataset size ", dataset_size, " must be non-negative");
+}
+
+std::vector<int64_t> SequentialSampler::indices() const {
+  std::vector<int64_t> order(static_cast<size_t>(dataset_size_));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  return order;
+}
+
+std::vector<int64_t> random_permutation(int64_t size, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(size));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  Generator random(Generator::mix(seed, static_cast<uint64_t>(epoch)));
+  for (int64_t i = size - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(random.below(static_cast<uint64_t>(i + 1)));
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
+RandomSampler::RandomSampler(int64_t dataset_size, uint64_t seed) : dataset_size_(dataset_size), seed_(seed) {
+  LOOM_CHECK(dataset_size >= 0, "RandomSampler: dataset size ", dataset_size, " must be non-negative");
+}
+
+std::vector<int64_t> RandomSampler::indices() const { return random_permutation(dataset_size_, seed_, epoch_); }
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size, int64_t rank, bool shuffle,
+                                       uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      world_size_(world_size),
+      rank_(rank),
+      shuffle_(shuffle),
+      drop_last_(drop_last),
+      seed_(seed) {
+  LOOM_CHECK(dataset_size >= 0, "DistributedSampler: dataset size ", dataset_size, " must be non-negative");
+  LOOM_CHECK(world_size >= 1, "DistributedSampler: world size ", world_size, " must be at least 1");
+  LOOM_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank, " is out of range for world size ",
+             world_size, "; expected 0 <= rank < ", world_size);
+  samples_per_rank_ = drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  std::vector<int64_t> order(static_cast<size_t>(samples_per_rank_));
+  if (samples_per_rank_ == 0) return order;
+  const std::vector<int64_t> all =
+      shuffle_ ? random_permutation(dataset_size_, seed_, epoch_) : SequentialSampler(dataset_size_).indices();
+  // Position p of the padded (or cut) list is all[p % n]: padding repeats the
+  // list from its start, as many times as needed when it is longer than n.
+  for (int64_t i = 0; i < samples_per_rank_; ++i) {
+    const int64_t position = rank_ + i * world_size_;
+    order[i] = all[position % dataset_size_];
+  }
+  return order;
+}
+
+}  // namespace loom::data

@@ -1,0 +1,74 @@
+// Samplers: the order in which a loader visits dataset indices each epoch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace loom::data {
+
+// Produces the index order of one epoch. set_epoch() selects the epoch;
+// indices() is a pure function of the sampler's settings and that epoch.
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  virtual void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+  // The dataset indices of the current epoch, in visiting order; size() of them.
+  virtual std::vector<int64_t> indices() const = 0;
+  virtual int64_t size() const = 0;
+
+ protected:
+  int64_t epoch_ = 0;
+};
+
+// 0, 1, ..., n-1 every epoch.
+class SequentialSampler : public Sampler {
+ public:
+  explicit SequentialSampler(int64_t dataset_size);
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override { return dataset_size_; }
+
+ private:
+  int64_t dataset_size_;
+};
+
+// A permutation of 0..n-1 drawn from (seed, epoch) by Fisher-Yates.
+class RandomSampler : public Sampler {
+ public:
+  explicit RandomSampler(int64_t dataset_size, uint64_t seed = 0);
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override { return dataset_size_; }
+
+ private:
+  int64_t dataset_size_;
+  uint64_t seed_;
+};
+
+// The permutation every rank shares when shuffling: (seed, epoch) -> order of 0..n-1.
+std::vector<int64_t> random_permutation(int64_t size, uint64_t seed, int64_t epoch);
+
+// torch.utils.data.DistributedSampler: every rank computes the same list (a
+// permutation from (seed, epoch) when shuffling, else 0..n-1); without
+// drop_last it is padded by repeating its own first elements to
+// ceil(n / world) * world, with drop_last it is cut to floor(n / world) * world;
+// rank r takes elements r, r + world, r + 2 world, ...
+class DistributedSampler : public Sampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int64_t world_size, int64_t rank, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
+  std::vector<int64_t> indices() const override;
+  // Indices per rank (num_samples in PyTorch).
+  int64_t size() const override { return samples_per_rank_; }
+  // All ranks together (total_size in PyTorch).
+  int64_t total_size() const { return samples_per_rank_ * world_size_; }
+  int64_t world_size() const { return world_size_; }
+  int64_t rank() const { return rank_; }
+
+ private:
+  int64_t dataset_size_, world_size_, rank_;
+  bool shuffle_, drop_last_;
+  uint64_t seed_;
+  int64_t samples_per_rank_;
+};
+
+}  // namespace loom::data
