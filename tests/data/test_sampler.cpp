@@ -1,0 +1,151 @@
+// Sampler tests. DistributedSampler is compared with a line-by-line
+// transcription of torch.utils.data.DistributedSampler.__iter__.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "data/sampler.h"
+#include "tests/data/helpers.h"
+
+using namespace loom::data;
+using namespace loom::data::testing;
+
+namespace {
+
+// PyTorch 1.13 / 2.x, DistributedSampler: __init__ and __iter__, with the
+// shuffled list taken from the same permutation loom uses.
+std::vector<int64_t> pytorch_rank_indices(int64_t n, int64_t world, int64_t rank, bool shuffle, uint64_t seed,
+                                          int64_t epoch, bool drop_last) {
+  int64_t num_samples;
+  if (drop_last && n % world != 0) {
+    num_samples = static_cast<int64_t>(std::ceil(static_cast<double>(n - world) / world));
+  } else {
+    num_samples = static_cast<int64_t>(std::ceil(static_cast<double>(n) / world));
+  }
+  const int64_t total_size = num_samples * world;
+  std::vector<int64_t> indices;
+  if (shuffle) {
+    indices = random_permutation(n, seed, epoch);
+  } else {
+    for (int64_t i = 0; i < n; ++i) indices.push_back(i);
+  }
+  if (!drop_last) {
+    const int64_t padding_size = total_size - static_cast<int64_t>(indices.size());
+    if (padding_size <= static_cast<int64_t>(indices.size())) {
+      indices.insert(indices.end(), indices.begin(), indices.begin() + padding_size);
+    } else {
+      const int64_t repeats = (padding_size + n - 1) / n;
+      std::vector<int64_t> repeated;
+      for (int64_t r = 0; r < repeats; ++r) repeated.insert(repeated.end(), indices.begin(), indices.end());
+      indices.insert(indices.end(), repeated.begin(), repeated.begin() + padding_size);
+    }
+  } else {
+    indices.resize(total_size);
+  }
+  std::vector<int64_t> mine;
+  for (int64_t i = rank; i < total_size; i += world) mine.push_back(indices[i]);
+  return mine;
+}
+
+}  // namespace
+
+TEST_CASE("SequentialSampler and RandomSampler") {
+  SequentialSampler sequential(5);
+  CHECK(sequential.indices() == std::vector<int64_t>{0, 1, 2, 3, 4});
+  RandomSampler random(100, 42);
+  const std::vector<int64_t> epoch0 = random.indices();
+  std::vector<int64_t> sorted = epoch0;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == SequentialSampler(100).indices());
+  CHECK(epoch0 != SequentialSampler(100).indices());
+  CHECK(random.indices() == epoch0);
+  random.set_epoch(1);
+  CHECK(random.indices() != epoch0);
+  random.set_epoch(0);
+  CHECK(random.indices() == epoch0);
+  CHECK(RandomSampler(100, 43).indices() != epoch0);
+  CHECK(RandomSampler(0, 1).indices().empty());
+}
+
+TEST_CASE("DistributedSampler without shuffle pads from the start of the list") {
+  const std::vector<std::vector<int64_t>> expected = {{0, 4, 8}, {1, 5, 9}, {2, 6, 0}, {3, 7, 1}};
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    DistributedSampler sampler(10, 4, rank, /*shuffle=*/false);
+    CHECK(sampler.size() == 3);
+    CHECK(sampler.total_size() == 12);
+    CHECK(sampler.indices() == expected[rank]);
+  }
+  // Padding longer than the dataset repeats it whole: [0, 1] -> [0, 1, 0, 1, 0, 1, 0, 1].
+  for (int64_t rank = 0; rank < 8; ++rank) {
+    CHECK(DistributedSampler(2, 8, rank, false).indices() == std::vector<int64_t>{rank % 2});
+  }
+  // drop_last cuts the tail: 10 over 4 ranks -> 8 indices.
+  CHECK(DistributedSampler(10, 4, 1, false, 0, /*drop_last=*/true).indices() == std::vector<int64_t>{1, 5});
+}
+
+TEST_CASE("DistributedSampler follows PyTorch's rule for every size, world, rank and epoch") {
+  for (int64_t world : {1, 2, 3, 4, 8})
+    for (int64_t n : {0, 1, 2, 3, 7, 10, 13, 101})
+      for (bool shuffle : {false, true})
+        for (bool drop_last : {false, true})
+          for (int64_t epoch : {0, 3})
+            for (int64_t rank = 0; rank < world; ++rank) {
+              DistributedSampler sampler(n, world, rank, shuffle, 17, drop_last);
+              sampler.set_epoch(epoch);
+              const std::vector<int64_t> expected =
+                  pytorch_rank_indices(n, world, rank, shuffle, 17, epoch, drop_last);
+              if (sampler.indices() != expected) {
+                FAIL("n=", n, " world=", world, " rank=", rank, " shuffle=", shuffle, " drop_last=", drop_last,
+                     " epoch=", epoch);
+              }
+              REQUIRE(sampler.size() == static_cast<int64_t>(expected.size()));
+            }
+}
+
+TEST_CASE("DistributedSampler ranks cover the dataset with equal counts and reshuffle per epoch") {
+  for (int64_t world : {2, 4}) {
+    CAPTURE(world);
+    const int64_t n = 103;  // not divisible by 2 or 4
+    std::map<int64_t, std::vector<int64_t>> by_epoch;
+    for (int64_t epoch : {0, 1}) {
+      std::map<int64_t, int> times_seen;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        DistributedSampler sampler(n, world, rank, true, 5);
+        sampler.set_epoch(epoch);
+        const std::vector<int64_t> mine = sampler.indices();
+        CHECK(static_cast<int64_t>(mine.size()) == (n + world - 1) / world);
+        for (int64_t index : mine) ++times_seen[index];
+        if (rank == 0) by_epoch[epoch] = mine;
+      }
+      CHECK(static_cast<int64_t>(times_seen.size()) == n);  // union is every index
+      int repeats = 0;
+      for (const auto& [index, times] : times_seen) {
+        CHECK(times <= 2);
+        repeats += times - 1;
+      }
+      CHECK(repeats == (n + world - 1) / world * world - n);  // only the padding repeats
+    }
+    CHECK(by_epoch[0] != by_epoch[1]);
+
+    // drop_last: disjoint ranks, floor(n / world) each.
+    std::set<int64_t> seen;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      const std::vector<int64_t> mine = DistributedSampler(n, world, rank, true, 5, true).indices();
+      CHECK(static_cast<int64_t>(mine.size()) == n / world);
+      seen.insert(mine.begin(), mine.end());
+    }
+    CHECK(static_cast<int64_t>(seen.size()) == n / world * world);
+  }
+}
+
+TEST_CASE("DistributedSampler rejects bad ranks and worlds") {
+  CHECK(error_message([] { DistributedSampler(10, 4, 4); }).find("rank 4 is out of range for world size 4") !=
+        std::string::npos);
+  CHECK(error_message([] { DistributedSampler(10, 4, -1); }).find("expected 0 <= rank < 4") != std::string::npos);
+  CHECK(error_message([] { DistributedSampler(10, 0, 0); }).find("world size 0 must be at least 1") !=
+        std::string::npos);
+  CHECK(error_message([] { DistributedSampler(-1, 2, 0); }).find("dataset size -1") != std::string::npos);
+}
