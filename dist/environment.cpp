@@ -1,0 +1,215 @@
+// Launch-environment parsing: explicit arguments, then torchrun, SLURM or Open
+// MPI variables, each value validated with an error naming its variable.
+#include "dist/environment.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loom::dist {
+
+const char* launcher_name(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::none: return "none (single process)";
+    case Launcher::torchrun: return "torchrun-style (RANK / WORLD_SIZE)";
+    case Launcher::slurm: return "SLURM (srun)";
+    case Launcher::open_mpi: return "Open MPI (mpirun)";
+  }
+  return "unknown";
+}
+
+EnvironmentLookup process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+Launcher detect_launcher(const EnvironmentLookup& environment) {
+  if (environment("RANK") || environment("WORLD_SIZE")) return Launcher::torchrun;
+  if (environment("SLURM_PROCID")) return Launcher::slurm;
+  if (environment("OMPI_COMM_WORLD_RANK")) return Launcher::open_mpi;
+  return Launcher::none;
+}
+
+namespace {
+
+// One resolved integer and where it came from, so errors can name it.
+struct Field {
+  int value = 0;
+  std::string source;  // "RANK", "rank argument", or "" for a default
+  bool given() const { return !source.empty(); }
+  // "RANK=3", "rank argument 3", or "3 (default)".
+  std::string describe() const {
+    if (source.empty()) return str(value, " (default)");
+    if (source.find(' ') != std::string::npos) return str(source, " ", value);
+    return str(source, "=", value);
+  }
+};
+
+int parse_int(const std::string& source, const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(begin, &end, 10);
+  bool whole = end != begin && *end == '\0';
+  if (!whole) LOOM_FAIL(source, "='", text, "' is not a number; expected a non-negative integer");
+  if (errno == ERANGE || value > std::numeric_limits<int>::max() || value < std::numeric_limits<int>::min())
+    LOOM_FAIL(source, "=", text, " is out of range for a rank, size or port");
+  if (value < 0) LOOM_FAIL(source, "=", text, " must not be negative");
+  return static_cast<int>(value);
+}
+
+// The override when given, else the first set variable of `names`, else unset.
+Field read_field(const std::optional<int>& override_value, const char* argument_name,
+                 const std::vector<const char*>& names, const EnvironmentLookup& environment) {
+  if (override_value) {
+    std::string source = str(argument_name, " argument");
+    if (*override_value < 0) LOOM_FAIL(source, " ", *override_value, " must not be negative");
+    return {*override_value, source};
+  }
+  for (const char* name : names) {
+    if (auto text = environment(name)) return {parse_int(name, *text), name};
+  }
+  return {};
+}
+
+// SLURM_TASKS_PER_NODE looks like "4", "2(x3),1": tasks on each node in order.
+std::optional<int> slurm_tasks_on_node(const std::string& text, int node) {
+  int first_node = 0;
+  size_t position = 0;
+  while (position < text.size()) {
+    size_t comma = text.find(',', position);
+    std::string item = text.substr(position, comma == std::string::npos ? std::string::npos : comma - position);
+    position = comma == std::string::npos ? text.size() : comma + 1;
+    int tasks = 0, repeat = 1;
+    char* end = nullptr;
+    tasks = static_cast<int>(std::strtol(item.c_str(), &end, 10));
+    if (end == item.c_str()) return std::nullopt;
+    if (*end == '(') {
+      if (end[1] != 'x') return std::nullopt;
+      repeat = static_cast<int>(std::strtol(end + 2, &end, 10));
+      if (*end != ')') return std::nullopt;
+    } else if (*end != '\0') {
+      return std::nullopt;
+    }
+    if (node < first_node + repeat) return tasks;
+    first_node += repeat;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, const EnvironmentLookup& environment) {
+  LaunchEnvironment result;
+  result.launcher = detect_launcher(environment);
+
+  std::vector<const char*> rank_names, world_names, local_rank_names, local_world_names, node_names;
+  switch (result.launcher) {
+    case Launcher::torchrun:
+      rank_names = {"RANK"};
+      world_names = {"WORLD_SIZE"};
+      local_rank_names = {"LOCAL_RANK"};
+      local_world_names = {"LOCAL_WORLD_SIZE"};
+      node_names = {"GROUP_RANK", "NODE_RANK"};
+      break;
+    case Launcher::slurm:
+      rank_names = {"SLURM_PROCID"};
+      world_names = {"SLURM_NTASKS"};
+      local_rank_names = {"SLURM_LOCALID"};
+      node_names = {"SLURM_NODEID"};
+      break;
+    case Launcher::open_mpi:
+      rank_names = {"OMPI_COMM_WORLD_RANK"};
+      world_names = {"OMPI_COMM_WORLD_SIZE"};
+      local_rank_names = {"OMPI_COMM_WORLD_LOCAL_RANK"};
+      local_world_names = {"OMPI_COMM_WORLD_LOCAL_SIZE"};
+      break;
+    case Launcher::none: break;
+  }
+
+  Field rank = read_field(overrides.rank, "rank", rank_names, environment);
+  Field world = read_field(overrides.world_size, "world_size", world_names, environment);
+  Field local_rank = read_field(overrides.local_rank, "local_rank", local_rank_names, environment);
+  Field local_world = read_field(overrides.local_world_size, "local_world_size", local_world_names, environment);
+  Field node = read_field(overrides.node_rank, "node_rank", node_names, environment);
+
+  if (!local_world.given() && result.launcher == Launcher::slurm) {
+    if (auto text = environment("SLURM_NTASKS_PER_NODE"); text && text->find_first_not_of("0123456789") == std::string::npos) {
+      local_world = {parse_int("SLURM_NTASKS_PER_NODE", *text), "SLURM_NTASKS_PER_NODE"};
+    } else if (auto tasks = environment("SLURM_TASKS_PER_NODE")) {
+      if (auto count = slurm_tasks_on_node(*tasks, node.value)) local_world = {*count, "SLURM_TASKS_PER_NODE"};
+    }
+  }
+
+  if (rank.given() != world.given()) {
+    const Field& present = rank.given() ? rank : world;
+    const std::vector<const char*>& missing_names = rank.given() ? world_names : rank_names;
+    std::string missing = missing_names.empty() ? (rank.given() ? "world_size" : "rank") : missing_names[0];
+    LOOM_FAIL(present.describe(), " is set but ", missing,
+              " is not; give both the rank and the world size (or neither for a single process)");
+  }
+  if (!world.given()) world.value = 1;
+  if (world.value < 1) LOOM_FAIL(world.describe(), " must be at least 1");
+  if (rank.value >= world.value)
+    LOOM_FAIL(rank.describe(), " must be smaller than ", world.describe(), " (ranks are 0 to world size - 1)");
+
+  if (!local_world.given()) local_world.value = world.value;  // one node unless told otherwise
+  if (local_world.value < 1) LOOM_FAIL(local_world.describe(), " must be at least 1");
+  if (local_world.value > world.value)
+    LOOM_FAIL(local_world.describe(), " must not exceed ", world.describe());
+  if (!local_rank.given()) local_rank.value = rank.value % local_world.value;
+  if (local_rank.value >= local_world.value)
+    LOOM_FAIL(local_rank.describe(), " must be smaller than ", local_world.describe());
+  if (!node.given()) node.value = rank.value / local_world.value;
+
+  result.rank = rank.value;
+  result.world_size = world.value;
+  result.local_rank = local_rank.value;
+  result.local_world_size = local_world.value;
+  result.node_rank = node.value;
+
+  // Where rank 0 listens.
+  std::optional<std::string> master_addr;
+  std::string master_addr_source;
+  if (overrides.master_addr) {
+    master_addr = overrides.master_addr;
+    master_addr_source = "master_addr argument";
+  } else {
+    std::vector<const char*> names = {"MASTER_ADDR"};
+    if (result.launcher == Launcher::slurm) names = {"MASTER_ADDR", "SLURM_SRUN_COMM_HOST", "SLURM_LAUNCH_NODE_IPADDR"};
+    for (const char* name : names) {
+      if ((master_addr = environment(name))) {
+        master_addr_source = name;
+        break;
+      }
+    }
+  }
+  if (master_addr && master_addr->empty())
+    LOOM_FAIL(master_addr_source, " is set but empty; give the host name or address of the node running rank 0");
+  if (master_addr) {
+    result.master_addr = *master_addr;
+  } else if (result.world_size > 1) {
+    LOOM_FAIL(world.describe(), " but MASTER_ADDR is not set",
+              result.launcher == Launcher::slurm ? " (nor SLURM_SRUN_COMM_HOST)" : "",
+              "; set MASTER_ADDR to the host name or address of the node running rank 0");
+  }
+
+  if (overrides.master_port) {
+    int port = *overrides.master_port;
+    if (port < 0 || port > 65535) LOOM_FAIL("master_port argument ", port, " is out of range (0 to 65535)");
+    result.master_port = port;
+  } else if (auto text = environment("MASTER_PORT")) {
+    int port = parse_int("MASTER_PORT", *text);
+    if (port < 1 || port > 65535) LOOM_FAIL("MASTER_PORT=", *text, " is out of range (1 to 65535)");
+    result.master_port = port;
+  }
+  return result;
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,213 @@
+// Work bookkeeping, and init_process_group: launch environment -> rendezvous
+// store -> backend process group, kept as the default group.
+#include "dist/process_group.h"
+
+#include "core/error.h"
+#include "dist/environment.h"
+#include "dist/process_group_gloo.h"
+#include "dist/process_group_nccl.h"
+
+namespace loom::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "unknown";
+}
+
+// ---- Work ----
+
+Work::Work(std::string description) : description_(std::move(description)), enqueue_time_(Clock::now()) {}
+
+void Work::wait() {
+  std::unique_lock lock(mutex_);
+  finished_.wait(lock, [&] { return completed_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::wait_for(Milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return finished_.wait_for(lock, timeout, [&] { return completed_; });
+}
+
+bool Work::completed() const {
+  std::lock_guard lock(mutex_);
+  return completed_;
+}
+
+bool Work::succeeded() const {
+  std::lock_guard lock(mutex_);
+  return completed_ && !error_;
+}
+
+std::exception_ptr Work::error() const {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+std::string Work::error_message() const {
+  std::exception_ptr error = this->error();
+  if (!error) return "";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+Work::Clock::time_point Work::start_time() const {
+  std::lock_guard lock(mutex_);
+  return start_time_;
+}
+
+Work::Clock::time_point Work::end_time() const {
+  std::lock_guard lock(mutex_);
+  return end_time_;
+}
+
+void Work::mark_started() {
+  std::lock_guard lock(mutex_);
+  start_time_ = Clock::now();
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (start_time_ == Clock::time_point{}) start_time_ = Clock::now();
+    end_time_ = Clock::now();
+    error_ = std::move(error);
+    completed_ = true;
+  }
+  finished_.notify_all();
+}
+
+// ---- ProcessGroup ----
+
+ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+  LOOM_CHECK(size >= 1, "ProcessGroup: world size ", size, " must be at least 1");
+  LOOM_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank ", rank, " must be in [0, ", size, ")");
+}
+
+// ---- init_process_group ----
+
+namespace {
+
+std::mutex default_group_mutex;
+std::shared_ptr<ProcessGroup> default_group;
+
+// Splits "host:port" or "[v6]:port" (the part after "tcp://").
+std::pair<std::string, int> parse_host_port(const std::string& init_method, const std::string& text) {
+  std::string host;
+  std::string port_text;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      LOOM_FAIL("init_method '", init_method, "' is not tcp://HOST:PORT");
+    host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0) LOOM_FAIL("init_method '", init_method, "' is not tcp://HOST:PORT");
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  char* end = nullptr;
+  long port = std::strtol(port_text.c_str(), &end, 10);
+  if (port_text.empty() || *end != '\0' || port < 0 || port > 65535)
+    LOOM_FAIL("init_method '", init_method, "': port '", port_text, "' is not a number from 0 to 65535");
+  return {host, static_cast<int>(port)};
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  if (options.backend != "gloo" && options.backend != "nccl")
+    LOOM_FAIL("init_process_group: unknown backend '", options.backend,
+              "'; expected \"gloo\" (CPU tensors) or \"nccl\" (CUDA tensors)");
+  if (options.backend == "nccl" && !nccl_available()) {
+    // Fails here, before any rendezvous, with the reason.
+    make_process_group_nccl(nullptr, 0, 1, {});
+  }
+
+  LaunchOverrides overrides;
+  if (options.rank >= 0) overrides.rank = options.rank;
+  if (options.world_size >= 0) overrides.world_size = options.world_size;
+
+  std::shared_ptr<Store> store = options.store;
+  std::string master_addr;
+  int rank, world_size;
+  if (store) {
+    LOOM_CHECK(options.rank >= 0 && options.world_size >= 1,
+               "init_process_group: with an explicit store, give rank and world_size too");
+    rank = options.rank;
+    world_size = options.world_size;
+    LOOM_CHECK(rank < world_size, "init_process_group: rank ", rank, " must be smaller than world_size ", world_size);
+  } else if (options.init_method == "env://" || options.init_method.rfind("tcp://", 0) == 0) {
+    if (options.init_method != "env://") {
+      auto [host, port] = parse_host_port(options.init_method, options.init_method.substr(6));
+      overrides.master_addr = host;
+      overrides.master_port = port;
+    }
+    LaunchEnvironment environment = resolve_launch_environment(overrides);
+    rank = environment.rank;
+    world_size = environment.world_size;
+    master_addr = environment.master_addr;
+    store = std::make_shared<TCPStore>(environment.master_addr, environment.master_port,
+                                       TCPStoreOptions{.is_server = rank == 0, .timeout = options.timeout});
+  } else if (options.init_method.rfind("file://", 0) == 0) {
+    std::string path = options.init_method.substr(7);
+    LOOM_CHECK(!path.empty() && path.front() == '/', "init_method '", options.init_method,
+               "' must name an absolute path: file:///shared/dir/rendezvous");
+    LaunchEnvironment environment = resolve_launch_environment(overrides);
+    rank = environment.rank;
+    world_size = environment.world_size;
+    store = std::make_shared<FileStore>(path, options.timeout);
+  } else {
+    LOOM_FAIL("init_process_group: init_method '", options.init_method,
+              "' is not one of env://, tcp://HOST:PORT, file:///PATH");
+  }
+
+  auto group_store = std::make_shared<PrefixStore>(options.group_name, store);
+  std::shared_ptr<ProcessGroup> group;
+  if (options.backend == "gloo") {
+    GlooOptions gloo;
+    gloo.timeout = options.timeout;
+    if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
+    group = std::make_shared<ProcessGroupGloo>(group_store, rank, world_size, gloo);
+  } else {
+    LaunchEnvironment environment = resolve_launch_environment(overrides);
+    group = make_process_group_nccl(group_store, rank, world_size,
+                                    NcclOptions{.timeout = options.timeout, .device_index = environment.local_rank});
+  }
+  std::lock_guard lock(default_group_mutex);
+  default_group = group;
+  return group;
+}
+
+std::shared_ptr<ProcessGroup> default_process_group() {
+  std::lock_guard lock(default_group_mutex);
+  LOOM_CHECK(default_group != nullptr, "no default process group: call loom::dist::init_process_group() first");
+  return default_group;
+}
+
+bool is_initialized() {
+  std::lock_guard lock(default_group_mutex);
+  return default_group != nullptr;
+}
+
+void destroy_process_group() {
+  std::shared_ptr<ProcessGroup> group;
+  {
+    std::lock_guard lock(default_group_mutex);
+    group.swap(default_group);
+  }
+  // `group` is released outside the lock: its destructor may wait for a collective.
+}
+
+}  // namespace loom::dist

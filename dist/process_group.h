@@ -1,0 +1,147 @@
+// ProcessGroup: asynchronous collectives over a fixed set of ranks, each call
+// returning a Work to wait on; init_process_group() builds one from the launch
+// environment and a rendezvous store, and keeps it as the default group.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "dist/store.h"
+
+namespace loom::dist {
+
+enum class ReduceOp { sum, avg, max, min };
+const char* reduce_op_name(ReduceOp op);
+
+// Default timeout of one collective (PyTorch's, for Gloo and NCCL).
+inline constexpr Milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
+
+// One enqueued collective. The backend marks it started and finished; callers
+// wait on it. Thread-safe.
+class Work {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `description` names the collective for errors: "all_reduce #7 (f32[1000], sum)".
+  explicit Work(std::string description);
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the collective finished; throws its loom::Error if it failed.
+  void wait();
+  // Like wait() but gives up after `timeout`; returns whether it finished.
+  [[nodiscard]] bool wait_for(Milliseconds timeout);
+
+  [[nodiscard]] bool completed() const;
+  [[nodiscard]] bool succeeded() const;
+  // The failure (a loom::Error), or null while running or after success.
+  [[nodiscard]] std::exception_ptr error() const;
+  std::string error_message() const;  // "" when there is no error
+
+  const std::string& description() const { return description_; }
+  // When the work was enqueued, started running, and finished (success or not);
+  // a time point is Clock::time_point{} until it happens.
+  Clock::time_point enqueue_time() const { return enqueue_time_; }
+  Clock::time_point start_time() const;
+  Clock::time_point end_time() const;
+
+  // For backends.
+  void mark_started();
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  std::string description_;
+  Clock::time_point enqueue_time_;
+  mutable std::mutex mutex_;
+  std::condition_variable finished_;
+  Clock::time_point start_time_{};
+  Clock::time_point end_time_{};
+  bool completed_ = false;
+  std::exception_ptr error_;
+};
+
+using WorkHandle = std::shared_ptr<Work>;
+
+// Collectives over `size()` ranks. Every rank must issue the same collectives
+// in the same order with matching shapes and dtypes. Calls return at once;
+// tensors must stay untouched until the Work completes. In-place collectives
+// write their result into the given tensors.
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size);
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual const char* backend_name() const = 0;
+
+  // Reduces each tensor elementwise across ranks, in place; several tensors
+  // are reduced in one operation (each independently, like PyTorch's
+  // all_reduce_coalesced). avg needs floating-point tensors.
+  virtual WorkHandle all_reduce(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum) = 0;
+  WorkHandle all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) {
+    return all_reduce(std::vector<Tensor>{tensor}, op);
+  }
+
+  // Copies root's tensor into every rank's tensor.
+  virtual WorkHandle broadcast(const Tensor& tensor, int root = 0) = 0;
+
+  // outputs[r] receives rank r's input; size() outputs, each shaped like input.
+  virtual WorkHandle all_gather(const std::vector<Tensor>& outputs, const Tensor& input) = 0;
+  // Flat variant: output holds size() * input.numel() elements, rank r's
+  // input at [r * numel, (r + 1) * numel).
+  virtual WorkHandle all_gather_into(const Tensor& output, const Tensor& input) = 0;
+
+  // output = reduction over ranks of inputs[rank()]; size() inputs, each
+  // shaped like output.
+  virtual WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                    ReduceOp op = ReduceOp::sum) = 0;
+  // Flat variant: input holds size() * output.numel() elements.
+  virtual WorkHandle reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) = 0;
+
+  // Completes once every rank has entered the barrier.
+  virtual WorkHandle barrier() = 0;
+
+  // Timeout of collectives enqueued from now on.
+  virtual void set_timeout(Milliseconds timeout) = 0;
+  virtual Milliseconds timeout() const = 0;
+
+ protected:
+  int rank_;
+  int size_;
+};
+
+struct InitOptions {
+  std::string backend = "gloo";  // "gloo" (CPU tensors) or "nccl" (CUDA tensors)
+  // "env://" (MASTER_ADDR / MASTER_PORT and friends), "tcp://host:port", or
+  // "file:///shared/path"; ignored when `store` is given.
+  std::string init_method = "env://";
+  int world_size = -1;  // -1: from the launch environment
+  int rank = -1;        // -1: from the launch environment
+  Milliseconds timeout = kDefaultCollectiveTimeout;  // collectives and rendezvous
+  std::shared_ptr<Store> store = nullptr;  // an existing rendezvous store (world_size and rank then required)
+  // Name of the group inside the store; groups sharing a store need distinct names.
+  std::string group_name = "default";
+};
+
+// Builds a process group and makes it the default one. Throws loom::Error for
+// an unknown backend or init method, a bad launch environment, or a failed
+// rendezvous.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+// The group init_process_group() made; throws when there is none.
+std::shared_ptr<ProcessGroup> default_process_group();
+bool is_initialized();
+// Forgets the default group (it is destroyed once no one else holds it).
+void destroy_process_group();
+
+}  // namespace loom::dist

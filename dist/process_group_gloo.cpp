@@ -1,0 +1,514 @@
+// ProcessGroupGloo: validates tensors on the caller's thread, then runs each
+// collective with libgloo on one worker thread, in the order they were
+// enqueued, so every rank issues the same sequence of gloo operations.
+#include "dist/process_group_gloo.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "core/autograd.h"
+#include "core/error.h"
+
+namespace loom::dist {
+
+namespace {
+
+// Lets libgloo rendezvous through a loom Store.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<dist::Store> store, Milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    Bytes value = store_->get(key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<dist::Store> store_;
+  Milliseconds timeout_;
+};
+
+// Elementwise reductions for gloo: out[i] = op(a[i], b[i]). 16-bit floats go
+// through float.
+template <class T>
+using Promoted = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+
+template <class T, class Combine>
+void reduce_elements(void* out, const void* a, const void* b, size_t count, Combine combine) {
+  T* result = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < count; ++i) {
+    result[i] = T(combine(static_cast<Promoted<T>>(x[i]), static_cast<Promoted<T>>(y[i])));
+  }
+}
+
+gloo::AllreduceOptions::Func reduce_function(DType dtype, ReduceOp op) {
+  return visit_dtype(dtype, [&]<class T>() -> gloo::AllreduceOptions::Func {
+    using P = Promoted<T>;
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:  // sum, then scaled by 1 / size
+        return [](void* o, const void* a, const void* b, size_t n) {
+          reduce_elements<T>(o, a, b, n, [](P x, P y) { return static_cast<P>(x + y); });
+        };
+      case ReduceOp::max:
+        return [](void* o, const void* a, const void* b, size_t n) {
+          reduce_elements<T>(o, a, b, n, [](P x, P y) { return x < y ? y : x; });
+        };
+      case ReduceOp::min:
+        return [](void* o, const void* a, const void* b, size_t n) {
+          reduce_elements<T>(o, a, b, n, [](P x, P y) { return y < x ? y : x; });
+        };
+    }
+    LOOM_FAIL("unknown reduce op");
+  });
+}
+
+// "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]".
+std::string summarize(const std::vector<Tensor>& tensors) {
+  auto one = [](const Tensor& t) { return str(dtype_name(t.dtype()), shape_str(t.sizes())); };
+  if (tensors.size() == 1) return one(tensors[0]);
+  std::string text = str(tensors.size(), " tensors: ");
+  for (size_t i = 0; i < tensors.size() && i < 4; ++i) text += (i ? ", " : "") + one(tensors[i]);
+  if (tensors.size() > 4) text += ", ...";
+  return text;
+}
+
+void check_cpu_tensor(const char* collective, const Tensor& tensor, const std::string& role) {
+  LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
+  LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(),
+             "; the gloo backend works on CPU tensors (use the nccl backend for CUDA tensors)");
+}
+
+// A contiguous 1-d view of `numel` elements of flat `buffer` starting at `offset`
+// shaped like `shape`.
+Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset) {
+  return make_view(buffer, shape, contiguous_strides(shape), buffer.offset() + offset);
+}
+
+double seconds_since(Work::Clock::time_point start) {
+  return std::chrono::duration<double>(Work::Clock::now() - start).count();
+}
+
+}  // namespace
+
+std::string local_address_towards(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* addresses = nullptr;
+  if (::getaddrinfo(master_addr.c_str(), "9", &hints, &addresses) != 0 || addresses == nullptr) return "";
+  std::string result;
+  // A UDP "connect" sends nothing; it asks the kernel which local address routes to the master.
+  FileDescriptor probe(::socket(addresses->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (probe.valid() && ::connect(probe.get(), addresses->ai_addr, addresses->ai_addrlen) == 0) {
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    char text[NI_MAXHOST];
+    if (::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), length, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) ==
+            0) {
+      result = text;
+    }
+  }
+  ::freeaddrinfo(addresses);
+  return result;
+}
+
+struct ProcessGroupGloo::Impl {
+  struct Task {
+    WorkHandle work;
+    std::function<void()> run;
+  };
+
+  int rank;
+  int size;
+  std::shared_ptr<Store> store;
+  std::atomic<Milliseconds> timeout;
+
+  std::shared_ptr<gloo::rendezvous::Context> context;  // worker thread only
+  // Each rank's gloo pair addresses as text, to name the peer in errors.
+  std::vector<std::vector<std::string>> peer_addresses;  // worker thread only
+  uint32_t next_tag = 0;                                 // worker thread only
+  std::string first_failure;                             // worker thread only
+
+  std::mutex mutex;
+  std::condition_variable queue_changed;
+  std::deque<Task> queue;
+  bool stopping = false;
+  uint64_t sequence = 0;
+  std::thread worker;
+
+  Impl(std::shared_ptr<Store> store_, int rank_, int size_, Milliseconds timeout_)
+      : rank(rank_), size(size_), store(std::move(store_)), timeout(timeout_) {
+    // The worker (and the gloo loop thread it creates) block SIGPIPE, so a
+    // write to a dead peer fails with EPIPE instead of killing the process.
+    sigset_t pipe_only, previous;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
+    worker = std::thread([this] { run_worker(); });
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  }
+
+  ~Impl() {
+    std::deque<Task> abandoned;
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+      abandoned.swap(queue);
+    }
+    queue_changed.notify_all();
+    for (auto& task : abandoned) {
+      task.work->finish(std::make_exception_ptr(
+          Error(str("ProcessGroupGloo: ", task.work->description(), " did not run: the process group was destroyed"))));
+    }
+    if (worker.joinable()) worker.join();
+  }
+
+  std::string prefix() const { return str("ProcessGroupGloo rank ", rank, " of ", size, ": "); }
+
+  // `what` is a description without the sequence number: "all_reduce (f32[4], sum)".
+  WorkHandle enqueue(const std::string& name, const std::string& details, std::function<void()> run) {
+    std::lock_guard lock(mutex);
+    LOOM_CHECK(!stopping, "ProcessGroupGloo: ", name, " called on a process group being destroyed");
+    auto work = std::make_shared<Work>(str(name, " #", sequence++, " (", details, ")"));
+    queue.push_back({work, std::move(run)});
+    queue_changed.notify_one();
+    return work;
+  }
+
+  void run_worker() {
+    set_grad_mode(false);  // collectives copy gradient buffers; nothing here is differentiable
+    while (true) {
+      Task task;
+      {
+        std::unique_lock lock(mutex);
+        queue_changed.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task.work->mark_started();
+      if (!first_failure.empty()) {
+        task.work->finish(std::make_exception_ptr(Error(str(prefix(), task.work->description(),
+                                                            " was not run because an earlier collective failed: ",
+                                                            first_failure))));
+        continue;
+      }
+      auto start = Work::Clock::now();
+      try {
+        task.run();
+        task.work->finish();
+      } catch (const std::exception& error) {
+        std::string message = explain_failure(task.work->description(), error.what(), seconds_since(start));
+        first_failure = message;
+        task.work->finish(std::make_exception_ptr(Error(message)));
+      }
+    }
+  }
+
+  std::string explain_failure(const std::string& description, const std::string& cause, double seconds) {
+    std::string peer = identify_peer(cause);
+    double timeout_s = static_cast<double>(timeout.load().count()) / 1000.0;
+    std::string peer_state;
+    if (!peer.empty()) {
+      bool closed = cause.find("closed") != std::string::npos || cause.find("reset") != std::string::npos;
+      peer_state = closed ? str("; peer ", peer, " closed its connection (that process has probably died)")
+                          : str("; the failure involves peer ", peer);
+    }
+    return str(prefix(), description, " failed after ", std::round(seconds * 100) / 100, " s (timeout ", timeout_s,
+               " s)", peer_state,
+               ". A peer process may have died or stopped calling collectives; this process group is unusable "
+               "from now on. Cause: ",
+               cause);
+  }
+
+  // "rank 1 ([127.0.0.1]:41000)" when the gloo message names one of rank 1's addresses.
+  std::string identify_peer(const std::string& message) const {
+    for (size_t r = 0; r < peer_addresses.size(); ++r) {
+      if (static_cast<int>(r) == rank) continue;
+      for (const auto& address : peer_addresses[r])
+        if (!address.empty() && message.find(address) != std::string::npos) return str("rank ", r, " (", address, ")");
+    }
+    return "";
+  }
+
+  uint32_t tag() { return next_tag++; }
+
+  // Connects the full mesh; runs on the worker thread.
+  void connect(const GlooOptions& options) {
+    gloo::transport::tcp::attr attr;
+    std::string interface = options.interface;
+    for (const char* variable : {"LOOM_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+      if (interface.empty() && std::getenv(variable)) interface = std::getenv(variable);
+    }
+    if (!interface.empty()) {
+      attr.iface = interface;
+    } else if (!options.hostname.empty()) {
+      attr.hostname = options.hostname;
+    } else {
+      char name[256] = {};
+      ::gethostname(name, sizeof(name) - 1);
+      attr.hostname = name;
+    }
+    std::shared_ptr<gloo::transport::Device> device;
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& error) {
+      LOOM_FAIL(prefix(), "cannot listen on ", attr.iface.empty() ? "host " + attr.hostname : "interface " + attr.iface,
+                ": ", error.what(), ". Set LOOM_SOCKET_IFNAME to a network interface every rank can reach");
+    }
+    auto mesh = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    mesh->setTimeout(timeout.load());
+    auto gloo_store = std::make_shared<PrefixStore>("gloo", store);
+    GlooStoreAdapter adapter(gloo_store, timeout.load());
+    try {
+      mesh->connectFullMesh(adapter, device);
+    } catch (const std::exception& error) {
+      LOOM_FAIL(prefix(), "connecting to the other ranks failed: ", error.what());
+    }
+    context = mesh;
+
+    // Publish this rank's pair addresses; errors later name peers by rank.
+    std::string mine;
+    for (int r = 0; r < size; ++r)
+      if (r != rank) mine += context->getPair(r)->address().str() + "\n";
+    gloo_store->set(str("pair_addresses/", rank), mine);
+    peer_addresses.assign(size, {});
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      std::string text = gloo_store->get_string(str("pair_addresses/", r), timeout.load());
+      for (size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
+        peer_addresses[r].push_back(text.substr(begin, end - begin));
+    }
+  }
+
+  // ---- collectives, worker thread ----
+
+  void all_reduce_buffer(const Tensor& buffer, ReduceOp op) {
+    if (buffer.numel() == 0) return;
+    visit_dtype(buffer.dtype(), [&]<class T>() {
+      gloo::AllreduceOptions options(context);
+      options.setOutput<T>(static_cast<T*>(buffer.raw_data()), static_cast<size_t>(buffer.numel()));
+      options.setReduceFunction(reduce_function(buffer.dtype(), op));
+      options.setTag(tag());
+      options.setTimeout(timeout.load());
+      gloo::allreduce(options);
+    });
+    if (op == ReduceOp::avg) Tensor(buffer).mul_(1.0 / size);
+  }
+
+  // Reduces each tensor in place; tensors of one dtype share one gloo call.
+  void all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
+    std::vector<DType> dtypes;
+    for (const auto& t : tensors)
+      if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) dtypes.push_back(t.dtype());
+    for (DType dtype : dtypes) {
+      std::vector<Tensor> group;
+      int64_t total = 0;
+      for (const auto& t : tensors) {
+        if (t.dtype() != dtype) continue;
+        group.push_back(t);
+        total += t.numel();
+      }
+      if (group.size() == 1 && group[0].is_contiguous()) {
+        all_reduce_buffer(group[0], op);
+        continue;
+      }
+      Tensor buffer = Tensor::empty({total}, dtype);
+      int64_t offset = 0;
+      for (const auto& t : group) {
+        copy_cpu(view_into(buffer, t.sizes(), offset), t);
+        offset += t.numel();
+      }
+      all_reduce_buffer(buffer, op);
+      offset = 0;
+      for (const auto& t : group) {
+        copy_cpu(t, view_into(buffer, t.sizes(), offset));
+        offset += t.numel();
+      }
+    }
+  }
+
+  void broadcast(const Tensor& tensor, int root) {
+    if (tensor.numel() == 0) return;
+    Tensor buffer = tensor;
+    if (!tensor.is_contiguous()) {
+      buffer = Tensor::empty(tensor.sizes(), tensor.dtype());
+      if (rank == root) copy_cpu(buffer, tensor);
+    }
+    visit_dtype(buffer.dtype(), [&]<class T>() {
+      gloo::BroadcastOptions options(context);
+      options.setOutput<T>(static_cast<T*>(buffer.raw_data()), static_cast<size_t>(buffer.numel()));
+      options.setRoot(root);
+      options.setTag(tag());
+      options.setTimeout(timeout.load());
+      gloo::broadcast(options);
+    });
+    if (!buffer.is_same(tensor) && rank != root) copy_cpu(tensor, buffer);
+  }
+
+  // output: size * input.numel() elements.
+  void all_gather_into(const Tensor& output, const Tensor& input) {
+    if (input.numel() == 0) return;
+    Tensor source = input;
+    if (!input.is_contiguous()) {
+      source = Tensor::empty(input.sizes(), input.dtype());
+      copy_cpu(source, input);
+    }
+    Tensor target = output.is_contiguous() ? output : Tensor::empty(output.sizes(), output.dtype());
+    visit_dtype(input.dtype(), [&]<class T>() {
+      gloo::AllgatherOptions options(context);
+      options.setInput<T>(static_cast<T*>(source.raw_data()), static_cast<size_t>(source.numel()));
+      options.setOutput<T>(static_cast<T*>(target.raw_data()), static_cast<size_t>(target.numel()));
+      options.setTag(tag());
+      options.setTimeout(timeout.load());
+      gloo::allgather(options);
+    });
+    if (!target.is_same(output)) copy_cpu(output, target);
+  }
+
+  // Reduces a copy of `input` (size * output.numel() elements) and keeps this rank's chunk.
+  void reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op) {
+    Tensor buffer = Tensor::empty({input.numel()}, input.dtype());
+    copy_cpu(view_into(buffer, input.sizes(), 0), input);
+    all_reduce_buffer(buffer, op);
+    copy_cpu(output, view_into(buffer, output.sizes(), rank * output.numel()));
+  }
+
+  void barrier() {
+    gloo::BarrierOptions options(context);
+    options.setTag(tag());
+    options.setTimeout(timeout.load());
+    gloo::barrier(options);
+  }
+};
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
+    : ProcessGroup(rank, size) {
+  LOOM_CHECK(store != nullptr, "ProcessGroupGloo: the rendezvous store is null");
+  impl_ = std::make_unique<Impl>(std::move(store), rank, size, options.timeout);
+  WorkHandle connected = impl_->enqueue("connect", str(size, " ranks"), [this, options] { impl_->connect(options); });
+  connected->wait();
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() = default;
+
+void ProcessGroupGloo::set_timeout(Milliseconds timeout) {
+  LOOM_CHECK(timeout.count() > 0, "ProcessGroupGloo: timeout must be positive, got ", timeout.count(), " ms");
+  impl_->timeout = timeout;
+}
+
+Milliseconds ProcessGroupGloo::timeout() const { return impl_->timeout.load(); }
+
+WorkHandle ProcessGroupGloo::all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
+  LOOM_CHECK(!tensors.empty(), "all_reduce: no tensors given");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_cpu_tensor("all_reduce", tensors[i], str("tensor ", i));
+    LOOM_CHECK(op != ReduceOp::avg || is_floating(tensors[i].dtype()), "all_reduce: avg needs floating-point tensors; tensor ",
+               i, " is ", tensors[i].str(), " (reduce with sum and divide instead)");
+  }
+  return impl_->enqueue("all_reduce", str(summarize(tensors), ", ", reduce_op_name(op)),
+                        [impl = impl_.get(), tensors, op] { impl->all_reduce(tensors, op); });
+}
+
+WorkHandle ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
+  check_cpu_tensor("broadcast", tensor, "the tensor");
+  LOOM_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of this group of ", size());
+  return impl_->enqueue("broadcast", str(summarize({tensor}), ", root ", root),
+                        [impl = impl_.get(), tensor, root] { impl->broadcast(tensor, root); });
+}
+
+WorkHandle ProcessGroupGloo::all_gather_into(const Tensor& output, const Tensor& input) {
+  check_cpu_tensor("all_gather", input, "the input");
+  check_cpu_tensor("all_gather", output, "the output");
+  LOOM_CHECK(output.dtype() == input.dtype(), "all_gather: output is ", output.str(), " but input is ", input.str(),
+             "; the dtypes must match");
+  LOOM_CHECK(output.numel() == input.numel() * size(), "all_gather: output ", output.str(), " must hold ", size(),
+             " x ", input.numel(), " = ", input.numel() * size(), " elements (one input per rank)");
+  return impl_->enqueue("all_gather", summarize({input}),
+                        [impl = impl_.get(), output, input] { impl->all_gather_into(output, input); });
+}
+
+WorkHandle ProcessGroupGloo::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
+  check_cpu_tensor("all_gather", input, "the input");
+  LOOM_CHECK(static_cast<int>(outputs.size()) == size(), "all_gather: got ", outputs.size(),
+             " outputs; expected one per rank (", size(), ")");
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    check_cpu_tensor("all_gather", outputs[r], str("output ", r));
+    LOOM_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].numel() == input.numel(), "all_gather: output ", r,
+               " is ", outputs[r].str(), "; expected the input's dtype and size, ", input.str());
+  }
+  return impl_->enqueue("all_gather", summarize({input}), [impl = impl_.get(), outputs, input, world = size()] {
+    Tensor flat = Tensor::empty({input.numel() * world}, input.dtype());
+    impl->all_gather_into(flat, input);
+    for (int r = 0; r < world; ++r) copy_cpu(outputs[r], view_into(flat, outputs[r].sizes(), r * input.numel()));
+  });
+}
+
+WorkHandle ProcessGroupGloo::reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op) {
+  check_cpu_tensor("reduce_scatter", input, "the input");
+  check_cpu_tensor("reduce_scatter", output, "the output");
+  LOOM_CHECK(output.dtype() == input.dtype(), "reduce_scatter: output is ", output.str(), " but input is ",
+             input.str(), "; the dtypes must match");
+  LOOM_CHECK(input.numel() == output.numel() * size(), "reduce_scatter: input ", input.str(), " must hold ", size(),
+             " x ", output.numel(), " = ", output.numel() * size(), " elements (one output per rank)");
+  LOOM_CHECK(op != ReduceOp::avg || is_floating(input.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
+             input.str());
+  return impl_->enqueue("reduce_scatter", str(summarize({input}), ", ", reduce_op_name(op)),
+                        [impl = impl_.get(), output, input, op] { impl->reduce_scatter_from(output, input, op); });
+}
+
+WorkHandle ProcessGroupGloo::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
+  check_cpu_tensor("reduce_scatter", output, "the output");
+  LOOM_CHECK(static_cast<int>(inputs.size()) == size(), "reduce_scatter: got ", inputs.size(),
+             " inputs; expected one per rank (", size(), ")");
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    check_cpu_tensor("reduce_scatter", inputs[r], str("input ", r));
+    LOOM_CHECK(inputs[r].dtype() == output.dtype() && inputs[r].numel() == output.numel(), "reduce_scatter: input ",
+               r, " is ", inputs[r].str(), "; expected the output's dtype and size, ", output.str());
+  }
+  LOOM_CHECK(op != ReduceOp::avg || is_floating(output.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
+             output.str());
+  return impl_->enqueue("reduce_scatter", str(summarize(inputs), ", ", reduce_op_name(op)),
+                        [impl = impl_.get(), output, inputs, op, world = size()] {
+                          Tensor flat = Tensor::empty({output.numel() * world}, output.dtype());
+                          for (int r = 0; r < world; ++r)
+                            copy_cpu(view_into(flat, inputs[r].sizes(), r * output.numel()), inputs[r]);
+                          impl->reduce_scatter_from(output, flat, op);
+                        });
+}
+
+WorkHandle ProcessGroupGloo::barrier() {
+  return impl_->enqueue("barrier", str(size(), " ranks"), [impl = impl_.get()] { impl->barrier(); });
+}
+
+}  // namespace loom::dist

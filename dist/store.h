@@ -1,0 +1,163 @@
+// Rendezvous key-value stores: the abstract Store, PrefixStore (a namespace
+// inside another store), TCPStore (server thread on rank 0) and FileStore (a
+// file on a shared filesystem). Process groups exchange addresses and ids here.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "dist/socket.h"
+
+namespace loom::dist {
+
+using Bytes = std::vector<uint8_t>;
+using Milliseconds = std::chrono::milliseconds;
+
+// A key-value store shared by all ranks. Values are bytes; add() keeps a
+// decimal integer. Every method is thread-safe. Waiting methods take a
+// timeout; without one they use the store's default timeout. A timeout throws
+// loom::Error naming the keys and the timeout.
+class Store {
+ public:
+  static constexpr Milliseconds kDefaultTimeout = std::chrono::minutes(5);
+
+  explicit Store(Milliseconds timeout = kDefaultTimeout) : timeout_(timeout) {}
+  virtual ~Store() = default;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  void set(const std::string& key, std::string_view value) { set(key, Bytes(value.begin(), value.end())); }
+
+  // Waits until `key` exists, then returns its value.
+  Bytes get(const std::string& key) { return get(key, timeout_); }
+  virtual Bytes get(const std::string& key, Milliseconds timeout) = 0;
+  std::string get_string(const std::string& key) { return get_string(key, timeout_); }
+  std::string get_string(const std::string& key, Milliseconds timeout);
+
+  // Adds `delta` to the integer under `key` (0 when absent); returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+
+  // Waits until every key exists.
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+  virtual void wait(const std::vector<std::string>& keys, Milliseconds timeout) = 0;
+
+  // Whether every key exists now; never waits.
+  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  Milliseconds timeout() const { return timeout_; }
+  void set_timeout(Milliseconds timeout) { timeout_ = timeout; }
+
+ protected:
+  // "Store: timed out after 2 s waiting for key(s) 'a', 'b'" (`what` names the store).
+  [[noreturn]] static void throw_timeout(const char* what, const std::vector<std::string>& keys, Milliseconds timeout);
+
+ private:
+  std::atomic<Milliseconds> timeout_;
+};
+
+// Every key of `inner` prefixed with "<prefix>/": lets several groups or
+// rendezvous rounds share one store without collisions.
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> inner);
+
+  using Store::set;
+  void set(const std::string& key, const Bytes& value) override;
+  using Store::get;
+  Bytes get(const std::string& key, Milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+
+  const std::shared_ptr<Store>& inner() const { return inner_; }
+
+ private:
+  std::string prefixed(const std::string& key) const { return prefix_ + "/" + key; }
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const;
+  std::string prefix_;
+  std::shared_ptr<Store> inner_;
+};
+
+class TCPStoreServer;
+
+struct TCPStoreOptions {
+  // Rank 0 runs the server; every rank (rank 0 too) is a client.
+  bool is_server = false;
+  // Default timeout of the store's waiting calls, and how long a client keeps
+  // retrying to reach the server.
+  Milliseconds timeout = Store::kDefaultTimeout;
+};
+
+// Client of a key-value server at host:port. With options.is_server this
+// object also owns the server (a thread serving every client with poll(2));
+// the server stops when this object is destroyed, so rank 0 must outlive the
+// others' use of the store.
+class TCPStore final : public Store {
+ public:
+  // port 0 with is_server: listen on any free port (see port()).
+  TCPStore(std::string host, int port, TCPStoreOptions options = {});
+  ~TCPStore() override;
+
+  using Store::set;
+  void set(const std::string& key, const Bytes& value) override;
+  using Store::get;
+  Bytes get(const std::string& key, Milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+
+ private:
+  // Sends one request frame on an idle connection and reads the reply;
+  // `wait_budget` is how long the server may take to answer (a waiting
+  // call's timeout).
+  Bytes round_trip(const Bytes& request, Milliseconds wait_budget);
+
+  std::string host_;
+  int port_;
+  std::unique_ptr<TCPStoreServer> server_;
+  // Connections not carrying a request. A call takes one (or opens a new one
+  // when all are busy), so a thread blocked in get() never holds up another
+  // thread's set().
+  std::mutex idle_mutex_;
+  std::vector<FileDescriptor> idle_connections_;
+};
+
+// Keys and values appended as records to one file, read under flock(2).
+// Processes on a shared filesystem see each other's writes; waiting calls poll
+// the file. The file is never truncated: use a fresh path per job.
+class FileStore final : public Store {
+ public:
+  explicit FileStore(std::string path, Milliseconds timeout = kDefaultTimeout);
+  ~FileStore() override;
+
+  using Store::set;
+  void set(const std::string& key, const Bytes& value) override;
+  using Store::get;
+  Bytes get(const std::string& key, Milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct State;
+  std::string path_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace loom::dist

@@ -1,0 +1,73 @@
+// Multi-process test harness: the test binary re-executes itself as N ranks
+// (posix_spawn of /proc/self/exe with RANK / WORLD_SIZE / MASTER_ADDR /
+// MASTER_PORT set), each running a named scenario; the parent collects exit
+// codes and output, and kills every rank that outlives the deadline.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loom::dist::testing {
+
+// A scenario runs inside one rank. It reads RANK / WORLD_SIZE (and whatever
+// else the test put in the environment) and throws to fail.
+using Scenario = std::function<void()>;
+
+// Registers a scenario at static-initialisation time.
+struct ScenarioRegistration {
+  ScenarioRegistration(const std::string& name, Scenario scenario);
+};
+
+#define LOOM_DIST_CONCAT_INNER(a, b) a##b
+#define LOOM_DIST_CONCAT(a, b) LOOM_DIST_CONCAT_INNER(a, b)
+// LOOM_DIST_SCENARIO("name") { ...body... }
+#define LOOM_DIST_SCENARIO(name)                                                                    \
+  static void LOOM_DIST_CONCAT(scenario_body_, __LINE__)();                                         \
+  static ::loom::dist::testing::ScenarioRegistration LOOM_DIST_CONCAT(scenario_registration_, __LINE__)( \
+      name, &LOOM_DIST_CONCAT(scenario_body_, __LINE__));                                           \
+  static void LOOM_DIST_CONCAT(scenario_body_, __LINE__)()
+
+// When argv asks for a scenario ("--loom-dist-scenario NAME"), runs it and
+// returns the process exit code; otherwise returns -1.
+int run_scenario_if_requested(int argc, char** argv);
+
+struct RankResult {
+  int rank = 0;
+  int exit_code = -1;     // when the process exited
+  int signal = 0;         // when a signal ended it
+  bool timed_out = false;  // killed by the harness at the deadline
+  double seconds = 0;      // wall time until it ended
+  std::string output;      // stdout and stderr
+  bool ok() const { return exit_code == 0 && signal == 0 && !timed_out; }
+  std::string describe() const;
+};
+
+struct SpawnOptions {
+  std::chrono::milliseconds deadline = std::chrono::seconds(30);
+  // Extra variables for every rank, and per rank.
+  std::map<std::string, std::string> environment{};
+  std::function<std::map<std::string, std::string>(int rank)> rank_environment{};
+};
+
+// Runs `scenario` as `world` processes with RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT.
+std::vector<RankResult> spawn_ranks(const std::string& scenario, int world, const SpawnOptions& options = {});
+
+// A TCP port that was free a moment ago (bound to port 0, then closed).
+int free_port();
+
+// Throws loom::Error with the message unless `condition` holds.
+template <class... Parts>
+void expect(bool condition, const Parts&... parts) {
+  if (!condition) throw ::loom::Error(::loom::str(parts...));
+}
+
+int env_int(const char* name);
+std::string env_string(const char* name);
+
+}  // namespace loom::dist::testing

@@ -1,0 +1,195 @@
+// Launch-environment parsing: torchrun, SLURM, Open MPI and explicit values,
+// and one clear error naming the variable for each kind of bad value.
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "core/error.h"
+#include "dist/environment.h"
+
+using namespace loom::dist;
+
+namespace {
+
+EnvironmentLookup variables(std::map<std::string, std::string> values) {
+  return [values](const std::string& name) -> std::optional<std::string> {
+    auto it = values.find(name);
+    if (it == values.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// The message of the loom::Error that resolving `values` throws.
+std::string error_for(std::map<std::string, std::string> values, LaunchOverrides overrides = {}) {
+  try {
+    resolve_launch_environment(overrides, variables(std::move(values)));
+  } catch (const loom::Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_SUITE("environment") {
+  TEST_CASE("no launcher variables: a single process") {
+    auto env = resolve_launch_environment({}, variables({}));
+    CHECK(env.launcher == Launcher::none);
+    CHECK(env.rank == 0);
+    CHECK(env.world_size == 1);
+    CHECK(env.local_rank == 0);
+    CHECK(env.local_world_size == 1);
+    CHECK(env.node_rank == 0);
+    CHECK(env.master_addr == "127.0.0.1");
+    CHECK(env.master_port == kDefaultMasterPort);
+    CHECK(detect_launcher(variables({})) == Launcher::none);
+  }
+
+  TEST_CASE("torchrun variables") {
+    auto env = resolve_launch_environment(
+        {}, variables({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                       {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}}));
+    CHECK(env.launcher == Launcher::torchrun);
+    CHECK(env.rank == 5);
+    CHECK(env.world_size == 8);
+    CHECK(env.local_rank == 1);
+    CHECK(env.local_world_size == 4);
+    CHECK(env.node_rank == 1);
+    CHECK(env.master_addr == "node0");
+    CHECK(env.master_port == 1234);
+  }
+
+  TEST_CASE("torchrun without local variables assumes one node and port 29500") {
+    auto env = resolve_launch_environment({}, variables({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}));
+    CHECK(env.local_rank == 3);
+    CHECK(env.local_world_size == 4);
+    CHECK(env.node_rank == 0);
+    CHECK(env.master_port == 29500);
+  }
+
+  TEST_CASE("SLURM variables, with MASTER_ADDR / MASTER_PORT overriding") {
+    std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "5"},        {"SLURM_NTASKS", "6"},
+                                                {"SLURM_LOCALID", "1"},       {"SLURM_NODEID", "2"},
+                                                {"SLURM_TASKS_PER_NODE", "2(x3)"}, {"SLURM_SRUN_COMM_HOST", "login1"}};
+    auto env = resolve_launch_environment({}, variables(slurm));
+    CHECK(env.launcher == Launcher::slurm);
+    CHECK(env.rank == 5);
+    CHECK(env.world_size == 6);
+    CHECK(env.local_rank == 1);
+    CHECK(env.local_world_size == 2);
+    CHECK(env.node_rank == 2);
+    CHECK(env.master_addr == "login1");
+    CHECK(env.master_port == 29500);
+
+    slurm.insert_or_assign("MASTER_ADDR", std::string("node7"));
+    slurm.insert_or_assign("MASTER_PORT", std::string("4000"));
+    slurm.insert_or_assign("SLURM_NTASKS_PER_NODE", std::string("3"));
+    env = resolve_launch_environment({}, variables(slurm));
+    CHECK(env.master_addr == "node7");
+    CHECK(env.master_port == 4000);
+    CHECK(env.local_world_size == 3);
+  }
+
+  TEST_CASE("SLURM_TASKS_PER_NODE with uneven nodes") {
+    auto env = resolve_launch_environment(
+        {}, variables({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+                       {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_SRUN_COMM_HOST", "h"}}));
+    CHECK(env.local_world_size == 1);
+    CHECK(env.node_rank == 2);
+  }
+
+  TEST_CASE("Open MPI variables") {
+    auto env = resolve_launch_environment(
+        {}, variables({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}}));
+    CHECK(env.launcher == Launcher::open_mpi);
+    CHECK(env.rank == 3);
+    CHECK(env.world_size == 4);
+    CHECK(env.local_rank == 1);
+    CHECK(env.local_world_size == 2);
+    CHECK(env.node_rank == 1);
+    CHECK(env.master_addr == "10.0.0.1");
+  }
+
+  TEST_CASE("launcher precedence: torchrun, then SLURM, then Open MPI") {
+    CHECK(detect_launcher(variables({{"RANK", "0"}, {"SLURM_PROCID", "1"}, {"OMPI_COMM_WORLD_RANK", "2"}})) ==
+          Launcher::torchrun);
+    CHECK(detect_launcher(variables({{"SLURM_PROCID", "1"}, {"OMPI_COMM_WORLD_RANK", "2"}})) == Launcher::slurm);
+    CHECK(detect_launcher(variables({{"OMPI_COMM_WORLD_RANK", "2"}})) == Launcher::open_mpi);
+  }
+
+  TEST_CASE("explicit values win over the environment") {
+    LaunchOverrides overrides;
+    overrides.rank = 1;
+    overrides.world_size = 2;
+    overrides.master_addr = "127.0.0.1";
+    overrides.master_port = 0;
+    auto env = resolve_launch_environment(
+        overrides, variables({{"RANK", "abc"}, {"WORLD_SIZE", "9"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}}));
+    CHECK(env.rank == 1);
+    CHECK(env.world_size == 2);
+    CHECK(env.master_addr == "127.0.0.1");
+    CHECK(env.master_port == 0);
+  }
+
+  TEST_CASE("each invalid value gets an error naming its variable") {
+    std::map<std::string, std::string> good = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}};
+    auto with = [&](const std::string& name, const std::string& value) {
+      auto values = good;
+      values.insert_or_assign(name, value);
+      return values;
+    };
+    auto without = [&](const std::string& name) {
+      auto values = good;
+      values.erase(name);
+      return values;
+    };
+    CHECK(contains(error_for(with("RANK", "abc")), "RANK='abc' is not a number"));
+    CHECK(contains(error_for(with("RANK", "1x")), "RANK='1x' is not a number"));
+    CHECK(contains(error_for(with("RANK", "")), "RANK='' is not a number"));
+    CHECK(contains(error_for(with("WORLD_SIZE", "two")), "WORLD_SIZE='two' is not a number"));
+    CHECK(contains(error_for(with("RANK", "-1")), "RANK=-1 must not be negative"));
+    CHECK(contains(error_for(with("RANK", "2")), "RANK=2 must be smaller than WORLD_SIZE=2"));
+    CHECK(contains(error_for(with("WORLD_SIZE", "0")), "WORLD_SIZE=0 must be at least 1"));
+    CHECK(contains(error_for(with("RANK", "99999999999")), "RANK=99999999999 is out of range"));
+    CHECK(contains(error_for(without("MASTER_ADDR")), "MASTER_ADDR is not set"));
+    CHECK(contains(error_for(with("MASTER_ADDR", "")), "MASTER_ADDR is set but empty"));
+    CHECK(contains(error_for(with("MASTER_PORT", "70000")), "MASTER_PORT=70000 is out of range"));
+    CHECK(contains(error_for(with("MASTER_PORT", "0")), "MASTER_PORT=0 is out of range"));
+    CHECK(contains(error_for(with("MASTER_PORT", "http")), "MASTER_PORT='http' is not a number"));
+    CHECK(contains(error_for(without("WORLD_SIZE")), "RANK=1 is set but WORLD_SIZE is not"));
+    CHECK(contains(error_for(without("RANK")), "WORLD_SIZE=2 is set but RANK is not"));
+    auto local = with("LOCAL_WORLD_SIZE", "2");
+    local.insert_or_assign("LOCAL_RANK", std::string("2"));
+    CHECK(contains(error_for(local), "LOCAL_RANK=2 must be smaller than LOCAL_WORLD_SIZE=2"));
+    CHECK(contains(error_for(with("LOCAL_RANK", "x")), "LOCAL_RANK='x' is not a number"));
+  }
+
+  TEST_CASE("SLURM and Open MPI errors name their variables") {
+    CHECK(contains(error_for({{"SLURM_PROCID", "abc"}, {"SLURM_NTASKS", "2"}, {"SLURM_SRUN_COMM_HOST", "h"}}),
+                   "SLURM_PROCID='abc' is not a number"));
+    CHECK(contains(error_for({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_SRUN_COMM_HOST", "h"}}),
+                   "SLURM_PROCID=2 must be smaller than SLURM_NTASKS=2"));
+    std::string no_host = error_for({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+    CHECK(contains(no_host, "MASTER_ADDR is not set"));
+    CHECK(contains(no_host, "SLURM_SRUN_COMM_HOST"));
+    CHECK(contains(error_for({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
+                   "OMPI_COMM_WORLD_SIZE=0 must be at least 1"));
+    CHECK(contains(error_for({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
+                   "OMPI_COMM_WORLD_SIZE=4 but MASTER_ADDR is not set"));
+  }
+
+  TEST_CASE("invalid explicit values name the argument") {
+    LaunchOverrides overrides;
+    overrides.rank = 4;
+    overrides.world_size = 4;
+    CHECK(contains(error_for({}, overrides), "rank argument 4 must be smaller than world_size argument 4"));
+    overrides.rank = -2;
+    CHECK(contains(error_for({}, overrides), "rank argument -2 must not be negative"));
+    LaunchOverrides port;
+    port.master_port = 70000;
+    CHECK(contains(error_for({}, port), "master_port argument 70000 is out of range"));
+  }
+}

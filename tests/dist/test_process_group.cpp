@@ -1,0 +1,320 @@
+// ProcessGroupGloo collectives across 1, 2 and 4 real processes on loopback,
+// checked against hand-computed values; init methods; and failures: a dead or
+// stalled peer must produce an error within the timeout, never a hang.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/process_group.h"
+#include "dist/process_group_gloo.h"
+#include "tests/dist/multiprocess.h"
+
+using namespace loom;
+using namespace loom::dist;
+using namespace loom::dist::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const loom::Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+// Rank r's value at element i: (r + 1) * (i % 7 + 1). Small integers, exact in every dtype.
+double input_value(int rank, int64_t i) { return static_cast<double>((rank + 1) * (i % 7 + 1)); }
+
+Tensor rank_tensor(int rank, int64_t numel, DType dtype) {
+  std::vector<double> values(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i) values[static_cast<size_t>(i)] = input_value(rank, i);
+  return Tensor::from_vector_as(values, {numel}, dtype);
+}
+
+// Hand-computed result of reducing input_value over `world` ranks.
+double expected_reduction(ReduceOp op, int world, int64_t i) {
+  double base = static_cast<double>(i % 7 + 1);
+  switch (op) {
+    case ReduceOp::sum: return base * world * (world + 1) / 2;
+    case ReduceOp::avg: return base * (world + 1) / 2.0;
+    case ReduceOp::max: return base * world;
+    case ReduceOp::min: return base;
+  }
+  return 0;
+}
+
+void expect_values(const Tensor& tensor, const std::function<double(int64_t)>& expected, const std::string& what) {
+  std::vector<double> values = tensor.to_vector<double>();
+  for (int64_t i = 0; i < static_cast<int64_t>(values.size()); ++i) {
+    double want = expected(i);
+    double tolerance = tensor.dtype() == DType::bf16 ? 0.02 * std::abs(want) : 1e-6 * std::abs(want);
+    expect(std::abs(values[static_cast<size_t>(i)] - want) <= tolerance, what, ": element ", i, " is ",
+           values[static_cast<size_t>(i)], ", expected ", want);
+  }
+}
+
+std::shared_ptr<ProcessGroup> init_from_environment(Milliseconds timeout = 20s) {
+  return init_process_group({.backend = "gloo", .init_method = "env://", .timeout = timeout});
+}
+
+}  // namespace
+
+// Every collective, every dtype, sizes 1 / odd / 1M, against hand-computed values.
+LOOM_DIST_SCENARIO("collectives") {
+  auto group = init_from_environment();
+  int rank = group->rank(), world = group->size();
+  expect(rank == env_int("RANK") && world == env_int("WORLD_SIZE"), "group has rank ", rank, " of ", world);
+
+  // all_reduce: each op and dtype, sizes 1 and 1001 (odd, not a multiple of the world).
+  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+      if (op == ReduceOp::avg && !is_floating(dtype)) continue;
+      for (int64_t numel : {1, 1001}) {
+        Tensor tensor = rank_tensor(rank, numel, dtype);
+        group->all_reduce(tensor, op)->wait();
+        expect_values(tensor, [&](int64_t i) { return expected_reduction(op, world, i); },
+                      str("all_reduce ", reduce_op_name(op), " ", dtype_name(dtype), "[", numel, "]"));
+      }
+    }
+  }
+
+  // A large tensor (1M f32) and a 2-d one.
+  {
+    Tensor big = rank_tensor(rank, 1 << 20, DType::f32);
+    auto work = group->all_reduce(big);
+    work->wait();
+    expect(work->completed() && work->succeeded() && !work->error(), "large all_reduce not marked succeeded");
+    expect(work->enqueue_time() <= work->start_time() && work->start_time() <= work->end_time(),
+           "work timestamps out of order");
+    expect_values(big, [&](int64_t i) { return expected_reduction(ReduceOp::sum, world, i); }, "all_reduce f32[1M]");
+    Tensor matrix = rank_tensor(rank, 12, DType::f64).view({3, 4});
+    group->all_reduce(matrix, ReduceOp::max)->wait();
+    expect_values(matrix.flatten(), [&](int64_t i) { return expected_reduction(ReduceOp::max, world, i); },
+                  "all_reduce f64[3, 4]");
+  }
+
+  // Several tensors of mixed dtypes in one call, one of them non-contiguous.
+  {
+    Tensor a = rank_tensor(rank, 5, DType::f32);
+    Tensor b = rank_tensor(rank, 3, DType::i64);
+    Tensor c_base = rank_tensor(rank, 12, DType::f32).view({3, 4});
+    Tensor c = c_base.transpose(0, 1);  // non-contiguous view
+    group->all_reduce(std::vector<Tensor>{a, b, c}, ReduceOp::sum)->wait();
+    expect_values(a, [&](int64_t i) { return expected_reduction(ReduceOp::sum, world, i); }, "coalesced a");
+    expect_values(b, [&](int64_t i) { return expected_reduction(ReduceOp::sum, world, i); }, "coalesced b");
+    expect_values(c_base.flatten(), [&](int64_t i) { return expected_reduction(ReduceOp::sum, world, i); },
+                  "coalesced c (through its base)");
+  }
+
+  // Many collectives in flight at once complete in order.
+  {
+    std::vector<Tensor> tensors;
+    std::vector<WorkHandle> works;
+    for (int k = 0; k < 20; ++k) {
+      tensors.push_back(Tensor::full({17}, rank + k, DType::f32));
+      works.push_back(group->all_reduce(tensors.back()));
+    }
+    for (int k = 0; k < 20; ++k) {
+      works[k]->wait();
+      double want = world * (world - 1) / 2.0 + k * world;
+      expect_values(tensors[k], [&](int64_t) { return want; }, str("in-flight all_reduce ", k));
+    }
+  }
+
+  // broadcast from every root, including a non-contiguous tensor.
+  for (int root = 0; root < world; ++root) {
+    Tensor tensor = rank_tensor(rank, 1001, DType::f32);
+    group->broadcast(tensor, root)->wait();
+    expect_values(tensor, [&](int64_t i) { return input_value(root, i); }, str("broadcast root ", root));
+    Tensor base = rank_tensor(rank, 6, DType::bf16).view({2, 3});
+    Tensor strided = base.transpose(0, 1);
+    group->broadcast(strided, root)->wait();
+    expect_values(base.flatten(), [&](int64_t i) { return input_value(root, i); }, "broadcast non-contiguous");
+  }
+
+  // all_gather into a list and into a flat tensor.
+  {
+    Tensor input = rank_tensor(rank, 9, DType::f32);
+    std::vector<Tensor> outputs;
+    for (int r = 0; r < world; ++r) outputs.push_back(Tensor::zeros({9}, DType::f32));
+    group->all_gather(outputs, input)->wait();
+    for (int r = 0; r < world; ++r)
+      expect_values(outputs[r], [&](int64_t i) { return input_value(r, i); }, str("all_gather output ", r));
+    Tensor flat = Tensor::zeros({world * 9}, DType::i32);
+    group->all_gather_into(flat, rank_tensor(rank, 9, DType::i32))->wait();
+    expect_values(flat, [&](int64_t i) { return input_value(static_cast<int>(i / 9), i % 9); }, "all_gather flat");
+  }
+
+  // reduce_scatter: rank r gets the reduction of chunk r.
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+    constexpr int64_t chunk = 5;
+    Tensor input = rank_tensor(rank, chunk * world, DType::f64);
+    Tensor output = Tensor::zeros({chunk}, DType::f64);
+    group->reduce_scatter_from(output, input, op)->wait();
+    expect_values(output, [&](int64_t i) { return expected_reduction(op, world, rank * chunk + i); },
+                  str("reduce_scatter flat ", reduce_op_name(op)));
+    std::vector<Tensor> inputs;
+    for (int r = 0; r < world; ++r) inputs.push_back(Tensor::full({chunk}, (rank + 1) * (r + 1), DType::f32));
+    Tensor out2 = Tensor::zeros({chunk}, DType::f32);
+    group->reduce_scatter(out2, inputs, ReduceOp::sum)->wait();
+    double want = (rank + 1) * world * (world + 1) / 2.0;
+    expect_values(out2, [&](int64_t) { return want; }, "reduce_scatter list");
+    expect_values(input, [&](int64_t i) { return input_value(rank, i); }, "reduce_scatter leaves its input alone");
+  }
+
+  // barrier: nobody passes before the last rank arrives.
+  {
+    if (rank == world - 1) std::this_thread::sleep_for(300ms);
+    auto before = std::chrono::steady_clock::now();
+    group->barrier()->wait();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+    if (rank == 0 && world > 1) expect(waited > 0.2, "rank 0 left the barrier after ", waited, " s, before the late rank");
+  }
+  group->barrier()->wait();
+  destroy_process_group();
+}
+
+// The three init methods reach the same collectives.
+LOOM_DIST_SCENARIO("init_methods") {
+  int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+  std::string method = env_string("LOOM_TEST_INIT_METHOD");
+  std::shared_ptr<ProcessGroup> group;
+  if (method == "tcp") {
+    // Explicit rank / world size / address: the launcher variables are ignored.
+    group = init_process_group({.init_method = str("tcp://127.0.0.1:", env_string("MASTER_PORT")),
+                                .world_size = world,
+                                .rank = rank,
+                                .timeout = 20s});
+  } else {
+    group = init_process_group({.init_method = "file://" + env_string("LOOM_TEST_PATH"), .timeout = 20s});
+  }
+  expect(default_process_group() == group && is_initialized(), "init_process_group did not set the default group");
+  Tensor tensor = Tensor::full({3}, rank + 1.0, DType::f32);
+  group->all_reduce(tensor)->wait();
+  expect_values(tensor, [&](int64_t) { return world * (world + 1) / 2.0; }, "all_reduce after " + method + " init");
+  group->barrier()->wait();
+  destroy_process_group();
+  expect(!is_initialized(), "destroy_process_group left a default group");
+}
+
+// Rank 1 dies (SIGKILL) right before a collective; rank 0 must get an error naming it.
+LOOM_DIST_SCENARIO("dead_peer") {
+  auto group = init_from_environment(5s);
+  group->barrier()->wait();
+  if (group->rank() == 1) ::raise(SIGKILL);
+  Tensor tensor = Tensor::ones({1000}, DType::f32);
+  auto start = std::chrono::steady_clock::now();
+  std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "rank 0 error after " << waited << " s: " << message << "\n";
+  expect(contains(message, "all_reduce #"), "error does not name the collective: ", message);
+  expect(contains(message, "rank 0 of 2"), "error does not name this rank: ", message);
+  expect(contains(message, "peer rank 1"), "error does not name the dead peer: ", message);
+  expect(waited < 6.0, "the error took ", waited, " s");
+  // Later collectives fail at once with the first error.
+  std::string later = error_of([&] { group->barrier()->wait(); });
+  expect(contains(later, "earlier collective failed"), "later collective: ", later);
+}
+
+// Rank 1 stays alive but skips the collective; rank 0 must time out, not hang.
+LOOM_DIST_SCENARIO("stalled_peer") {
+  auto group = init_from_environment(20s);
+  group->barrier()->wait();
+  if (group->rank() == 1) {
+    std::this_thread::sleep_for(4s);  // rank 0 gives up long before
+    return;
+  }
+  group->set_timeout(1500ms);
+  Tensor tensor = Tensor::ones({10}, DType::f32);
+  auto start = std::chrono::steady_clock::now();
+  std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "rank 0 error after " << waited << " s: " << message << "\n";
+  expect(contains(message, "all_reduce #"), "error does not name the collective: ", message);
+  expect(contains(message, "timeout 1.5 s"), "error does not give the timeout: ", message);
+  expect(waited >= 1.4 && waited < 4.0, "the error took ", waited, " s");
+}
+
+TEST_SUITE("process_group") {
+  TEST_CASE("collectives, 2 ranks") { expect_all_ok(spawn_ranks("collectives", 2, {.deadline = 40s})); }
+  TEST_CASE("collectives, 4 ranks") { expect_all_ok(spawn_ranks("collectives", 4, {.deadline = 40s})); }
+
+  TEST_CASE("init_method tcp:// and file://") {
+    expect_all_ok(spawn_ranks("init_methods", 2, {.deadline = 20s, .environment = {{"LOOM_TEST_INIT_METHOD", "tcp"}}}));
+    std::string path = (std::filesystem::temp_directory_path() / ("loom_init_" + std::to_string(::getpid()))).string();
+    expect_all_ok(spawn_ranks(
+        "init_methods", 3,
+        {.deadline = 20s, .environment = {{"LOOM_TEST_INIT_METHOD", "file"}, {"LOOM_TEST_PATH", path}}}));
+    std::filesystem::remove(path);
+  }
+
+  TEST_CASE("a world of one, in process") {
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    ProcessGroupGloo group(store, 0, 1, {.timeout = 5s});
+    Tensor tensor = Tensor::full({4}, 3.0, DType::f32);
+    group.all_reduce(tensor, ReduceOp::avg)->wait();
+    CHECK(tensor.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
+    Tensor gathered = Tensor::zeros({4}, DType::f32);
+    group.all_gather_into(gathered, tensor)->wait();
+    CHECK(gathered.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
+    group.barrier()->wait();
+  }
+
+  TEST_CASE("misuse is reported when the collective is called") {
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    ProcessGroupGloo group(store, 0, 1, {.timeout = 5s});
+    Tensor ints = Tensor::zeros({4}, DType::i64);
+    CHECK(contains(error_of([&] { group.all_reduce(ints, ReduceOp::avg); }), "avg needs floating-point tensors"));
+    CHECK(contains(error_of([&] { group.broadcast(ints, 3); }), "broadcast: root 3 is not a rank"));
+    Tensor small = Tensor::zeros({3}, DType::i64);
+    CHECK(contains(error_of([&] { group.all_gather_into(small, ints); }), "must hold 1 x 4 = 4 elements"));
+    CHECK(contains(error_of([&] { group.all_reduce(Tensor()); }), "undefined tensor"));
+  }
+
+  TEST_CASE("init_process_group: nccl, unknown backends and init methods") {
+    std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+#if defined(LOOM_HAVE_CUDA)
+    CHECK(contains(nccl, "NCCL backend"));
+#else
+    CHECK(contains(nccl, "loom was built without CUDA"));
+    CHECK(contains(nccl, "NCCL backend needs the CUDA backend"));
+#endif
+    CHECK(contains(error_of([] { init_process_group({.backend = "mpi"}); }), "unknown backend 'mpi'"));
+    CHECK(contains(error_of([] { init_process_group({.init_method = "redis://x", .world_size = 1, .rank = 0}); }),
+                   "init_method 'redis://x' is not one of"));
+    CHECK(contains(error_of([] { init_process_group({.init_method = "tcp://nohost", .world_size = 1, .rank = 0}); }),
+                   "is not tcp://HOST:PORT"));
+    CHECK(contains(error_of([] { default_process_group(); }), "call loom::dist::init_process_group() first"));
+  }
+}
+
+TEST_SUITE("failures") {
+  TEST_CASE("a dead peer fails the collective within the timeout") {
+    auto results = spawn_ranks("dead_peer", 2, {.deadline = 20s});
+    CHECK_MESSAGE(results[0].ok(), results[0].describe());
+    CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
+    MESSAGE(results[0].output);
+  }
+
+  TEST_CASE("a stalled peer fails the collective at the timeout") {
+    auto results = spawn_ranks("stalled_peer", 2, {.deadline = 20s});
+    expect_all_ok(results);
+    MESSAGE(results[0].output);
+  }
+}
