@@ -159,6 +159,13 @@ IdxImages read_idx_images(const fs::path& path) {
     LOOM_FAIL("IDX file ", path.string(), ": images of ", images.rows, "x", images.columns,
               " pixels; both dimensions must be positive");
   }
+  // Each dimension is below 2^32, so rows * columns fits; the total must stay
+  // far below 2^63 for the products here to be meaningful.
+  const uint64_t image_pixels = static_cast<uint64_t>(images.rows) * static_cast<uint64_t>(images.columns);
+  if (images.count > 0 && image_pixels > (uint64_t{1} << 40) / static_cast<uint64_t>(images.count)) {
+    LOOM_FAIL("IDX file ", path.string(), ": the header declares ", images.count, " images of ", images.rows, "x",
+              images.columns, " pixels, more than 1 TiB; the header is corrupt");
+  }
   images.pixels = read_payload(file, path, static_cast<size_t>(images.count * images.rows * images.columns),
                                str(images.count, " images of ", images.rows, "x", images.columns));
   return images;

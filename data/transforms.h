@@ -24,7 +24,7 @@ struct RandomCrop {
   int64_t height = 0;
   int64_t width = 0;
   int64_t padding = 0;
-  RandomCrop(int64_t size, int64_t padding = 0) : height(size), width(size), padding(padding) {}
+  explicit RandomCrop(int64_t size, int64_t padding = 0) : height(size), width(size), padding(padding) {}
   RandomCrop(int64_t height, int64_t width, int64_t padding) : height(height), width(width), padding(padding) {}
 };
 
@@ -52,6 +52,7 @@ using Transform = std::variant<RandomCrop, RandomHorizontalFlip, ToTensor, Norma
 class Compose {
  public:
   Compose() = default;
+  // Implicit, so a braced list works where a Compose is expected.
   Compose(std::vector<Transform> transforms) : transforms_(std::move(transforms)) {}
   const std::vector<Transform>& transforms() const { return transforms_; }
 

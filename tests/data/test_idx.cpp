@@ -107,6 +107,13 @@ TEST_CASE("IDX validation errors name the file and the problem") {
       CHECK(message.find("3 images of 4x4 (48 bytes of data) but the file holds only 40") != std::string::npos);
     }
   }
+  SUBCASE("a corrupt header declaring absurd sizes") {
+    write_bytes(dir / "huge", idx_header({2051, 0xffffffffu, 0xffffffffu, 0xffffffffu}));
+    CHECK(error_message([&] { read_idx_images(dir / "huge"); }).find("the header is corrupt") != std::string::npos);
+    write_bytes(dir / "large", idx_header({2051, 1000000, 28, 28}));
+    CHECK(error_message([&] { read_idx_images(dir / "large"); }).find("but the file holds only 0") !=
+          std::string::npos);
+  }
   SUBCASE("truncated header") {
     write_bytes(dir / "stub", {0, 0, 8, 3, 0, 0});
     CHECK(error_message([&] { read_idx_images(dir / "stub"); }).find("truncated header") != std::string::npos);
