@@ -36,6 +36,13 @@ uint64_t Generator::below(uint64_t bound) {
   return x % bound;
 }
 
+Generator& default_generator() {
+  static Generator generator(0);
+  return generator;
+}
+
+void manual_seed(uint64_t seed) { default_generator().set_state(seed, 0); }
+
 void Generator::uniform_(Tensor& t, double low, double high) {
   Tensor values = Tensor::empty(t.sizes(), DType::f64);
   double* p = values.data<double>();

@@ -41,4 +41,9 @@ class Generator {
   uint64_t counter_ = 0;
 };
 
+// The process-wide generator that parameter initialisation draws from, like
+// torch's default CPU generator; manual_seed() resets it.
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
 }  // namespace loom

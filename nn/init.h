@@ -1,0 +1,22 @@
+// Parameter initialisation with PyTorch's defaults, drawing from the default
+// generator (manual_seed) unless one is given.
+#pragma once
+
+#include "core/generator.h"
+#include "core/tensor.h"
+
+namespace loom::nn::init {
+
+// fan_in of a weight: dim 1 times the receptive field (product of dims 2..).
+int64_t fan_in(const Tensor& weight);
+int64_t fan_out(const Tensor& weight);
+
+void uniform_(Tensor& t, double low, double high, Generator& gen = default_generator());
+void normal_(Tensor& t, double mean, double stddev, Generator& gen = default_generator());
+// kaiming_uniform_ with negative slope a: bound = sqrt(6 / ((1 + a²) fan)).
+// PyTorch's default for conv and linear weights is a = sqrt(5), fan = fan_in.
+void kaiming_uniform_(Tensor& t, double a, Generator& gen = default_generator());
+// kaiming_normal_(mode fan_out, relu), torchvision's ResNet conv init.
+void kaiming_normal_fan_out_(Tensor& t, Generator& gen = default_generator());
+
+}  // namespace loom::nn::init

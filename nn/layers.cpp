@@ -1,0 +1,112 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "nn/init.h"
+#include "ops/batch_norm.h"
+#include "ops/conv2d.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/pooling.h"
+
+namespace loom::nn {
+
+Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
+  LOOM_CHECK(options.in_channels_ > 0 && options.out_channels_ > 0, "Conv2d: channel counts must be positive, got ",
+             options.in_channels_, " -> ", options.out_channels_);
+  weight = Tensor::empty({options.out_channels_, options.in_channels_, options.kernel_size_[0], options.kernel_size_[1]});
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  register_parameter("weight", weight);
+  if (options.bias_) {
+    bias = Tensor::empty({options.out_channels_});
+    const double bound = 1.0 / std::sqrt(static_cast<double>(init::fan_in(weight)));
+    init::uniform_(bias, -bound, bound);
+    register_parameter("bias", bias);
+  }
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  Conv2dParams params;
+  params.stride = options_.stride_;
+  params.padding = options_.padding_;
+  params.dilation = options_.dilation_;
+  return conv2d(input, weight, bias, params);
+}
+
+BatchNorm2d::BatchNorm2d(const BatchNormOptions& options) : options_(options) {
+  const int64_t c = options.num_features_;
+  LOOM_CHECK(c > 0, "BatchNorm2d: num_features must be positive, got ", c);
+  if (options.affine_) {
+    weight = Tensor::ones({c});
+    bias = Tensor::zeros({c});
+    register_parameter("weight", weight);
+    register_parameter("bias", bias);
+  }
+  if (options.track_running_stats_) {
+    running_mean = Tensor::zeros({c});
+    running_var = Tensor::ones({c});
+    num_batches_tracked = Tensor::zeros({}, DType::i64);
+  }
+  register_buffer("running_mean", running_mean);
+  register_buffer("running_var", running_var);
+  register_buffer("num_batches_tracked", num_batches_tracked);
+}
+
+Tensor BatchNorm2d::forward(const Tensor& input) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
+             "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
+  const bool use_batch_stats = is_training() || !running_mean.defined();
+  if (is_training() && num_batches_tracked.defined()) {
+    if (num_batches_tracked.device().is_cpu()) {
+      ++num_batches_tracked.data<int64_t>()[0];
+    } else {
+      num_batches_tracked.copy_(Tensor::full({}, num_batches_tracked.item() + 1, DType::i64));
+    }
+  }
+  return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_,
+                    options_.eps_);
+}
+
+Tensor ReLU::forward(const Tensor& input) { return relu(input); }
+
+MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
+    : kernel_size_(kernel_size), stride_(stride == 0 ? kernel_size : stride), padding_(padding) {}
+
+Tensor MaxPool2d::forward(const Tensor& input) {
+  return max_pool2d(input, {kernel_size_, kernel_size_}, {stride_, stride_}, {padding_, padding_});
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, {output_h_, output_w_}); }
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
+  LOOM_CHECK(in_features > 0 && out_features > 0, "Linear: feature counts must be positive, got ", in_features,
+             " -> ", out_features);
+  weight = Tensor::empty({out_features, in_features});
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  register_parameter("weight", weight);
+  if (with_bias) {
+    bias = Tensor::empty({out_features});
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    init::uniform_(bias, -bound, bound);
+    register_parameter("bias", bias);
+  }
+}
+
+Tensor Linear::forward(const Tensor& input) { return linear(input, weight, bias); }
+
+Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) push_back(m);
+}
+
+void Sequential::push_back(std::shared_ptr<Module> module) {
+  register_module(std::to_string(named_children().size()), std::move(module));
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (auto& [name, module] : named_children()) x = module->forward(x);
+  return x;
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,132 @@
+// The layers of the tutorials' networks, with PyTorch's names, options and
+// default initialisation: Conv2d, BatchNorm2d, ReLU, MaxPool2d,
+// AdaptiveAvgPool2d, Linear, Flatten, Sequential.
+#pragma once
+
+#include <array>
+#include <initializer_list>
+
+#include "nn/module.h"
+
+namespace loom::nn {
+
+// Conv2dOptions(in, out, kernel).stride(2).padding(1).bias(false)
+struct Conv2dOptions {
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_{kernel_size, kernel_size} {}
+  Conv2dOptions& kernel_size(int64_t h, int64_t w) { kernel_size_ = {h, w}; return *this; }
+  Conv2dOptions& stride(int64_t s) { stride_ = {s, s}; return *this; }
+  Conv2dOptions& padding(int64_t p) { padding_ = {p, p}; return *this; }
+  Conv2dOptions& dilation(int64_t d) { dilation_ = {d, d}; return *this; }
+  Conv2dOptions& bias(bool b) { bias_ = b; return *this; }
+
+  int64_t in_channels_, out_channels_;
+  std::array<int64_t, 2> kernel_size_;
+  std::array<int64_t, 2> stride_{1, 1}, padding_{0, 0}, dilation_{1, 1};
+  bool bias_ = true;
+};
+
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(const Conv2dOptions& options);
+  Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0)
+      : Conv2d(Conv2dOptions(in, out, kernel).stride(stride).padding(padding)) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Conv2d"; }
+  const Conv2dOptions& options() const { return options_; }
+
+  Tensor weight;  // (out, in, kh, kw)
+  Tensor bias;    // (out) or undefined
+
+ private:
+  Conv2dOptions options_;
+};
+
+struct BatchNormOptions {
+  explicit BatchNormOptions(int64_t num_features) : num_features_(num_features) {}
+  BatchNormOptions& eps(double e) { eps_ = e; return *this; }
+  BatchNormOptions& momentum(double m) { momentum_ = m; return *this; }
+  BatchNormOptions& affine(bool a) { affine_ = a; return *this; }
+  BatchNormOptions& track_running_stats(bool t) { track_running_stats_ = t; return *this; }
+
+  int64_t num_features_;
+  double eps_ = 1e-5;
+  double momentum_ = 0.1;
+  bool affine_ = true;
+  bool track_running_stats_ = true;
+};
+
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(const BatchNormOptions& options);
+  explicit BatchNorm2d(int64_t num_features) : BatchNorm2d(BatchNormOptions(num_features)) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "BatchNorm2d"; }
+  const BatchNormOptions& options() const { return options_; }
+
+  Tensor weight, bias;                 // (C), ones / zeros
+  Tensor running_mean, running_var;    // (C), zeros / ones
+  Tensor num_batches_tracked;          // i64 scalar
+
+ protected:
+  BatchNormOptions options_;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "ReLU"; }
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "MaxPool2d"; }
+
+ private:
+  int64_t kernel_size_, stride_, padding_;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  AdaptiveAvgPool2d(int64_t output_h, int64_t output_w) : output_h_(output_h), output_w_(output_w) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "AdaptiveAvgPool2d"; }
+
+ private:
+  int64_t output_h_, output_w_;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Linear"; }
+
+  Tensor weight;  // (out, in)
+  Tensor bias;    // (out) or undefined
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1) : start_dim_(start_dim) {}
+  Tensor forward(const Tensor& input) override { return input.flatten(start_dim_); }
+  std::string type_name() const override { return "Flatten"; }
+
+ private:
+  int64_t start_dim_;
+};
+
+// Children named "0", "1", ..., applied in order.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  void push_back(std::shared_ptr<Module> module);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Sequential"; }
+  size_t size() const { return named_children().size(); }
+};
+
+}  // namespace loom::nn

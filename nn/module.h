@@ -1,0 +1,87 @@
+// Module: a tree of layers with named parameters and buffers, train/eval
+// mode, and a state_dict whose names are PyTorch's ("layer1.0.weight").
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  // Modules own their tensors and hand out pointers to them: no copies.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& input) = 0;
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  // The class name PyTorch would print ("Conv2d", "BatchNorm2d").
+  virtual std::string type_name() const = 0;
+
+  // Parameters and buffers in registration order, own first, then children's
+  // (PyTorch's order). Names are dotted paths.
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;
+  std::vector<std::pair<std::string, Module*>> named_children() const;
+  // This module ("") and all descendants, depth first.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+
+  // Parameters and buffers, each module's own parameters then its own buffers
+  // then its children: the order and names of PyTorch's state_dict().
+  NamedTensors state_dict() const;
+  // Copies values in by name. strict: every key must match both ways. Shape
+  // mismatches are errors naming the key; dtypes are converted.
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Zeroes every parameter's .grad in place (keeps DDP's bucket views), or
+  // drops the gradients when set_to_none.
+  void zero_grad(bool set_to_none = false);
+
+  // Moves every parameter and buffer (keeping requires_grad; parameters stay leaves).
+  void to(Device device);
+  // Converts floating-point parameters and buffers to `dtype`; modules listed in
+  // `keep` (by type name, e.g. "BatchNorm2d") keep theirs (apex O2 keeps BN in f32).
+  void to(DType dtype, const std::vector<std::string>& keep = {});
+
+  // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm).
+  void replace_module(const std::string& name, std::shared_ptr<Module> module);
+
+ protected:
+  // Registers a member tensor; the module keeps a pointer to it, so moves and
+  // dtype changes update the member itself.
+  Tensor& register_parameter(const std::string& name, Tensor& member, bool requires_grad = true);
+  Tensor& register_buffer(const std::string& name, Tensor& member);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void collect(const std::string& prefix, bool parameters, bool buffers, NamedTensors& out) const;
+  std::vector<std::pair<std::string, Tensor*>> all_tensor_slots(bool parameters, bool buffers);
+
+  std::vector<std::pair<std::string, Tensor*>> parameters_;
+  std::vector<std::pair<std::string, Tensor*>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// Total number of parameter elements.
+int64_t count_parameters(const Module& module);
+
+}  // namespace loom::nn

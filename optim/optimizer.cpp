@@ -1,0 +1,221 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/parallel.h"
+
+namespace loom::optim {
+namespace {
+constexpr int64_t kGrain = 1 << 13;
+
+void check_param(const Tensor& p) {
+  LOOM_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameters must be leaf tensors that require grad");
+  LOOM_CHECK(p.is_contiguous(), "optimizer: parameter ", p.str(), " is not contiguous");
+  LOOM_CHECK(p.device().is_cpu(), "optimizer: parameter on ", p.device().str(), " needs the CUDA backend's fused optimizer");
+}
+
+// The gradient as a contiguous tensor of the parameter's dtype.
+Tensor grad_of(const Tensor& p) {
+  Tensor g = p.grad();
+  if (g.dtype() != p.dtype()) g = g.to(p.dtype());
+  return g.contiguous();
+}
+
+const Tensor* find_state(const nn::NamedTensors& state, const std::string& name) {
+  for (auto& [key, t] : state) {
+    if (key == name) return &t;
+  }
+  return nullptr;
+}
+}  // namespace
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& group : groups_) {
+    for (auto& p : group.params) {
+      if (!p.grad().defined()) continue;
+      if (set_to_none) {
+        Tensor(p).set_grad(Tensor());
+      } else {
+        Tensor(p).mutable_grad().zero_();
+      }
+    }
+  }
+}
+
+void Optimizer::add_group(std::vector<Tensor> params, double lr) {
+  LOOM_CHECK(lr >= 0, "optimizer: learning rate must be >= 0, got ", lr);
+  for (auto& p : params) check_param(p);
+  groups_.push_back({std::move(params), lr});
+}
+
+// ---- SGD ----
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options) { add_param_group(std::move(params), options); }
+
+void SGD::add_param_group(std::vector<Tensor> params, const SGDOptions& options) {
+  LOOM_CHECK(options.momentum_ >= 0 && options.weight_decay_ >= 0, "SGD: momentum and weight_decay must be >= 0");
+  LOOM_CHECK(!options.nesterov_ || (options.momentum_ > 0 && options.dampening_ == 0),
+             "SGD: nesterov needs momentum > 0 and dampening 0");
+  momentum_buffers_.emplace_back(params.size());
+  add_group(std::move(params), options.lr_);
+  options_.push_back(options);
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const SGDOptions& o = options_[gi];
+    const double lr = groups_[gi].lr;
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      Tensor& p = groups_[gi].params[pi];
+      if (!p.grad().defined()) continue;
+      Tensor g = grad_of(p);
+      Tensor& buffer = momentum_buffers_[gi][pi];
+      const bool first = !buffer.defined();
+      if (o.momentum_ != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype());
+      visit_compute_dtype(p.dtype(), "SGD step", [&]<class T>() {
+        T* w = p.data<T>();
+        const T* d = g.data<T>();
+        T* b = o.momentum_ != 0 ? buffer.data<T>() : nullptr;
+        const T wd = T(o.weight_decay_), m = T(o.momentum_), damp = T(1 - o.dampening_), rate = T(lr);
+        parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            T step = d[i] + wd * w[i];
+            if (b != nullptr) {
+              b[i] = first ? step : m * b[i] + damp * step;
+              step = o.nesterov_ ? step + m * b[i] : b[i];
+            }
+            w[i] -= rate * step;
+          }
+        });
+      });
+    }
+  }
+}
+
+nn::NamedTensors SGD::state() const {
+  nn::NamedTensors out;
+  for (size_t gi = 0; gi < momentum_buffers_.size(); ++gi) {
+    for (size_t pi = 0; pi < momentum_buffers_[gi].size(); ++pi) {
+      if (momentum_buffers_[gi][pi].defined()) {
+        out.emplace_back(std::to_string(gi) + "." + std::to_string(pi) + ".momentum_buffer", momentum_buffers_[gi][pi]);
+      }
+    }
+  }
+  return out;
+}
+
+void SGD::load_state(const nn::NamedTensors& state) {
+  for (size_t gi = 0; gi < momentum_buffers_.size(); ++gi) {
+    for (size_t pi = 0; pi < momentum_buffers_[gi].size(); ++pi) {
+      const std::string name = std::to_string(gi) + "." + std::to_string(pi) + ".momentum_buffer";
+      const Tensor* t = find_state(state, name);
+      const Tensor& p = groups_[gi].params[pi];
+      if (t == nullptr) {
+        momentum_buffers_[gi][pi] = Tensor();
+        continue;
+      }
+      LOOM_CHECK(t->sizes() == p.sizes(), "optimizer state '", name, "' has shape ", shape_str(t->sizes()),
+                 ", parameter has ", shape_str(p.sizes()));
+      momentum_buffers_[gi][pi] = Tensor::empty(p.sizes(), p.dtype(), p.device()).copy_(*t);
+    }
+  }
+}
+
+// ---- Adam / AdamW ----
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) { add_param_group(std::move(params), options); }
+
+void Adam::add_param_group(std::vector<Tensor> params, const AdamOptions& options) {
+  LOOM_CHECK(options.beta1_ >= 0 && options.beta1_ < 1 && options.beta2_ >= 0 && options.beta2_ < 1,
+             "Adam: betas must be in [0, 1), got (", options.beta1_, ", ", options.beta2_, ")");
+  LOOM_CHECK(options.eps_ >= 0 && options.weight_decay_ >= 0, "Adam: eps and weight_decay must be >= 0");
+  moments_.emplace_back(params.size());
+  add_group(std::move(params), options.lr_);
+  options_.push_back(options);
+}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const AdamOptions& o = options_[gi];
+    const double lr = groups_[gi].lr;
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      Tensor& p = groups_[gi].params[pi];
+      if (!p.grad().defined()) continue;
+      Tensor g = grad_of(p);
+      Moments& s = moments_[gi][pi];
+      if (!s.exp_avg.defined()) {
+        s.exp_avg = Tensor::zeros(p.sizes(), p.dtype());
+        s.exp_avg_sq = Tensor::zeros(p.sizes(), p.dtype());
+      }
+      ++s.step;
+      const double bias_correction1 = 1 - std::pow(o.beta1_, static_cast<double>(s.step));
+      const double bias_correction2 = 1 - std::pow(o.beta2_, static_cast<double>(s.step));
+      const double step_size = lr / bias_correction1;
+      const double sqrt_bc2 = std::sqrt(bias_correction2);
+      visit_compute_dtype(p.dtype(), "Adam step", [&]<class T>() {
+        T* w = p.data<T>();
+        const T* d = g.data<T>();
+        T* m = s.exp_avg.data<T>();
+        T* v = s.exp_avg_sq.data<T>();
+        const T b1 = T(o.beta1_), b2 = T(o.beta2_), wd = T(o.weight_decay_), eps = T(o.eps_);
+        const T decay = T(1 - lr * o.weight_decay_);
+        parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            T grad = d[i];
+            if (o.decoupled_) {
+              w[i] *= decay;
+            } else {
+              grad += wd * w[i];
+            }
+            m[i] = b1 * m[i] + (T(1) - b1) * grad;
+            v[i] = b2 * v[i] + (T(1) - b2) * grad * grad;
+            const T denom = std::sqrt(v[i]) / T(sqrt_bc2) + eps;
+            w[i] -= T(step_size) * m[i] / denom;
+          }
+        });
+      });
+    }
+  }
+}
+
+nn::NamedTensors Adam::state() const {
+  nn::NamedTensors out;
+  for (size_t gi = 0; gi < moments_.size(); ++gi) {
+    for (size_t pi = 0; pi < moments_[gi].size(); ++pi) {
+      const Moments& s = moments_[gi][pi];
+      if (!s.exp_avg.defined()) continue;
+      const std::string prefix = std::to_string(gi) + "." + std::to_string(pi) + ".";
+      out.emplace_back(prefix + "exp_avg", s.exp_avg);
+      out.emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq);
+      out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(s.step), DType::i64));
+    }
+  }
+  return out;
+}
+
+void Adam::load_state(const nn::NamedTensors& state) {
+  for (size_t gi = 0; gi < moments_.size(); ++gi) {
+    for (size_t pi = 0; pi < moments_[gi].size(); ++pi) {
+      const std::string prefix = std::to_string(gi) + "." + std::to_string(pi) + ".";
+      const Tensor* m = find_state(state, prefix + "exp_avg");
+      const Tensor* v = find_state(state, prefix + "exp_avg_sq");
+      const Tensor* step = find_state(state, prefix + "step");
+      Moments& s = moments_[gi][pi];
+      if (m == nullptr || v == nullptr || step == nullptr) {
+        s = Moments();
+        continue;
+      }
+      const Tensor& p = groups_[gi].params[pi];
+      LOOM_CHECK(m->sizes() == p.sizes() && v->sizes() == p.sizes(), "optimizer state '", prefix,
+                 "exp_avg' does not match parameter shape ", shape_str(p.sizes()));
+      s.exp_avg = Tensor::empty(p.sizes(), p.dtype(), p.device()).copy_(*m);
+      s.exp_avg_sq = Tensor::empty(p.sizes(), p.dtype(), p.device()).copy_(*v);
+      s.step = static_cast<int64_t>(step->item());
+    }
+  }
+}
+
+}  // namespace loom::optim

@@ -1,0 +1,101 @@
+// Optimizers with PyTorch's update formulas and parameter groups: SGD
+// (momentum, dampening, nesterov, weight decay), Adam and AdamW.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+
+namespace loom::optim {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every parameter that has a gradient.
+  virtual void step() = 0;
+  // Zeroes gradients in place (DDP's bucket views survive), or drops them.
+  void zero_grad(bool set_to_none = false);
+
+  size_t num_groups() const { return groups_.size(); }
+  const std::vector<Tensor>& group_params(size_t group) const { return groups_.at(group).params; }
+  double lr(size_t group = 0) const { return groups_.at(group).lr; }
+  void set_lr(size_t group, double lr) { groups_.at(group).lr = lr; }
+  void set_lr(double lr) {
+    for (auto& g : groups_) g.lr = lr;
+  }
+  // Per-parameter state tensors (momentum buffers, Adam moments), named
+  // "<group>.<index>.<kind>", and scalars such as the step count: what a
+  // checkpoint saves and restores.
+  virtual nn::NamedTensors state() const = 0;
+  virtual void load_state(const nn::NamedTensors& state) = 0;
+
+ protected:
+  struct Group {
+    std::vector<Tensor> params;
+    double lr;
+  };
+  void add_group(std::vector<Tensor> params, double lr);
+  std::vector<Group> groups_;
+};
+
+struct SGDOptions {
+  explicit SGDOptions(double lr) : lr_(lr) {}
+  SGDOptions& momentum(double m) { momentum_ = m; return *this; }
+  SGDOptions& dampening(double d) { dampening_ = d; return *this; }
+  SGDOptions& weight_decay(double w) { weight_decay_ = w; return *this; }
+  SGDOptions& nesterov(bool n) { nesterov_ = n; return *this; }
+  double lr_, momentum_ = 0, dampening_ = 0, weight_decay_ = 0;
+  bool nesterov_ = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, const SGDOptions& options);
+  // A further parameter group with its own options (PyTorch's param_groups).
+  void add_param_group(std::vector<Tensor> params, const SGDOptions& options);
+  void step() override;
+  nn::NamedTensors state() const override;
+  void load_state(const nn::NamedTensors& state) override;
+
+ private:
+  std::vector<SGDOptions> options_;
+  std::vector<std::vector<Tensor>> momentum_buffers_;  // per group, per parameter; undefined until first step
+};
+
+struct AdamOptions {
+  explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
+  AdamOptions& betas(double b1, double b2) { beta1_ = b1; beta2_ = b2; return *this; }
+  AdamOptions& eps(double e) { eps_ = e; return *this; }
+  AdamOptions& weight_decay(double w) { weight_decay_ = w; return *this; }
+  // AdamW: decoupled weight decay (p *= 1 - lr * wd) instead of L2 in the gradient.
+  AdamOptions& decoupled_weight_decay(bool d) { decoupled_ = d; return *this; }
+  double lr_, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0;
+  bool decoupled_ = false;
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, const AdamOptions& options);
+  void add_param_group(std::vector<Tensor> params, const AdamOptions& options);
+  void step() override;
+  nn::NamedTensors state() const override;
+  void load_state(const nn::NamedTensors& state) override;
+
+ private:
+  struct Moments {
+    Tensor exp_avg, exp_avg_sq;
+    int64_t step = 0;
+  };
+  std::vector<AdamOptions> options_;
+  std::vector<std::vector<Moments>> moments_;
+};
+
+// AdamW(params, lr, wd) = Adam with decoupled weight decay (default wd 0.01).
+inline std::unique_ptr<Adam> make_adamw(std::vector<Tensor> params, double lr = 1e-3, double weight_decay = 1e-2) {
+  return std::make_unique<Adam>(std::move(params),
+                                AdamOptions(lr).weight_decay(weight_decay).decoupled_weight_decay(true));
+}
+
+}  // namespace loom::optim

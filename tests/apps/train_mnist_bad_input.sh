@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Bad input to train_mnist: each case must exit non-zero with exactly one line
+# on stderr that names the problem, never a crash or a hang.
+set -u
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# expect_error DESCRIPTION EXPECTED_TEXT ARGS...
+expect_error() {
+  local what=$1 expected=$2
+  shift 2
+  local err status
+  err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null)
+  status=$?
+  local lines
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -eq 0 || $status -ge 124 ]]; then
+    echo "FAIL $what: exit status $status"; failures=$((failures + 1))
+  elif [[ $lines -ne 1 ]]; then
+    echo "FAIL $what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"; failures=$((failures + 1))
+  elif [[ "$err" != *"$expected"* ]]; then
+    echo "FAIL $what: stderr lacks '$expected': $err"; failures=$((failures + 1))
+  else
+    echo "ok   $what: $err"
+  fi
+}
+
+# IDX files made by hand: magic, counts, dims, then the bytes.
+python3 - "$work" <<'PY'
+import gzip, os, struct, sys
+work = sys.argv[1]
+def images(n, extra=b""):
+    return struct.pack(">IIII", 2051, n, 28, 28) + bytes(n * 784) + extra
+def labels(n, value=1):
+    return struct.pack(">II", 2049, n) + bytes([value]) * n
+def write(d, files):
+    os.makedirs(d, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+good = {"train-images-idx3-ubyte": images(10), "train-labels-idx1-ubyte": labels(10),
+        "t10k-images-idx3-ubyte": images(5), "t10k-labels-idx1-ubyte": labels(5)}
+write(f"{work}/truncated", {**good, "train-images-idx3-ubyte": images(10)[:-100]})
+write(f"{work}/magic", {**good, "train-images-idx3-ubyte": struct.pack(">I", 1234) + images(10)[4:]})
+write(f"{work}/count", {**good, "train-labels-idx1-ubyte": labels(9)})
+write(f"{work}/label", {**good, "t10k-labels-idx1-ubyte": labels(5, 12)})
+write(f"{work}/missing", {k: v for k, v in good.items() if not k.startswith("t10k")})
+with gzip.open(f"{work}/gzip-truncated.gz", "wb") as f:
+    f.write(images(10))
+data = open(f"{work}/gzip-truncated.gz", "rb").read()
+write(f"{work}/gz", {"train-images-idx3-ubyte.gz": data[: len(data) // 2], "train-labels-idx1-ubyte": labels(10),
+                     "t10k-images-idx3-ubyte": images(5), "t10k-labels-idx1-ubyte": labels(5)})
+PY
+
+expect_error "missing data directory" "$work/nowhere" --data "$work/nowhere"
+expect_error "truncated IDX file" "train-images-idx3-ubyte" --data "$work/truncated"
+expect_error "wrong magic number" "1234" --data "$work/magic"
+expect_error "label count differs from image count" "train-labels-idx1-ubyte" --data "$work/count"
+expect_error "label out of range" "t10k-labels-idx1-ubyte" --data "$work/label"
+expect_error "missing test files" "t10k-images-idx3-ubyte" --data "$work/missing"
+expect_error "truncated gzip IDX file" "train-images-idx3-ubyte.gz" --data "$work/gz"
+expect_error "unknown flag" "--frobnicate" --frobnicate
+expect_error "negative epoch count" "--epochs" --epochs -1
+expect_error "non-numeric batch size" "--batch-size" --batch-size ten
+expect_error "CUDA on a machine without it" "cuda" --device cuda --data "$work/truncated"
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures bad-input case(s) failed"
+  exit 1
+fi
+echo "all bad-input cases gave one clear error line"
