@@ -1,0 +1,68 @@
+#include "ops/conv2d.h"
+
+#include "ops/dispatch.h"
+
+namespace loom {
+
+using ops::on_cuda;
+namespace cpu = ops::cpu;
+namespace gpu = ops::cuda;
+
+Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params) {
+  Size2 out{};
+  for (int i = 0; i < 2; ++i) {
+    const char* axis = i == 0 ? "height" : "width";
+    LOOM_CHECK(params.stride[i] > 0 && params.dilation[i] > 0 && params.padding[i] >= 0, "conv2d: stride (",
+               params.stride[i], ") and dilation (", params.dilation[i], ") must be positive and padding (",
+               params.padding[i], ") non-negative along the ", axis);
+    const int64_t span = params.dilation[i] * (kernel[i] - 1) + 1;
+    const int64_t padded = input[i] + 2 * params.padding[i];
+    LOOM_CHECK(padded >= span, "conv2d: the kernel spans ", span, " along the ", axis, " but the padded input has only ",
+               padded);
+    out[i] = (padded - span) / params.stride[i] + 1;
+  }
+  return out;
+}
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params,
+              int64_t groups) {
+  LOOM_CHECK(groups == 1, "conv2d: groups = ", groups, " is not supported; only groups = 1 is implemented");
+  LOOM_CHECK(input.defined() && weight.defined(), "conv2d: input and weight must be defined");
+  LOOM_CHECK(input.dim() == 4, "conv2d: expected an input of shape (N, C, H, W), got ", shape_str(input.sizes()));
+  LOOM_CHECK(weight.dim() == 4, "conv2d: expected a weight of shape (O, C, kH, kW), got ", shape_str(weight.sizes()));
+  LOOM_CHECK(weight.size(1) == input.size(1), "conv2d: the input has ", input.size(1), " channels but the weight ",
+             shape_str(weight.sizes()), " expects ", weight.size(1));
+  LOOM_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "conv2d: expected a bias of shape [",
+             weight.size(0), "], got ", shape_str(bias.sizes()));
+  LOOM_CHECK(is_floating(input.dtype()), "conv2d: expected a floating-point input, got ", dtype_name(input.dtype()));
+  ops::check_same_device_and_dtype("conv2d", {input, weight, bias});
+  conv2d_output_size({input.size(2), input.size(3)}, {weight.size(2), weight.size(3)}, params);  // validates
+
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::conv2d_forward(input, weight, bias, params))
+                         : cpu::conv2d_forward(input, weight, bias, params);
+  }
+  record("conv2d", {input, weight, bias}, {&out},
+         [x = input.detach(), w = weight.detach(), params](const TensorList& g, const Node& node) {
+           // Kernels take tensors of one dtype; a gradient that arrives in another is converted.
+           const Tensor dy = g[0].to(x.dtype());
+           Tensor dx, dw, db;
+           if (node.needs_input_grad(0)) {
+             dx = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_input(dy, w, x.sizes(), params))
+                              : cpu::conv2d_backward_input(dy, w, x.sizes(), params);
+           }
+           if (node.needs_input_grad(1)) {
+             dw = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_weight(dy, x, w.sizes(), params))
+                              : cpu::conv2d_backward_weight(dy, x, w.sizes(), params);
+           }
+           if (node.needs_input_grad(2)) {
+             db = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_bias(dy)) : cpu::conv2d_backward_bias(dy);
+           }
+           return TensorList{dx, dw, db};
+         });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,59 @@
+// 2-D convolution (cross-correlation, as in PyTorch) over NCHW tensors.
+//
+// Shapes: input (N, C, H, W), weight (O, C, kH, kW), bias (O) or undefined,
+// output (N, O, Ho, Wo) with Ho = (H + 2*pad_h - dil_h*(kH-1) - 1) / stride_h + 1
+// (and likewise Wo).
+//
+// Backward rules, per image n, with col_n = im2col(input_n) of shape
+// (C*kH*kW, Ho*Wo) and dY_n = grad_output_n viewed as (O, Ho*Wo):
+//   d input_n = col2im(W^T · dY_n)          (W viewed as (O, C*kH*kW))
+//   d weight  = sum_n dY_n · col_n^T
+//   d bias    = sum over n, ho, wo of dY
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+using Size2 = std::array<int64_t, 2>;  // (h, w)
+
+// Convolution geometry; each pair is (h, w):
+//   conv2d(x, w, b, {.stride = {2, 2}, .padding = {1, 1}})
+struct Conv2dParams {
+  Size2 stride{1, 1};
+  Size2 padding{0, 0};
+  Size2 dilation{1, 1};
+};
+
+// `groups` must be 1 (grouped convolution is not implemented).
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+              const Conv2dParams& params = {}, int64_t groups = 1);
+
+// (Ho, Wo) for an input of (H, W), a kernel of (kH, kW) and `params`; throws
+// when the window does not fit.
+Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params);
+
+namespace ops::cpu {
+// All tensors of one dtype (f32, f64; f16 / bf16 computed in f32), which the
+// results keep. `bias` may be undefined.
+Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
+                             const Conv2dParams& params);
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
+                              const Conv2dParams& params);
+Tensor conv2d_backward_bias(const Tensor& grad_output);  // (O)
+}  // namespace ops::cpu
+
+namespace ops::cuda {
+Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
+                             const Conv2dParams& params);
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
+                              const Conv2dParams& params);
+Tensor conv2d_backward_bias(const Tensor& grad_output);
+}  // namespace ops::cuda
+
+}  // namespace loom
