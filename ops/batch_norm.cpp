@@ -1,0 +1,92 @@
+#include "ops/batch_norm.h"
+
+#include "ops/dispatch.h"
+
+namespace loom {
+
+using ops::on_cuda;
+namespace cpu = ops::cpu;
+namespace gpu = ops::cuda;
+
+namespace {
+// Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
+Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
+
+void check_per_channel(const char* what, const Tensor& t, int64_t channels) {
+  if (!t.defined()) return;
+  LOOM_CHECK(t.dim() == 1 && t.size(0) == channels, "batch_norm: expected ", what, " of shape [", channels,
+             "] for an input with ", channels, " channels, got ", shape_str(t.sizes()));
+  LOOM_CHECK(is_floating(t.dtype()), "batch_norm: ", what, " must be floating-point, got ", dtype_name(t.dtype()));
+}
+}  // namespace
+
+Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  LOOM_CHECK(input.defined() && input.dim() >= 2, "batch_norm: expected an input of shape (N, C, ...), got ",
+             input.defined() ? shape_str(input.sizes()) : "an undefined tensor");
+  LOOM_CHECK(is_floating(input.dtype()), "batch_norm: expected a floating-point input, got ", dtype_name(input.dtype()));
+  const int64_t channels = input.size(1);
+  check_per_channel("weight", weight, channels);
+  check_per_channel("bias", bias, channels);
+  check_per_channel("running_mean", running_mean, channels);
+  check_per_channel("running_var", running_var, channels);
+  LOOM_CHECK(running_mean.defined() == running_var.defined(),
+             "batch_norm: running_mean and running_var must be both defined or both undefined");
+  LOOM_CHECK(training || running_mean.defined(),
+             "batch_norm: eval mode normalises with the running statistics, but none were given");
+  for (const Tensor& t : {weight, bias, running_mean, running_var}) {
+    LOOM_CHECK(!t.defined() || t.device() == input.device(), "batch_norm: parameters on ", t.device().str(),
+               " but the input on ", input.device().str());
+  }
+  const int64_t count = channels == 0 ? 0 : input.numel() / channels;
+  LOOM_CHECK(!training || count > 1, "batch_norm: training needs more than one value per channel, got input ",
+             shape_str(input.sizes()));
+
+  Tensor out, mean, var;
+  {
+    NoGradGuard no_grad;
+    if (training) {
+      const Tensor stats = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_stats(input)) : cpu::batch_norm_stats(input);
+      const Tensor mean_var =
+          on_cuda(input)
+              ? LOOM_CUDA_KERNEL(gpu::batch_norm_gather_stats(stats, count, running_mean, running_var, momentum))
+              : cpu::batch_norm_gather_stats(stats, count, running_mean, running_var, momentum);
+      mean = row(mean_var, 0);
+      var = row(mean_var, 1);
+    } else if (any_requires_grad({input, weight, bias})) {
+      // Backward must see the statistics of this forward even if a later
+      // training step updates the buffers in place.
+      mean = running_mean.clone();
+      var = running_var.clone();
+    } else {
+      mean = running_mean;
+      var = running_var;
+    }
+    out = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_apply(input, mean, var, weight, bias, eps))
+                         : cpu::batch_norm_apply(input, mean, var, weight, bias, eps);
+  }
+
+  record("batch_norm", {input, weight, bias}, {&out},
+         [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps,
+          weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
+          bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
+           const Tensor dy = g[0].to(x.dtype());
+           Tensor sums;  // (2, C) f64: (sum dy, sum dy * xhat)
+           if (training || node.needs_input_grad(1) || node.needs_input_grad(2)) {
+             sums = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_reduce(dy, x, mean, var, eps))
+                               : cpu::batch_norm_backward_reduce(dy, x, mean, var, eps);
+           }
+           Tensor dx;
+           if (node.needs_input_grad(0)) {
+             const Tensor batch_sums = training ? sums : Tensor();
+             dx = on_cuda(x)
+                      ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps))
+                      : cpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps);
+           }
+           return TensorList{dx, node.needs_input_grad(1) ? row(sums, 1).to(weight_dtype) : Tensor(),
+                             node.needs_input_grad(2) ? row(sums, 0).to(bias_dtype) : Tensor()};
+         });
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,78 @@
+// Batch normalisation over dim 1 of an (N, C) or (N, C, H, W) (any trailing
+// dims) input, with PyTorch's semantics.
+//
+// Forward, per channel c over the m = numel / C elements of the channel:
+//   training: mean, var = batch mean and biased variance; the running stats,
+//             when defined, are updated in place:
+//               running_mean = (1 - momentum) * running_mean + momentum * mean
+//               running_var  = (1 - momentum) * running_var  + momentum * var * m / (m - 1)
+//   eval:     mean, var = running_mean, running_var
+//   xhat = (x - mean) * invstd,  invstd = 1 / sqrt(var + eps)
+//   y    = xhat * weight + bias     (weight = 1, bias = 0 when undefined)
+//
+// Backward rules, with the sums over the channel's m elements
+//   sum_dy = sum(dy),  sum_dy_xhat = sum(dy * xhat):
+//   d weight = sum_dy_xhat,  d bias = sum_dy
+//   training: dx = weight * invstd * (dy - sum_dy / m - xhat * sum_dy_xhat / m)
+//   eval:     dx = weight * invstd * dy
+//
+// The op is built from four backend steps so that SyncBatchNorm can all-reduce
+// between them: stats -> (all-reduce sums and count) -> gather_stats -> apply
+// forward; backward_reduce -> (all-reduce the two sums) -> backward_apply.
+//
+// Mixed precision: weight, bias and the running stats may have another dtype
+// than the input (f32 parameters with an f16 / bf16 input); the output and the
+// input gradient have the input's dtype, the parameter gradients the
+// parameter's.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+// weight, bias: (C) or undefined (no affine transform). running_mean,
+// running_var: (C) buffers updated in place in training, or undefined (no
+// tracking; then eval mode is not possible).
+Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+
+namespace ops::cpu {
+// Per-channel (sum, sum of squares) of `input` over every dim but 1,
+// accumulated in f64: an f64 tensor of shape (2, C).
+Tensor batch_norm_stats(const Tensor& input);
+// From `stats` summed over `count` elements per channel (on all ranks, for
+// SyncBatchNorm): an f64 (2, C) tensor of (mean, biased variance). Updates
+// running_mean / running_var in place when they are defined.
+Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
+                               const Tensor& running_var, double momentum);
+// y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var (C) of
+// any floating dtype; weight and bias may be undefined.
+Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
+                        const Tensor& bias, double eps);
+// The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
+Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
+                                  const Tensor& var, double eps);
+// The input gradient. `grad_sums` are backward_reduce's sums over `count`
+// elements per channel (all ranks for SyncBatchNorm); undefined grad_sums mean
+// that mean and var were constants (eval mode): dx = weight * invstd * dy.
+Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
+                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
+                                 double eps);
+}  // namespace ops::cpu
+
+namespace ops::cuda {
+Tensor batch_norm_stats(const Tensor& input);
+Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
+                               const Tensor& running_var, double momentum);
+Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
+                        const Tensor& bias, double eps);
+Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
+                                  const Tensor& var, double eps);
+Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
+                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
+                                 double eps);
+}  // namespace ops::cuda
+
+}  // namespace loom

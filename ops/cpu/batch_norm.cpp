@@ -1,0 +1,207 @@
+// CPU kernels of batch norm. The input is viewed as (N, C, S) with S the
+// product of the trailing dims (1 for an (N, C) input). Reductions run one
+// channel per task and accumulate in f64; the elementwise passes run over
+// (n, c) rows with per-channel coefficients computed in f64 and applied in
+// the compute dtype.
+#include "ops/batch_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/parallel.h"
+#include "ops/dispatch.h"
+
+namespace loom::ops::cpu {
+namespace {
+constexpr int64_t kRowGrain = 1 << 14;  // elements per task in the elementwise passes
+
+struct Layout {
+  int64_t batch, channels, inner;  // (N, C, S)
+};
+Layout layout_of(const Tensor& input) {
+  const int64_t n = input.size(0), c = input.size(1);
+  return {n, c, n * c == 0 ? 0 : input.numel() / (n * c)};
+}
+
+// A (C) tensor as f64 host values; `fallback` everywhere when undefined.
+std::vector<double> per_channel(const Tensor& t, int64_t channels, double fallback) {
+  if (!t.defined()) return std::vector<double>(static_cast<size_t>(channels), fallback);
+  return t.to_vector<double>();
+}
+
+std::vector<double> inverse_std(const std::vector<double>& var, double eps) {
+  std::vector<double> out(var.size());
+  for (size_t c = 0; c < var.size(); ++c) out[c] = 1.0 / std::sqrt(var[c] + eps);
+  return out;
+}
+
+// Runs fn(c, offset) for every (n, c) row, where offset is the row's first
+// element; rows are split across the thread team.
+template <class Fn>
+void for_each_row(const Layout& l, Fn&& fn) {
+  const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, l.inner));
+  parallel_for(0, l.batch * l.channels, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) fn(r % l.channels, r * l.inner);
+  });
+}
+
+// Calls row_sums(c, offset, a, b) for every (n, c) row of channel c, one
+// channel per task, accumulating into the channel's two f64 sums a and b;
+// returns them as a (2, C) f64 tensor.
+template <class RowSums>
+Tensor channel_sums(const Layout& l, RowSums&& row_sums) {
+  Tensor out = Tensor::empty({2, l.channels}, DType::f64);
+  double* first = out.data<double>();
+  double* second = first + l.channels;
+  const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, l.batch * l.inner));
+  parallel_for(0, l.channels, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      double a = 0, b = 0;
+      for (int64_t n = 0; n < l.batch; ++n) row_sums(c, (n * l.channels + c) * l.inner, a, b);
+      first[c] = a;
+      second[c] = b;
+    }
+  });
+  return out;
+}
+}  // namespace
+
+Tensor batch_norm_stats(const Tensor& input_in) {
+  const Tensor input = cpu_compute_input(input_in);
+  const Layout l = layout_of(input);
+  return visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
+    const T* x = input.data<T>();
+    return channel_sums(l, [&](int64_t, int64_t offset, double& sum, double& sum_of_squares) {
+      const T* row = x + offset;
+      for (int64_t s = 0; s < l.inner; ++s) {
+        const double v = static_cast<double>(row[s]);
+        sum += v;
+        sum_of_squares += v * v;
+      }
+    });
+  });
+}
+
+Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
+                               const Tensor& running_var, double momentum) {
+  LOOM_CHECK(count > 0, "batch_norm: statistics over ", count, " elements per channel");
+  const int64_t channels = stats.size(1);
+  const std::vector<double> sums = stats.to_vector<double>();
+  Tensor mean_var = Tensor::empty({2, channels}, DType::f64);
+  double* mean = mean_var.data<double>();
+  double* var = mean + channels;
+  const double n = static_cast<double>(count);
+  for (int64_t c = 0; c < channels; ++c) {
+    mean[c] = sums[c] / n;
+    // E[x^2] - mean^2 in f64; clamped because rounding can make it slightly negative.
+    var[c] = std::max(0.0, sums[channels + c] / n - mean[c] * mean[c]);
+  }
+  if (running_mean.defined()) {
+    std::vector<double> rm = running_mean.to_vector<double>();
+    std::vector<double> rv = running_var.to_vector<double>();
+    const double unbiased = count > 1 ? n / (n - 1) : 1.0;
+    for (int64_t c = 0; c < channels; ++c) {
+      rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
+      rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbiased;
+    }
+    Tensor mean_buffer = running_mean, var_buffer = running_var;  // handles; copy_ writes the shared storage
+    mean_buffer.copy_(Tensor::from_vector<double>(rm, {channels}));
+    var_buffer.copy_(Tensor::from_vector<double>(rv, {channels}));
+  }
+  return mean_var;
+}
+
+Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
+                        const Tensor& bias, double eps) {
+  const Tensor input = cpu_compute_input(input_in);
+  const Layout l = layout_of(input);
+  const std::vector<double> m = per_channel(mean, l.channels, 0.0);
+  const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
+  const std::vector<double> w = per_channel(weight, l.channels, 1.0);
+  const std::vector<double> b = per_channel(bias, l.channels, 0.0);
+  std::vector<double> scale(l.channels), shift(l.channels);
+  for (int64_t c = 0; c < l.channels; ++c) {
+    scale[c] = w[c] * invstd[c];
+    shift[c] = b[c] - m[c] * scale[c];
+  }
+  Tensor out = Tensor::empty(input.sizes(), input.dtype());
+  visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
+    const T* x = input.data<T>();
+    T* y = out.data<T>();
+    for_each_row(l, [&](int64_t c, int64_t offset) {
+      const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
+      for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = x[offset + s] * a + b;
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
+Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
+                                  const Tensor& var, double eps) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
+  const Layout l = layout_of(input);
+  const std::vector<double> m = per_channel(mean, l.channels, 0.0);
+  const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
+  Tensor sums = visit_compute_dtype(input.dtype(), "batch_norm backward", [&]<class T>() {
+    const T* x = input.data<T>();
+    const T* dy = grad_output.data<T>();
+    return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
+      const double mc = m[c];
+      for (int64_t s = 0; s < l.inner; ++s) {
+        const double g = static_cast<double>(dy[offset + s]);
+        sum_dy += g;
+        sum_dy_xmu += g * (static_cast<double>(x[offset + s]) - mc);
+      }
+    });
+  });
+  // sum dy * xhat = invstd * sum dy * (x - mean)
+  double* second = sums.data<double>() + l.channels;
+  for (int64_t c = 0; c < l.channels; ++c) second[c] *= invstd[c];
+  return sums;
+}
+
+Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
+                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
+                                 double eps) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in);
+  const Layout l = layout_of(grad_output);
+  const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
+  const std::vector<double> w = per_channel(weight, l.channels, 1.0);
+  // dx = k * dy in eval; in training
+  //   dx = k * (dy - mean(dy)) - p * (x - mean),  k = weight * invstd,  p = k * invstd * mean(dy * xhat)
+  std::vector<double> k(l.channels);
+  for (int64_t c = 0; c < l.channels; ++c) k[c] = w[c] * invstd[c];
+  Tensor grad_input = Tensor::empty(grad_output.sizes(), grad_output.dtype());
+  if (!grad_sums.defined()) {
+    visit_compute_dtype(grad_output.dtype(), "batch_norm backward", [&]<class T>() {
+      const T* dy = grad_output.data<T>();
+      T* dx = grad_input.data<T>();
+      for_each_row(l, [&](int64_t c, int64_t offset) {
+        const T kc = static_cast<T>(k[c]);
+        for (int64_t s = 0; s < l.inner; ++s) dx[offset + s] = dy[offset + s] * kc;
+      });
+    });
+    return grad_input.to(grad_output_in.dtype());
+  }
+  LOOM_CHECK(count > 0, "batch_norm backward: sums over ", count, " elements per channel");
+  const Tensor input = cpu_compute_input(input_in);
+  const std::vector<double> m = per_channel(mean, l.channels, 0.0);
+  const std::vector<double> sums = grad_sums.to_vector<double>();
+  const double n = static_cast<double>(count);
+  visit_compute_dtype(grad_output.dtype(), "batch_norm backward", [&]<class T>() {
+    const T* x = input.data<T>();
+    const T* dy = grad_output.data<T>();
+    T* dx = grad_input.data<T>();
+    for_each_row(l, [&](int64_t c, int64_t offset) {
+      const T kc = static_cast<T>(k[c]), mean_dy = static_cast<T>(sums[c] / n), mc = static_cast<T>(m[c]);
+      const T pc = static_cast<T>(k[c] * invstd[c] * sums[l.channels + c] / n);
+      for (int64_t s = 0; s < l.inner; ++s) {
+        dx[offset + s] = kc * (dy[offset + s] - mean_dy) - pc * (x[offset + s] - mc);
+      }
+    });
+  });
+  return grad_input.to(grad_output_in.dtype());
+}
+
+}  // namespace loom::ops::cpu

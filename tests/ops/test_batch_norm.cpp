@@ -1,0 +1,148 @@
+// batch_norm: hand-computed forward values and running-stat updates, backward
+// against finite differences, the split into SyncBatchNorm's steps, and
+// f16 / bf16 inputs with f32 parameters.
+#include <doctest/doctest.h>
+
+#include "ops/batch_norm.h"
+#include "ops/elementwise.h"
+#include "tests/support/gradcheck.h"
+
+using namespace loom;
+using loom::testing::check_gradients;
+using loom::testing::max_abs_diff;
+using loom::testing::random_tensor;
+using loom::testing::relative_error;
+
+namespace {
+void check_values(const Tensor& t, const std::vector<double>& expected) {
+  const std::vector<double> actual = t.to_vector<double>();
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) CHECK(actual[i] == doctest::Approx(expected[i]).epsilon(1e-12));
+}
+}  // namespace
+
+TEST_CASE("batch_norm forward and running statistics match hand computation") {
+  // (N, C, H, W) = (2, 2, 1, 1): channel 0 holds {1, 3}, channel 1 holds {2, 6}.
+  Tensor x = Tensor::from_vector<double>({1, 2, 3, 6}, {2, 2, 1, 1});
+  Tensor weight = Tensor::from_vector<double>({2, 3}, {2});
+  Tensor bias = Tensor::from_vector<double>({0.5, -1}, {2});
+
+  SUBCASE("training: batch statistics, running stats updated") {
+    Tensor running_mean = Tensor::zeros({2}, DType::f64);
+    Tensor running_var = Tensor::ones({2}, DType::f64);
+    // mean (2, 4), biased var (1, 4), so xhat = -1, +1 in both channels (eps = 0).
+    Tensor y = batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true, 0.1, 0.0);
+    check_values(y, {-1 * 2 + 0.5, -1 * 3 - 1, 1 * 2 + 0.5, 1 * 3 - 1});
+    // running_mean = 0.9 * 0 + 0.1 * mean; running_var = 0.9 * 1 + 0.1 * unbiased var (2, 8)
+    check_values(running_mean, {0.2, 0.4});
+    check_values(running_var, {0.9 + 0.2, 0.9 + 0.8});
+  }
+  SUBCASE("training without affine or running stats") {
+    check_values(batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 0.0), {-1, -1, 1, 1});
+  }
+  SUBCASE("eval: running statistics, left unchanged") {
+    Tensor running_mean = Tensor::from_vector<double>({1, 2}, {2});
+    Tensor running_var = Tensor::from_vector<double>({4, 0.25}, {2});  // invstd 0.5, 2
+    Tensor y = batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false, 0.1, 0.0);
+    // channel 0: (1-1)*0.5, (3-1)*0.5 -> 0, 1; channel 1: (2-2)*2, (6-2)*2 -> 0, 8
+    check_values(y, {0 * 2 + 0.5, 0 * 3 - 1, 1 * 2 + 0.5, 8 * 3 - 1});
+    check_values(running_mean, {1, 2});
+    check_values(running_var, {4, 0.25});
+  }
+  SUBCASE("an (N, C) input normalises each column") {
+    Tensor flat = Tensor::from_vector<double>({1, 2, 3, 6}, {2, 2});
+    check_values(batch_norm(flat, weight, bias, Tensor(), Tensor(), true, 0.1, 0.0), {-1.5, -4, 2.5, 2});
+  }
+}
+
+TEST_CASE("batch_norm rejects inputs it cannot normalise") {
+  CHECK_THROWS_WITH_AS(batch_norm(Tensor::zeros({1, 3, 1, 1}), Tensor(), Tensor(), Tensor(), Tensor(), true),
+                       doctest::Contains("more than one value per channel"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(Tensor::zeros({2, 3}), Tensor(), Tensor(), Tensor(), Tensor(), false),
+                       doctest::Contains("running statistics"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(Tensor::zeros({2, 3}), Tensor::ones({4}), Tensor(), Tensor(), Tensor(), true),
+                       doctest::Contains("weight"), Error);
+}
+
+TEST_CASE("batch_norm backward matches finite differences") {
+  Tensor weight = random_tensor({3}, 21, 0.5, 1.5).set_requires_grad(true);
+  Tensor bias = random_tensor({3}, 22).set_requires_grad(true);
+  SUBCASE("training, (N, C, H, W), affine, running stats tracked") {
+    Tensor x = random_tensor({4, 3, 3, 5}, 23, -2, 3).set_requires_grad(true);
+    Tensor running_mean = Tensor::zeros({3}, DType::f64), running_var = Tensor::ones({3}, DType::f64);
+    check_gradients(
+        [&](const TensorList& t) { return batch_norm(t[0], t[1], t[2], running_mean, running_var, true); },
+        {x, weight, bias});
+  }
+  SUBCASE("training, (N, C, H, W), no affine") {
+    Tensor x = random_tensor({3, 3, 4, 2}, 24).set_requires_grad(true);
+    check_gradients([](const TensorList& t) { return batch_norm(t[0], Tensor(), Tensor(), Tensor(), Tensor(), true); },
+                    {x});
+  }
+  SUBCASE("training, (N, C)") {
+    Tensor x = random_tensor({6, 3}, 25).set_requires_grad(true);
+    check_gradients([](const TensorList& t) { return batch_norm(t[0], t[1], t[2], Tensor(), Tensor(), true); },
+                    {x, weight, bias});
+  }
+  SUBCASE("eval") {
+    Tensor x = random_tensor({3, 3, 2, 3}, 26).set_requires_grad(true);
+    Tensor running_mean = random_tensor({3}, 27), running_var = random_tensor({3}, 28, 0.5, 2.0);
+    check_gradients(
+        [&](const TensorList& t) { return batch_norm(t[0], t[1], t[2], running_mean, running_var, false); },
+        {x, weight, bias});
+  }
+}
+
+TEST_CASE("batch_norm steps compose across a split batch as SyncBatchNorm will use them") {
+  // Two "ranks" holding halves of one batch: summing their stats and gradient
+  // sums must reproduce the single-process op on the whole batch.
+  namespace cpu = ops::cpu;
+  Tensor x = random_tensor({6, 4, 3, 3}, 31, -1, 2);
+  Tensor weight = random_tensor({4}, 32, 0.5, 1.5), bias = random_tensor({4}, 33);
+  Tensor dy = random_tensor({6, 4, 3, 3}, 34);
+  const double eps = 1e-5;
+
+  Tensor whole = x.detach().set_requires_grad(true);
+  Tensor expected = batch_norm(whole, weight, bias, Tensor(), Tensor(), true, 0.1, eps);
+  expected.backward(dy);
+
+  NoGradGuard no_grad;
+  const Tensor halves[2] = {x.slice(0, 0, 3).contiguous(), x.slice(0, 3, 6).contiguous()};
+  const Tensor dy_halves[2] = {dy.slice(0, 0, 3).contiguous(), dy.slice(0, 3, 6).contiguous()};
+  const int64_t count = 6 * 3 * 3;
+  Tensor stats = cpu::batch_norm_stats(halves[0]);
+  stats.add_(cpu::batch_norm_stats(halves[1]));  // the all-reduce
+  Tensor mean_var = cpu::batch_norm_gather_stats(stats, count, Tensor(), Tensor(), 0.1);
+  Tensor mean = mean_var.slice(0, 0, 1).reshape({4}), var = mean_var.slice(0, 1, 2).reshape({4});
+  Tensor sums = cpu::batch_norm_backward_reduce(dy_halves[0], halves[0], mean, var, eps);
+  sums.add_(cpu::batch_norm_backward_reduce(dy_halves[1], halves[1], mean, var, eps));  // the all-reduce
+  for (int r = 0; r < 2; ++r) {
+    Tensor y = cpu::batch_norm_apply(halves[r], mean, var, weight, bias, eps);
+    CHECK(max_abs_diff(y, expected.slice(0, 3 * r, 3 * r + 3)) < 1e-12);
+    Tensor dx = cpu::batch_norm_backward_apply(dy_halves[r], halves[r], mean, var, weight, sums, count, eps);
+    CHECK(max_abs_diff(dx, whole.grad().slice(0, 3 * r, 3 * r + 3)) < 1e-12);
+  }
+}
+
+TEST_CASE("batch_norm with f16 and bf16 inputs keeps f32 parameters") {
+  for (DType low : {DType::f16, DType::bf16}) {
+    INFO(dtype_name(low));
+    Tensor x = random_tensor({4, 3, 5, 5}, 41, -2, 4, DType::f32).to(low);
+    Tensor weight = random_tensor({3}, 42, 0.5, 1.5, DType::f32).set_requires_grad(true);
+    Tensor bias = random_tensor({3}, 43, -1, 1, DType::f32).set_requires_grad(true);
+    Tensor running_mean = Tensor::zeros({3}), running_var = Tensor::ones({3});
+    Tensor reference_mean = Tensor::zeros({3}), reference_var = Tensor::ones({3});
+    Tensor reference = batch_norm(x.to(DType::f32), weight, bias, reference_mean, reference_var, true);
+    Tensor y = batch_norm(x, weight, bias, running_mean, running_var, true);
+    CHECK(y.dtype() == low);
+    // Normalised outputs are O(3): f16 rounds to ~2e-3, bf16 to ~2e-2 there.
+    CHECK(relative_error(y, reference) < (low == DType::f16 ? 1e-3 : 8e-3));
+    // The statistics come from the same (rounded) values, so the buffers agree to f32 precision.
+    CHECK(max_abs_diff(running_mean, reference_mean) < 1e-6);
+    CHECK(max_abs_diff(running_var, reference_var) < 1e-6);
+    weight.set_grad(Tensor());
+    sum(y.to(DType::f32)).backward();
+    CHECK(weight.grad().dtype() == DType::f32);
+    CHECK(bias.grad().dtype() == DType::f32);
+  }
+}
