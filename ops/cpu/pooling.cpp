@@ -1,0 +1,159 @@
+// CPU kernels of max_pool2d and adaptive_avg_pool2d: one (n, c) plane per task.
+#include "ops/pooling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/parallel.h"
+#include "ops/dispatch.h"
+
+namespace loom::ops::cpu {
+namespace {
+constexpr int64_t kGrain = 1 << 14;  // elements per task
+
+// Runs fn(plane) over the N*C planes of an (N, C, H, W) tensor, in parallel.
+template <class Fn>
+void for_each_plane(const Shape& sizes, Fn&& fn) {
+  const int64_t planes = sizes[0] * sizes[1];
+  const int64_t plane_size = std::max<int64_t>(1, sizes[2] * sizes[3]);
+  parallel_for(0, planes, std::max<int64_t>(1, kGrain / plane_size), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) fn(p);
+  });
+}
+
+int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding) {
+  return (input + 2 * padding - kernel) / stride + 1;
+}
+
+// Adaptive pooling window of output i of `outputs` over `inputs`: [start, end).
+int64_t window_start(int64_t i, int64_t inputs, int64_t outputs) { return i * inputs / outputs; }
+int64_t window_end(int64_t i, int64_t inputs, int64_t outputs) { return ((i + 1) * inputs + outputs - 1) / outputs; }
+}  // namespace
+
+Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
+  const Tensor input = cpu_compute_input(input_in);
+  const int64_t height = input.size(2), width = input.size(3);
+  const int64_t out_h = pooled_size(height, kernel[0], stride[0], padding[0]);
+  const int64_t out_w = pooled_size(width, kernel[1], stride[1], padding[1]);
+  const Shape out_sizes{input.size(0), input.size(1), out_h, out_w};
+  Tensor out = Tensor::empty(out_sizes, input.dtype());
+  indices = Tensor::empty(out_sizes, DType::i64);
+  visit_compute_dtype(input.dtype(), "max_pool2d", [&]<class T>() {
+    const T* x = input.data<T>();
+    T* y = out.data<T>();
+    int64_t* arg = indices.data<int64_t>();
+    for_each_plane(input.sizes(), [&](int64_t p) {
+      const T* plane = x + p * height * width;
+      T* y_plane = y + p * out_h * out_w;
+      int64_t* arg_plane = arg + p * out_h * out_w;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const int64_t h0 = std::max<int64_t>(oh * stride[0] - padding[0], 0);
+        const int64_t h1 = std::min<int64_t>(oh * stride[0] - padding[0] + kernel[0], height);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const int64_t w0 = std::max<int64_t>(ow * stride[1] - padding[1], 0);
+          const int64_t w1 = std::min<int64_t>(ow * stride[1] - padding[1] + kernel[1], width);
+          // The index moves by a mask and the value by max, not by a branch: on
+          // real data "v > best" is unpredictable, and mispredictions
+          // dominated the run time. NaNs are rare and handled after the scan.
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t best_index = h0 * width + w0;
+          bool saw_nan = false;
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) {
+              const T v = plane[h * width + w];
+              const int64_t take = -static_cast<int64_t>(v > best);  // all ones or zero
+              best_index = ((h * width + w) & take) | (best_index & ~take);
+              best = std::max(best, v);
+              saw_nan |= std::isnan(v);
+            }
+          }
+          if (saw_nan) {  // as in PyTorch: the last NaN of the window wins
+            for (int64_t h = h0; h < h1; ++h) {
+              for (int64_t w = w0; w < w1; ++w) {
+                if (std::isnan(plane[h * width + w])) best_index = h * width + w;
+              }
+            }
+            best = plane[best_index];
+          }
+          y_plane[oh * out_w + ow] = best;
+          arg_plane[oh * out_w + ow] = best_index;
+        }
+      }
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_output_in, const Tensor& indices, const Shape& input_sizes) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in);
+  const Tensor index = indices.contiguous();
+  const int64_t in_plane = input_sizes[2] * input_sizes[3];
+  const int64_t out_plane = grad_output.size(2) * grad_output.size(3);
+  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
+  visit_compute_dtype(grad_output.dtype(), "max_pool2d backward", [&]<class T>() {
+    const T* dy = grad_output.data<T>();
+    const int64_t* arg = index.data<int64_t>();
+    T* dx = grad_input.data<T>();
+    for_each_plane(input_sizes, [&](int64_t p) {
+      T* dx_plane = dx + p * in_plane;
+      std::fill(dx_plane, dx_plane + in_plane, T(0));
+      for (int64_t i = 0; i < out_plane; ++i) dx_plane[arg[p * out_plane + i]] += dy[p * out_plane + i];
+    });
+  });
+  return grad_input.to(grad_output_in.dtype());
+}
+
+Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
+  const Tensor input = cpu_compute_input(input_in);
+  const int64_t height = input.size(2), width = input.size(3);
+  const auto [out_h, out_w] = output_size;
+  Tensor out = Tensor::empty({input.size(0), input.size(1), out_h, out_w}, input.dtype());
+  visit_compute_dtype(input.dtype(), "adaptive_avg_pool2d", [&]<class T>() {
+    const T* x = input.data<T>();
+    T* y = out.data<T>();
+    for_each_plane(input.sizes(), [&](int64_t p) {
+      const T* plane = x + p * height * width;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const int64_t h0 = window_start(oh, height, out_h), h1 = window_end(oh, height, out_h);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const int64_t w0 = window_start(ow, width, out_w), w1 = window_end(ow, width, out_w);
+          T total = 0;
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) total += plane[h * width + w];
+          }
+          y[(p * out_h + oh) * out_w + ow] = total / static_cast<T>((h1 - h0) * (w1 - w0));
+        }
+      }
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output_in, const Shape& input_sizes) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in);
+  const int64_t height = input_sizes[2], width = input_sizes[3];
+  const int64_t out_h = grad_output.size(2), out_w = grad_output.size(3);
+  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
+  visit_compute_dtype(grad_output.dtype(), "adaptive_avg_pool2d backward", [&]<class T>() {
+    const T* dy = grad_output.data<T>();
+    T* dx = grad_input.data<T>();
+    for_each_plane(input_sizes, [&](int64_t p) {
+      T* plane = dx + p * height * width;
+      std::fill(plane, plane + height * width, T(0));
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const int64_t h0 = window_start(oh, height, out_h), h1 = window_end(oh, height, out_h);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const int64_t w0 = window_start(ow, width, out_w), w1 = window_end(ow, width, out_w);
+          const T share = dy[(p * out_h + oh) * out_w + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) plane[h * width + w] += share;
+          }
+        }
+      }
+    });
+  });
+  return grad_input.to(grad_output_in.dtype());
+}
+
+}  // namespace loom::ops::cpu

@@ -1,0 +1,53 @@
+// 2-D pooling over NCHW tensors: max pooling with argmax indices, and
+// PyTorch's adaptive average pooling.
+//
+// max_pool2d: output (N, C, Ho, Wo), Ho = (H + 2*pad_h - kH) / stride_h + 1;
+// padding counts as -infinity and must be at most half the kernel. indices
+// (i64, same shape) hold the flat position h * W + w of each maximum in its
+// input plane (the first one on ties; a NaN wins, the last one if several, as
+// in PyTorch).
+//   backward: d input[n, c, indices[n, c, i]] += dy[n, c, i]
+//
+// adaptive_avg_pool2d: output (N, C, oh, ow); output row i averages input rows
+// [floor(i * H / oh), ceil((i + 1) * H / oh)), columns likewise.
+//   backward: each dy element is spread evenly over its window.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+using Size2 = std::array<int64_t, 2>;  // (h, w); the same alias as in ops/conv2d.h
+
+struct MaxPool2dResult {
+  Tensor output;
+  Tensor indices;  // i64, not differentiable
+};
+
+// With no stride given, the stride is the kernel size.
+Tensor max_pool2d(const Tensor& input, Size2 kernel);
+Tensor max_pool2d(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding = {0, 0});
+MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel);
+MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding = {0, 0});
+
+Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
+
+namespace ops::cpu {
+// Writes the argmax positions into `indices` (a new i64 tensor) and returns the output.
+Tensor max_pool2d_forward(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices);
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes);
+Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
+}  // namespace ops::cpu
+
+namespace ops::cuda {
+Tensor max_pool2d_forward(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices);
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes);
+Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
+}  // namespace ops::cuda
+
+}  // namespace loom
