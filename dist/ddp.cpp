@@ -1,0 +1,449 @@
+// DistributedDataParallel: parameter verification and broadcast, gradient
+// buckets whose flat buffers back every parameter's .grad, per-parameter
+// ready hooks that launch bucket all-reduces in order, and the end-of-backward
+// wait.
+#include "dist/ddp.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_set>
+
+#include "core/autograd.h"
+#include "core/error.h"
+
+namespace loom::dist {
+
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& parameters,
+                                                size_t first_bucket_bytes_cap, size_t bucket_bytes_cap) {
+  LOOM_CHECK(first_bucket_bytes_cap > 0 && bucket_bytes_cap > 0, "assign_buckets: bucket caps must be positive");
+  struct OpenBucket {
+    std::vector<size_t> members;
+    size_t bytes = 0;
+    bool first = true;  // the group's first bucket uses first_bucket_bytes_cap
+  };
+  // One open bucket per (dtype, device); closed buckets in the order they closed.
+  std::map<std::tuple<int, int, int>, OpenBucket> open;
+  std::vector<std::vector<size_t>> closed;
+  for (size_t k = parameters.size(); k-- > 0;) {
+    const Tensor& parameter = parameters[k];
+    auto key = std::make_tuple(static_cast<int>(parameter.dtype()), static_cast<int>(parameter.device().kind),
+                               parameter.device().index);
+    OpenBucket& bucket = open[key];
+    size_t cap = bucket.first ? first_bucket_bytes_cap : bucket_bytes_cap;
+    if (!bucket.members.empty() && bucket.bytes + parameter.nbytes() > cap) {
+      closed.push_back(std::move(bucket.members));
+      bucket.members.clear();
+      bucket.bytes = 0;
+      bucket.first = false;
+    }
+    bucket.members.push_back(k);
+    bucket.bytes += parameter.nbytes();
+  }
+  for (auto& [key, bucket] : open)
+    if (!bucket.members.empty()) closed.push_back(std::move(bucket.members));
+  // Members are in reverse registration order, so a bucket's first member is
+  // its highest index: order buckets by it, highest first.
+  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.front() > b.front(); });
+  return closed;
+}
+
+namespace {
+
+uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+// Hash of one tensor's name, dtype and shape; equal on every rank for the same model.
+int64_t signature(const std::string& name, const Tensor& tensor) {
+  uint64_t hash = 14695981039346656037ull;
+  hash = fnv1a(hash, name.data(), name.size());
+  uint8_t dtype = static_cast<uint8_t>(tensor.dtype());
+  hash = fnv1a(hash, &dtype, 1);
+  for (int64_t size : tensor.sizes()) hash = fnv1a(hash, &size, sizeof(size));
+  return static_cast<int64_t>(hash);
+}
+
+std::string quoted_list(const std::vector<std::string>& names, size_t limit = 8) {
+  std::string text;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) text += str(i ? ", '" : "'", names[i], "'");
+  if (names.size() > limit) text += str(" and ", names.size() - limit, " more");
+  return text;
+}
+
+}  // namespace
+
+// The reducer: bucket state shared between the module, its gradient hooks
+// (which hold it weakly) and wait_for_gradients(). All members are guarded by
+// `mutex`.
+struct DistributedDataParallel::Reducer {
+  struct Parameter {
+    std::string name;
+    Tensor tensor;     // the module's parameter (same TensorImpl)
+    Tensor grad_view;  // its slice of the bucket buffer, shaped like the parameter
+    size_t bucket = 0;
+  };
+  struct Bucket {
+    std::vector<size_t> parameters;  // indices into Reducer::parameters
+    Tensor buffer;                   // flat, one dtype and device
+    size_t pending = 0;              // parameters not yet ready in this backward
+    WorkHandle work;
+    BucketTiming timing;
+  };
+  // collecting: a synchronized forward ran, gradients are arriving.
+  // reduced: this backward's gradients were averaged; a second ready is an error.
+  // idle: no reduction expected (no_sync, no grad mode, or before any forward).
+  enum class Round { idle, collecting, reduced };
+
+  std::shared_ptr<ProcessGroup> group;
+  bool find_unused_parameters = false;
+  std::vector<Parameter> parameters;
+  std::vector<Bucket> buckets;
+  std::vector<bool> ready;
+  size_t ready_count = 0;
+  size_t gradients_arrived = 0;  // hooks that fired in this round
+  size_t next_bucket_to_launch = 0;
+  Round round = Round::idle;
+  std::mutex mutex;
+
+  // Makes the parameter's .grad its bucket view again when someone replaced or
+  // dropped it (zero_grad(set_to_none), set_grad), keeping the values.
+  void keep_grad_in_bucket(Parameter& parameter) {
+    const Tensor& grad = parameter.tensor.grad();
+    if (grad.defined() && grad.raw_data() == parameter.grad_view.raw_data() &&
+        grad.strides() == parameter.grad_view.strides())
+      return;
+    if (grad.defined()) {
+      parameter.grad_view.copy_(grad);
+    } else {
+      parameter.grad_view.zero_();
+    }
+    parameter.tensor.set_grad(parameter.grad_view);
+  }
+
+  // Called by a parameter's hook after its gradient was accumulated.
+  void on_gradient_ready(size_t index) {
+    std::lock_guard lock(mutex);
+    Parameter& parameter = parameters[index];
+    keep_grad_in_bucket(parameter);
+    if (round == Round::idle) return;
+    if (round == Round::reduced || ready[index]) {
+      LOOM_FAIL("DistributedDataParallel: parameter '", parameter.name,
+                "' was marked ready twice in one iteration: its gradient arrived again after it had been reduced. "
+                "This happens when backward runs twice after one forward (retain_graph) or a parameter is shared "
+                "between modules in a way autograd sees twice; run forward again before each backward, or use "
+                "no_sync() for the extra backward passes");
+    }
+    ++gradients_arrived;
+    mark_ready(index);
+    if (ready_count == parameters.size()) finish();
+  }
+
+  void mark_ready(size_t index) {
+    ready[index] = true;
+    ++ready_count;
+    Bucket& bucket = buckets[parameters[index].bucket];
+    if (--bucket.pending == 0) {
+      bucket.timing.ready = std::chrono::steady_clock::now();
+      launch_ready_buckets();
+    }
+  }
+
+  // Launches buckets strictly in order, so every rank issues the same sequence.
+  void launch_ready_buckets() {
+    while (next_bucket_to_launch < buckets.size() && buckets[next_bucket_to_launch].pending == 0) {
+      Bucket& bucket = buckets[next_bucket_to_launch++];
+      bucket.timing.launched = std::chrono::steady_clock::now();
+      if (group->size() > 1) {
+        bucket.buffer.mul_(1.0 / group->size());  // the sum of pre-divided gradients is their average
+        bucket.work = group->all_reduce(bucket.buffer, ReduceOp::sum);
+      }
+    }
+  }
+
+  // Starts a round at forward. `output` is the forward's result, searched for
+  // unused parameters when asked to.
+  void prepare(bool synchronize, const Tensor& output) {
+    std::lock_guard lock(mutex);
+    if (round == Round::collecting) {
+      // A forward without backward (evaluation in grad mode) is fine; a
+      // backward that left gradients unreduced is not. Either way, finish
+      // what was launched.
+      std::vector<std::string> missing = unready_names();
+      bool backward_ran = gradients_arrived > 0;
+      wait_launched();
+      round = Round::idle;
+      if (backward_ran) LOOM_FAIL("DistributedDataParallel: the previous backward produced no gradient for ", quoted_list(missing),
+                " before this forward; pass find_unused_parameters = true if some parameters are unused in "
+                "forward, and call wait_for_gradients() after each backward");
+    }
+    round = synchronize ? Round::collecting : Round::idle;
+    std::fill(ready.begin(), ready.end(), false);
+    ready_count = 0;
+    gradients_arrived = 0;
+    next_bucket_to_launch = 0;
+    for (auto& bucket : buckets) {
+      bucket.pending = bucket.parameters.size();
+      bucket.work.reset();
+      bucket.timing.ready = bucket.timing.launched = bucket.timing.done = {};
+    }
+    if (round != Round::collecting || !find_unused_parameters) return;
+    // Parameters whose AccumulateGrad node the output cannot reach get no gradient.
+    std::unordered_set<const TensorImpl*> used;
+    if (output.defined() && output.requires_grad()) {
+      std::vector<Node*> stack;
+      std::unordered_set<Node*> seen;
+      Edge root = gradient_edge(output);
+      if (root.valid()) stack.push_back(root.node.get());
+      while (!stack.empty()) {
+        Node* node = stack.back();
+        stack.pop_back();
+        if (!seen.insert(node).second) continue;
+        if (auto* accumulate = dynamic_cast<AccumulateGrad*>(node)) used.insert(accumulate->variable().impl());
+        for (const Edge& edge : node->next_edges)
+          if (edge.valid()) stack.push_back(edge.node.get());
+      }
+    }
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      if (used.contains(parameters[i].tensor.impl())) continue;
+      keep_grad_in_bucket(parameters[i]);
+      parameters[i].grad_view.zero_();  // this rank contributes nothing for an unused parameter
+      mark_ready(i);
+    }
+  }
+
+  std::vector<std::string> unready_names() const {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < parameters.size(); ++i)
+      if (!ready[i]) names.push_back(parameters[i].name);
+    return names;
+  }
+
+  void wait_launched() noexcept {
+    for (size_t b = 0; b < next_bucket_to_launch; ++b) {
+      if (buckets[b].work) static_cast<void>(buckets[b].work->wait_for(group->timeout()));
+    }
+  }
+
+  // Completes the round: every parameter ready (or an error naming those
+  // that are not), every bucket reduced.
+  void finish() {
+    if (ready_count < parameters.size()) {
+      if (!find_unused_parameters) {
+        std::vector<std::string> missing = unready_names();
+        wait_launched();
+        round = Round::idle;
+        LOOM_FAIL("DistributedDataParallel: parameters ", quoted_list(missing),
+                  " received no gradient in this backward pass. Construct DistributedDataParallel with "
+                  "find_unused_parameters = true when forward does not use every parameter");
+      }
+      // Reachable from the output but given no gradient by autograd: treat as unused.
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        if (ready[i]) continue;
+        keep_grad_in_bucket(parameters[i]);
+        parameters[i].grad_view.zero_();
+        mark_ready(i);
+      }
+    }
+    round = Round::reduced;
+    for (auto& bucket : buckets) {
+      if (bucket.work) {
+        bucket.work->wait();
+        bucket.timing.done = bucket.work->end_time();
+      } else {
+        bucket.timing.done = std::chrono::steady_clock::now();
+      }
+    }
+  }
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<ProcessGroup> group,
+                                                 DistributedDataParallelOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  LOOM_CHECK(module_ != nullptr, "DistributedDataParallel: the module is null");
+  LOOM_CHECK(group_ != nullptr, "DistributedDataParallel: the process group is null");
+  register_module("module", module_);
+  NoGradGuard no_grad;
+
+  check_same_parameters_on_every_rank();
+  std::vector<Tensor> state;
+  for (auto& [name, tensor] : module_->named_parameters()) state.push_back(tensor);
+  for (auto& [name, tensor] : module_->named_buffers()) state.push_back(tensor);
+  broadcast_from_rank_zero(state);
+
+  reducer_ = std::make_shared<Reducer>();
+  Reducer& reducer = *reducer_;
+  reducer.group = group_;
+  reducer.find_unused_parameters = options_.find_unused_parameters;
+  std::vector<Tensor> trainable;
+  for (auto& [name, tensor] : module_->named_parameters()) {
+    if (!tensor.requires_grad()) continue;
+    LOOM_CHECK(tensor.device().is_cpu() || group_->size() == 1 || std::string(group_->backend_name()) != "gloo",
+               "DistributedDataParallel: parameter '", name, "' is ", tensor.str(),
+               " but the gloo process group reduces CPU tensors; use the nccl backend for CUDA parameters");
+    reducer.parameters.push_back({name, tensor, Tensor(), 0});
+    trainable.push_back(tensor);
+  }
+  LOOM_CHECK(!trainable.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
+
+  for (auto& members : assign_buckets(trainable, options_.first_bucket_bytes_cap, options_.bucket_bytes_cap)) {
+    Reducer::Bucket bucket;
+    const Tensor& first = trainable[members.front()];
+    int64_t numel = 0;
+    for (size_t index : members) numel += trainable[index].numel();
+    bucket.buffer = Tensor::zeros({numel}, first.dtype(), first.device());
+    bucket.timing.bucket = reducer.buckets.size();
+    bucket.timing.bytes = bucket.buffer.nbytes();
+    bucket.timing.parameters = members.size();
+    int64_t offset = 0;
+    for (size_t index : members) {
+      Reducer::Parameter& parameter = reducer.parameters[index];
+      parameter.bucket = reducer.buckets.size();
+      parameter.grad_view = make_view(bucket.buffer, parameter.tensor.sizes(),
+                                      contiguous_strides(parameter.tensor.sizes()), offset);
+      if (parameter.tensor.grad().defined()) parameter.grad_view.copy_(parameter.tensor.grad());
+      parameter.tensor.set_grad(parameter.grad_view);
+      offset += parameter.tensor.numel();
+    }
+    bucket.parameters = std::move(members);
+    bucket.pending = bucket.parameters.size();
+    reducer.buckets.push_back(std::move(bucket));
+  }
+  reducer.ready.assign(reducer.parameters.size(), false);
+
+  std::weak_ptr<Reducer> weak = reducer_;
+  for (size_t i = 0; i < reducer.parameters.size(); ++i) {
+    reducer.parameters[i].tensor.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+      if (auto live = weak.lock()) live->on_gradient_ready(i);
+    });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // Launched all-reduces write into the bucket buffers: let them finish first.
+  if (reducer_) {
+    std::lock_guard lock(reducer_->mutex);
+    reducer_->wait_launched();
+  }
+}
+
+void DistributedDataParallel::check_same_parameters_on_every_rank() {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& entry : module_->named_parameters()) tensors.push_back(entry);
+  for (auto& [name, tensor] : module_->named_buffers()) tensors.emplace_back("buffer " + name, tensor);
+  int world = group_->size();
+  if (world == 1) return;
+
+  Tensor count = Tensor::full({1}, static_cast<double>(tensors.size()), DType::i64);
+  Tensor counts = Tensor::zeros({world}, DType::i64);
+  group_->all_gather_into(counts, count)->wait();
+  std::vector<int64_t> all_counts = counts.to_vector<int64_t>();
+  for (int r = 0; r < world; ++r) {
+    LOOM_CHECK(all_counts[r] == all_counts[0], "DistributedDataParallel: rank ", r, " has ", all_counts[r],
+               " parameters and buffers but rank 0 has ", all_counts[0],
+               "; every rank must build the same model before wrapping it");
+  }
+  Tensor mine = Tensor::zeros({static_cast<int64_t>(tensors.size())}, DType::i64);
+  int64_t* hashes = mine.data<int64_t>();
+  for (size_t i = 0; i < tensors.size(); ++i) hashes[i] = signature(tensors[i].first, tensors[i].second);
+  Tensor everyone = Tensor::zeros({world * static_cast<int64_t>(tensors.size())}, DType::i64);
+  group_->all_gather_into(everyone, mine)->wait();
+  std::vector<int64_t> all = everyone.to_vector<int64_t>();
+  for (int r = 1; r < world; ++r) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (all[r * tensors.size() + i] == all[i]) continue;
+      std::string here = str("'", tensors[i].first, "' ", tensors[i].second.str());
+      LOOM_FAIL("DistributedDataParallel: parameter ", i, " differs between rank 0 and rank ", r,
+                " (name, shape or dtype; here on rank ", group_->rank(), " it is ", here,
+                "). Every rank must build the same model before wrapping it");
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_from_rank_zero(const std::vector<Tensor>& tensors) {
+  if (group_->size() == 1 || tensors.empty()) return;
+  std::vector<DType> dtypes;
+  for (const auto& t : tensors)
+    if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) dtypes.push_back(t.dtype());
+  for (DType dtype : dtypes) {
+    std::vector<Tensor> group;
+    int64_t total = 0;
+    for (const auto& t : tensors) {
+      if (t.dtype() != dtype) continue;
+      group.push_back(t);
+      total += t.numel();
+    }
+    Tensor flat = Tensor::empty({total}, dtype, group.front().device());
+    int64_t offset = 0;
+    for (const auto& t : group) {
+      make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset).copy_(t);
+      offset += t.numel();
+    }
+    group_->broadcast(flat, 0)->wait();
+    offset = 0;
+    for (auto t : group) {
+      t.copy_(make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset));
+      offset += t.numel();
+    }
+  }
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (options_.broadcast_buffers && group_->size() > 1) {
+    NoGradGuard no_grad;
+    std::vector<Tensor> buffers;
+    for (auto& [name, tensor] : module_->named_buffers()) buffers.push_back(tensor);
+    broadcast_from_rank_zero(buffers);
+  }
+  Tensor output = module_->forward(input);
+  reducer_->prepare(synchronize_gradients_ && grad_mode_enabled(), output);
+  return output;
+}
+
+void DistributedDataParallel::wait_for_gradients() {
+  std::lock_guard lock(reducer_->mutex);
+  if (reducer_->round == Reducer::Round::collecting) reducer_->finish();
+}
+
+DistributedDataParallel::NoSyncGuard DistributedDataParallel::no_sync() {
+  bool previous = synchronize_gradients_;
+  synchronize_gradients_ = false;
+  return NoSyncGuard(this, previous);
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* owner, bool previous)
+    : owner_(owner), previous_(previous) {}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : owner_(other.owner_), previous_(other.previous_) {
+  other.owner_ = nullptr;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (owner_) owner_->synchronize_gradients_ = previous_;
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {
+  std::lock_guard lock(reducer_->mutex);
+  std::vector<std::vector<std::string>> names;
+  for (const auto& bucket : reducer_->buckets) {
+    names.emplace_back();
+    for (size_t index : bucket.parameters) names.back().push_back(reducer_->parameters[index].name);
+  }
+  return names;
+}
+
+std::vector<BucketTiming> DistributedDataParallel::bucket_timings() const {
+  std::lock_guard lock(reducer_->mutex);
+  std::vector<BucketTiming> timings;
+  for (const auto& bucket : reducer_->buckets) timings.push_back(bucket.timing);
+  return timings;
+}
+
+}  // namespace loom::dist

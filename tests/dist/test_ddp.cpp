@@ -1,0 +1,349 @@
+// DistributedDataParallel: bucket assignment (hand-computed and ResNet-18
+// shaped), and training on 2 and 4 ranks checked against one process training
+// on the whole batch: same parameters after several SGD steps, no_sync
+// accumulation, unused parameters, buffer broadcast, and the errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/generator.h"
+#include "dist/ddp.h"
+#include "dist/process_group_gloo.h"
+#include "nn/layers.h"
+#include "ops/elementwise.h"
+#include "tests/dist/multiprocess.h"
+
+using namespace loom;
+using namespace loom::dist;
+using namespace loom::dist::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const loom::Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+constexpr int64_t kSamples = 8;
+
+// A (6 -> 5 -> 3) MLP in f64, initialised from `seed`.
+std::shared_ptr<nn::Module> tiny_model(uint64_t seed) {
+  manual_seed(seed);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 5), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(5, 3)});
+  model->to(DType::f64);
+  return model;
+}
+
+// Rows [first, first + count) of a fixed (8, 6) input set and (8, 3) target set.
+Tensor inputs(int64_t first, int64_t count) {
+  std::vector<double> values;
+  for (int64_t row = first; row < first + count; ++row)
+    for (int64_t col = 0; col < 6; ++col) values.push_back(std::sin(0.7 * static_cast<double>(row) + 1.3 * col));
+  return Tensor::from_vector_as(values, {count, 6}, DType::f64);
+}
+Tensor targets(int64_t first, int64_t count) {
+  std::vector<double> values;
+  for (int64_t row = first; row < first + count; ++row)
+    for (int64_t col = 0; col < 3; ++col) values.push_back(std::cos(0.3 * static_cast<double>(row) - col));
+  return Tensor::from_vector_as(values, {count, 3}, DType::f64);
+}
+
+Tensor mse(const Tensor& output, const Tensor& target) {
+  Tensor difference = output - target;
+  return mean(difference * difference);
+}
+
+void sgd_step(nn::Module& model, double learning_rate) {
+  NoGradGuard no_grad;
+  for (auto& [name, parameter] : model.named_parameters()) parameter.add_(parameter.grad(), -learning_rate);
+  model.zero_grad();
+}
+
+void expect_close(const nn::NamedTensors& actual, const nn::NamedTensors& expected, const std::string& what,
+                  bool gradients = false) {
+  expect(actual.size() == expected.size(), what, ": ", actual.size(), " tensors vs ", expected.size());
+  for (size_t k = 0; k < actual.size(); ++k) {
+    Tensor a = gradients ? actual[k].second.grad() : actual[k].second;
+    Tensor b = gradients ? expected[k].second.grad() : expected[k].second;
+    expect(a.defined() && b.defined(), what, ": '", actual[k].first, "' has no value");
+    std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+    for (size_t i = 0; i < x.size(); ++i)
+      expect(std::abs(x[i] - y[i]) <= 1e-10 * (1 + std::abs(y[i])), what, ": '", actual[k].first, "'[", i, "] is ",
+             x[i], ", expected ", y[i]);
+  }
+}
+
+std::shared_ptr<ProcessGroup> group_from_environment() {
+  return init_process_group({.init_method = "env://", .timeout = 20s});
+}
+
+// A ProcessGroupGloo of one rank, for in-process tests.
+std::shared_ptr<ProcessGroup> world_of_one() {
+  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions{.timeout = 5s});
+}
+
+// A module with a branch forward never uses.
+class TwoHeads : public nn::Module {
+ public:
+  TwoHeads() {
+    used = register_module("used", std::make_shared<nn::Linear>(6, 3));
+    unused = register_module("unused", std::make_shared<nn::Linear>(6, 3));
+    to(DType::f64);
+  }
+  Tensor forward(const Tensor& input) override { return used->forward(input); }
+  std::string type_name() const override { return "TwoHeads"; }
+  std::shared_ptr<nn::Linear> used, unused;
+};
+
+// ResNet-18's parameter shapes in registration order (conv, bn weight, bn bias, ...).
+std::vector<std::pair<std::string, Shape>> resnet18_parameter_shapes() {
+  std::vector<std::pair<std::string, Shape>> shapes = {
+      {"conv1.weight", {64, 3, 7, 7}}, {"bn1.weight", {64}}, {"bn1.bias", {64}}};
+  int64_t in = 64;
+  for (int layer = 1; layer <= 4; ++layer) {
+    int64_t out = 64 << (layer - 1);
+    for (int block = 0; block < 2; ++block) {
+      std::string prefix = str("layer", layer, ".", block, ".");
+      int64_t block_in = block == 0 ? in : out;
+      shapes.push_back({prefix + "conv1.weight", {out, block_in, 3, 3}});
+      shapes.push_back({prefix + "bn1.weight", {out}});
+      shapes.push_back({prefix + "bn1.bias", {out}});
+      shapes.push_back({prefix + "conv2.weight", {out, out, 3, 3}});
+      shapes.push_back({prefix + "bn2.weight", {out}});
+      shapes.push_back({prefix + "bn2.bias", {out}});
+      if (block == 0 && layer > 1) {
+        shapes.push_back({prefix + "downsample.0.weight", {out, block_in, 1, 1}});
+        shapes.push_back({prefix + "downsample.1.weight", {out}});
+        shapes.push_back({prefix + "downsample.1.bias", {out}});
+      }
+    }
+    in = out;
+  }
+  shapes.push_back({"fc.weight", {1000, 512}});
+  shapes.push_back({"fc.bias", {1000}});
+  return shapes;
+}
+
+}  // namespace
+
+TEST_SUITE("ddp") {
+  TEST_CASE("bucket assignment, hand-computed") {
+    // f32 parameters of 400, 800, 1200 and 200 bytes, then an f64 one of 80 bytes;
+    // caps: first bucket 1000 bytes, later ones 2000.
+    std::vector<Tensor> parameters = {Tensor::zeros({100}), Tensor::zeros({200}), Tensor::zeros({300}),
+                                      Tensor::zeros({50}), Tensor::zeros({10}, DType::f64)};
+    auto buckets = assign_buckets(parameters, 1000, 2000);
+    // Reverse order: p4 opens the f64 bucket; p3 (200 B) the first f32 bucket,
+    // which p2 (1200 B) would overflow; p2 + p1 fill 2000 B exactly; p0 starts another.
+    std::vector<std::vector<size_t>> expected = {{4}, {3}, {2, 1}, {0}};
+    CHECK(buckets == expected);
+  }
+
+  TEST_CASE("bucket assignment, ResNet-18 parameters") {
+    auto shapes = resnet18_parameter_shapes();
+    std::vector<Tensor> parameters;
+    for (auto& [name, shape] : shapes) parameters.push_back(Tensor::empty(shape));
+    CHECK(parameters.size() == 62);
+    constexpr size_t first_cap = size_t{1} << 20, cap = size_t{25} << 20;
+    auto buckets = assign_buckets(parameters, first_cap, cap);
+
+    // fc.bias (4000 B) opens the first bucket; fc.weight (2 MB) does not fit in 1 MiB.
+    REQUIRE(buckets.size() >= 2);
+    CHECK(buckets[0] == std::vector<size_t>{61});
+    CHECK(buckets[1].front() == 60);
+    // Every parameter exactly once, buckets are consecutive runs in reverse order,
+    // each bucket is within its cap and as full as the greedy rule makes it.
+    size_t next = parameters.size();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      size_t bytes = 0;
+      for (size_t index : buckets[b]) {
+        CHECK(index == --next);
+        bytes += parameters[index].nbytes();
+      }
+      size_t bucket_cap = b == 0 ? first_cap : cap;
+      CHECK((bytes <= bucket_cap || buckets[b].size() == 1));
+      if (b + 1 < buckets.size()) CHECK(bytes + parameters[buckets[b + 1].front()].nbytes() > bucket_cap);
+    }
+    CHECK(next == 0);
+    // 11.7M f32 parameters (46.8 MB): the 1 MiB bucket plus two of at most 25 MiB.
+    int64_t total = 0;
+    for (auto& p : parameters) total += p.numel();
+    CHECK(total == 11689512);
+    CHECK(buckets.size() == 3);
+  }
+
+  TEST_CASE("world of one: buckets back the gradients, timings, errors") {
+    auto group = world_of_one();
+    auto model = tiny_model(7);
+    DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
+    // 2.bias 24 B | 2.weight 120 B | 0.bias 40 B | 0.weight 240 B (f64).
+    std::vector<std::vector<std::string>> expected = {{"2.bias"}, {"2.weight"}, {"0.bias"}, {"0.weight"}};
+    CHECK(ddp.bucket_parameter_names() == expected);
+
+    Tensor loss = mse(ddp.forward(inputs(0, 4)), targets(0, 4));
+    loss.backward();
+    ddp.wait_for_gradients();
+    auto timings = ddp.bucket_timings();
+    REQUIRE(timings.size() == 4);
+    for (size_t b = 0; b < timings.size(); ++b) {
+      CHECK(timings[b].ready <= timings[b].launched);
+      CHECK(timings[b].launched <= timings[b].done);
+      if (b > 0) CHECK(timings[b - 1].launched <= timings[b].launched);
+    }
+    // Gradients equal those of the bare model.
+    auto reference = tiny_model(7);
+    mse(reference->forward(inputs(0, 4)), targets(0, 4)).backward();
+    expect_close(model->named_parameters(), reference->named_parameters(), "world-1 gradients", true);
+
+    // zero_grad(set_to_none) drops the views; the hooks restore them.
+    model->zero_grad(true);
+    Tensor again = mse(ddp.forward(inputs(0, 4)), targets(0, 4));
+    again.backward(Tensor(), true);
+    ddp.wait_for_gradients();
+    expect_close(model->named_parameters(), reference->named_parameters(), "gradients after set_to_none", true);
+    // A second backward after one forward marks parameters ready twice.
+    std::string twice = error_of([&] { again.backward(); });
+    CHECK(contains(twice, "was marked ready twice"));
+    CHECK(contains(twice, "parameter '2."));  // the last layer's gradients arrive first
+  }
+
+  TEST_CASE("world of one: unused parameters") {
+    auto group = world_of_one();
+    auto strict_model = std::make_shared<TwoHeads>();
+    DistributedDataParallel strict(strict_model, group);
+    mse(strict.forward(inputs(0, 4)), targets(0, 4)).backward();
+    std::string message = error_of([&] { strict.wait_for_gradients(); });
+    CHECK(contains(message, "parameters 'unused.weight', 'unused.bias' received no gradient"));
+    CHECK(contains(message, "find_unused_parameters"));
+
+    auto model = std::make_shared<TwoHeads>();
+    DistributedDataParallel tolerant(model, group, {.find_unused_parameters = true});
+    mse(tolerant.forward(inputs(0, 4)), targets(0, 4)).backward();
+    tolerant.wait_for_gradients();
+    CHECK(model->unused->weight.grad().defined());
+    for (double g : model->unused->weight.grad().to_vector<double>()) CHECK(g == 0.0);
+  }
+}
+
+// Several SGD steps on `world` ranks, each on its share of the batch, equal
+// one process stepping on the whole batch.
+LOOM_DIST_SCENARIO("ddp_equivalence") {
+  auto group = group_from_environment();
+  int rank = group->rank(), world = group->size();
+  auto model = tiny_model(100 + rank);  // different on every rank until DDP broadcasts rank 0's
+  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
+  expect(ddp.bucket_parameter_names().size() == 4, "expected 4 buckets");
+  int64_t share = kSamples / world;
+  for (int step = 0; step < 3; ++step) {
+    mse(ddp.forward(inputs(rank * share, share)), targets(rank * share, share)).backward();
+    ddp.wait_for_gradients();
+    for (const auto& timing : ddp.bucket_timings())
+      expect(timing.ready <= timing.launched && timing.launched <= timing.done, "bucket ", timing.bucket,
+             " timestamps out of order");
+    sgd_step(*model, 0.1);
+  }
+  auto reference = tiny_model(100);
+  for (int step = 0; step < 3; ++step) {
+    mse(reference->forward(inputs(0, kSamples)), targets(0, kSamples)).backward();
+    sgd_step(*reference, 0.1);
+  }
+  expect_close(model->named_parameters(), reference->named_parameters(), str("parameters after 3 steps, rank ", rank));
+  group->barrier()->wait();
+}
+
+// Accumulating two micro-batches under no_sync, then reducing, equals one
+// process accumulating every micro-batch.
+LOOM_DIST_SCENARIO("ddp_no_sync") {
+  auto group = group_from_environment();
+  int rank = group->rank(), world = group->size();
+  auto model = tiny_model(200);
+  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
+  int64_t micro = kSamples / world / 2;
+  int64_t first = rank * 2 * micro;
+  {
+    auto guard = ddp.no_sync();
+    mse(ddp.forward(inputs(first, micro)), targets(first, micro)).backward();
+    ddp.wait_for_gradients();  // returns at once: nothing to reduce
+    for (const auto& timing : ddp.bucket_timings())
+      expect(timing.launched == std::chrono::steady_clock::time_point{}, "a bucket was launched under no_sync");
+  }
+  mse(ddp.forward(inputs(first + micro, micro)), targets(first + micro, micro)).backward();
+  ddp.wait_for_gradients();
+
+  auto reference = tiny_model(200);
+  for (int64_t m = 0; m < 2 * world; ++m) mse(reference->forward(inputs(m * micro, micro)), targets(m * micro, micro)).backward();
+  for (auto& [name, parameter] : reference->named_parameters()) parameter.mutable_grad().mul_(1.0 / world);
+  expect_close(model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
+  group->barrier()->wait();
+}
+
+// find_unused_parameters on several ranks: the used head matches the
+// reference, the unused head's gradient is zero everywhere.
+LOOM_DIST_SCENARIO("ddp_unused") {
+  auto group = group_from_environment();
+  int rank = group->rank(), world = group->size();
+  auto model = std::make_shared<TwoHeads>();
+  DistributedDataParallel ddp(model, group, {.find_unused_parameters = true});
+  int64_t share = kSamples / world;
+  for (int step = 0; step < 2; ++step) {
+    mse(ddp.forward(inputs(rank * share, share)), targets(rank * share, share)).backward();
+    ddp.wait_for_gradients();
+    for (double g : model->unused->weight.grad().to_vector<double>()) expect(g == 0.0, "unused gradient ", g);
+    sgd_step(*model, 0.1);
+  }
+  group->barrier()->wait();
+}
+
+// Rank 0's buffers reach every rank at construction and before each forward.
+LOOM_DIST_SCENARIO("ddp_buffers") {
+  auto group = group_from_environment();
+  int rank = group->rank(), world = group->size();
+  auto batch_norm = std::make_shared<nn::BatchNorm2d>(2);
+  batch_norm->running_mean.fill_(rank + 1.0);
+  DistributedDataParallel ddp(batch_norm, group);
+  for (float v : batch_norm->running_mean.to_vector<float>()) expect(v == 1.0f, "running_mean after wrapping: ", v);
+  ddp.eval();
+  batch_norm->running_mean.fill_(10.0 * (rank + 1));
+  NoGradGuard no_grad;
+  Tensor output = ddp.forward(Tensor::ones({1, 2, 2, 2}));
+  for (float v : batch_norm->running_mean.to_vector<float>()) expect(v == 10.0f, "running_mean after forward: ", v);
+  expect(output.numel() == 8 && world > 1, "unexpected output");
+  group->barrier()->wait();
+}
+
+// Different models on different ranks: construction fails on every rank with the reason.
+LOOM_DIST_SCENARIO("ddp_mismatch") {
+  auto group = group_from_environment();
+  int rank = group->rank();
+  auto model = std::make_shared<nn::Linear>(6, rank == 1 ? 4 : 5);
+  std::string message = error_of([&] { DistributedDataParallel ddp(model, group); });
+  expect(contains(message, "parameter 0 differs between rank 0 and rank 1"), "unexpected error: ", message);
+  expect(contains(message, "'weight'"), "error does not name the parameter: ", message);
+  group->barrier()->wait();
+}
+
+TEST_SUITE("ddp") {
+  TEST_CASE("2 ranks equal 1 process on the whole batch") { expect_all_ok(spawn_ranks("ddp_equivalence", 2)); }
+  TEST_CASE("4 ranks equal 1 process on the whole batch") { expect_all_ok(spawn_ranks("ddp_equivalence", 4)); }
+  TEST_CASE("no_sync accumulates, then one reduction") { expect_all_ok(spawn_ranks("ddp_no_sync", 2)); }
+  TEST_CASE("find_unused_parameters across ranks") { expect_all_ok(spawn_ranks("ddp_unused", 2)); }
+  TEST_CASE("buffers are broadcast from rank 0") { expect_all_ok(spawn_ranks("ddp_buffers", 2)); }
+  TEST_CASE("different models on different ranks are rejected") { expect_all_ok(spawn_ranks("ddp_mismatch", 2)); }
+}
