@@ -12,6 +12,7 @@
 #include "apps/app_common.h"
 #include "core/generator.h"
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "data/idx.h"
 #include "data/loader.h"
 #include "nn/convnet.h"
@@ -25,11 +26,13 @@ int main(int argc, char** argv) {
   int64_t steps = 200, warmup = 10, batch_size = 100;
   int threads = 1;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  bool profile = false;
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before timing")->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", batch_size)->check(CLI::PositiveNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_option("--data", data_dir);
+  app.add_flag("--profile", profile, "after the timed steps, profile 20 more per op and layer (stderr)");
   CLI11_PARSE(app, argc, argv);
   try {
     set_num_threads(threads);
@@ -70,6 +73,31 @@ int main(int argc, char** argv) {
       if (!std::isfinite(l)) throw Error("loss is not finite");
     }
     if (!(last < first)) throw Error(str("loss did not fall: first ", first / tenth, ", last ", last / tenth));
+    if (profile) {
+      profiler::set_enabled(true);
+      for (int i = 0; i < 20; ++i) {
+        auto batch = loader.next();
+        if (!batch) {
+          loader.start_epoch(++epoch);
+          batch = loader.next();
+        }
+        profiler::Scope step_scope("training step (all)");
+        Tensor loss;
+        {
+          profiler::Scope forward_scope("forward + loss (all)");
+          loss = cross_entropy(model(batch->images), batch->labels);
+        }
+        optimizer.zero_grad();
+        {
+          profiler::Scope backward_scope("backward (all)");
+          loss.backward();
+        }
+        profiler::Scope optimizer_scope("optimizer step");
+        optimizer.step();
+      }
+      profiler::set_enabled(false);
+      std::fprintf(stderr, "profile of 20 steps (threads %d):\n%s", threads, profiler::report().c_str());
+    }
     std::printf(
         "{\"bench\": \"loom convnet train\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, "
         "\"images_per_s\": %.1f, \"step_ms\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f, \"peak_rss_mb\": %.1f}\n",

@@ -12,6 +12,10 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "CUDA architectures to build for")
     endif()
     enable_language(CUDA)
+    # CMake 3.25 does not know nvcc's C++20 flag; the .cu files include loom
+    # headers, which are C++20.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)

@@ -4,6 +4,8 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/profiler.h"
+
 namespace loom {
 namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
@@ -161,7 +163,12 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     bool any_gradient = false;
     for (const Tensor& g : grads) any_gradient = any_gradient || g.defined();
     // A node that received no gradient at all passes none on.
-    TensorList input_grads = any_gradient ? node->apply(std::move(grads)) : TensorList();
+    TensorList input_grads;
+    if (any_gradient) {
+      Tensor shape_of = grads[0];
+      profiler::Scope scope(profiler::enabled() ? node->name() + " backward" : std::string(), shape_of);
+      input_grads = node->apply(std::move(grads));
+    }
     if (!retain_graph) node->release_saved();
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& edge = node->next_edges[i];

@@ -1,3 +1,4 @@
+#include "core/profiler.h"
 #include "ops/batch_norm.h"
 
 #include "ops/dispatch.h"
@@ -22,6 +23,7 @@ void check_per_channel(const char* what, const Tensor& t, int64_t channels) {
 
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps) {
+  profiler::Scope profile("batch_norm", input);
   LOOM_CHECK(input.defined() && input.dim() >= 2, "batch_norm: expected an input of shape (N, C, ...), got ",
              input.defined() ? shape_str(input.sizes()) : "an undefined tensor");
   LOOM_CHECK(is_floating(input.dtype()), "batch_norm: expected a floating-point input, got ", dtype_name(input.dtype()));

@@ -1,3 +1,4 @@
+#include "core/profiler.h"
 #include "ops/conv2d.h"
 
 #include "ops/dispatch.h"
@@ -26,6 +27,7 @@ Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params) 
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params,
               int64_t groups) {
+  profiler::Scope profile("conv2d", input);
   LOOM_CHECK(groups == 1, "conv2d: groups = ", groups, " is not supported; only groups = 1 is implemented");
   LOOM_CHECK(input.defined() && weight.defined(), "conv2d: input and weight must be defined");
   LOOM_CHECK(input.dim() == 4, "conv2d: expected an input of shape (N, C, H, W), got ", shape_str(input.sizes()));

@@ -1,3 +1,4 @@
+#include "core/profiler.h"
 #include "ops/elementwise.h"
 
 #include "ops/dispatch.h"
@@ -29,6 +30,7 @@ Tensor dispatch_broadcast(const Tensor& g, const Shape& sizes, double factor) {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  profiler::Scope profile("add", a);
   Tensor out = dispatch_binary(cpu::Binary::add, a, b);
   record("add", {a, b}, {&out}, [](const TensorList& g, const Node&) { return TensorList{g[0], g[0]}; });
   return out;
@@ -64,6 +66,7 @@ Tensor add_scalar(const Tensor& x, double value) {
 }
 
 Tensor relu(const Tensor& x) {
+  profiler::Scope profile("relu", x);
   Tensor out;
   {
     NoGradGuard no_grad;

@@ -1,3 +1,4 @@
+#include "core/profiler.h"
 #include "ops/linear.h"
 
 #include "ops/dispatch.h"
@@ -5,6 +6,7 @@
 namespace loom {
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  profiler::Scope profile("linear", input);
   LOOM_CHECK(input.dim() == 2, "linear: input must be (N, in_features), got ", input.str());
   LOOM_CHECK(weight.dim() == 2 && weight.size(1) == input.size(1), "linear: weight ", weight.str(),
              " does not match input ", input.str(), "; expected (out_features, ", input.size(1), ")");

@@ -1,3 +1,4 @@
+#include "core/profiler.h"
 #include "ops/loss.h"
 
 #include "ops/dispatch.h"
@@ -52,6 +53,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  profiler::Scope profile("cross_entropy", logits);
   check_logits("cross_entropy", logits);
   check_targets("cross_entropy", logits, targets);
   Tensor out, probabilities;

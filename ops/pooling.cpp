@@ -1,3 +1,4 @@
+#include "core/profiler.h"
 #include "ops/pooling.h"
 
 #include "ops/dispatch.h"
@@ -27,6 +28,7 @@ Tensor max_pool2d(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding
 }
 
 MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding) {
+  profiler::Scope profile("max_pool2d", input);
   check_nchw("max_pool2d", input);
   for (int i = 0; i < 2; ++i) {
     const char* axis = i == 0 ? "height" : "width";
@@ -55,6 +57,7 @@ MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel, Size2
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
+  profiler::Scope profile("adaptive_avg_pool2d", input);
   check_nchw("adaptive_avg_pool2d", input);
   LOOM_CHECK(output_size[0] > 0 && output_size[1] > 0, "adaptive_avg_pool2d: the output size (", output_size[0], ", ",
              output_size[1], ") must be positive");

@@ -1,0 +1,34 @@
+// A per-op profiler for CPU training steps: ops and autograd nodes open a
+// Scope; when profiling is on, time is summed per (name, input shape) so every
+// layer of a network gets its own forward and backward line.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace loom::profiler {
+
+bool enabled();
+void set_enabled(bool on);
+void reset();
+// A table of total ms, calls and share per (name, shape), largest first.
+std::string report();
+
+class Scope {
+ public:
+  // `shape_of` names the layer by its input shape; may be undefined.
+  explicit Scope(const char* name, const Tensor& shape_of = Tensor());
+  explicit Scope(const std::string& name, const Tensor& shape_of = Tensor()) : Scope(name.c_str(), shape_of) {}
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  bool active_;
+  std::string key_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace loom::profiler
