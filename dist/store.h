@@ -137,7 +137,8 @@ class TCPStore final : public Store {
 
 // Keys and values appended as records to one file, read under flock(2).
 // Processes on a shared filesystem see each other's writes; waiting calls poll
-// the file. The file is never truncated: use a fresh path per job.
+// the file. The last FileStore to close the file deletes it; a file left by a
+// crashed job still holds that job's keys, so use a fresh path per job.
 class FileStore final : public Store {
  public:
   explicit FileStore(std::string path, Milliseconds timeout = kDefaultTimeout);
