@@ -8,18 +8,22 @@
 
 namespace loom::ops {
 
-// True when `t` is on a CUDA device; a build without CUDA throws the one-line
-// "built without CUDA" error instead, so callers can write
+// True when `t` is on a CUDA device, so callers can write
 //   on_cuda(x) ? LOOM_CUDA_KERNEL(cuda::relu_forward(x)) : cpu::relu_forward(x)
+// A build without CUDA throws the one-line "built without CUDA" error instead;
+// a build whose CUDA runtime exists but whose op kernels (ops/cuda) are not
+// compiled in (LOOM_CUDA_OPS undefined) says that.
 inline bool on_cuda(const Tensor& t) {
   if (!t.device().is_cuda()) return false;
 #if !defined(LOOM_HAVE_CUDA)
   ::loom::cuda::require_device(t.device().index);
+#elif !defined(LOOM_CUDA_OPS)
+  throw Error("this build of loom has the CUDA runtime but not the CUDA op kernels (ops/cuda); use --device cpu");
 #endif
   return true;
 }
 
-#if defined(LOOM_HAVE_CUDA)
+#if defined(LOOM_CUDA_OPS)
 #define LOOM_CUDA_KERNEL(call) (call)
 #else
 #define LOOM_CUDA_KERNEL(call) (::loom::cuda::require_device(0), ::loom::Tensor())

@@ -1,7 +1,7 @@
-// CPU kernels of conv2d: im2col / col2im around Eigen GEMMs. The batch is split
-// into one range of images per thread; each thread unfolds its images into its
-// own column buffer and runs single-threaded GEMMs (Eigen 3.4 runs a product
-// serially when omp_get_num_threads() > 1, i.e. inside our parallel region).
+// CPU kernels of conv2d: im2col / col2im around the CPU GEMM (ops/cpu/gemm.h).
+// The batch is split into one range of images per thread; each thread unfolds
+// its images into its own column buffer and runs single-threaded GEMMs (gemm
+// does not split again inside a parallel region).
 #include "ops/conv2d.h"
 
 #include <Eigen/Dense>
@@ -10,17 +10,12 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cpu/gemm.h"
 #include "ops/dispatch.h"
 
 namespace loom::ops::cpu {
 namespace {
 
-template <class T>
-using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using MatrixMap = Eigen::Map<RowMajorMatrix<T>>;
-template <class T>
-using ConstMatrixMap = Eigen::Map<const RowMajorMatrix<T>>;
 
 struct Geometry {
   int64_t batch, channels, height, width;  // input (N, C, H, W)
@@ -141,7 +136,7 @@ void for_each_batch_range(int64_t batch, int64_t tasks, Fn&& fn) {
 template <class T>
 void forward(const T* input, const T* weight, const T* bias, const Geometry& g, T* output) {
   const int64_t k = g.col_rows(), plane = g.output_plane();
-  const ConstMatrixMap<T> w(weight, g.out_channels, k);  // (O, C*kH*kW)
+  // weight: (O, C*kH*kW)
   for_each_batch_range(g.batch, batch_tasks(g.batch), [&](int64_t, int64_t begin, int64_t end) {
     std::vector<T> col_buffer(g.pointwise() ? 0 : k * plane);
     for (int64_t n = begin; n < end; ++n) {
@@ -151,13 +146,12 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
         im2col(image, g, col_buffer.data());
         col = col_buffer.data();
       }
-      MatrixMap<T> y(output + n * g.out_channels * plane, g.out_channels, plane);  // (O, Ho*Wo)
+      T* y = output + n * g.out_channels * plane;  // (O, Ho*Wo)
       if (bias != nullptr) {
-        for (int64_t o = 0; o < g.out_channels; ++o) y.row(o).setConstant(bias[o]);
-        y.noalias() += w * ConstMatrixMap<T>(col, k, plane);
-      } else {
-        y.noalias() = w * ConstMatrixMap<T>(col, k, plane);
+        for (int64_t o = 0; o < g.out_channels; ++o) std::fill(y + o * plane, y + (o + 1) * plane, bias[o]);
       }
+      gemm(Transpose::no, Transpose::no, g.out_channels, plane, k, T(1), weight, k, col, plane,
+           bias != nullptr ? T(1) : T(0), y, plane);
     }
   });
 }
@@ -165,17 +159,15 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
 template <class T>
 void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
   const int64_t k = g.col_rows(), plane = g.output_plane();
-  const ConstMatrixMap<T> w(weight, g.out_channels, k);
   for_each_batch_range(g.batch, batch_tasks(g.batch), [&](int64_t, int64_t begin, int64_t end) {
     std::vector<T> col_buffer(g.pointwise() ? 0 : k * plane);
     for (int64_t n = begin; n < end; ++n) {
-      const ConstMatrixMap<T> dy(grad_output + n * g.out_channels * plane, g.out_channels, plane);
+      const T* dy = grad_output + n * g.out_channels * plane;  // (O, Ho*Wo)
       T* dx = grad_input + n * g.channels * g.input_plane();
-      if (g.pointwise()) {
-        MatrixMap<T>(dx, k, plane).noalias() = w.transpose() * dy;
-        continue;
-      }
-      MatrixMap<T>(col_buffer.data(), k, plane).noalias() = w.transpose() * dy;
+      // col = Wᵀ · dY: (C*kH*kW, Ho*Wo)
+      T* col = g.pointwise() ? dx : col_buffer.data();
+      gemm(Transpose::yes, Transpose::no, k, plane, g.out_channels, T(1), weight, k, dy, plane, T(0), col, plane);
+      if (g.pointwise()) continue;
       std::fill(dx, dx + g.channels * g.input_plane(), T(0));
       col2im_add(col_buffer.data(), g, dx);
     }
@@ -191,8 +183,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   std::vector<T> partials(static_cast<size_t>((tasks - 1) * g.out_channels * k));
   for_each_batch_range(g.batch, tasks, [&](int64_t task, int64_t begin, int64_t end) {
     T* accumulator = task == 0 ? grad_weight : partials.data() + (task - 1) * g.out_channels * k;
-    MatrixMap<T> dw(accumulator, g.out_channels, k);
-    dw.setZero();
+    if (begin == end) std::fill(accumulator, accumulator + g.out_channels * k, T(0));
     std::vector<T> col_buffer(g.pointwise() ? 0 : k * plane);
     for (int64_t n = begin; n < end; ++n) {
       const T* image = input + n * g.channels * g.input_plane();
@@ -201,8 +192,9 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
         im2col(image, g, col_buffer.data());
         col = col_buffer.data();
       }
-      const ConstMatrixMap<T> dy(grad_output + n * g.out_channels * plane, g.out_channels, plane);
-      dw.noalias() += dy * ConstMatrixMap<T>(col, k, plane).transpose();
+      // dW (+)= dY · colᵀ: (O, C*kH*kW)
+      gemm(Transpose::no, Transpose::yes, g.out_channels, k, plane, T(1), grad_output + n * g.out_channels * plane,
+           plane, col, plane, n == begin ? T(0) : T(1), accumulator, k);
     }
   });
   const int64_t size = g.out_channels * k;

@@ -1,16 +1,15 @@
-// CPU kernels of linear, as Eigen GEMMs on row-major maps.
+// CPU kernels of linear, on the CPU GEMM (ops/cpu/gemm.h).
 #include "ops/linear.h"
 
 #include <Eigen/Dense>
 
+#include "ops/cpu/gemm.h"
 #include "ops/dispatch.h"
 
 namespace loom::ops::cpu {
 namespace {
 template <class T>
 using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using Map = Eigen::Map<Matrix<T>>;
 template <class T>
 using ConstMap = Eigen::Map<const Matrix<T>>;
 }  // namespace
@@ -21,9 +20,13 @@ Tensor linear_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   Tensor y = Tensor::empty({n, out}, x.dtype());
   visit_compute_dtype(x.dtype(), "linear", [&]<class T>() {
-    Map<T> ym(y.data<T>(), n, out);
-    ym.noalias() = ConstMap<T>(x.data<T>(), n, in) * ConstMap<T>(w.data<T>(), out, in).transpose();
-    if (b.defined()) ym.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
+    T* yp = y.data<T>();
+    if (b.defined()) {
+      for (int64_t i = 0; i < n; ++i) std::copy(b.data<T>(), b.data<T>() + out, yp + i * out);
+    }
+    // y (+)= x · Wᵀ: (N, out)
+    gemm(Transpose::no, Transpose::yes, n, out, in, T(1), x.data<T>(), in, w.data<T>(), in,
+         b.defined() ? T(1) : T(0), yp, out);
   });
   return y.dtype() == input_in.dtype() ? y : y.to(input_in.dtype());
 }
@@ -34,13 +37,15 @@ void linear_backward(const Tensor& grad_in, const Tensor& input_in, const Tensor
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   visit_compute_dtype(x.dtype(), "linear backward", [&]<class T>() {
     ConstMap<T> gm(g.data<T>(), n, out);
-    if (want_input) {
+    if (want_input) {  // dx = dy · W: (N, in)
       grad_input = Tensor::empty({n, in}, x.dtype());
-      Map<T>(grad_input.data<T>(), n, in).noalias() = gm * ConstMap<T>(w.data<T>(), out, in);
+      gemm(Transpose::no, Transpose::no, n, in, out, T(1), g.data<T>(), out, w.data<T>(), in, T(0),
+           grad_input.data<T>(), in);
     }
-    if (want_weight) {
+    if (want_weight) {  // dW = dyᵀ · x: (out, in)
       grad_weight = Tensor::empty({out, in}, x.dtype());
-      Map<T>(grad_weight.data<T>(), out, in).noalias() = gm.transpose() * ConstMap<T>(x.data<T>(), n, in);
+      gemm(Transpose::yes, Transpose::no, out, in, n, T(1), g.data<T>(), out, x.data<T>(), in, T(0),
+           grad_weight.data<T>(), in);
     }
     if (want_bias) {
       grad_bias = Tensor::empty({out}, x.dtype());
