@@ -1,4 +1,4 @@
-// train_mnist: the tutorials' ConvNet on MNIST / Fashion-MNIST.
+// train_mnist: the tutorials' ConvNet (or a 1-channel ResNet, --model) on MNIST / Fashion-MNIST.
 //   train_mnist --epochs 2 --batch-size 100 --lr 0.01
 // Prints "Epoch [e/E], Step [i/N], Loss: x" every --log-interval steps,
 // "Training complete in: h:mm:ss.ffffff" and the test accuracy.
@@ -18,6 +18,7 @@
 #include "data/idx.h"
 #include "data/loader.h"
 #include "nn/convnet.h"
+#include "nn/resnet.h"
 #include "ops/loss.h"
 #include "optim/optimizer.h"
 
@@ -32,6 +33,7 @@ struct Flags {
   double lr = 0.01;
   double momentum = 0.9;
   std::string optimizer = "sgd";
+  std::string model = "convnet";
   std::string data;
   uint64_t seed = 0;
   int threads = 0;
@@ -85,7 +87,14 @@ int run(const Flags& flags) {
               static_cast<long long>(split.train.size()), static_cast<long long>(split.test.size()), dir.c_str());
 
   manual_seed(flags.seed);
-  nn::ConvNet model;
+  // The ResNets take 1-channel 28x28 images with the ImageNet stem (the ResNet-101 tutorial).
+  std::shared_ptr<nn::Module> model_owner;
+  if (flags.model == "convnet") {
+    model_owner = std::make_shared<nn::ConvNet>();
+  } else {
+    model_owner = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).in_channels(1));
+  }
+  nn::Module& model = *model_owner;
   std::unique_ptr<optim::Optimizer> optimizer;
   if (flags.optimizer == "sgd") {
     optimizer = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions(flags.lr).momentum(flags.momentum));
@@ -144,6 +153,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", flags.batch_size, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr", flags.lr, "learning rate")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--model", flags.model, "convnet, resnet18, resnet50 or resnet101")->capture_default_str()->check(CLI::IsMember({"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
   app.add_option("--optimizer", flags.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--data", flags.data, "directory with the IDX files (default ./data/MNIST/raw, else /usr/share/datasets/fashion-mnist)");
   app.add_option("--seed", flags.seed, "random seed")->capture_default_str();

@@ -1,0 +1,186 @@
+#include "nn/resnet.h"
+
+#include "core/autograd.h"
+#include "nn/init.h"
+#include "ops/elementwise.h"
+
+namespace loom::nn {
+namespace {
+
+std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride) {
+  return std::make_shared<Conv2d>(Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
+}
+
+std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride) {
+  return std::make_shared<Conv2d>(Conv2dOptions(in, out, 1).stride(stride).bias(false));
+}
+
+}  // namespace
+
+ResNetStem parse_resnet_stem(const std::string& name) {
+  if (name == "imagenet") return ResNetStem::imagenet;
+  if (name == "cifar") return ResNetStem::cifar;
+  LOOM_FAIL("unknown ResNet stem '", name, "'; expected imagenet or cifar");
+}
+
+const char* resnet_stem_name(ResNetStem stem) { return stem == ResNetStem::imagenet ? "imagenet" : "cifar"; }
+
+// Registration order is torchvision's: it fixes the state_dict order.
+BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int64_t stride, std::shared_ptr<Sequential> downsample_) {
+  conv1 = register_module("conv1", conv3x3(in_channels, planes, stride));
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
+  relu = register_module("relu", std::make_shared<ReLU>());
+  conv2 = register_module("conv2", conv3x3(planes, planes, 1));
+  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
+  if (downsample_) downsample = register_module("downsample", std::move(downsample_));
+}
+
+Tensor BasicBlock::forward(const Tensor& input) {
+  Tensor out = relu->forward(bn1->forward(conv1->forward(input)));
+  out = bn2->forward(conv2->forward(out));
+  const Tensor identity = downsample ? downsample->forward(input) : input;
+  return relu->forward(add(out, identity));
+}
+
+Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int64_t stride, std::shared_ptr<Sequential> downsample_) {
+  conv1 = register_module("conv1", conv1x1(in_channels, planes, 1));
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
+  conv2 = register_module("conv2", conv3x3(planes, planes, stride));
+  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
+  conv3 = register_module("conv3", conv1x1(planes, planes * expansion, 1));
+  bn3 = register_module("bn3", std::make_shared<BatchNorm2d>(planes * expansion));
+  relu = register_module("relu", std::make_shared<ReLU>());
+  if (downsample_) downsample = register_module("downsample", std::move(downsample_));
+}
+
+Tensor Bottleneck::forward(const Tensor& input) {
+  Tensor out = relu->forward(bn1->forward(conv1->forward(input)));
+  out = relu->forward(bn2->forward(conv2->forward(out)));
+  out = bn3->forward(conv3->forward(out));
+  const Tensor identity = downsample ? downsample->forward(input) : input;
+  return relu->forward(add(out, identity));
+}
+
+ResNet::ResNet(BlockKind block, std::array<int64_t, 4> blocks_per_layer, const ResNetOptions& options)
+    : block_(block), options_(options), in_planes_(options.width_) {
+  LOOM_CHECK(options.num_classes_ > 0, "ResNet: num_classes must be positive, got ", options.num_classes_);
+  LOOM_CHECK(options.in_channels_ > 0, "ResNet: in_channels must be positive, got ", options.in_channels_);
+  LOOM_CHECK(options.width_ > 0, "ResNet: width must be positive, got ", options.width_);
+  for (int64_t blocks : blocks_per_layer) LOOM_CHECK(blocks > 0, "ResNet: every layer needs at least one block");
+  const int64_t width = options.width_;
+  if (options.stem_ == ResNetStem::imagenet) {
+    conv1 = register_module(
+        "conv1", std::make_shared<Conv2d>(Conv2dOptions(options.in_channels_, width, 7).stride(2).padding(3).bias(false)));
+  } else {
+    conv1 = register_module("conv1", conv3x3(options.in_channels_, width, 1));
+  }
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(width));
+  relu = register_module("relu", std::make_shared<ReLU>());
+  if (options.stem_ == ResNetStem::imagenet) maxpool = register_module("maxpool", std::make_shared<MaxPool2d>(3, 2, 1));
+  layer1 = register_module("layer1", make_layer(width, blocks_per_layer[0], 1));
+  layer2 = register_module("layer2", make_layer(2 * width, blocks_per_layer[1], 2));
+  layer3 = register_module("layer3", make_layer(4 * width, blocks_per_layer[2], 2));
+  layer4 = register_module("layer4", make_layer(8 * width, blocks_per_layer[3], 2));
+  avgpool = register_module("avgpool", std::make_shared<AdaptiveAvgPool2d>(1, 1));
+  const int64_t expansion = block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
+  fc = register_module("fc", std::make_shared<Linear>(8 * width * expansion, options.num_classes_));
+  initialize();
+}
+
+std::shared_ptr<Sequential> ResNet::make_layer(int64_t planes, int64_t blocks, int64_t stride) {
+  const int64_t expansion = block_ == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
+  auto layer = std::make_shared<Sequential>();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t block_stride = i == 0 ? stride : 1;
+    std::shared_ptr<Sequential> downsample;
+    if (i == 0 && (stride != 1 || in_planes_ != planes * expansion)) {
+      downsample = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+          conv1x1(in_planes_, planes * expansion, stride), std::make_shared<BatchNorm2d>(planes * expansion)});
+    }
+    if (block_ == BlockKind::basic) {
+      layer->push_back(std::make_shared<BasicBlock>(in_planes_, planes, block_stride, std::move(downsample)));
+    } else {
+      layer->push_back(std::make_shared<Bottleneck>(in_planes_, planes, block_stride, std::move(downsample)));
+    }
+    in_planes_ = planes * expansion;
+  }
+  return layer;
+}
+
+// torchvision's ResNet.__init__ tail: convolutions kaiming_normal_(fan_out,
+// relu), batch norms weight 1 and bias 0 (their defaults), fc keeps Linear's
+// default; optionally the last BN of each block starts at weight 0.
+void ResNet::initialize() {
+  NoGradGuard no_grad;
+  for (auto& [name, module] : named_modules()) {
+    if (auto* conv = dynamic_cast<Conv2d*>(module)) init::kaiming_normal_fan_out_(conv->weight);
+  }
+  if (!options_.zero_init_residual_) return;
+  for (auto& [name, module] : named_modules()) {
+    if (auto* basic = dynamic_cast<BasicBlock*>(module)) basic->last_batch_norm().weight.zero_();
+    if (auto* bottleneck = dynamic_cast<Bottleneck*>(module)) bottleneck->last_batch_norm().weight.zero_();
+  }
+}
+
+Tensor ResNet::forward(const Tensor& input) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.in_channels_, "ResNet expects (N, ",
+             options_.in_channels_, ", H, W) images, got ", input.str());
+  Tensor x = relu->forward(bn1->forward(conv1->forward(input)));
+  if (maxpool) x = maxpool->forward(x);
+  x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
+  x = avgpool->forward(x).flatten(1);
+  return fc->forward(x);
+}
+
+std::shared_ptr<ResNet> resnet18(const ResNetOptions& options) {
+  return std::make_shared<ResNet>(BlockKind::basic, std::array<int64_t, 4>{2, 2, 2, 2}, options);
+}
+std::shared_ptr<ResNet> resnet34(const ResNetOptions& options) {
+  return std::make_shared<ResNet>(BlockKind::basic, std::array<int64_t, 4>{3, 4, 6, 3}, options);
+}
+std::shared_ptr<ResNet> resnet50(const ResNetOptions& options) {
+  return std::make_shared<ResNet>(BlockKind::bottleneck, std::array<int64_t, 4>{3, 4, 6, 3}, options);
+}
+std::shared_ptr<ResNet> resnet101(const ResNetOptions& options) {
+  return std::make_shared<ResNet>(BlockKind::bottleneck, std::array<int64_t, 4>{3, 4, 23, 3}, options);
+}
+std::shared_ptr<ResNet> resnet152(const ResNetOptions& options) {
+  return std::make_shared<ResNet>(BlockKind::bottleneck, std::array<int64_t, 4>{3, 8, 36, 3}, options);
+}
+
+namespace {
+ResNetOptions shorthand(int64_t num_classes, int64_t in_channels, ResNetStem stem) {
+  return ResNetOptions().num_classes(num_classes).in_channels(in_channels).stem(stem);
+}
+}  // namespace
+
+std::shared_ptr<ResNet> resnet18(int64_t num_classes, int64_t in_channels, ResNetStem stem) {
+  return resnet18(shorthand(num_classes, in_channels, stem));
+}
+std::shared_ptr<ResNet> resnet34(int64_t num_classes, int64_t in_channels, ResNetStem stem) {
+  return resnet34(shorthand(num_classes, in_channels, stem));
+}
+std::shared_ptr<ResNet> resnet50(int64_t num_classes, int64_t in_channels, ResNetStem stem) {
+  return resnet50(shorthand(num_classes, in_channels, stem));
+}
+std::shared_ptr<ResNet> resnet101(int64_t num_classes, int64_t in_channels, ResNetStem stem) {
+  return resnet101(shorthand(num_classes, in_channels, stem));
+}
+std::shared_ptr<ResNet> resnet152(int64_t num_classes, int64_t in_channels, ResNetStem stem) {
+  return resnet152(shorthand(num_classes, in_channels, stem));
+}
+
+bool is_resnet_name(const std::string& name) {
+  return name == "resnet18" || name == "resnet34" || name == "resnet50" || name == "resnet101" || name == "resnet152";
+}
+
+std::shared_ptr<ResNet> make_resnet(const std::string& name, const ResNetOptions& options) {
+  if (name == "resnet18") return resnet18(options);
+  if (name == "resnet34") return resnet34(options);
+  if (name == "resnet50") return resnet50(options);
+  if (name == "resnet101") return resnet101(options);
+  if (name == "resnet152") return resnet152(options);
+  LOOM_FAIL("unknown model '", name, "'; expected resnet18, resnet34, resnet50, resnet101 or resnet152");
+}
+
+}  // namespace loom::nn
