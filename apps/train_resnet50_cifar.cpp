@@ -1,0 +1,343 @@
+// train_resnet50_cifar: the SLURM tutorial's ResNet-50 on CIFAR-10, one
+// process per rank (srun, torchrun/loomrun or mpirun set the rank variables;
+// a plain start is one process).
+//   train_resnet50_cifar -b 128 -e 2 [-c ./checkpoint/1GPU_1epoch.checkpoint]
+// Rank 0 prints ">>> Training on N ...", a loss line with data-load and
+// training milliseconds every 10 steps, saves
+// ./checkpoint/{world}GPU_{epoch}epoch.checkpoint after each epoch, then
+// ">>> Training complete in: h:mm:ss.ffffff" and the test accuracy.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "apps/app_common.h"
+#include "core/autograd.h"
+#include "core/cuda/runtime.h"
+#include "core/generator.h"
+#include "core/parallel.h"
+#include "data/cifar10.h"
+#include "data/loader.h"
+#include "dist/ddp.h"
+#include "dist/environment.h"
+#include "dist/process_group.h"
+#include "nn/checkpoint.h"
+#include "nn/resnet.h"
+#include "ops/loss.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+
+namespace fs = std::filesystem;
+using namespace loom;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz";
+
+struct Flags {
+  int64_t batch_size = 128;  // global: split across the ranks
+  int epochs = 2;
+  std::string checkpoint;  // resume from this file
+  std::string checkpoint_dir = "./checkpoint";
+  std::string data = "./data";
+  bool synthetic = false;
+  int64_t synthetic_size = 50000;
+  std::string model = "resnet50";
+  std::string stem = "imagenet";
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";
+  int workers = 1;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::string device = "cpu";
+  int64_t max_steps = 0;  // per epoch; 0 = full epochs
+  int64_t log_interval = 10;
+};
+
+Device resolve_device(const std::string& name) {
+  if (name == "auto") return cuda::device_count() > 0 ? Device::cuda(0) : Device::cpu();
+  Device device = parse_device(name);
+  if (device.is_cuda()) cuda::require_device(device.index);
+  return device;
+}
+
+// --data DIR holding the binary batches, or its parent holding cifar-10-batches-bin/.
+data::TrainTestSplit load_data(const Flags& flags) {
+  if (flags.synthetic) {
+    const int64_t test_size = std::max<int64_t>(1, flags.synthetic_size / 5);
+    return {data::synthetic_cifar10(flags.synthetic_size, flags.seed + 1),
+            data::synthetic_cifar10(test_size, flags.seed + 2)};
+  }
+  const fs::path dir = flags.data;
+  if (!fs::is_regular_file(dir / "data_batch_1.bin") && !fs::is_regular_file(dir / "cifar-10-batches-bin" / "data_batch_1.bin")) {
+    throw Error(str("no CIFAR-10 data in ", dir.string(), ": download the binary version from ", kCifarUrl,
+                    " and unpack it there (tar xzf cifar-10-binary.tar.gz -C ", dir.string(), " gives ",
+                    (dir / "cifar-10-batches-bin").string(),
+                    "/ with data_batch_1.bin .. data_batch_5.bin and test_batch.bin), pass --data DIR, or use --synthetic"));
+  }
+  return data::load_cifar10(dir);
+}
+
+std::unique_ptr<optim::LRScheduler> make_scheduler(const Flags& flags, optim::Optimizer& optimizer) {
+  if (flags.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(optimizer, std::max(1, flags.epochs));
+  // step: x0.1 after every third of the run.
+  if (flags.schedule == "step") return std::make_unique<optim::StepLR>(optimizer, std::max(1, flags.epochs / 3), 0.1);
+  return nullptr;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("localhost");
+}
+
+// The run's settings, stored in the checkpoint so a resume can say what changed.
+nn::Metadata run_settings(const Flags& flags, int world_size) {
+  return {{"model", flags.model},
+          {"stem", flags.stem},
+          {"world_size", std::to_string(world_size)},
+          {"batch_size", std::to_string(flags.batch_size)},
+          {"epochs", std::to_string(flags.epochs)},
+          {"schedule", flags.schedule},
+          {"seed", std::to_string(flags.seed)}};
+}
+
+// Every rank evaluates its shard; (correct, total) are summed over ranks.
+std::pair<int64_t, int64_t> evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
+  NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, total = 0;
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    correct += count_correct(model(batch->images), batch->labels);
+    total += batch->size();
+  }
+  model.train();
+  if (group != nullptr) {
+    Tensor counts = Tensor::from_vector<double>({static_cast<double>(correct), static_cast<double>(total)}, {2});
+    group->all_reduce(counts, dist::ReduceOp::sum)->wait();
+    auto summed = counts.to_vector<double>();
+    correct = static_cast<int64_t>(summed[0]);
+    total = static_cast<int64_t>(summed[1]);
+  }
+  return {correct, total};
+}
+
+int run(const Flags& flags) {
+  if (flags.threads > 0) set_num_threads(flags.threads);
+  const Device device = resolve_device(flags.device);
+  LOOM_CHECK(device.is_cpu(), "--device ", device.str(), ": the CUDA training path is not built yet; use --device cpu");
+  const nn::ResNetStem stem = nn::parse_resnet_stem(flags.stem);
+
+  // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
+  const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
+  const int rank = launch.rank, world = launch.world_size;
+  LOOM_CHECK(flags.batch_size % world == 0, "--batch-size ", flags.batch_size,
+             " is the global batch and must divide evenly across the ", world, " processes");
+  const int64_t batch_per_rank = flags.batch_size / world;
+  const bool leader = rank == 0;
+
+  data::TrainTestSplit split = load_data(flags);
+  const char* synthetic_note = flags.synthetic ? " (synthetic data)" : "";
+
+  manual_seed(flags.seed);
+  std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).stem(stem));
+  optim::SGD optimizer(model->parameters(),
+                       optim::SGDOptions(flags.lr).momentum(flags.momentum).weight_decay(flags.weight_decay));
+  std::unique_ptr<optim::LRScheduler> scheduler = make_scheduler(flags, optimizer);
+
+  // Resume: the model, then everything an uninterrupted run would have had at
+  // the start of the next epoch.
+  int64_t first_epoch = 0, global_step = 0;
+  if (!flags.checkpoint.empty()) {
+    nn::Checkpoint checkpoint = nn::load_checkpoint(flags.checkpoint, device);
+    nn::load_model_state(*model, checkpoint.model, "checkpoint " + flags.checkpoint);
+    if (checkpoint.training) {
+      const nn::TrainingState& state = *checkpoint.training;
+      optimizer.load_state(state.optimizer);
+      if (scheduler && state.scheduler_last_epoch) scheduler->set_last_epoch(*state.scheduler_last_epoch);
+      if (auto g = state.generators.find("default"); g != state.generators.end()) {
+        default_generator().set_state(g->second.seed, g->second.counter);
+      }
+      first_epoch = state.epoch;
+      global_step = state.step;
+      if (leader) {
+        for (auto& [key, value] : run_settings(flags, world)) {
+          auto saved = state.extra_metadata.find(key);
+          if (saved != state.extra_metadata.end() && saved->second != value) {
+            std::printf("note: the checkpoint was written with %s %s; this run uses %s\n", key.c_str(),
+                        saved->second.c_str(), value.c_str());
+          }
+        }
+      }
+    }
+    if (leader) {
+      std::printf("Resuming from %s at epoch %lld\n", flags.checkpoint.c_str(),
+                  static_cast<long long>(first_epoch + 1));
+    }
+  }
+
+  // ---- Distributed data parallel (world > 1) ----
+  // init_process_group reads the same launch variables; DDP checks that every
+  // rank holds the same parameters, broadcasts rank 0's, and averages the
+  // gradients during backward.
+  std::shared_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  if (world > 1) {
+    group = dist::init_process_group({.backend = "gloo", .init_method = "env://"});
+    ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
+  }
+  nn::Module& trained = ddp ? static_cast<nn::Module&>(*ddp) : static_cast<nn::Module&>(*model);
+
+  if (leader) {
+    std::printf(">>> Training on %d %s, master node is %s\n", world, device.is_cpu() ? "CPU processes" : "GPUs",
+                launch.launcher == dist::Launcher::none ? host_name().c_str() : launch.master_addr.c_str());
+  }
+  std::printf("- Process %d is local rank %d on node %d (%s)\n", rank, launch.local_rank, launch.node_rank,
+              device.str().c_str());
+  if (leader) {
+    std::printf("%s%s: %lld training, %lld test images; %s (%s stem), global batch %lld (%lld per process)\n",
+                flags.synthetic ? "Synthetic CIFAR-10" : "CIFAR-10", synthetic_note,
+                static_cast<long long>(split.train.size()), static_cast<long long>(split.test.size()),
+                flags.model.c_str(), flags.stem.c_str(), static_cast<long long>(flags.batch_size),
+                static_cast<long long>(batch_per_rank));
+  }
+  std::fflush(stdout);
+
+  const data::Compose train_transforms(
+      {data::RandomCrop(32, 4), data::RandomHorizontalFlip{}, data::ToTensor{}, data::cifar10_normalize()});
+  const data::Compose test_transforms({data::ToTensor{}, data::cifar10_normalize()});
+  data::DataLoader train_loader(
+      split.train, train_transforms,
+      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).seed(flags.seed),
+      std::make_shared<data::DistributedSampler>(split.train.size(), world, rank, /*shuffle=*/true, flags.seed));
+  data::DataLoader test_loader(
+      split.test, test_transforms, data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers),
+      std::make_shared<data::DistributedSampler>(split.test.size(), world, rank, /*shuffle=*/false));
+
+  const int64_t batches = train_loader.num_batches();
+  const int64_t steps_per_epoch = flags.max_steps > 0 ? std::min(batches, flags.max_steps) : batches;
+  if (leader && first_epoch >= flags.epochs) {
+    std::printf("The checkpoint has %lld of %d epochs done: nothing left to train\n",
+                static_cast<long long>(first_epoch), flags.epochs);
+  }
+  if (leader && !flags.checkpoint_dir.empty()) fs::create_directories(flags.checkpoint_dir);
+
+  const auto start = Clock::now();
+  for (int64_t epoch = first_epoch; epoch < flags.epochs; ++epoch) {
+    train_loader.start_epoch(epoch);
+    for (int64_t i = 0; i < steps_per_epoch; ++i) {
+      std::optional<data::Batch> batch = train_loader.next();
+      if (!batch) break;
+      const double dataload_ms = 1000.0 * train_loader.last_wait_seconds();
+      const auto training_start = Clock::now();
+      Tensor loss = cross_entropy(trained(batch->images), batch->labels);
+      optimizer.zero_grad();
+      loss.backward();
+      if (ddp) ddp->wait_for_gradients();
+      optimizer.step();
+      ++global_step;
+      const double training_ms = std::chrono::duration<double, std::milli>(Clock::now() - training_start).count();
+      if (leader && (i + 1) % flags.log_interval == 0) {
+        std::printf("Epoch[%lld/%d], Step[%lld/%lld], Loss: %.4f, Time dataload: %.3f ms, Time training: %.3f ms\n",
+                    static_cast<long long>(epoch + 1), flags.epochs, static_cast<long long>(i + 1),
+                    static_cast<long long>(steps_per_epoch), loss.item(), dataload_ms, training_ms);
+        std::fflush(stdout);
+      }
+    }
+    train_loader.stop();
+    if (scheduler) scheduler->step();
+
+    if (leader && !flags.checkpoint_dir.empty()) {
+      nn::TrainingState state;
+      state.epoch = epoch + 1;
+      state.step = global_step;
+      state.optimizer = optimizer.state();
+      if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
+      state.sampler_epoch = train_loader.sampler().epoch();
+      state.generators["default"] = {default_generator().seed(), default_generator().counter()};
+      state.extra_metadata = run_settings(flags, world);
+      const fs::path path = fs::path(flags.checkpoint_dir) / str(world, "GPU_", epoch + 1, "epoch.checkpoint");
+      nn::save_checkpoint(path, {model->state_dict(), std::move(state)});
+      std::printf("Saved %s\n", path.c_str());
+      std::fflush(stdout);
+    }
+  }
+  const auto elapsed = Clock::now() - start;
+  if (leader) std::printf(">>> Training complete in: %s\n", apps::format_duration(elapsed).c_str());
+
+  // Evaluate with rank 0's batch-norm statistics on every rank.
+  if (group) {
+    for (auto& [name, buffer] : model->named_buffers()) group->broadcast(buffer, 0)->wait();
+  }
+  const auto [correct, total] = evaluate(*model, test_loader, group.get());
+  if (leader) {
+    std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note,
+                total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0,
+                static_cast<long long>(correct), static_cast<long long>(total));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a ResNet on CIFAR-10 with loom (the SLURM DDP tutorial)"};
+  Flags flags;
+  app.add_option("-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--checkpoint", flags.checkpoint, "checkpoint to resume from (continues with the next epoch)");
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir, "where rank 0 saves {world}GPU_{epoch}epoch.checkpoint ('' = don't save)")
+      ->capture_default_str();
+  app.add_option("--data", flags.data, "CIFAR-10 binary version: DIR/cifar-10-batches-bin/ or DIR itself")->capture_default_str();
+  app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
+  app.add_option("--synthetic-size", flags.synthetic_size, "synthetic training images (test: a fifth as many)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--model", flags.model, "resnet18, resnet34, resnet50, resnet101 or resnet152")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
+  app.add_option("--stem", flags.stem, "imagenet (7x7/2 conv + maxpool, torchvision) or cifar (3x3/1 conv)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"imagenet", "cifar"}));
+  app.add_option("--lr", flags.lr, "SGD learning rate (the tutorial uses 1e-4 without momentum)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", flags.weight_decay, "SGD weight decay")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--schedule", flags.schedule, "learning-rate schedule per epoch: none, step (x0.1 every third of the run) or cosine")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "step", "cosine"}));
+  app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", flags.seed, "initialisation, shuffling and augmentation seed")->capture_default_str();
+  app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
+  app.add_option("--max-steps", flags.max_steps, "end each epoch after this many steps (0 = full epochs)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "train_resnet50_cifar: %s\n", e.what());
+    return 2;
+  }
+  try {
+    return run(flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_resnet50_cifar: %s\n", e.what());
+    return 1;
+  }
+}
