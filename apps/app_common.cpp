@@ -1,6 +1,7 @@
 #include "apps/app_common.h"
 
 #include <fstream>
+#include <cstdlib>
 #include <sstream>
 
 namespace loom::apps {
@@ -26,6 +27,38 @@ long peak_rss_bytes() {
     }
   }
   return 0;
+}
+
+}  // namespace loom::apps
+
+namespace loom::apps {
+
+CLI::Validator at_least(double minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (text.empty() || end == nullptr || *end != '\0') return "'" + text + "' is not a number";
+        if (value < minimum) {
+          std::ostringstream out;
+          out << "must be a number >= " << minimum << ", got '" << text << "'";
+          return out.str();
+        }
+        return "";
+      },
+      ">= " + std::to_string(minimum));
+}
+
+CLI::Validator whole_at_least(long long minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        char* end = nullptr;
+        const long long value = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || end == nullptr || *end != '\0') return "'" + text + "' is not a whole number";
+        if (value < minimum) return "must be a whole number >= " + std::to_string(minimum) + ", got '" + text + "'";
+        return "";
+      },
+      ">= " + std::to_string(minimum));
 }
 
 }  // namespace loom::apps

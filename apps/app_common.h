@@ -15,3 +15,15 @@ std::string format_duration(std::chrono::steady_clock::duration elapsed);
 long peak_rss_bytes();
 
 }  // namespace loom::apps
+
+#include <CLI/CLI.hpp>
+
+namespace loom::apps {
+
+// Flag validators whose messages a user can act on, e.g.
+// "--epochs: must be a number >= 0, got '-1'".
+CLI::Validator at_least(double minimum);
+// The same for whole numbers.
+CLI::Validator whole_at_least(long long minimum);
+
+}  // namespace loom::apps

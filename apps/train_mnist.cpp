@@ -149,19 +149,19 @@ int run(const Flags& flags) {
 int main(int argc, char** argv) {
   CLI::App app{"Train the tutorials' ConvNet on MNIST / Fashion-MNIST with loom"};
   Flags flags;
-  app.add_option("--epochs", flags.epochs, "number of epochs")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--batch-size", flags.batch_size, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", flags.lr, "learning rate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--epochs", flags.epochs, "number of epochs")->capture_default_str()->check(apps::whole_at_least(0));
+  app.add_option("--batch-size", flags.batch_size, "images per step")->capture_default_str()->check(apps::whole_at_least(1));
+  app.add_option("--lr", flags.lr, "learning rate")->capture_default_str()->check(apps::at_least(0));
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--model", flags.model, "convnet, resnet18, resnet50 or resnet101")->capture_default_str()->check(CLI::IsMember({"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
   app.add_option("--optimizer", flags.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--data", flags.data, "directory with the IDX files (default ./data/MNIST/raw, else /usr/share/datasets/fashion-mnist)");
   app.add_option("--seed", flags.seed, "random seed")->capture_default_str();
-  app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->capture_default_str()->check(apps::whole_at_least(0));
+  app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")->capture_default_str()->check(apps::whole_at_least(0));
+  app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)")->capture_default_str()->check(apps::whole_at_least(0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

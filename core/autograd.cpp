@@ -10,6 +10,8 @@ namespace loom {
 namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
 thread_local bool t_grad_mode = true;
+// The callbacks of the backward pass running on this thread, if any.
+thread_local std::vector<std::function<void()>>* t_end_of_backward = nullptr;
 
 void accumulate(Tensor& total, Tensor&& gradient) {
   if (!gradient.defined()) return;
@@ -102,10 +104,23 @@ bool record(const char* name, const TensorList& inputs, const std::vector<Tensor
   return true;
 }
 
+void queue_end_of_backward_callback(std::function<void()> callback) {
+  LOOM_CHECK(t_end_of_backward != nullptr, "queue_end_of_backward_callback called outside a backward pass");
+  t_end_of_backward->push_back(std::move(callback));
+}
+
 void run_backward(const TensorList& roots, const TensorList& root_grads, bool retain_graph) {
   LOOM_CHECK(roots.size() == root_grads.size(), "backward: ", roots.size(), " roots but ", root_grads.size(),
              " gradients");
   NoGradGuard no_grad;
+  std::vector<std::function<void()>> end_of_backward;
+  struct CallbackScope {
+    std::vector<std::function<void()>>* previous;
+    explicit CallbackScope(std::vector<std::function<void()>>* current) : previous(t_end_of_backward) {
+      t_end_of_backward = current;
+    }
+    ~CallbackScope() { t_end_of_backward = previous; }
+  } callback_scope(&end_of_backward);
 
   // Count, for every reachable node, how many edges lead into it.
   std::unordered_map<Node*, int> dependencies;
@@ -178,6 +193,8 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       if (--dependencies[edge.node.get()] == 0) ready.push(edge.node);
     }
   }
+  // Callbacks may queue further callbacks.
+  for (size_t i = 0; i < end_of_backward.size(); ++i) end_of_backward[i]();
 }
 
 }  // namespace loom

@@ -102,6 +102,12 @@ bool record(const char* name, const TensorList& inputs, const std::vector<Tensor
 // The edge a gradient for `t` must flow to: its grad_fn, or its AccumulateGrad.
 Edge gradient_edge(const Tensor& t);
 
+// Queues `callback` to run on this thread once the backward pass in progress
+// has applied every node (PyTorch's queue_callback). Only valid from inside a
+// backward pass, e.g. from a post-accumulate-grad hook: DDP waits for its
+// gradient buckets here.
+void queue_end_of_backward_callback(std::function<void()> callback);
+
 // Runs backward from `roots` seeded with `root_grads`.
 void run_backward(const TensorList& roots, const TensorList& root_grads, bool retain_graph);
 

@@ -69,12 +69,14 @@ void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth,
   }
 }
 
-// C tile (rows x cols <= 6 x 16) = alpha * A_strip · B_strip + beta * C tile.
+// C tile (rows x cols <= 6 x 16) = alpha * A_strip · B_strip + beta * C tile;
+// with `transposed_c` the tile is stored transposed (element (r, col) at
+// c[col * ldc + r]), for problems computed as Cᵀ = Bᵀ Aᵀ.
 // alpha and beta arrive through memory: as float arguments they would pin a
 // vector register for the whole loop and force an accumulator to spill.
 __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const float* a, const float* b, float* c,
                                                             int64_t ldc, const float* alpha_beta, int64_t rows,
-                                                            int64_t cols) {
+                                                            int64_t cols, bool transposed_c) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
@@ -104,7 +106,7 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
   const __m256 accumulators[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   const float alpha = alpha_beta[0], beta = alpha_beta[1];
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  if (rows == kMR && cols == kNR) {
+  if (rows == kMR && cols == kNR && !transposed_c) {
     for (int64_t r = 0; r < kMR; ++r) {
       float* out = c + r * ldc;
       for (int half = 0; half < 2; ++half) {
@@ -122,14 +124,16 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
   }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t col = 0; col < cols; ++col) {
-      float& out = c[r * ldc + col];
+      float& out = transposed_c ? c[col * ldc + r] : c[r * ldc + col];
       out = alpha * tile[r][col] + (beta != 0.0f ? beta * out : 0.0f);
     }
   }
 }
 
+// With `transposed_c`, C is stored transposed: the caller computes Cᵀ.
 void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                     bool transposed_c) {
   thread_local std::vector<float> packed_a, packed_b;
   packed_a.resize(static_cast<size_t>(kMC * kKC));
   for (int64_t jc = 0; jc < n; jc += kNC) {
@@ -146,8 +150,9 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const float* b_strip = packed_b.data() + (jr / kNR) * kc * kNR;
           for (int64_t ir = 0; ir < mc; ir += kMR) {
-            micro_kernel_avx2(kc, packed_a.data() + (ir / kMR) * kc * kMR, b_strip, c + (ic + ir) * ldc + jc + jr,
-                              ldc, alpha_beta, std::min(kMR, mc - ir), std::min(kNR, nc - jr));
+            float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
+            micro_kernel_avx2(kc, packed_a.data() + (ir / kMR) * kc * kMR, b_strip, tile, ldc, alpha_beta,
+                              std::min(kMR, mc - ir), std::min(kNR, nc - jr), transposed_c);
           }
         }
       }
@@ -204,7 +209,19 @@ void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alp
   if (m <= 0 || n <= 0) return;
   split_rows(m, n, k, ta, a, lda, c, ldc, [&](int64_t rows, const float* a_rows, float* c_rows) {
     if (cpu_has_avx2_fma() && k > 0) {
-      gemm_packed_f32(ta, tb, rows, n, k, alpha, a_rows, lda, b, ldb, beta, c_rows, ldc);
+      // The 6 x 16 tiles fit some shapes badly (m = 32: the sixth strip is a
+      // third full). Cᵀ = op(B)ᵀ op(A)ᵀ swaps the roles of m and n; take the
+      // orientation that wastes fewer tile slots.
+      auto slots = [](int64_t rows_, int64_t cols_) {
+        return ((rows_ + kMR - 1) / kMR * kMR) * ((cols_ + kNR - 1) / kNR * kNR);
+      };
+      if (slots(n, rows) < slots(rows, n)) {
+        const Transpose flip_a = ta == Transpose::no ? Transpose::yes : Transpose::no;
+        const Transpose flip_b = tb == Transpose::no ? Transpose::yes : Transpose::no;
+        gemm_packed_f32(flip_b, flip_a, n, rows, k, alpha, b, ldb, a_rows, lda, beta, c_rows, ldc, true);
+      } else {
+        gemm_packed_f32(ta, tb, rows, n, k, alpha, a_rows, lda, b, ldb, beta, c_rows, ldc, false);
+      }
     } else {
       gemm_eigen<float>(ta, tb, rows, n, k, alpha, a_rows, lda, b, ldb, beta, c_rows, ldc);
     }

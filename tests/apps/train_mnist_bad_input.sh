@@ -62,9 +62,9 @@ expect_error "label out of range" "t10k-labels-idx1-ubyte" --data "$work/label"
 expect_error "missing test files" "t10k-images-idx3-ubyte" --data "$work/missing"
 expect_error "truncated gzip IDX file" "train-images-idx3-ubyte.gz" --data "$work/gz"
 expect_error "unknown flag" "--frobnicate" --frobnicate
-expect_error "negative epoch count" "--epochs" --epochs -1
-expect_error "non-numeric batch size" "--batch-size" --batch-size ten
-expect_error "CUDA on a machine without it" "cuda" --device cuda --data "$work/truncated"
+expect_error "negative epoch count" "--epochs: must be a whole number >= 0, got '-1'" --epochs -1
+expect_error "non-numeric batch size" "--batch-size: 'ten' is not a whole number" --batch-size ten
+expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures bad-input case(s) failed"

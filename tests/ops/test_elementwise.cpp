@@ -113,3 +113,23 @@ TEST_CASE("f16 and bf16 round trip and compute through f32") {
   CHECK(relu(h).dtype() == DType::bf16);
   CHECK(relu(h).to_vector<float>() == std::vector<float>{1.0f, 0.0f});
 }
+
+TEST_CASE("end-of-backward callbacks run once, after every gradient is accumulated") {
+  Tensor x = Tensor::from_vector<double>({1, 2}, {2}).set_requires_grad(true);
+  Tensor y = Tensor::from_vector<double>({3, 4}, {2}).set_requires_grad(true);
+  std::vector<std::string> events;
+  auto hook = [&](const char* name) {
+    return [&events, name](Tensor&) {
+      events.push_back(name);
+      if (events.size() == 1) {
+        queue_end_of_backward_callback([&events] { events.push_back("end"); });
+      }
+    };
+  };
+  x.register_post_accumulate_grad_hook(hook("x"));
+  y.register_post_accumulate_grad_hook(hook("y"));
+  sum(mul(x, y)).backward();
+  REQUIRE(events.size() == 3);
+  CHECK(events.back() == "end");
+  CHECK_THROWS_WITH_AS(queue_end_of_backward_callback([] {}), doctest::Contains("outside a backward pass"), Error);
+}
