@@ -1,6 +1,7 @@
 #include "nn/layers.h"
 
 #include <cmath>
+#include <typeinfo>
 
 #include "core/autograd.h"
 #include "nn/init.h"
@@ -53,7 +54,11 @@ BatchNorm2d::BatchNorm2d(const BatchNormOptions& options) : options_(options) {
   register_buffer("num_batches_tracked", num_batches_tracked);
 }
 
-Tensor BatchNorm2d::forward(const Tensor& input) {
+Tensor BatchNorm2d::forward(const Tensor& input) { return normalize(input, Activation::none); }
+
+Tensor BatchNorm2d::forward_relu(const Tensor& input) { return normalize(input, Activation::relu); }
+
+Tensor BatchNorm2d::normalize(const Tensor& input, Activation activation) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
              "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
   const bool use_batch_stats = is_training() || !running_mean.defined();
@@ -65,7 +70,7 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
     }
   }
   return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_,
-                    options_.eps_);
+                    options_.eps_, activation);
 }
 
 Tensor ReLU::forward(const Tensor& input) { return relu(input); }
@@ -105,7 +110,19 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (auto& [name, module] : named_children()) x = module->forward(x);
+  const auto children = named_children();
+  for (size_t i = 0; i < children.size(); ++i) {
+    Module* module = children[i].second;
+    // Exact types only: a subclass (SyncBatchNorm) has its own forward.
+    const bool fuse = i + 1 < children.size() && typeid(*module) == typeid(BatchNorm2d) &&
+                      typeid(*children[i + 1].second) == typeid(ReLU);
+    if (fuse) {
+      x = static_cast<BatchNorm2d*>(module)->forward_relu(x);
+      ++i;
+    } else {
+      x = module->forward(x);
+    }
+  }
   return x;
 }
 

@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "nn/module.h"
+#include "ops/batch_norm.h"
 
 namespace loom::nn {
 
@@ -61,6 +62,9 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(const BatchNormOptions& options);
   explicit BatchNorm2d(int64_t num_features) : BatchNorm2d(BatchNormOptions(num_features)) {}
   Tensor forward(const Tensor& input) override;
+  // relu(forward(input)) as one fused op; Sequential uses it for BatchNorm2d
+  // followed by ReLU.
+  Tensor forward_relu(const Tensor& input);
   std::string type_name() const override { return "BatchNorm2d"; }
   const BatchNormOptions& options() const { return options_; }
 
@@ -69,6 +73,7 @@ class BatchNorm2d : public Module {
   Tensor num_batches_tracked;          // i64 scalar
 
  protected:
+  Tensor normalize(const Tensor& input, Activation activation);
   BatchNormOptions options_;
 };
 
@@ -118,7 +123,8 @@ class Flatten : public Module {
   int64_t start_dim_;
 };
 
-// Children named "0", "1", ..., applied in order.
+// Children named "0", "1", ..., applied in order. A BatchNorm2d directly
+// followed by a ReLU runs as one fused batch_norm + relu op (same result).
 class Sequential : public Module {
  public:
   Sequential() = default;

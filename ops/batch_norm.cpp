@@ -2,6 +2,7 @@
 #include "ops/batch_norm.h"
 
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 
 namespace loom {
 
@@ -22,7 +23,7 @@ void check_per_channel(const char* what, const Tensor& t, int64_t channels) {
 }  // namespace
 
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps) {
+                  const Tensor& running_var, bool training, double momentum, double eps, Activation activation) {
   profiler::Scope profile("batch_norm", input);
   LOOM_CHECK(input.defined() && input.dim() >= 2, "batch_norm: expected an input of shape (N, C, ...), got ",
              input.defined() ? shape_str(input.sizes()) : "an undefined tensor");
@@ -64,26 +65,38 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
       mean = running_mean;
       var = running_var;
     }
-    out = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_apply(input, mean, var, weight, bias, eps))
-                         : cpu::batch_norm_apply(input, mean, var, weight, bias, eps);
+    if (on_cuda(input)) {
+      out = LOOM_CUDA_KERNEL(gpu::batch_norm_apply(input, mean, var, weight, bias, eps));
+      if (activation == Activation::relu) out = LOOM_CUDA_KERNEL(gpu::relu_forward(out));
+    } else {
+      out = cpu::batch_norm_apply(input, mean, var, weight, bias, eps, activation);
+    }
   }
+  // Under Activation::relu backward masks the gradient: on CUDA with the saved
+  // output, on the CPU by recomputing the sign from the input.
+  const bool fused_relu = activation == Activation::relu;
+  const Tensor relu_output = fused_relu && on_cuda(input) ? out.detach() : Tensor();
 
   record("batch_norm", {input, weight, bias}, {&out},
          [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps,
+          relu_output, fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
           weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
           bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
-           const Tensor dy = g[0].to(x.dtype());
+           Tensor dy = g[0].to(x.dtype());
+           // The CUDA path masks in a separate pass; the CPU kernels mask as they read.
+           if (relu_output.defined() && on_cuda(x)) dy = LOOM_CUDA_KERNEL(gpu::relu_backward(dy, relu_output));
+           const cpu::FusedRelu cpu_relu{fused_relu && !on_cuda(x), w, b};
            Tensor sums;  // (2, C) f64: (sum dy, sum dy * xhat)
            if (training || node.needs_input_grad(1) || node.needs_input_grad(2)) {
              sums = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_reduce(dy, x, mean, var, eps))
-                               : cpu::batch_norm_backward_reduce(dy, x, mean, var, eps);
+                               : cpu::batch_norm_backward_reduce(dy, x, mean, var, eps, cpu_relu);
            }
            Tensor dx;
            if (node.needs_input_grad(0)) {
              const Tensor batch_sums = training ? sums : Tensor();
              dx = on_cuda(x)
                       ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps))
-                      : cpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps);
+                      : cpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps, cpu_relu);
            }
            return TensorList{dx, node.needs_input_grad(1) ? row(sums, 1).to(weight_dtype) : Tensor(),
                              node.needs_input_grad(2) ? row(sums, 0).to(bias_dtype) : Tensor()};

@@ -35,8 +35,15 @@ namespace loom {
 // weight, bias: (C) or undefined (no affine transform). running_mean,
 // running_var: (C) buffers updated in place in training, or undefined (no
 // tracking; then eval mode is not possible).
+// What follows the normalisation inside the same op. `relu` computes
+// relu(batch_norm(x)) in one pass over the data forward and masks the incoming
+// gradient inside the backward passes: BatchNorm2d + ReLU (every block of the
+// ConvNet and ResNet) without the separate ReLU's two full passes.
+enum class Activation { none, relu };
+
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
+                  Activation activation = Activation::none);
 
 namespace ops::cpu {
 // Per-channel (sum, sum of squares) of `input` over every dim but 1,
@@ -48,18 +55,26 @@ Tensor batch_norm_stats(const Tensor& input);
 Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum);
 // y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var (C) of
-// any floating dtype; weight and bias may be undefined.
+// any floating dtype; weight and bias may be undefined. With Activation::relu,
+// y = max(y, 0).
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps);
+                        const Tensor& bias, double eps, Activation activation = Activation::none);
+// The fused ReLU of a forward under Activation::relu, as backward sees it: dy
+// is masked to where the forward's output was positive, recomputed from the
+// input (weight * xhat + bias > 0) rather than read from a stored output.
+struct FusedRelu {
+  bool enabled = false;
+  Tensor weight, bias;  // the forward's affine parameters (either may be undefined)
+};
 // The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                  const Tensor& var, double eps);
+                                  const Tensor& var, double eps, const FusedRelu& relu = {});
 // The input gradient. `grad_sums` are backward_reduce's sums over `count`
 // elements per channel (all ranks for SyncBatchNorm); undefined grad_sums mean
 // that mean and var were constants (eval mode): dx = weight * invstd * dy.
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps);
+                                 double eps, const FusedRelu& relu = {});
 }  // namespace ops::cpu
 
 namespace ops::cuda {

@@ -1,8 +1,9 @@
 // CPU kernels of batch norm. The input is viewed as (N, C, S) with S the
 // product of the trailing dims (1 for an (N, C) input). Reductions run one
-// channel per task and accumulate in f64; the elementwise passes run over
+// channel per task; the elementwise passes run over
 // (n, c) rows with per-channel coefficients computed in f64 and applied in
-// the compute dtype.
+// the compute dtype. Within a row, sums run in vectorised lanes of the compute
+// dtype; rows are combined in f64.
 #include "ops/batch_norm.h"
 
 #include <algorithm>
@@ -15,6 +16,25 @@
 namespace loom::ops::cpu {
 namespace {
 constexpr int64_t kRowGrain = 1 << 14;  // elements per task in the elementwise passes
+constexpr int kLanes = 8;               // independent accumulators in the reductions
+
+// dy, or 0 where the fused ReLU's output x * a + b (computed exactly as the
+// forward computed it) is not positive. `Masked` is a template argument so the
+// unmasked loops stay free of the test.
+template <bool Masked, class T>
+T masked(T dy, T x, T a, T b) {
+  if constexpr (Masked) {
+    return x * a + b > T(0) ? dy : T(0);
+  } else {
+    return dy;
+  }
+}
+
+// Calls fn.template operator()<Masked>() with Masked = enabled.
+template <class Fn>
+auto with_mask(bool enabled, Fn&& fn) {
+  return enabled ? fn.template operator()<true>() : fn.template operator()<false>();
+}
 
 struct Layout {
   int64_t batch, channels, inner;  // (N, C, S)
@@ -33,6 +53,25 @@ std::vector<double> per_channel(const Tensor& t, int64_t channels, double fallba
 std::vector<double> inverse_std(const std::vector<double>& var, double eps) {
   std::vector<double> out(var.size());
   for (size_t c = 0; c < var.size(); ++c) out[c] = 1.0 / std::sqrt(var[c] + eps);
+  return out;
+}
+
+// The forward as y = x * scale + shift per channel. Backward recomputes the
+// fused ReLU's mask from these, so they must come from this one function.
+struct Affine {
+  std::vector<double> scale, shift;
+};
+Affine affine_coefficients(const Tensor& mean, const Tensor& var, const Tensor& weight, const Tensor& bias,
+                           double eps, int64_t channels) {
+  const std::vector<double> m = per_channel(mean, channels, 0.0);
+  const std::vector<double> invstd = inverse_std(per_channel(var, channels, 1.0), eps);
+  const std::vector<double> w = per_channel(weight, channels, 1.0);
+  const std::vector<double> b = per_channel(bias, channels, 0.0);
+  Affine out{std::vector<double>(channels), std::vector<double>(channels)};
+  for (int64_t c = 0; c < channels; ++c) {
+    out.scale[c] = w[c] * invstd[c];
+    out.shift[c] = b[c] - m[c] * out.scale[c];
+  }
   return out;
 }
 
@@ -74,10 +113,25 @@ Tensor batch_norm_stats(const Tensor& input_in) {
     const T* x = input.data<T>();
     return channel_sums(l, [&](int64_t, int64_t offset, double& sum, double& sum_of_squares) {
       const T* row = x + offset;
-      for (int64_t s = 0; s < l.inner; ++s) {
-        const double v = static_cast<double>(row[s]);
-        sum += v;
-        sum_of_squares += v * v;
+      // Independent lanes in the compute dtype within a row (the compiler
+      // vectorises them and the adds no longer wait on each other); rows are
+      // summed in f64.
+      T lane_sum[kLanes] = {}, lane_squares[kLanes] = {};
+      int64_t s = 0;
+      for (; s + kLanes <= l.inner; s += kLanes) {
+        for (int lane = 0; lane < kLanes; ++lane) {
+          const T v = row[s + lane];
+          lane_sum[lane] += v;
+          lane_squares[lane] += v * v;
+        }
+      }
+      for (; s < l.inner; ++s) {
+        lane_sum[0] += row[s];
+        lane_squares[0] += row[s] * row[s];
+      }
+      for (int lane = 0; lane < kLanes; ++lane) {
+        sum += static_cast<double>(lane_sum[lane]);
+        sum_of_squares += static_cast<double>(lane_squares[lane]);
       }
     });
   });
@@ -113,32 +167,29 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
 }
 
 Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps) {
+                        const Tensor& bias, double eps, Activation activation) {
   const Tensor input = cpu_compute_input(input_in);
   const Layout l = layout_of(input);
-  const std::vector<double> m = per_channel(mean, l.channels, 0.0);
-  const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
-  const std::vector<double> w = per_channel(weight, l.channels, 1.0);
-  const std::vector<double> b = per_channel(bias, l.channels, 0.0);
-  std::vector<double> scale(l.channels), shift(l.channels);
-  for (int64_t c = 0; c < l.channels; ++c) {
-    scale[c] = w[c] * invstd[c];
-    shift[c] = b[c] - m[c] * scale[c];
-  }
+  const auto [scale, shift] = affine_coefficients(mean, var, weight, bias, eps, l.channels);
   Tensor out = Tensor::empty(input.sizes(), input.dtype());
   visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
     const T* x = input.data<T>();
     T* y = out.data<T>();
+    const bool relu = activation == Activation::relu;
     for_each_row(l, [&](int64_t c, int64_t offset) {
       const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
-      for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = x[offset + s] * a + b;
+      if (relu) {
+        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = std::max(x[offset + s] * a + b, T(0));
+      } else {
+        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = x[offset + s] * a + b;
+      }
     });
   });
   return out.to(input_in.dtype());
 }
 
 Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
-                                  const Tensor& var, double eps) {
+                                  const Tensor& var, double eps, const FusedRelu& relu) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
   const Layout l = layout_of(input);
   const std::vector<double> m = per_channel(mean, l.channels, 0.0);
@@ -146,13 +197,30 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
   Tensor sums = visit_compute_dtype(input.dtype(), "batch_norm backward", [&]<class T>() {
     const T* x = input.data<T>();
     const T* dy = grad_output.data<T>();
-    return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
-      const double mc = m[c];
-      for (int64_t s = 0; s < l.inner; ++s) {
-        const double g = static_cast<double>(dy[offset + s]);
-        sum_dy += g;
-        sum_dy_xmu += g * (static_cast<double>(x[offset + s]) - mc);
-      }
+    const Affine forward = affine_coefficients(mean, var, relu.weight, relu.bias, eps, l.channels);
+    return with_mask(relu.enabled, [&]<bool Masked>() {
+      return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
+        const T mc = static_cast<T>(m[c]);
+        const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
+        T lane_dy[kLanes] = {}, lane_dy_xmu[kLanes] = {};
+        int64_t s = 0;
+        for (; s + kLanes <= l.inner; s += kLanes) {
+          for (int lane = 0; lane < kLanes; ++lane) {
+            const T g = masked<Masked>(dy[offset + s + lane], x[offset + s + lane], a, b);
+            lane_dy[lane] += g;
+            lane_dy_xmu[lane] += g * (x[offset + s + lane] - mc);
+          }
+        }
+        for (; s < l.inner; ++s) {
+          const T g = masked<Masked>(dy[offset + s], x[offset + s], a, b);
+          lane_dy[0] += g;
+          lane_dy_xmu[0] += g * (x[offset + s] - mc);
+        }
+        for (int lane = 0; lane < kLanes; ++lane) {
+          sum_dy += static_cast<double>(lane_dy[lane]);
+          sum_dy_xmu += static_cast<double>(lane_dy_xmu[lane]);
+        }
+      });
     });
   });
   // sum dy * xhat = invstd * sum dy * (x - mean)
@@ -163,8 +231,10 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
 
 Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps) {
+                                 double eps, const FusedRelu& relu) {
   const Tensor grad_output = cpu_compute_input(grad_output_in);
+  // Eval mode without a fused ReLU needs no input.
+  const Tensor input = relu.enabled || grad_sums.defined() ? cpu_compute_input(input_in) : Tensor();
   const Layout l = layout_of(grad_output);
   const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
   const std::vector<double> w = per_channel(weight, l.channels, 1.0);
@@ -172,20 +242,26 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
   //   dx = k * (dy - mean(dy)) - p * (x - mean),  k = weight * invstd,  p = k * invstd * mean(dy * xhat)
   std::vector<double> k(l.channels);
   for (int64_t c = 0; c < l.channels; ++c) k[c] = w[c] * invstd[c];
+  const Affine forward = affine_coefficients(mean, var, relu.weight, relu.bias, eps, l.channels);
   Tensor grad_input = Tensor::empty(grad_output.sizes(), grad_output.dtype());
   if (!grad_sums.defined()) {
     visit_compute_dtype(grad_output.dtype(), "batch_norm backward", [&]<class T>() {
       const T* dy = grad_output.data<T>();
+      const T* x = relu.enabled ? input.data<T>() : nullptr;
       T* dx = grad_input.data<T>();
-      for_each_row(l, [&](int64_t c, int64_t offset) {
-        const T kc = static_cast<T>(k[c]);
-        for (int64_t s = 0; s < l.inner; ++s) dx[offset + s] = dy[offset + s] * kc;
+      with_mask(relu.enabled, [&]<bool Masked>() {
+        for_each_row(l, [&](int64_t c, int64_t offset) {
+          const T kc = static_cast<T>(k[c]);
+          const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
+          for (int64_t s = 0; s < l.inner; ++s) {
+            dx[offset + s] = masked<Masked>(dy[offset + s], x[offset + s], a, b) * kc;
+          }
+        });
       });
     });
     return grad_input.to(grad_output_in.dtype());
   }
   LOOM_CHECK(count > 0, "batch_norm backward: sums over ", count, " elements per channel");
-  const Tensor input = cpu_compute_input(input_in);
   const std::vector<double> m = per_channel(mean, l.channels, 0.0);
   const std::vector<double> sums = grad_sums.to_vector<double>();
   const double n = static_cast<double>(count);
@@ -193,12 +269,16 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
     const T* x = input.data<T>();
     const T* dy = grad_output.data<T>();
     T* dx = grad_input.data<T>();
-    for_each_row(l, [&](int64_t c, int64_t offset) {
-      const T kc = static_cast<T>(k[c]), mean_dy = static_cast<T>(sums[c] / n), mc = static_cast<T>(m[c]);
-      const T pc = static_cast<T>(k[c] * invstd[c] * sums[l.channels + c] / n);
-      for (int64_t s = 0; s < l.inner; ++s) {
-        dx[offset + s] = kc * (dy[offset + s] - mean_dy) - pc * (x[offset + s] - mc);
-      }
+    with_mask(relu.enabled, [&]<bool Masked>() {
+      for_each_row(l, [&](int64_t c, int64_t offset) {
+        const T kc = static_cast<T>(k[c]), mean_dy = static_cast<T>(sums[c] / n), mc = static_cast<T>(m[c]);
+        const T pc = static_cast<T>(k[c] * invstd[c] * sums[l.channels + c] / n);
+        const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
+        for (int64_t s = 0; s < l.inner; ++s) {
+          const T x_s = x[offset + s];
+          dx[offset + s] = kc * (masked<Masked>(dy[offset + s], x_s, a, b) - mean_dy) - pc * (x_s - mc);
+        }
+      });
     });
   });
   return grad_input.to(grad_output_in.dtype());

@@ -146,3 +146,23 @@ TEST_CASE("batch_norm with f16 and bf16 inputs keeps f32 parameters") {
     CHECK(bias.grad().dtype() == DType::f32);
   }
 }
+
+TEST_CASE("batch_norm with a fused relu equals relu(batch_norm) and its gradients match finite differences") {
+  using loom::testing::check_gradients;
+  using loom::testing::random_tensor;
+  Tensor x = random_tensor({3, 4, 5, 6}, 41).set_requires_grad(true);
+  Tensor w = random_tensor({4}, 42, 0.5, 1.5).set_requires_grad(true);
+  Tensor b = random_tensor({4}, 43).set_requires_grad(true);
+  for (bool training : {true, false}) {
+    INFO("training ", training);
+    Tensor rm = random_tensor({4}, 44), rv = random_tensor({4}, 45, 0.5, 2.0);
+    Tensor fused = batch_norm(x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5, Activation::relu);
+    Tensor composed = relu(batch_norm(x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5));
+    CHECK(loom::testing::max_abs_diff(fused, composed) == 0);
+    check_gradients(
+        [&](const TensorList& t) {
+          return batch_norm(t[0], t[1], t[2], rm.clone(), rv.clone(), training, 0.1, 1e-5, Activation::relu);
+        },
+        {x, w, b});
+  }
+}
