@@ -29,6 +29,31 @@ int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t paddi
 // Adaptive pooling window of output i of `outputs` over `inputs`: [start, end).
 int64_t window_start(int64_t i, int64_t inputs, int64_t outputs) { return i * inputs / outputs; }
 int64_t window_end(int64_t i, int64_t inputs, int64_t outputs) { return ((i + 1) * inputs + outputs - 1) / outputs; }
+// The ConvNet's and ResNet's common case: 2x2 windows, stride 2, no padding,
+// no bounds checks. A value takes over when it is larger or NaN (PyTorch's
+// rule: the first maximum wins ties, the last NaN wins), by selects rather
+// than branches, which mispredict on real data.
+template <class T>
+void pool_2x2(const T* plane, int64_t width, int64_t out_h, int64_t out_w, T* out, int64_t* arg) {
+  for (int64_t oh = 0; oh < out_h; ++oh) {
+    const T* top = plane + 2 * oh * width;
+    const T* bottom = top + width;
+    for (int64_t ow = 0; ow < out_w; ++ow) {
+      const int64_t i0 = 2 * oh * width + 2 * ow;
+      T best = top[2 * ow];
+      int64_t index = i0;
+      const T candidates[3] = {top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
+      const int64_t positions[3] = {i0 + 1, i0 + width, i0 + width + 1};
+      for (int k = 0; k < 3; ++k) {
+        const bool take = candidates[k] > best || std::isnan(candidates[k]);
+        best = take ? candidates[k] : best;
+        index = take ? positions[k] : index;
+      }
+      out[oh * out_w + ow] = best;
+      arg[oh * out_w + ow] = index;
+    }
+  }
+}
 }  // namespace
 
 Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
@@ -43,10 +68,15 @@ Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Si
     const T* x = input.data<T>();
     T* y = out.data<T>();
     int64_t* arg = indices.data<int64_t>();
+    const bool two_by_two = kernel == Size2{2, 2} && stride == Size2{2, 2} && padding == Size2{0, 0};
     for_each_plane(input.sizes(), [&](int64_t p) {
       const T* plane = x + p * height * width;
       T* y_plane = y + p * out_h * out_w;
       int64_t* arg_plane = arg + p * out_h * out_w;
+      if (two_by_two) {
+        pool_2x2(plane, width, out_h, out_w, y_plane, arg_plane);
+        return;
+      }
       for (int64_t oh = 0; oh < out_h; ++oh) {
         const int64_t h0 = std::max<int64_t>(oh * stride[0] - padding[0], 0);
         const int64_t h1 = std::min<int64_t>(oh * stride[0] - padding[0] + kernel[0], height);

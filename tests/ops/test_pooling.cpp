@@ -113,3 +113,27 @@ TEST_CASE("pooling in f16 and bf16 matches f32") {
     CHECK(relative_error(avg, adaptive_avg_pool2d(xf, {4, 3})) < (low == DType::f16 ? 1e-3 : 8e-3));
   }
 }
+
+TEST_CASE("max_pool2d 2x2 / stride 2 on odd sizes matches a direct scan") {
+  Tensor x = loom::testing::random_tensor({2, 3, 5, 7}, 77, -1, 1, DType::f32);
+  auto [y, indices] = max_pool2d_with_indices(x, {2, 2}, {2, 2});
+  REQUIRE(y.sizes() == Shape{2, 3, 2, 3});
+  auto values = x.to_vector<float>();
+  auto pooled = y.to_vector<float>();
+  auto argmax = indices.to_vector<int64_t>();
+  for (int64_t p = 0; p < 6; ++p) {
+    for (int64_t oh = 0; oh < 2; ++oh) {
+      for (int64_t ow = 0; ow < 3; ++ow) {
+        int64_t best = 2 * oh * 7 + 2 * ow;
+        for (int64_t dh = 0; dh < 2; ++dh) {
+          for (int64_t dw = 0; dw < 2; ++dw) {
+            const int64_t i = (2 * oh + dh) * 7 + 2 * ow + dw;
+            if (values[p * 35 + i] > values[p * 35 + best]) best = i;
+          }
+        }
+        CHECK(argmax[p * 6 + oh * 3 + ow] == best);
+        CHECK(pooled[p * 6 + oh * 3 + ow] == values[p * 35 + best]);
+      }
+    }
+  }
+}
