@@ -1,6 +1,7 @@
 #include "core/profiler.h"
 #include "ops/conv2d.h"
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 
 namespace loom {
@@ -27,6 +28,10 @@ Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params) 
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params,
               int64_t groups) {
+  // Under autocast (amp O1) the convolution runs in the lower precision.
+  if (ops::autocast_lowers({input, weight, bias})) {
+    return conv2d(ops::autocast_lower(input), ops::autocast_lower(weight), ops::autocast_lower(bias), params, groups);
+  }
   profiler::Scope profile("conv2d", input);
   LOOM_CHECK(groups == 1, "conv2d: groups = ", groups, " is not supported; only groups = 1 is implemented");
   LOOM_CHECK(input.defined() && weight.defined(), "conv2d: input and weight must be defined");

@@ -9,6 +9,8 @@
 //   d input_n = col2im(W^T · dY_n)          (W viewed as (O, C*kH*kW))
 //   d weight  = sum_n dY_n · col_n^T
 //   d bias    = sum over n, ho, wo of dY
+//
+// Under autocast (ops/autocast.h) it computes in the autocast dtype.
 #pragma once
 
 #include <array>

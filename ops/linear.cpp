@@ -1,11 +1,15 @@
 #include "core/profiler.h"
 #include "ops/linear.h"
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 
 namespace loom {
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  // Under autocast (amp O1) the product runs in the lower precision.
+  if (ops::autocast_lowers({input, weight, bias}))
+    return linear(ops::autocast_lower(input), ops::autocast_lower(weight), ops::autocast_lower(bias));
   profiler::Scope profile("linear", input);
   LOOM_CHECK(input.dim() == 2, "linear: input must be (N, in_features), got ", input.str());
   LOOM_CHECK(weight.dim() == 2 && weight.size(1) == input.size(1), "linear: weight ", weight.str(),

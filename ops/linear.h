@@ -1,6 +1,7 @@
 // linear: y = x · Wᵀ + b for x (N, in), W (out, in), b (out) or undefined.
 //
 // Backward: dx = dy · W (N, in); dW = dyᵀ · x (out, in); db = Σ_n dy (out).
+// Under autocast (ops/autocast.h) it computes in the autocast dtype.
 #pragma once
 
 #include "core/tensor.h"

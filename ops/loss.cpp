@@ -1,6 +1,7 @@
 #include "core/profiler.h"
 #include "ops/loss.h"
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 
 namespace loom {
@@ -23,6 +24,7 @@ void check_targets(const char* op, const Tensor& scores, const Tensor& targets) 
 }  // namespace
 
 Tensor log_softmax(const Tensor& logits) {
+  if (ops::autocast_raises(logits)) return log_softmax(logits.to(DType::f32));  // autocast: losses in f32
   check_logits("log_softmax", logits);
   Tensor out;
   {
@@ -53,6 +55,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  if (ops::autocast_raises(logits)) return cross_entropy(logits.to(DType::f32), targets);  // autocast: losses in f32
   profiler::Scope profile("cross_entropy", logits);
   check_logits("cross_entropy", logits);
   check_targets("cross_entropy", logits, targets);

@@ -5,6 +5,8 @@
 //   log_softmax: dx = g - softmax(x) * Σ_c g
 //   nll_loss:    dlogp[n, t_n] = -g / N
 //   cross_entropy (fused): dx = g * (softmax(x) - onehot(t)) / N
+//
+// Under autocast (ops/autocast.h) log_softmax and cross_entropy compute in f32.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,161 @@
+#include "optim/amp.h"
+
+#include "core/autograd.h"
+
+namespace loom::amp {
+namespace {
+const std::string kMasterPrefix = "amp.master.";
+const std::string kScalerPrefix = "amp.grad_scaler.";
+const std::string kLevelKey = "amp.opt_level";
+}  // namespace
+
+OptLevel parse_opt_level(const std::string& name) {
+  if (name == "O0") return OptLevel::O0;
+  if (name == "O1") return OptLevel::O1;
+  if (name == "O2") return OptLevel::O2;
+  if (name == "O3") return OptLevel::O3;
+  if (name == "bf16") return OptLevel::bf16;
+  throw Error(str("unknown amp opt level '", name, "'; expected O0, O1, O2, O3 or bf16"));
+}
+
+const char* opt_level_name(OptLevel level) {
+  switch (level) {
+    case OptLevel::O0: return "O0";
+    case OptLevel::O1: return "O1";
+    case OptLevel::O2: return "O2";
+    case OptLevel::O3: return "O3";
+    case OptLevel::bf16: return "bf16";
+  }
+  return "?";
+}
+
+Properties properties(OptLevel level) {
+  Properties p;
+  switch (level) {
+    case OptLevel::O0:
+      break;
+    case OptLevel::O1:
+      p.autocast = true;
+      p.dynamic_loss_scale = true;
+      break;
+    case OptLevel::O2:
+      p.model_dtype = DType::f16;
+      p.autocast = true;
+      p.master_weights = true;
+      p.dynamic_loss_scale = true;
+      break;
+    case OptLevel::O3:
+      p.model_dtype = DType::f16;
+      p.keep_batchnorm_f32 = false;
+      p.autocast = true;
+      break;
+    case OptLevel::bf16:
+      p.model_dtype = DType::bf16;
+      p.autocast = true;
+      p.autocast_dtype = DType::bf16;
+      p.master_weights = true;
+      break;
+  }
+  return p;
+}
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(nn::Module& model, const OptimizerFactory& make_optimizer,
+                                                 OptLevel level, const optim::GradScalerOptions& scaler_options)
+    : level_(level),
+      properties_(amp::properties(level)),
+      scaler_(optim::GradScalerOptions(scaler_options).enabled(properties_.dynamic_loss_scale)) {
+  LOOM_CHECK(make_optimizer != nullptr, "amp: the optimizer factory is empty");
+  nn::NamedTensors trainable;
+  for (auto& [name, parameter] : model.named_parameters()) {
+    if (!parameter.requires_grad()) continue;
+    const bool batch_norm_dtype = parameter.dtype() == DType::f32 && properties_.keep_batchnorm_f32;
+    LOOM_CHECK(parameter.dtype() == properties_.model_dtype || batch_norm_dtype, "amp ", opt_level_name(level),
+               ": parameter '", name, "' is ", parameter.str(), " but the level trains ",
+               dtype_name(properties_.model_dtype), " weights; convert the model with amp::initialize");
+    trainable.emplace_back(name, parameter);
+    parameters_.push_back(parameter);
+  }
+  if (level == OptLevel::O2 || level == OptLevel::bf16) {
+    masters_.emplace(trainable, optim::MasterRefresh::keep);
+  } else if (level == OptLevel::O3) {
+    masters_.emplace(trainable, optim::MasterRefresh::from_model);
+  }
+  optimizer_ = make_optimizer(masters_ ? masters_->masters() : parameters_);
+  LOOM_CHECK(optimizer_ != nullptr, "amp: the optimizer factory returned no optimizer");
+}
+
+ops::AutocastGuard MixedPrecisionOptimizer::autocast() const {
+  return ops::AutocastGuard(properties_.autocast, properties_.autocast_dtype);
+}
+
+void MixedPrecisionOptimizer::zero_grad() {
+  for (Tensor& parameter : parameters_) {
+    if (parameter.grad().defined()) parameter.mutable_grad().zero_();
+  }
+}
+
+std::vector<Tensor> MixedPrecisionOptimizer::model_gradients() const {
+  std::vector<Tensor> gradients;
+  gradients.reserve(parameters_.size());
+  for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
+  return gradients;
+}
+
+bool MixedPrecisionOptimizer::step() {
+  bool found_inf = false;
+  if (masters_) {
+    found_inf = masters_->load_gradients(scaler_);
+  } else if (scaler_.enabled()) {
+    const std::vector<Tensor> gradients = model_gradients();
+    found_inf = scaler_.unscale(gradients, gradients);  // in place: the weights are the masters
+  }
+  scaler_.update(found_inf);
+  last_step_skipped_ = found_inf;
+  if (found_inf) return false;
+  optimizer_->step();
+  if (masters_) masters_->copy_to_model();
+  return true;
+}
+
+void MixedPrecisionOptimizer::save_state(nn::TrainingState& state) const {
+  state.optimizer = optimizer_->state();
+  if (masters_) {
+    for (auto& [name, master] : masters_->state()) state.extra_tensors.emplace_back(kMasterPrefix + name, master);
+  }
+  for (auto& [name, value] : scaler_.state()) state.extra_tensors.emplace_back(kScalerPrefix + name, value);
+  state.extra_metadata[kLevelKey] = opt_level_name(level_);
+}
+
+void MixedPrecisionOptimizer::load_state(const nn::TrainingState& state) {
+  auto saved = state.extra_metadata.find(kLevelKey);
+  const std::string saved_level = saved == state.extra_metadata.end() ? "" : saved->second;
+  if (saved_level.empty()) {
+    LOOM_CHECK(level_ == OptLevel::O0, "amp ", opt_level_name(level_),
+               ": the checkpoint holds no mixed-precision state (it was written without --amp); resume it without "
+               "--amp or with --amp O0");
+  } else {
+    LOOM_CHECK(saved_level == opt_level_name(level_), "amp: the checkpoint was written with --amp ", saved_level,
+               " but this run uses --amp ", opt_level_name(level_), "; resume with --amp ", saved_level);
+  }
+  optimizer_->load_state(state.optimizer);
+  nn::NamedTensors masters, scaler;
+  for (auto& [name, t] : state.extra_tensors) {
+    if (name.starts_with(kMasterPrefix)) masters.emplace_back(name.substr(kMasterPrefix.size()), t);
+    if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
+  }
+  if (masters_) masters_->load_state(masters);
+  if (!saved_level.empty()) scaler_.load_state(scaler);
+}
+
+std::unique_ptr<MixedPrecisionOptimizer> initialize(nn::Module& model, const OptimizerFactory& make_optimizer,
+                                                    OptLevel level, const optim::GradScalerOptions& scaler_options) {
+  const Properties p = properties(level);
+  if (p.model_dtype != DType::f32) {
+    std::vector<std::string> keep;
+    if (p.keep_batchnorm_f32) keep = {"BatchNorm2d", "SyncBatchNorm"};
+    model.to(p.model_dtype, keep);
+  }
+  return std::make_unique<MixedPrecisionOptimizer>(model, make_optimizer, level, scaler_options);
+}
+
+}  // namespace loom::amp

@@ -1,0 +1,139 @@
+#include "optim/grad_scaler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <type_traits>
+
+#include "core/autograd.h"
+#include "core/parallel.h"
+#include "ops/elementwise.h"
+
+namespace loom::optim {
+namespace {
+constexpr int64_t kGrain = 1 << 14;
+
+// The type a gradient element is unscaled in: f64 for f64, f32 otherwise.
+template <class S>
+using Compute = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
+// One pass over `source`: destination = source * factor, and whether any
+// product is not finite. S and D are floating-point element types.
+template <class S, class D>
+bool scale_and_check(const S* source, D* destination, int64_t n, double factor) {
+  using C = Compute<S>;
+  const C f = static_cast<C>(factor);
+  std::atomic<bool> found{false};
+  parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    bool bad = false;
+    for (int64_t i = begin; i < end; ++i) {
+      const C v = static_cast<C>(source[i]) * f;
+      bad |= !std::isfinite(v);
+      if constexpr (std::is_floating_point_v<D>) {
+        destination[i] = static_cast<D>(v);
+      } else {
+        destination[i] = D(static_cast<float>(v));  // Half, BFloat16: round to nearest even
+      }
+    }
+    if (bad) found.store(true, std::memory_order_relaxed);
+  });
+  return found.load();
+}
+
+const Tensor& find_entry(const nn::NamedTensors& state, const std::string& name) {
+  for (auto& [key, t] : state) {
+    if (key == name) return t;
+  }
+  LOOM_FAIL("GradScaler state has no '", name, "' entry");
+}
+}  // namespace
+
+bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor) {
+  LOOM_CHECK(sources.size() == destinations.size(), "unscale: ", sources.size(), " gradients but ",
+             destinations.size(), " destinations");
+  // The factor is applied in f32 (f64 for f64 gradients); 1/scale is a power
+  // of two for the default schedule, so the division is exact.
+  bool found = false;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const Tensor& source = sources[k];
+    if (!source.defined()) continue;
+    const Tensor& destination = destinations[k];
+    LOOM_CHECK(destination.defined() && destination.numel() == source.numel(), "unscale: destination ", k, " (",
+               destination.str(), ") does not match gradient ", source.str());
+    LOOM_CHECK(source.device().is_cpu() && destination.device().is_cpu(), "unscale: gradient ", source.str(),
+               " is not on the CPU; the CUDA unscale kernel is not built");
+    LOOM_CHECK(is_floating(source.dtype()), "unscale: gradient ", source.str(), " is not floating-point");
+    LOOM_CHECK(destination.dtype() == DType::f32 || destination.dtype() == source.dtype(), "unscale: destination ",
+               destination.str(), " must be f32 or the gradient's dtype (", dtype_name(source.dtype()), ")");
+    const Tensor input = source.is_contiguous() ? source : source.contiguous();
+    LOOM_CHECK(destination.is_contiguous(), "unscale: destination ", destination.str(), " is not contiguous");
+    visit_dtype(input.dtype(), [&]<class S>() {
+      if constexpr (std::is_integral_v<S>) {
+        LOOM_FAIL("unreachable: integer gradient");
+      } else {
+        const S* in = static_cast<const S*>(input.raw_data());
+        if (destination.dtype() == DType::f32) {
+          found |= scale_and_check(in, static_cast<float*>(destination.raw_data()), input.numel(), factor);
+        } else {
+          found |= scale_and_check(in, static_cast<S*>(destination.raw_data()), input.numel(), factor);
+        }
+      }
+    });
+  }
+  return found;
+}
+
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), scale_(options.init_scale_) {
+  const GradScalerOptions& o = options_;
+  LOOM_CHECK(o.min_scale_ > 0 && o.min_scale_ <= o.max_scale_, "GradScaler: need 0 < min_scale <= max_scale, got [",
+             o.min_scale_, ", ", o.max_scale_, "]");
+  LOOM_CHECK(o.init_scale_ >= o.min_scale_ && o.init_scale_ <= o.max_scale_, "GradScaler: init_scale ", o.init_scale_,
+             " is outside [min_scale, max_scale] = [", o.min_scale_, ", ", o.max_scale_, "]");
+  LOOM_CHECK(o.growth_factor_ > 1, "GradScaler: growth_factor must be > 1, got ", o.growth_factor_);
+  LOOM_CHECK(o.backoff_factor_ > 0 && o.backoff_factor_ < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
+             o.backoff_factor_);
+  LOOM_CHECK(o.growth_interval_ > 0, "GradScaler: growth_interval must be positive, got ", o.growth_interval_);
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!enabled()) return loss;
+  return ::loom::scale(loss.dtype() == DType::f64 ? loss : loss.to(DType::f32), scale_);
+}
+
+bool GradScaler::unscale(const std::vector<Tensor>& gradients, const std::vector<Tensor>& destinations) const {
+  if (!enabled()) {
+    static_cast<void>(unscale_and_check(gradients, destinations, 1.0));
+    return false;
+  }
+  return unscale_and_check(gradients, destinations, 1.0 / scale_);
+}
+
+void GradScaler::update(bool found_inf) {
+  if (!enabled()) return;
+  if (found_inf) {
+    scale_ = std::max(scale_ * options_.backoff_factor_, options_.min_scale_);
+    growth_tracker_ = 0;
+    ++skipped_steps_;
+    return;
+  }
+  if (++growth_tracker_ == options_.growth_interval_) {
+    scale_ = std::min(scale_ * options_.growth_factor_, options_.max_scale_);
+    growth_tracker_ = 0;
+  }
+}
+
+nn::NamedTensors GradScaler::state() const {
+  return {{"scale", Tensor::scalar(scale_, DType::f64)},
+          {"growth_tracker", Tensor::scalar(static_cast<double>(growth_tracker_), DType::i64)},
+          {"skipped_steps", Tensor::scalar(static_cast<double>(skipped_steps_), DType::i64)}};
+}
+
+void GradScaler::load_state(const nn::NamedTensors& state) {
+  const double scale = find_entry(state, "scale").item();
+  LOOM_CHECK(std::isfinite(scale) && scale > 0, "GradScaler state: scale ", scale, " is not a positive number");
+  scale_ = scale;
+  growth_tracker_ = static_cast<int64_t>(find_entry(state, "growth_tracker").item());
+  skipped_steps_ = static_cast<int64_t>(find_entry(state, "skipped_steps").item());
+}
+
+}  // namespace loom::optim

@@ -1,0 +1,70 @@
+#include "optim/master_weights.h"
+
+#include <map>
+
+#include "core/autograd.h"
+
+namespace loom::optim {
+
+MasterWeights::MasterWeights(const nn::NamedTensors& parameters, MasterRefresh refresh) : refresh_(refresh) {
+  for (auto& [name, parameter] : parameters) {
+    if (!parameter.requires_grad()) continue;
+    LOOM_CHECK(is_floating(parameter.dtype()), "MasterWeights: parameter '", name, "' is ", parameter.str(),
+               "; expected a floating-point parameter");
+    LOOM_CHECK(parameter.is_contiguous(), "MasterWeights: parameter '", name, "' is not contiguous");
+    names_.push_back(name);
+    parameters_.push_back(parameter);
+    Tensor master = Tensor::zeros(parameter.sizes(), DType::f32, parameter.device());
+    master.set_requires_grad(true);
+    masters_.push_back(master);
+    master_grads_.push_back(Tensor::zeros(parameter.sizes(), DType::f32, parameter.device()));
+  }
+  LOOM_CHECK(!masters_.empty(), "MasterWeights: the model has no parameter that requires grad");
+}
+
+void MasterWeights::copy_from_model() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < masters_.size(); ++i) masters_[i].copy_(parameters_[i]);
+  initialized_ = true;
+}
+
+void MasterWeights::ensure_initialized() {
+  if (!initialized_ || refresh_ == MasterRefresh::from_model) copy_from_model();
+}
+
+bool MasterWeights::load_gradients(const GradScaler& scaler) {
+  ensure_initialized();
+  std::vector<Tensor> gradients;
+  gradients.reserve(parameters_.size());
+  for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
+  const bool found_inf = scaler.unscale(gradients, master_grads_);
+  for (size_t i = 0; i < masters_.size(); ++i) masters_[i].set_grad(gradients[i].defined() ? master_grads_[i] : Tensor());
+  return found_inf;
+}
+
+void MasterWeights::copy_to_model() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < masters_.size(); ++i) parameters_[i].copy_(masters_[i]);
+}
+
+nn::NamedTensors MasterWeights::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < masters_.size(); ++i) out.emplace_back(names_[i], masters_[i].detach());
+  return out;
+}
+
+void MasterWeights::load_state(const nn::NamedTensors& state) {
+  std::map<std::string, const Tensor*> given;
+  for (auto& [name, t] : state) given[name] = &t;
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    auto it = given.find(names_[i]);
+    LOOM_CHECK(it != given.end(), "master weights: the saved state has no master for parameter '", names_[i], "'");
+    LOOM_CHECK(it->second->sizes() == masters_[i].sizes(), "master weights: '", names_[i], "' has shape ",
+               shape_str(it->second->sizes()), " but the parameter has ", shape_str(masters_[i].sizes()));
+    masters_[i].copy_(*it->second);
+  }
+  initialized_ = true;
+}
+
+}  // namespace loom::optim

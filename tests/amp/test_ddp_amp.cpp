@@ -1,0 +1,135 @@
+// Two ranks (real processes, Gloo on loopback) training an f16 model at O2
+// under DDP: f16 gradient buckets are averaged in f16, and when one rank's
+// gradient overflows -- an inf forced into it, or a batch too large for f16 --
+// both ranks skip that step and halve the scale, because the check reads the
+// all-reduced gradients; the replicas stay bit-identical.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "dist/ddp.h"
+#include "dist/process_group.h"
+#include "nn/layers.h"
+#include "ops/loss.h"
+#include "optim/amp.h"
+#include "tests/amp/helpers.h"
+#include "tests/dist/multiprocess.h"
+
+using namespace loom;
+using namespace loom::dist::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kSteps = 6;
+constexpr int kForcedInfStep = 2;   // rank 1 writes an inf into a gradient
+constexpr int kLargeInputStep = 4;  // rank 1's batch is scaled to 3e4: f16 overflows
+
+bool all_finite(const Tensor& t) {
+  for (double v : t.to_vector<double>())
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+// All masters of this rank, flattened; and the same gathered from every rank.
+Tensor flat_masters(const amp::MixedPrecisionOptimizer& optimizer) {
+  int64_t total = 0;
+  for (const Tensor& m : optimizer.master_weights()->masters()) total += m.numel();
+  Tensor flat = Tensor::empty({total});
+  int64_t offset = 0;
+  for (const Tensor& m : optimizer.master_weights()->masters()) {
+    make_view(flat, {m.numel()}, {1}, offset).copy_(m.reshape({-1}));
+    offset += m.numel();
+  }
+  return flat;
+}
+
+}  // namespace
+
+LOOM_DIST_SCENARIO("amp_overflow_skip") {
+  auto group = dist::init_process_group({.init_method = "env://", .timeout = 20s});
+  const int rank = group->rank(), world = group->size();
+  manual_seed(7 + rank);  // different weights until DDP broadcasts rank 0's
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4)});
+  auto optimizer = amp::initialize(*model, amp_test::sgd(0.1), amp::OptLevel::O2,
+                                   optim::GradScalerOptions().init_scale(1024));
+
+  // Hooks registered before DDP's run before its reduction: they see (and may
+  // poison) this rank's own gradient.
+  int step = 0;
+  std::vector<bool> locally_finite(kSteps, true);
+  for (auto& [name, parameter] : model->named_parameters()) {
+    Tensor handle = parameter;
+    handle.register_post_accumulate_grad_hook([&, name = name](Tensor& p) {
+      if (rank == 1 && step == kForcedInfStep && name == "0.weight") {
+        make_view(p.mutable_grad(), {1}, {1}, 3).fill_(std::numeric_limits<double>::infinity());
+      }
+      locally_finite[step] = locally_finite[step] && all_finite(p.grad());
+    });
+  }
+  dist::DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
+  expect(ddp.bucket_parameter_names().size() >= 2, "expected several buckets");
+
+  std::vector<bool> stepped;
+  for (step = 0; step < kSteps; ++step) {
+    Generator generator(1000 * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
+    Tensor x = Tensor::empty({4, 6});
+    generator.normal_(x, 0.0, 1.0);
+    if (rank == 1 && step == kLargeInputStep) x.mul_(3e4);
+    std::vector<int64_t> label_values;
+    for (int i = 0; i < 4; ++i) label_values.push_back(static_cast<int64_t>(generator.below(4)));
+    Tensor labels = Tensor::from_vector(label_values, {4});
+    Tensor loss;
+    {
+      auto autocast = optimizer->autocast();
+      loss = cross_entropy(ddp(x.to(DType::f16)), labels);
+    }
+    optimizer->zero_grad();
+    optimizer->scale_loss(loss).backward();
+    ddp.wait_for_gradients();
+    for (auto& [name, parameter] : model->named_parameters())
+      expect(parameter.grad().dtype() == DType::f16, "gradient of ", name, " is ", parameter.grad().str(), ", not f16");
+    stepped.push_back(optimizer->step());
+  }
+
+  const std::vector<bool> expected = {true, true, false, true, false, true};
+  expect(stepped == expected, "rank ", rank, ": the steps taken differ from the expected skip pattern");
+  expect(optimizer->scaler().get_scale() == 256.0, "rank ", rank, ": scale ", optimizer->scaler().get_scale(),
+         ", expected 1024 halved twice");
+  expect(optimizer->scaler().skipped_steps() == 2, "rank ", rank, ": skipped ", optimizer->scaler().skipped_steps());
+  if (rank == 0) {
+    // Rank 0's own gradients were finite: it skipped because of rank 1's.
+    expect(locally_finite[kForcedInfStep] && locally_finite[kLargeInputStep],
+           "rank 0's local gradients were not finite; the test does not show what it should");
+  } else {
+    expect(!locally_finite[kForcedInfStep] && !locally_finite[kLargeInputStep], "rank 1 did not overflow");
+  }
+
+  // Bit-identical masters and f16 weights on both ranks.
+  Tensor mine = flat_masters(*optimizer);
+  Tensor everyone = Tensor::zeros({world * mine.numel()});
+  group->all_gather_into(everyone, mine)->wait();
+  std::vector<float> all = everyone.to_vector<float>();
+  for (int64_t i = 0; i < mine.numel(); ++i)
+    expect(all[static_cast<size_t>(i)] == all[static_cast<size_t>(mine.numel() + i)], "master ", i, " differs between ranks");
+  for (auto& [name, parameter] : model->named_parameters()) {
+    Tensor gathered = Tensor::zeros({world * parameter.numel()}, parameter.dtype());
+    group->all_gather_into(gathered, parameter.reshape({-1}).contiguous())->wait();
+    std::vector<float> values = gathered.to_vector<float>();
+    for (int64_t i = 0; i < parameter.numel(); ++i)
+      expect(values[static_cast<size_t>(i)] == values[static_cast<size_t>(parameter.numel() + i)], name, "[", i,
+             "] differs between ranks");
+  }
+  group->barrier()->wait();
+}
+
+TEST_SUITE("ddp") {
+  TEST_CASE("an overflow on one rank makes both ranks skip the same steps") {
+    for (const RankResult& result : spawn_ranks("amp_overflow_skip", 2, {.deadline = std::chrono::seconds(60)}))
+      CHECK_MESSAGE(result.ok(), result.describe());
+  }
+}

@@ -1,0 +1,173 @@
+// GradScaler: the schedule (skip and back off on overflow, grow after the
+// interval, stay within the bounds), the fused unscale-and-check pass against
+// hand-computed values, and the scaled loss's gradient against the unscaled one.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/loss.h"
+#include "optim/grad_scaler.h"
+
+using namespace loom;
+using optim::GradScaler;
+using optim::GradScalerOptions;
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}
+
+TEST_SUITE("grad_scaler") {
+  TEST_CASE("defaults are apex's and PyTorch's") {
+    GradScaler scaler;
+    CHECK(scaler.get_scale() == 65536.0);
+    CHECK(scaler.options().growth_interval_ == 2000);
+    CHECK(scaler.options().growth_factor_ == 2.0);
+    CHECK(scaler.options().backoff_factor_ == 0.5);
+    CHECK(scaler.options().min_scale_ == 1.0);
+    CHECK(scaler.options().max_scale_ == 16777216.0);
+    CHECK(scaler.growth_tracker() == 0);
+  }
+
+  TEST_CASE("overflow halves the scale and restarts the count; 2000 clean steps double it") {
+    GradScaler scaler;
+    for (int i = 0; i < 1999; ++i) scaler.update(false);
+    CHECK(scaler.get_scale() == 65536.0);
+    CHECK(scaler.growth_tracker() == 1999);
+    scaler.update(true);  // one overflow just before the interval: back off, count again from zero
+    CHECK(scaler.get_scale() == 32768.0);
+    CHECK(scaler.growth_tracker() == 0);
+    CHECK(scaler.skipped_steps() == 1);
+    for (int i = 0; i < 1999; ++i) scaler.update(false);
+    CHECK(scaler.get_scale() == 32768.0);
+    scaler.update(false);  // the 2000th clean step in a row
+    CHECK(scaler.get_scale() == 65536.0);
+    CHECK(scaler.growth_tracker() == 0);
+    scaler.update(true);
+    scaler.update(true);
+    CHECK(scaler.get_scale() == 16384.0);
+    CHECK(scaler.skipped_steps() == 3);
+  }
+
+  TEST_CASE("the scale stays within [min_scale, max_scale]") {
+    GradScaler low(GradScalerOptions().init_scale(2).min_scale(1));
+    low.update(true);
+    CHECK(low.get_scale() == 1.0);
+    low.update(true);  // at the floor: the step is still skipped, the scale stays
+    CHECK(low.get_scale() == 1.0);
+    CHECK(low.skipped_steps() == 2);
+
+    GradScaler high(GradScalerOptions().init_scale(16777216.0).growth_interval(2));
+    for (int i = 0; i < 6; ++i) high.update(false);
+    CHECK(high.get_scale() == 16777216.0);
+    CHECK(high.growth_tracker() == 0);
+
+    GradScaler custom(GradScalerOptions().init_scale(8).growth_interval(3).growth_factor(4).backoff_factor(0.25)
+                          .min_scale(0.5).max_scale(64));
+    for (int i = 0; i < 3; ++i) custom.update(false);
+    CHECK(custom.get_scale() == 32.0);
+    for (int i = 0; i < 3; ++i) custom.update(false);
+    CHECK(custom.get_scale() == 64.0);  // 128 clamped
+    custom.update(true);
+    CHECK(custom.get_scale() == 16.0);
+    custom.update(true);
+    custom.update(true);
+    CHECK(custom.get_scale() == 1.0);
+    custom.update(true);
+    CHECK(custom.get_scale() == 0.5);  // 0.25 clamped
+  }
+
+  TEST_CASE("bad options are refused with the reason") {
+    CHECK_THROWS_WITH_AS(GradScaler(GradScalerOptions().init_scale(1e9)), doctest::Contains("outside [min_scale, max_scale]"),
+                         loom::Error);
+    CHECK_THROWS_WITH_AS(GradScaler(GradScalerOptions().growth_factor(1)), doctest::Contains("growth_factor"), loom::Error);
+    CHECK_THROWS_WITH_AS(GradScaler(GradScalerOptions().backoff_factor(1)), doctest::Contains("backoff_factor"), loom::Error);
+    CHECK_THROWS_WITH_AS(GradScaler(GradScalerOptions().growth_interval(0)), doctest::Contains("growth_interval"),
+                         loom::Error);
+  }
+
+  TEST_CASE("a disabled scaler scales by one and never skips") {
+    GradScaler scaler(GradScalerOptions().enabled(false));
+    CHECK(scaler.get_scale() == 1.0);
+    Tensor loss = Tensor::scalar(2.5);
+    CHECK(scaler.scale(loss).is_same(loss));
+    Tensor g = Tensor::from_vector<float>({1.0f, std::numeric_limits<float>::infinity()}, {2});
+    Tensor out = Tensor::zeros({2});
+    CHECK_FALSE(scaler.unscale({g}, {out}));
+    CHECK(out.to_vector<float>()[0] == 1.0f);
+    scaler.update(true);
+    CHECK(scaler.get_scale() == 1.0);
+    CHECK(scaler.skipped_steps() == 0);
+  }
+
+  TEST_CASE("unscale: f16 / bf16 / f32 gradients divided into f32, hand values") {
+    GradScaler scaler(GradScalerOptions().init_scale(4));
+    Tensor half = Tensor::from_vector_as({2.0, -4.0, 65504.0, 6.103515625e-05}, {4}, DType::f16);
+    Tensor bf = Tensor::from_vector_as({1.0, 3.0e38}, {2}, DType::bf16);
+    Tensor single = Tensor::from_vector<float>({8.0f, -0.5f}, {2});
+    Tensor to_half = Tensor::zeros({4}), to_bf = Tensor::zeros({2});
+    CHECK_FALSE(scaler.unscale({half, bf, single, Tensor()}, {to_half, to_bf, single, Tensor()}));
+    CHECK(to_half.to_vector<float>() == std::vector<float>{0.5f, -1.0f, 16376.0f, 1.52587890625e-05f});
+    const float bf_big = static_cast<float>(BFloat16(3.0e38f)) / 4;
+    CHECK(to_bf.to_vector<float>() == std::vector<float>{0.25f, bf_big});
+    CHECK(single.to_vector<float>() == std::vector<float>{2.0f, -0.125f});  // in place
+  }
+
+  TEST_CASE("unscale finds one inf or NaN anywhere, also in a large tensor split across threads") {
+    GradScaler scaler(GradScalerOptions().init_scale(1024));
+    for (double bad : {kInf, -kInf, std::nan("")}) {
+      for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+        Tensor clean = Tensor::full({300}, 0.25, dtype);
+        Tensor big = Tensor::full({1 << 18}, 1.0, dtype);
+        std::vector<Tensor> outs = {Tensor::zeros({300}), Tensor::zeros({1 << 18})};
+        CHECK_FALSE(scaler.unscale({clean, big}, outs));
+        for (int64_t position : {int64_t{0}, int64_t{(1 << 17) + 3}, int64_t{(1 << 18) - 1}}) {
+          Tensor poisoned = big.clone();
+          make_view(poisoned, {1}, {1}, position).fill_(bad);
+          CHECK_MESSAGE(scaler.unscale({clean, poisoned}, outs), dtype_name(dtype), " ", bad, " at ", position);
+        }
+      }
+    }
+    // A finite f16 value times a factor <= 1 stays finite: 65504 at scale 1 is no overflow.
+    GradScaler one(GradScalerOptions().init_scale(1));
+    Tensor largest = Tensor::full({4}, 65504.0, DType::f16);
+    Tensor out = Tensor::zeros({4});
+    CHECK_FALSE(one.unscale({largest}, {out}));
+  }
+
+  TEST_CASE("the scaled loss's gradient is the loss's gradient times the scale, f16 logits included") {
+    // The loss scale is applied in f32: an f16 loss times 2^16 would overflow.
+    GradScaler scaler;  // 65536
+    Tensor logits32 = Tensor::from_vector<float>({0.5f, -1.0f, 2.0f, 0.25f, 0.0f, -0.75f}, {2, 3});
+    Tensor targets = Tensor::from_vector<int64_t>({2, 0}, {2});
+    Tensor reference = logits32.clone().set_requires_grad(true);
+    cross_entropy(reference, targets).backward();
+
+    Tensor logits = logits32.to(DType::f16).set_requires_grad(true);
+    Tensor loss = cross_entropy(logits.to(DType::f32), targets);  // the model's output cast to f32, as apex does
+    Tensor scaled = scaler.scale(loss);
+    CHECK(scaled.dtype() == DType::f32);
+    CHECK(scaled.item() == doctest::Approx(loss.item() * 65536.0).epsilon(1e-6));
+    scaled.backward();
+    REQUIRE(logits.grad().dtype() == DType::f16);
+    std::vector<float> expected = reference.grad().to_vector<float>();
+    std::vector<float> got = logits.grad().to_vector<float>();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] / 65536.0f == doctest::Approx(expected[i]).epsilon(2e-3));
+  }
+
+  TEST_CASE("state round trip") {
+    GradScaler a(GradScalerOptions().init_scale(512).growth_interval(5));
+    a.update(false);
+    a.update(false);
+    a.update(true);
+    a.update(false);
+    GradScaler b(GradScalerOptions().growth_interval(5));
+    b.load_state(a.state());
+    CHECK(b.get_scale() == a.get_scale());
+    CHECK(b.growth_tracker() == 1);
+    CHECK(b.skipped_steps() == 1);
+    CHECK_THROWS_WITH_AS(b.load_state({}), doctest::Contains("no 'scale' entry"), loom::Error);
+  }
+}
