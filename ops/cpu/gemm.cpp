@@ -28,18 +28,25 @@ bool cpu_has_avx2_fma() {
 }
 
 // Packs op(A)[row0 .. row0+rows, p0 .. p0+depth] as MR-tall strips:
-// packed[strip][p][r], zero beyond `rows`.
+// packed[strip][p][r], zero beyond `rows`. One loop per storage order, so the
+// inner loops read memory in order.
 void pack_a(Transpose t, const float* a, int64_t lda, int64_t row0, int64_t rows, int64_t p0, int64_t depth,
             float* packed) {
   for (int64_t strip = 0; strip < rows; strip += kMR) {
     const int64_t height = std::min(kMR, rows - strip);
-    for (int64_t p = 0; p < depth; ++p) {
-      float* out = packed + p * kMR;
+    if (height < kMR) std::fill(packed, packed + depth * kMR, 0.0f);
+    if (t == Transpose::no) {
+      // A is (m, k): row i of the strip is contiguous in p.
       for (int64_t r = 0; r < height; ++r) {
-        const int64_t i = row0 + strip + r, q = p0 + p;
-        out[r] = t == Transpose::no ? a[i * lda + q] : a[q * lda + i];
+        const float* row = a + (row0 + strip + r) * lda + p0;
+        for (int64_t p = 0; p < depth; ++p) packed[p * kMR + r] = row[p];
       }
-      for (int64_t r = height; r < kMR; ++r) out[r] = 0.0f;
+    } else {
+      // A is stored (k, m): for each p the strip's rows are contiguous.
+      for (int64_t p = 0; p < depth; ++p) {
+        const float* column = a + (p0 + p) * lda + row0 + strip;
+        for (int64_t r = 0; r < height; ++r) packed[p * kMR + r] = column[r];
+      }
     }
     packed += depth * kMR;
   }
@@ -51,17 +58,22 @@ void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth,
             float* packed) {
   for (int64_t strip = 0; strip < cols; strip += kNR) {
     const int64_t width = std::min(kNR, cols - strip);
+    if (width < kNR) std::fill(packed, packed + depth * kNR, 0.0f);
     if (t == Transpose::no) {
+      // B is (k, n): each p contributes `width` contiguous values.
       for (int64_t p = 0; p < depth; ++p) {
         const float* row = b + (p0 + p) * ldb + col0 + strip;
         float* out = packed + p * kNR;
-        std::memcpy(out, row, width * sizeof(float));
-        for (int64_t c = width; c < kNR; ++c) out[c] = 0.0f;
+        if (width == kNR) {
+          for (int64_t c = 0; c < kNR; ++c) out[c] = row[c];
+        } else {
+          for (int64_t c = 0; c < width; ++c) out[c] = row[c];
+        }
       }
     } else {
-      if (width < kNR) std::fill(packed, packed + depth * kNR, 0.0f);
+      // B is stored (n, k): column c of the strip is contiguous in p.
       for (int64_t c = 0; c < width; ++c) {
-        const float* column = b + (col0 + strip + c) * ldb + p0;  // contiguous in p
+        const float* column = b + (col0 + strip + c) * ldb + p0;
         for (int64_t p = 0; p < depth; ++p) packed[p * kNR + c] = column[p];
       }
     }
