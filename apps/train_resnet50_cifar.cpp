@@ -1,7 +1,7 @@
 // train_resnet50_cifar: the SLURM tutorial's ResNet-50 on CIFAR-10, one
 // process per rank (srun, torchrun/loomrun or mpirun set the rank variables;
 // a plain start is one process).
-//   train_resnet50_cifar -b 128 -e 2 [-c ./checkpoint/1GPU_1epoch.checkpoint]
+//   train_resnet50_cifar -b 128 -e 2 [-c ./checkpoint/1GPU_1epoch.checkpoint] [--amp O2]
 // Rank 0 prints ">>> Training on N ...", a loss line with data-load and
 // training milliseconds every 10 steps, saves
 // ./checkpoint/{world}GPU_{epoch}epoch.checkpoint after each epoch, then
@@ -28,6 +28,7 @@
 #include "nn/checkpoint.h"
 #include "nn/resnet.h"
 #include "ops/loss.h"
+#include "optim/amp.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 
@@ -59,6 +60,7 @@ struct Flags {
   std::string device = "cpu";
   int64_t max_steps = 0;  // per epoch; 0 = full epochs
   int64_t log_interval = 10;
+  std::string amp = "O0";  // mixed precision: apex's opt level, or bf16
 };
 
 Device resolve_device(const std::string& name) {
@@ -148,8 +150,18 @@ int run(const Flags& flags) {
 
   manual_seed(flags.seed);
   std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).stem(stem));
-  optim::SGD optimizer(model->parameters(),
-                       optim::SGDOptions(flags.lr).momentum(flags.momentum).weight_decay(flags.weight_decay));
+  // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
+  // batch norm), SGD over what it must step (f32 master weights at O2 / O3 / bf16).
+  const amp::OptLevel amp_level = amp::parse_opt_level(flags.amp);
+  std::unique_ptr<amp::MixedPrecisionOptimizer> amp_optimizer = amp::initialize(
+      *model,
+      [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+        return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(flags.lr)
+                                                                        .momentum(flags.momentum)
+                                                                        .weight_decay(flags.weight_decay));
+      },
+      amp_level);
+  optim::Optimizer& optimizer = amp_optimizer->optimizer();
   std::unique_ptr<optim::LRScheduler> scheduler = make_scheduler(flags, optimizer);
 
   // Resume: the model, then everything an uninterrupted run would have had at
@@ -157,10 +169,12 @@ int run(const Flags& flags) {
   int64_t first_epoch = 0, global_step = 0;
   if (!flags.checkpoint.empty()) {
     nn::Checkpoint checkpoint = nn::load_checkpoint(flags.checkpoint, device);
+    // Its --amp level first: the model's dtypes depend on it.
+    if (checkpoint.training) amp_optimizer->check_compatible(*checkpoint.training);
     nn::load_model_state(*model, checkpoint.model, "checkpoint " + flags.checkpoint);
     if (checkpoint.training) {
       const nn::TrainingState& state = *checkpoint.training;
-      optimizer.load_state(state.optimizer);
+      amp_optimizer->load_state(state);  // the optimizer, and the masters and loss scale of --amp
       if (scheduler && state.scheduler_last_epoch) scheduler->set_last_epoch(*state.scheduler_last_epoch);
       if (auto g = state.generators.find("default"); g != state.generators.end()) {
         default_generator().set_state(g->second.seed, g->second.counter);
@@ -215,10 +229,12 @@ int run(const Flags& flags) {
   const data::Compose test_transforms({data::ToTensor{}, data::cifar10_normalize()});
   data::DataLoader train_loader(
       split.train, train_transforms,
-      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).seed(flags.seed),
+      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).seed(flags.seed).dtype(
+          amp::input_dtype(amp_level)),
       std::make_shared<data::DistributedSampler>(split.train.size(), world, rank, /*shuffle=*/true, flags.seed));
   data::DataLoader test_loader(
-      split.test, test_transforms, data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers),
+      split.test, test_transforms,
+      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).dtype(amp::input_dtype(amp_level)),
       std::make_shared<data::DistributedSampler>(split.test.size(), world, rank, /*shuffle=*/false));
 
   const int64_t batches = train_loader.num_batches();
@@ -237,11 +253,15 @@ int run(const Flags& flags) {
       if (!batch) break;
       const double dataload_ms = 1000.0 * train_loader.last_wait_seconds();
       const auto training_start = Clock::now();
-      Tensor loss = cross_entropy(trained(batch->images), batch->labels);
-      optimizer.zero_grad();
-      loss.backward();
+      Tensor loss;
+      {
+        auto autocast = amp_optimizer->autocast();  // the loss in f32; --amp O1: f16 convolutions
+        loss = cross_entropy(trained(batch->images), batch->labels);
+      }
+      amp_optimizer->zero_grad();
+      amp_optimizer->scale_loss(loss).backward();
       if (ddp) ddp->wait_for_gradients();
-      optimizer.step();
+      amp_optimizer->step();  // unscales the averaged gradients; skips the step on inf / NaN
       ++global_step;
       const double training_ms = std::chrono::duration<double, std::milli>(Clock::now() - training_start).count();
       if (leader && (i + 1) % flags.log_interval == 0) {
@@ -258,11 +278,11 @@ int run(const Flags& flags) {
       nn::TrainingState state;
       state.epoch = epoch + 1;
       state.step = global_step;
-      state.optimizer = optimizer.state();
       if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
       state.sampler_epoch = train_loader.sampler().epoch();
       state.generators["default"] = {default_generator().seed(), default_generator().counter()};
       state.extra_metadata = run_settings(flags, world);
+      amp_optimizer->save_state(state);  // optimizer state, f32 masters, loss scale
       const fs::path path = fs::path(flags.checkpoint_dir) / str(world, "GPU_", epoch + 1, "epoch.checkpoint");
       nn::save_checkpoint(path, {model->state_dict(), std::move(state)});
       std::printf("Saved %s\n", path.c_str());
@@ -271,12 +291,19 @@ int run(const Flags& flags) {
   }
   const auto elapsed = Clock::now() - start;
   if (leader) std::printf(">>> Training complete in: %s\n", apps::format_duration(elapsed).c_str());
+  if (leader && amp_optimizer->scaler().enabled()) {
+    std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n", flags.amp.c_str(),
+                amp_optimizer->scaler().get_scale(), static_cast<long long>(amp_optimizer->scaler().skipped_steps()));
+  }
 
   // Evaluate with rank 0's batch-norm statistics on every rank.
   if (group) {
     for (auto& [name, buffer] : model->named_buffers()) group->broadcast(buffer, 0)->wait();
   }
-  const auto [correct, total] = evaluate(*model, test_loader, group.get());
+  const auto [correct, total] = [&] {
+    auto autocast = amp_optimizer->autocast();
+    return evaluate(*model, test_loader, group.get());
+  }();
   if (leader) {
     std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note,
                 total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0,
@@ -326,6 +353,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--amp", flags.amp,
+                 "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights "
+                 "but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

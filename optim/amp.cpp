@@ -126,17 +126,20 @@ void MixedPrecisionOptimizer::save_state(nn::TrainingState& state) const {
   state.extra_metadata[kLevelKey] = opt_level_name(level_);
 }
 
-void MixedPrecisionOptimizer::load_state(const nn::TrainingState& state) {
+void MixedPrecisionOptimizer::check_compatible(const nn::TrainingState& state) const {
   auto saved = state.extra_metadata.find(kLevelKey);
-  const std::string saved_level = saved == state.extra_metadata.end() ? "" : saved->second;
-  if (saved_level.empty()) {
+  if (saved == state.extra_metadata.end()) {
     LOOM_CHECK(level_ == OptLevel::O0, "amp ", opt_level_name(level_),
                ": the checkpoint holds no mixed-precision state (it was written without --amp); resume it without "
                "--amp or with --amp O0");
-  } else {
-    LOOM_CHECK(saved_level == opt_level_name(level_), "amp: the checkpoint was written with --amp ", saved_level,
-               " but this run uses --amp ", opt_level_name(level_), "; resume with --amp ", saved_level);
+    return;
   }
+  LOOM_CHECK(saved->second == opt_level_name(level_), "amp: the checkpoint was written with --amp ", saved->second,
+             " but this run uses --amp ", opt_level_name(level_), "; resume with --amp ", saved->second);
+}
+
+void MixedPrecisionOptimizer::load_state(const nn::TrainingState& state) {
+  check_compatible(state);
   optimizer_->load_state(state.optimizer);
   nn::NamedTensors masters, scaler;
   for (auto& [name, t] : state.extra_tensors) {
@@ -144,7 +147,7 @@ void MixedPrecisionOptimizer::load_state(const nn::TrainingState& state) {
     if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
   }
   if (masters_) masters_->load_state(masters);
-  if (!saved_level.empty()) scaler_.load_state(scaler);
+  if (state.extra_metadata.contains(kLevelKey)) scaler_.load_state(scaler);
 }
 
 std::unique_ptr<MixedPrecisionOptimizer> initialize(nn::Module& model, const OptimizerFactory& make_optimizer,

@@ -100,9 +100,11 @@ class MixedPrecisionOptimizer {
   // the level ("amp.opt_level" metadata) into the extra entries, so that a
   // resumed run continues bit for bit.
   void save_state(nn::TrainingState& state) const;
-  // Restores what save_state wrote. A checkpoint of another level is refused
-  // with a message naming both levels; one without amp entries (written
-  // without --amp) is accepted at O0 only.
+  // Throws, naming both levels, unless `state` was saved at this level; one
+  // without amp entries (written without --amp) passes at O0 only. Call it
+  // before loading the model's weights, whose dtypes depend on the level.
+  void check_compatible(const nn::TrainingState& state) const;
+  // Restores what save_state wrote, after check_compatible().
   void load_state(const nn::TrainingState& state);
 
  private:

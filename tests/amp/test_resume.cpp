@@ -121,6 +121,10 @@ TEST_SUITE("resume") {
     Run bf16 = start_run(amp::OptLevel::bf16, sgd(0.05));
     CHECK_THROWS_WITH_AS(bf16.optimizer->load_state(state),
                          doctest::Contains("written with --amp O2 but this run uses --amp bf16"), loom::Error);
+    CHECK_THROWS_WITH_AS(bf16.optimizer->check_compatible(state), doctest::Contains("resume with --amp O2"), loom::Error);
+    CHECK_NOTHROW(o2.optimizer->check_compatible(state));
     CHECK_THROWS_WITH_AS(o2.optimizer->load_state(nn::TrainingState{}), doctest::Contains("without --amp"), loom::Error);
+    Run o0 = start_run(amp::OptLevel::O0, sgd(0.05));
+    CHECK_NOTHROW(o0.optimizer->load_state(nn::TrainingState{}));  // a checkpoint written before --amp existed
   }
 }
