@@ -1,0 +1,105 @@
+"""Checks loom's ResNet-50 checkpoints against torchvision, both ways; run by
+tests/models/test_interop.cpp as  /usr/bin/python3 torch_interop.py DIR
+
+loom -> torch: DIR/loom_resnet50.checkpoint (loom's state_dict plus its
+  "__training__." keys) loads with load_state_dict(strict=True) into
+  torchvision.models.resnet50(num_classes=10); in eval mode on DIR/loom_io's
+  "input" it must give loom's "logits" within 1e-4.
+torch -> loom: writes DIR/torch_resnet50.safetensors (a freshly initialised
+  torchvision model whose batch-norm statistics were moved by a few training
+  forwards) and DIR/torch_io.safetensors ("input", "logits" in eval mode) for
+  the C++ side to load and compare.
+
+Files are read with the `safetensors` package when it is installed, and
+otherwise parsed here from the format's definition with json + struct + numpy
+(an 8-byte little-endian header length, a JSON header, raw little-endian data).
+Exit 0 on success; any mismatch raises.
+"""
+import json, os, struct, sys
+
+import numpy as np
+import torch
+import torchvision
+
+DTYPES = {"F32": (np.float32, torch.float32), "F64": (np.float64, torch.float64), "F16": (np.float16, torch.float16),
+          "I64": (np.int64, torch.int64), "I32": (np.int32, torch.int32), "U8": (np.uint8, torch.uint8)}
+TRAINING_PREFIX = "__training__."
+
+
+def read_safetensors(path):
+    try:
+        from safetensors.torch import load_file  # the reference implementation, when installed
+        return load_file(path), "safetensors " + __import__("safetensors").__version__
+    except ImportError:
+        pass
+    with open(path, "rb") as f:
+        blob = f.read()
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + length])
+    data = blob[8 + length:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        if entry["dtype"] == "BF16":  # numpy has no bfloat16: widen the bits to f32
+            bits = np.frombuffer(data[begin:end], dtype="<u2").astype(np.uint32) << 16
+            out[name] = torch.from_numpy(bits.view(np.float32).reshape(entry["shape"]).copy()).to(torch.bfloat16)
+            continue
+        np_dtype, _ = DTYPES[entry["dtype"]]
+        array = np.frombuffer(data[begin:end], dtype=np.dtype(np_dtype).newbyteorder("<"))
+        out[name] = torch.from_numpy(array.reshape(entry["shape"]).copy())
+    return out, "json + struct + numpy"
+
+
+def write_safetensors(path, tensors):
+    header, chunks, offset = {}, [], 0
+    names = {v: k for k, (_, v) in DTYPES.items()}
+    for name, t in tensors.items():
+        raw = t.detach().contiguous().numpy().tobytes()  # native order: little-endian (asserted in main)
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def main(directory):
+    assert sys.byteorder == "little"
+    torch.set_num_threads(2)
+    state, reader = read_safetensors(os.path.join(directory, "loom_resnet50.checkpoint"))
+    training_keys = [k for k in state if k.startswith(TRAINING_PREFIX)]
+    assert training_keys, "expected loom's training state beside the model"
+    model_state = {k: v for k, v in state.items() if not k.startswith(TRAINING_PREFIX)}
+    model = torchvision.models.resnet50(num_classes=10)
+    model.load_state_dict(model_state, strict=True)
+    assert model.bn1.num_batches_tracked.dtype == torch.int64
+    model.eval()
+    io, _ = read_safetensors(os.path.join(directory, "loom_io.safetensors"))
+    with torch.no_grad():
+        logits = model(io["input"])
+    difference = (logits - io["logits"]).abs().max().item()
+    print(f"loom -> torch: {len(model_state)} tensors read with {reader} (+{len(training_keys)} training keys "
+          f"ignored), max |logits difference| = {difference:.3g}")
+    assert difference <= 1e-4, f"logits differ by {difference}"
+
+    torch.manual_seed(1)
+    reference = torchvision.models.resnet50(num_classes=10)
+    reference.train()
+    with torch.no_grad():
+        for _ in range(2):
+            reference(torch.randn(4, 3, 32, 32))
+    reference.eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference(x)
+    write_safetensors(os.path.join(directory, "torch_resnet50.safetensors"), reference.state_dict())
+    write_safetensors(os.path.join(directory, "torch_io.safetensors"), {"input": x, "logits": expected})
+    print("torch -> loom: wrote torch_resnet50.safetensors and torch_io.safetensors")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# train_resnet50_cifar run as a user would: on CIFAR-10-format files made here,
+# 2 epochs with per-epoch checkpoints, then a resume from the epoch-1
+# checkpoint that must reproduce the epoch-2 checkpoint byte for byte; the
+# synthetic-data path; two processes with DDP on loopback; and bad input, each
+# case exiting non-zero with exactly one line on stderr that names the problem.
+set -u
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# Small, learnable CIFAR-10 binary files: 16 images per training batch file,
+# 20 test images, colour by label.
+python3 - "$work/cifar/cifar-10-batches-bin" <<'PY'
+import os, random, sys
+out = sys.argv[1]
+os.makedirs(out)
+rng = random.Random(0)
+def record(label):
+    base = [(label * 25) % 256, (label * 70) % 256, (255 - label * 25) % 256]
+    return bytes([label]) + b"".join(bytes((base[c] + rng.randrange(40)) % 256 for _ in range(1024)) for c in range(3))
+for i in range(1, 6):
+    with open(os.path.join(out, f"data_batch_{i}.bin"), "wb") as f:
+        f.write(b"".join(record(rng.randrange(10)) for _ in range(16)))
+with open(os.path.join(out, "test_batch.bin"), "wb") as f:
+    f.write(b"".join(record(k % 10) for k in range(20)))
+PY
+common=(--data "$work/cifar" --model resnet18 -b 16 --threads 2 --workers 1 --log-interval 2 --seed 3)
+
+# 1. Two epochs straight.
+mkdir -p "$work/a" "$work/b"
+(cd "$work/a" && timeout 120 "$bin" "${common[@]}" -e 2 >out.txt 2>err.txt)
+status=$?
+out=$(cat "$work/a/out.txt")
+if [[ $status -ne 0 ]]; then
+  fail "2-epoch run: exit status $status: $(cat "$work/a/err.txt")"
+else
+  for expected in ">>> Training on 1 " "Epoch[1/2], Step[2/5], Loss: " "Time dataload: " " ms, Time training: " \
+                  "Epoch[2/2], Step[4/5]" ">>> Training complete in: 0:" ">>> Test accuracy: "; do
+    [[ "$out" == *"$expected"* ]] || fail "2-epoch run: output lacks '$expected'"
+  done
+  [[ "$out" != *"synthetic"* ]] || fail "2-epoch run on CIFAR files mentions synthetic data"
+  for epoch in 1 2; do
+    [[ -f "$work/a/checkpoint/1GPU_${epoch}epoch.checkpoint" ]] || fail "no checkpoint/1GPU_${epoch}epoch.checkpoint"
+  done
+  echo "ok   2-epoch run: $(grep -c '^Epoch\[' <<<"$out") loss lines, $(grep 'Test accuracy' <<<"$out")"
+fi
+
+# 2. Resume from the epoch-1 checkpoint: epoch 2 only, same final state.
+(cd "$work/b" && timeout 120 "$bin" "${common[@]}" -e 2 -c "$work/a/checkpoint/1GPU_1epoch.checkpoint" >out.txt 2>err.txt)
+status=$?
+resumed=$(cat "$work/b/out.txt")
+if [[ $status -ne 0 ]]; then
+  fail "resumed run: exit status $status: $(cat "$work/b/err.txt")"
+else
+  [[ "$resumed" == *"Resuming from $work/a/checkpoint/1GPU_1epoch.checkpoint at epoch 2"* ]] || fail "resumed run: no 'Resuming from' line"
+  [[ "$resumed" != *"Epoch[1/2]"* ]] || fail "resumed run repeated epoch 1"
+  [[ "$resumed" == *"Epoch[2/2], Step[4/5]"* ]] || fail "resumed run: no epoch-2 loss line"
+  [[ ! -e "$work/b/checkpoint/1GPU_1epoch.checkpoint" ]] || fail "resumed run rewrote the epoch-1 checkpoint"
+  if cmp -s "$work/a/checkpoint/1GPU_2epoch.checkpoint" "$work/b/checkpoint/1GPU_2epoch.checkpoint"; then
+    echo "ok   resumed run: its epoch-2 checkpoint is byte-identical to the uninterrupted run's"
+  else
+    fail "resumed run: epoch-2 checkpoint differs from the uninterrupted run's"
+  fi
+  [[ "$(grep 'Test accuracy' <<<"$out")" == "$(grep 'Test accuracy' <<<"$resumed")" ]] || fail "resumed run: different test accuracy"
+  [[ "$(grep '^Epoch\[2/2\]' <<<"$out" | cut -d, -f1-3)" == "$(grep '^Epoch\[2/2\]' <<<"$resumed" | cut -d, -f1-3)" ]] ||
+    fail "resumed run: epoch-2 losses differ"
+fi
+
+# 3. Synthetic data: the accuracy line says so.
+synthetic=$(cd "$work/a" && timeout 120 "$bin" --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 2 \
+            --checkpoint-dir "" 2>&1)
+status=$?
+if [[ $status -ne 0 ]]; then
+  fail "synthetic run: exit status $status: $synthetic"
+elif [[ "$synthetic" != *">>> Test accuracy (synthetic data): "* ]]; then
+  fail "synthetic run: accuracy line lacks '(synthetic data)': $synthetic"
+else
+  echo "ok   synthetic run: $(grep 'Test accuracy' <<<"$synthetic")"
+fi
+
+# 4. Two processes (torchrun-style variables), Gloo + DistributedDataParallel.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$work/ddp"
+for rank in 0 1; do
+  (cd "$work/ddp" && RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+     timeout 120 "$bin" --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 1 --log-interval 1 \
+     >"rank$rank.txt" 2>&1) &
+done
+ddp_status=0
+for job in $(jobs -p); do wait "$job" || ddp_status=$?; done
+rank0=$(cat "$work/ddp/rank0.txt")
+if [[ $ddp_status -ne 0 ]]; then
+  fail "2-process run: exit status $ddp_status: $rank0 / $(cat "$work/ddp/rank1.txt")"
+elif [[ "$rank0" != *">>> Training on 2 "* || "$rank0" != *"Step[2/2]"* || ! -f "$work/ddp/checkpoint/2GPU_1epoch.checkpoint" ]]; then
+  fail "2-process run: expected 'Training on 2', 2 steps of 8 per rank and checkpoint/2GPU_1epoch.checkpoint: $rank0"
+else
+  echo "ok   2-process run: $(grep 'Test accuracy' <<<"$rank0")"
+fi
+
+# 5. Bad input. expect_error DESCRIPTION EXPECTED_TEXT [VAR=VALUE...] -- ARGS...
+expect_error() {
+  local what=$1 expected=$2
+  shift 2
+  local environment=()
+  while [[ $1 != "--" ]]; do environment+=("$1"); shift; done
+  shift
+  local err status lines
+  err=$(cd "$work" && env "${environment[@]}" timeout 60 "$bin" "$@" 2>&1 >/dev/null)
+  status=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -eq 0 || $status -ge 124 ]]; then
+    fail "$what: exit status $status"
+  elif [[ $lines -ne 1 ]]; then
+    fail "$what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"
+  elif [[ "$err" != *"$expected"* ]]; then
+    fail "$what: stderr lacks '$expected': $err"
+  else
+    echo "ok   $what: $err"
+  fi
+}
+mkdir -p "$work/truncated"
+cp -r "$work/cifar/cifar-10-batches-bin" "$work/truncated/"
+head -c 5000 "$work/cifar/cifar-10-batches-bin/data_batch_2.bin" >"$work/truncated/cifar-10-batches-bin/data_batch_2.bin"
+printf 'not a checkpoint' >"$work/garbage.checkpoint"
+
+expect_error "missing data directory" "cifar-10-binary.tar.gz" -- --data "$work/nowhere"
+expect_error "missing data directory names it" "$work/nowhere" -- --data "$work/nowhere"
+expect_error "truncated CIFAR-10 file" "data_batch_2.bin" -- --data "$work/truncated"
+expect_error "batch size not divisible by the world size" "--batch-size 128 is the global batch and must divide evenly across the 3 processes" \
+  RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 -- -b 128 --synthetic
+expect_error "missing checkpoint" "nowhere.checkpoint cannot be opened" -- --synthetic -c "$work/nowhere.checkpoint"
+expect_error "corrupt checkpoint" "garbage.checkpoint" -- --synthetic -c "$work/garbage.checkpoint"
+expect_error "checkpoint of another model" "does not match the model" -- --data "$work/cifar" --model resnet34 \
+  -c "$work/a/checkpoint/1GPU_1epoch.checkpoint"
+expect_error "CUDA on a machine without it" "CUDA" -- --device cuda --synthetic
+expect_error "unknown model" "--model" -- --model resnet20
+expect_error "unknown stem" "--stem" -- --stem tiny
+expect_error "non-numeric batch size" "--batch-size" -- -b ten
+expect_error "zero batch size" "--batch-size" -- -b 0
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures case(s) failed"
+  exit 1
+fi
+echo "all train_resnet50_cifar cases passed"
