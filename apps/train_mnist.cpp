@@ -1,5 +1,6 @@
 // train_mnist: the tutorials' ConvNet (or a 1-channel ResNet, --model) on MNIST / Fashion-MNIST.
 //   train_mnist --epochs 2 --batch-size 100 --lr 0.01
+//   train_mnist --amp O2     (mixed precision: apex's amp.initialize(model, optimizer, opt_level='O2'))
 // Prints "Epoch [e/E], Step [i/N], Loss: x" every --log-interval steps,
 // "Training complete in: h:mm:ss.ffffff" and the test accuracy.
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 #include "nn/convnet.h"
 #include "nn/resnet.h"
 #include "ops/loss.h"
+#include "optim/amp.h"
 #include "optim/optimizer.h"
 
 namespace fs = std::filesystem;
@@ -41,6 +43,7 @@ struct Flags {
   int64_t log_interval = 100;
   std::string device = "cpu";
   int64_t max_steps = 0;
+  std::string amp = "O0";  // mixed precision: apex's opt level, or bf16
 };
 
 // --data, else torchvision's ./data/MNIST/raw, else Debian's Fashion-MNIST.
@@ -95,18 +98,24 @@ int run(const Flags& flags) {
     model_owner = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).in_channels(1));
   }
   nn::Module& model = *model_owner;
-  std::unique_ptr<optim::Optimizer> optimizer;
-  if (flags.optimizer == "sgd") {
-    optimizer = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions(flags.lr).momentum(flags.momentum));
-  } else {
-    optimizer = std::make_unique<optim::Adam>(model.parameters(), optim::AdamOptions(flags.lr));
-  }
-
+  // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
+  // batch norm) and the optimizer over what it must step (f32 master weights
+  // at O2 / O3 / bf16).
+  const amp::OptLevel amp_level = amp::parse_opt_level(flags.amp);
+  std::unique_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
+      model,
+      [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+        if (flags.optimizer == "sgd") {
+          return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(flags.lr).momentum(flags.momentum));
+        }
+        return std::make_unique<optim::Adam>(std::move(parameters), optim::AdamOptions(flags.lr));
+      },
+      amp_level);
   const data::Compose transforms({data::ToTensor{}, data::mnist_normalize()});
   data::DataLoader train_loader(split.train, transforms,
-                                data::DataLoaderOptions().batch_size(flags.batch_size).num_workers(flags.workers).seed(flags.seed),
+                                data::DataLoaderOptions().batch_size(flags.batch_size).num_workers(flags.workers).seed(flags.seed).dtype(amp::input_dtype(amp_level)),
                                 std::make_shared<data::RandomSampler>(split.train.size(), flags.seed));
-  data::DataLoader test_loader(split.test, transforms, data::DataLoaderOptions().batch_size(500).num_workers(flags.workers));
+  data::DataLoader test_loader(split.test, transforms, data::DataLoaderOptions().batch_size(500).num_workers(flags.workers).dtype(amp::input_dtype(amp_level)));
 
   const int64_t steps_per_epoch = train_loader.num_batches();
   const auto start = std::chrono::steady_clock::now();
@@ -115,10 +124,14 @@ int run(const Flags& flags) {
     train_loader.start_epoch(epoch);
     int64_t step = 0;
     while (auto batch = train_loader.next()) {
-      Tensor loss = cross_entropy(model(batch->images), batch->labels);
+      Tensor loss;
+      {
+        auto autocast = optimizer->autocast();  // the loss in f32; --amp O1: f16 convolutions
+        loss = cross_entropy(model(batch->images), batch->labels);
+      }
       optimizer->zero_grad();
-      loss.backward();
-      optimizer->step();
+      optimizer->scale_loss(loss).backward();
+      optimizer->step();  // unscales the (averaged) gradients; skips the step on inf / NaN
       ++step;
       ++steps;
       if (step % flags.log_interval == 0) {
@@ -132,12 +145,18 @@ int run(const Flags& flags) {
   }
   const auto elapsed = std::chrono::steady_clock::now() - start;
   std::printf("Training complete in: %s\n", apps::format_duration(elapsed).c_str());
+  if (optimizer->scaler().enabled()) {
+    std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n",
+                flags.amp.c_str(), optimizer->scaler().get_scale(),
+                static_cast<long long>(optimizer->scaler().skipped_steps()));
+  }
   const double seconds = std::chrono::duration<double>(elapsed).count();
   std::printf("Throughput: %.1f images/s, time waiting for data: %.3f s\n",
               seconds > 0 ? static_cast<double>(steps * flags.batch_size) / seconds : 0.0,
               train_loader.total_wait_seconds());
 
   int64_t correct = 0, total = 0;
+  auto autocast = optimizer->autocast();  // evaluate as trained
   const double accuracy = evaluate(model, test_loader, correct, total);
   std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy, static_cast<long long>(correct),
               static_cast<long long>(total));
@@ -162,6 +181,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)")->capture_default_str()->check(apps::whole_at_least(0));
+  app.add_option("--amp", flags.amp, "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")->capture_default_str()->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
