@@ -73,9 +73,16 @@ Device resolve_device(const std::string& name) {
 // --data DIR holding the binary batches, or its parent holding cifar-10-batches-bin/.
 data::TrainTestSplit load_data(const Flags& flags) {
   if (flags.synthetic) {
-    const int64_t test_size = std::max<int64_t>(1, flags.synthetic_size / 5);
-    return {data::synthetic_cifar10(flags.synthetic_size, flags.seed + 1),
-            data::synthetic_cifar10(test_size, flags.seed + 2)};
+    // One draw split in two: synthetic_cifar10 picks the class colours from its
+    // seed, so the test images must come from the same call as the training ones.
+    const int64_t train_size = flags.synthetic_size, test_size = std::max<int64_t>(1, flags.synthetic_size / 5);
+    const data::ImageDataset all = data::synthetic_cifar10(train_size + test_size, flags.seed + 1);
+    std::vector<uint8_t> test_pixels(all.image(train_size), all.image(train_size) + test_size * all.image_bytes());
+    std::vector<int64_t> test_labels;
+    for (int64_t i = train_size; i < train_size + test_size; ++i) test_labels.push_back(all.label(i));
+    return {all.subset(train_size),
+            data::ImageDataset(all.channels(), all.height(), all.width(), std::move(test_pixels),
+                               std::move(test_labels), "synthetic CIFAR-10 test")};
   }
   const fs::path dir = flags.data;
   if (!fs::is_regular_file(dir / "data_batch_1.bin") && !fs::is_regular_file(dir / "cifar-10-batches-bin" / "data_batch_1.bin")) {
