@@ -1,7 +1,7 @@
 // DistributedDataParallel: parameter verification and broadcast, gradient
 // buckets whose flat buffers back every parameter's .grad, per-parameter
-// ready hooks that launch bucket all-reduces in order, and the end-of-backward
-// wait.
+// ready hooks that launch bucket reductions (through a communication hook) in
+// order, and the end-of-backward callback that waits for them.
 #include "dist/ddp.h"
 
 #include <algorithm>
@@ -48,6 +48,26 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& param
   return closed;
 }
 
+CommunicationHook allreduce_hook() {
+  return [](ProcessGroup& group, const Tensor& bucket) -> BucketReduction {
+    if (group.size() == 1) return {};
+    Tensor(bucket).mul_(1.0 / group.size());  // the sum of pre-divided gradients is their average
+    return {group.all_reduce(bucket, ReduceOp::sum), nullptr, bucket.nbytes()};
+  };
+}
+
+CommunicationHook compress_hook(DType wire_dtype) {
+  LOOM_CHECK(wire_dtype == DType::f16 || wire_dtype == DType::bf16, "compress_hook: the wire dtype must be f16 or bf16, got ",
+             dtype_name(wire_dtype));
+  return [wire_dtype](ProcessGroup& group, const Tensor& bucket) -> BucketReduction {
+    if (group.size() == 1) return {};
+    Tensor(bucket).mul_(1.0 / group.size());
+    Tensor compressed = bucket.to(wire_dtype);
+    WorkHandle work = group.all_reduce(compressed, ReduceOp::sum);
+    return {work, [bucket, compressed] { Tensor(bucket).copy_(compressed); }, compressed.nbytes()};
+  };
+}
+
 namespace {
 
 uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
@@ -78,8 +98,8 @@ std::string quoted_list(const std::vector<std::string>& names, size_t limit = 8)
 
 }  // namespace
 
-// The reducer: bucket state shared between the module, its gradient hooks
-// (which hold it weakly) and wait_for_gradients(). All members are guarded by
+// The reducer: bucket state shared between the module, its gradient hooks and
+// end-of-backward callbacks (which hold it weakly). All members are guarded by
 // `mutex`.
 struct DistributedDataParallel::Reducer {
   struct Parameter {
@@ -92,7 +112,7 @@ struct DistributedDataParallel::Reducer {
     std::vector<size_t> parameters;  // indices into Reducer::parameters
     Tensor buffer;                   // flat, one dtype and device
     size_t pending = 0;              // parameters not yet ready in this backward
-    WorkHandle work;
+    BucketReduction reduction;       // what the communication hook launched
     BucketTiming timing;
   };
   // collecting: a synchronized forward ran, gradients are arriving.
@@ -101,6 +121,8 @@ struct DistributedDataParallel::Reducer {
   enum class Round { idle, collecting, reduced };
 
   std::shared_ptr<ProcessGroup> group;
+  CommunicationHook hook = allreduce_hook();
+  std::weak_ptr<Reducer> self;  // for the end-of-backward callback
   bool find_unused_parameters = false;
   std::vector<Parameter> parameters;
   std::vector<Bucket> buckets;
@@ -108,6 +130,8 @@ struct DistributedDataParallel::Reducer {
   size_t ready_count = 0;
   size_t gradients_arrived = 0;  // hooks that fired in this round
   size_t next_bucket_to_launch = 0;
+  bool end_of_backward_queued = false;  // in this round
+  IterationTiming timing;               // buckets are kept in Bucket::timing
   Round round = Round::idle;
   std::mutex mutex;
 
@@ -140,8 +164,23 @@ struct DistributedDataParallel::Reducer {
                 "no_sync() for the extra backward passes");
     }
     ++gradients_arrived;
+    if (!end_of_backward_queued) {
+      // The first gradient of this backward: finish the round once autograd
+      // has run every node, so .grad holds the average when backward() returns.
+      end_of_backward_queued = true;
+      timing.first_gradient = std::chrono::steady_clock::now();
+      queue_end_of_backward_callback([weak = self] {
+        if (auto live = weak.lock()) live->on_backward_end();
+      });
+    }
     mark_ready(index);
-    if (ready_count == parameters.size()) finish();
+  }
+
+  // The end-of-backward callback: waits for every bucket (or throws why not).
+  void on_backward_end() {
+    std::lock_guard lock(mutex);
+    timing.backward_end = std::chrono::steady_clock::now();
+    if (round == Round::collecting) finish();
   }
 
   void mark_ready(size_t index) {
@@ -159,10 +198,8 @@ struct DistributedDataParallel::Reducer {
     while (next_bucket_to_launch < buckets.size() && buckets[next_bucket_to_launch].pending == 0) {
       Bucket& bucket = buckets[next_bucket_to_launch++];
       bucket.timing.launched = std::chrono::steady_clock::now();
-      if (group->size() > 1) {
-        bucket.buffer.mul_(1.0 / group->size());  // the sum of pre-divided gradients is their average
-        bucket.work = group->all_reduce(bucket.buffer, ReduceOp::sum);
-      }
+      bucket.reduction = hook(*group, bucket.buffer);
+      bucket.timing.wire_bytes = bucket.reduction.wire_bytes;
     }
   }
 
@@ -172,25 +209,31 @@ struct DistributedDataParallel::Reducer {
     std::lock_guard lock(mutex);
     if (round == Round::collecting) {
       // A forward without backward (evaluation in grad mode) is fine; a
-      // backward that left gradients unreduced is not. Either way, finish
-      // what was launched.
+      // backward that stopped before its end-of-backward callback (an error
+      // inside backward) left gradients unreduced. Either way, finish what
+      // was launched.
       std::vector<std::string> missing = unready_names();
       bool backward_ran = gradients_arrived > 0;
       wait_launched();
       round = Round::idle;
-      if (backward_ran) LOOM_FAIL("DistributedDataParallel: the previous backward produced no gradient for ", quoted_list(missing),
-                " before this forward; pass find_unused_parameters = true if some parameters are unused in "
-                "forward, and call wait_for_gradients() after each backward");
+      if (backward_ran)
+        LOOM_FAIL("DistributedDataParallel: the previous backward stopped before it finished (no gradient for ",
+                  quoted_list(missing), "), so its gradients were not averaged; if some parameters are unused in "
+                  "forward, pass find_unused_parameters = true");
     }
     round = synchronize ? Round::collecting : Round::idle;
     std::fill(ready.begin(), ready.end(), false);
     ready_count = 0;
     gradients_arrived = 0;
     next_bucket_to_launch = 0;
+    end_of_backward_queued = false;
+    timing = {};
+    timing.forward_end = std::chrono::steady_clock::now();
     for (auto& bucket : buckets) {
       bucket.pending = bucket.parameters.size();
-      bucket.work.reset();
-      bucket.timing.ready = bucket.timing.launched = bucket.timing.done = {};
+      bucket.reduction = {};
+      bucket.timing.ready = bucket.timing.launched = bucket.timing.started = bucket.timing.done = {};
+      bucket.timing.wire_bytes = 0;
     }
     if (round != Round::collecting || !find_unused_parameters) return;
     // Parameters whose AccumulateGrad node the output cannot reach get no gradient.
@@ -226,7 +269,7 @@ struct DistributedDataParallel::Reducer {
 
   void wait_launched() noexcept {
     for (size_t b = 0; b < next_bucket_to_launch; ++b) {
-      if (buckets[b].work) static_cast<void>(buckets[b].work->wait_for(group->timeout()));
+      if (buckets[b].reduction.work) static_cast<void>(buckets[b].reduction.work->wait_for(group->timeout()));
     }
   }
 
@@ -252,13 +295,16 @@ struct DistributedDataParallel::Reducer {
     }
     round = Round::reduced;
     for (auto& bucket : buckets) {
-      if (bucket.work) {
-        bucket.work->wait();
-        bucket.timing.done = bucket.work->end_time();
-      } else {
-        bucket.timing.done = std::chrono::steady_clock::now();
+      BucketReduction& reduction = bucket.reduction;
+      if (reduction.work) {
+        reduction.work->wait();
+        bucket.timing.started = reduction.work->start_time();
+        bucket.timing.done = reduction.work->end_time();
       }
+      if (reduction.finish) reduction.finish();
+      if (!reduction.work) bucket.timing.done = std::chrono::steady_clock::now();
     }
+    timing.reduced = std::chrono::steady_clock::now();
   }
 };
 
@@ -280,6 +326,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_shared<Reducer>();
   Reducer& reducer = *reducer_;
   reducer.group = group_;
+  reducer.self = reducer_;
   reducer.find_unused_parameters = options_.find_unused_parameters;
   std::vector<Tensor> trainable;
   for (auto& [name, tensor] : module_->named_parameters()) {
@@ -437,6 +484,22 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_
     for (size_t index : bucket.parameters) names.back().push_back(reducer_->parameters[index].name);
   }
   return names;
+}
+
+void DistributedDataParallel::register_comm_hook(CommunicationHook hook) {
+  LOOM_CHECK(hook != nullptr, "DistributedDataParallel::register_comm_hook: the hook is empty");
+  std::lock_guard lock(reducer_->mutex);
+  LOOM_CHECK(reducer_->round != Reducer::Round::collecting,
+             "DistributedDataParallel::register_comm_hook: called between forward and backward; register the hook "
+             "before the first forward");
+  reducer_->hook = std::move(hook);
+}
+
+IterationTiming DistributedDataParallel::last_iteration_timing() const {
+  std::lock_guard lock(reducer_->mutex);
+  IterationTiming timing = reducer_->timing;
+  for (const auto& bucket : reducer_->buckets) timing.buckets.push_back(bucket.timing);
+  return timing;
 }
 
 std::vector<BucketTiming> DistributedDataParallel::bucket_timings() const {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,28 @@ namespace loom::dist {
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& parameters,
                                                 size_t first_bucket_bytes_cap, size_t bucket_bytes_cap);
 
+// A communication hook reduces one gradient bucket across the group
+// (PyTorch's register_comm_hook). It receives the bucket's flat buffer, which
+// holds this rank's gradients, launches the collective and returns it; the
+// reducer waits for `work`, then runs `finish` (on the backward thread), after
+// which the buffer must hold the average over ranks.
+struct BucketReduction {
+  WorkHandle work;                // null when nothing was launched
+  std::function<void()> finish{};  // may be empty
+  size_t wire_bytes = 0;          // bytes each rank contributes to the collective
+};
+using CommunicationHook = std::function<BucketReduction(ProcessGroup& group, const Tensor& bucket)>;
+
+// The default hook: divides the bucket by the world size, then all-reduces
+// it with sum.
+CommunicationHook allreduce_hook();
+// Compression (PyTorch's fp16_compress_hook / bf16_compress_hook): divides
+// the bucket by the world size in its own dtype, casts it to `wire_dtype`
+// (f16 or bf16), all-reduces that, and casts the sum back into the bucket.
+// Dividing before the cast keeps the sum of world values within the range of
+// the largest one, so it overflows f16 only where a single gradient would.
+CommunicationHook compress_hook(DType wire_dtype);
+
 struct DistributedDataParallelOptions {
   size_t first_bucket_bytes_cap = size_t{1} << 20;  // 1 MiB: starts communication early in backward
   size_t bucket_bytes_cap = size_t{25} << 20;       // 25 MiB (PyTorch's bucket_cap_mb)
@@ -36,12 +59,24 @@ struct DistributedDataParallelOptions {
 };
 
 // When one bucket became ready (its last gradient arrived), was handed to the
-// process group, and finished; from the most recent synchronized backward.
+// process group, started on the wire, and finished; from the most recent
+// synchronized backward. Time points stay {} for what did not happen (no
+// collective runs in a world of one, so `started` stays {} there).
 struct BucketTiming {
   size_t bucket = 0;
-  size_t bytes = 0;
+  size_t bytes = 0;       // the bucket's gradient buffer
+  size_t wire_bytes = 0;  // what this rank sent into the collective (less with compression)
   size_t parameters = 0;
-  std::chrono::steady_clock::time_point ready, launched, done;
+  std::chrono::steady_clock::time_point ready, launched, started, done;
+};
+
+// One synchronized iteration as the reducer saw it.
+struct IterationTiming {
+  std::chrono::steady_clock::time_point forward_end;     // forward returned; the reducer was prepared
+  std::chrono::steady_clock::time_point first_gradient;  // the first parameter gradient of backward arrived
+  std::chrono::steady_clock::time_point backward_end;    // autograd applied every node (end-of-backward callback)
+  std::chrono::steady_clock::time_point reduced;         // every bucket reduced: .grad holds the average
+  std::vector<BucketTiming> buckets;
 };
 
 class DistributedDataParallel final : public nn::Module {
@@ -60,13 +95,21 @@ class DistributedDataParallel final : public nn::Module {
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "DistributedDataParallel"; }
 
-  // Blocks until every bucket of the last backward has been reduced, so that
-  // each .grad holds the average over ranks. Call it after backward and before
-  // the optimizer step (it returns at once when the last gradient's hook
-  // already finished the reduction, and after a no_sync() backward). Throws
-  // when the reduction failed or parameters received no gradient (naming
-  // them) without find_unused_parameters.
+  // Gradients are averaged by the time loss.backward() returns: the first
+  // gradient hook of a synchronized backward queues an end-of-backward
+  // callback that waits for every bucket. A reduction failure (a dead peer,
+  // a timeout) or parameters that received no gradient without
+  // find_unused_parameters make backward() throw, naming the cause.
+
+  // Finishes a synchronized backward whose end-of-backward callback did not
+  // run (a backward during which no parameter hook fired); otherwise, and
+  // after a no_sync() backward, returns at once. Safe to call after every
+  // backward, as older loom code did.
   void wait_for_gradients();
+
+  // Replaces how buckets are reduced (allreduce_hook() by default); call it
+  // before the first forward.
+  void register_comm_hook(CommunicationHook hook);
 
   // While the returned guard lives, backward passes accumulate gradients
   // locally without communication; the first backward after it reduces the
@@ -92,6 +135,8 @@ class DistributedDataParallel final : public nn::Module {
   // Parameter names (of the wrapped module) in each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   std::vector<BucketTiming> bucket_timings() const;
+  // The last synchronized iteration's timeline, for scaling benchmarks.
+  IterationTiming last_iteration_timing() const;
 
  private:
   struct Reducer;

@@ -2,7 +2,9 @@
 // MPI variables, each value validated with an error naming its variable.
 #include "dist/environment.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <vector>
@@ -210,6 +212,17 @@ LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, c
     result.master_port = port;
   }
   return result;
+}
+
+std::chrono::milliseconds collective_timeout_from_environment(std::chrono::milliseconds fallback,
+                                                             const EnvironmentLookup& environment) {
+  auto text = environment("LOOM_COLLECTIVE_TIMEOUT");
+  if (!text) return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(text->c_str(), &end);
+  if (text->empty() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e7)
+    LOOM_FAIL("LOOM_COLLECTIVE_TIMEOUT='", *text, "' is not a positive number of seconds");
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
 }
 
 }  // namespace loom::dist

@@ -3,6 +3,7 @@
 // torchrun / loomrun, srun (SLURM) or mpirun (Open MPI) set.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -61,5 +62,12 @@ Launcher detect_launcher(const EnvironmentLookup& environment = process_environm
 // WORLD_SIZE), or missing (MASTER_ADDR when the world has more than one rank).
 LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides = {},
                                              const EnvironmentLookup& environment = process_environment());
+
+// The collective timeout the LOOM_COLLECTIVE_TIMEOUT variable asks for (in
+// seconds, fractions allowed), else `fallback`. Apps use it for a --timeout
+// flag's default; tests set it short. Throws loom::Error naming the variable
+// when it is not a positive number.
+std::chrono::milliseconds collective_timeout_from_environment(
+    std::chrono::milliseconds fallback, const EnvironmentLookup& environment = process_environment());
 
 }  // namespace loom::dist

@@ -25,11 +25,11 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   children_.emplace_back(name, std::move(module));
 }
 
-void Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
+std::shared_ptr<Module> Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
   for (auto& [existing, child] : children_) {
     if (existing == name) {
-      child = std::move(module);
-      return;
+      std::swap(child, module);
+      return module;
     }
   }
   LOOM_FAIL(type_name(), " has no child module '", name, "'");

@@ -56,8 +56,9 @@ class Module {
   // `keep` (by type name, e.g. "BatchNorm2d") keep theirs (apex O2 keeps BN in f32).
   void to(DType dtype, const std::vector<std::string>& keep = {});
 
-  // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm).
-  void replace_module(const std::string& name, std::shared_ptr<Module> module);
+  // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm);
+  // returns the module it replaced.
+  std::shared_ptr<Module> replace_module(const std::string& name, std::shared_ptr<Module> module);
 
  protected:
   // Registers a member tensor; the module keeps a pointer to it, so moves and

@@ -1,0 +1,55 @@
+// SyncBatchNorm: batch normalisation whose batch statistics cover every rank
+// of a process group (PyTorch's torch.nn.SyncBatchNorm), and
+// convert_sync_batchnorm(), which puts it in place of every BatchNorm2d.
+#pragma once
+
+#include <memory>
+
+#include "dist/process_group.h"
+#include "nn/layers.h"
+
+namespace loom::dist {
+
+// Training-mode batch norm over the union of every rank's batch. Forward
+// all-reduces each channel's (sum, sum of squares) and the element count, so
+// mean and biased variance are global; running stats are updated from them
+// with the unbiased variance over the global count (as PyTorch does).
+// Backward all-reduces (sum dy, sum dy * xhat) for the input gradient; the
+// weight and bias gradients stay this rank's, for DDP to average as it does
+// every other parameter's. Every rank must make the same calls in the same
+// order: forward and backward each run one blocking collective.
+//   input: (N, C, ...) on any rank-local batch size; weight, bias,
+//   running_mean, running_var: (C) or undefined (see loom::batch_norm).
+Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, double momentum, double eps, std::shared_ptr<ProcessGroup> group);
+
+class SyncBatchNorm : public nn::BatchNorm2d {
+ public:
+  // A null group means the default process group if one exists at forward
+  // time. Without a group, in a world of one, and in eval mode it computes
+  // exactly what BatchNorm2d does.
+  explicit SyncBatchNorm(const nn::BatchNormOptions& options, std::shared_ptr<ProcessGroup> group = nullptr);
+  explicit SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup> group = nullptr)
+      : SyncBatchNorm(nn::BatchNormOptions(num_features), std::move(group)) {}
+
+  Tensor forward(const Tensor& input) override;  // (N, C, ...) -> same shape
+  std::string type_name() const override { return "SyncBatchNorm"; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+// Replaces every BatchNorm2d in `module`'s tree by a SyncBatchNorm over
+// `group` that shares its parameters and buffers (same tensors, same names,
+// same train/eval mode), like torch.nn.SyncBatchNorm.convert_sync_batchnorm.
+// Returns the module, or the new SyncBatchNorm when `module` itself is a
+// BatchNorm2d. Works for models whose forward reaches batch norms through
+// the module tree (Sequential, ConvNet); when a BatchNorm2d is also held
+// elsewhere (a typed member that forward() calls directly), nothing is
+// changed and the error names the module, since replacing only the tree
+// entry would leave forward() using the old one.
+std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group = nullptr);
+
+}  // namespace loom::dist
