@@ -1,0 +1,100 @@
+// ResNet-50 training throughput on the CPU, the shape of
+// shared/peers/torch_resnet50_cifar.py: torchvision's ResNet-50 (ImageNet stem,
+// 10 classes) on one fixed batch of CIFAR-shaped random images, SGD with
+// momentum. Validates that every loss is finite and that the loss on the
+// repeated batch fell, then prints images/s, step ms and peak RSS as one JSON line.
+//   resnet50_throughput --batch 32 --steps 10 --threads 2
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "apps/app_common.h"
+#include "core/generator.h"
+#include "core/profiler.h"
+#include "core/parallel.h"
+#include "nn/resnet.h"
+#include "ops/loss.h"
+#include "optim/optimizer.h"
+
+using namespace loom;
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom ResNet-50 training throughput (CIFAR-shaped input)"};
+  int64_t steps = 10, warmup = 2, batch = 32;
+  int threads = 2;
+  std::string arch = "resnet50";
+  int64_t profile_steps = 0;
+  app.add_option("--steps", steps, "measured steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "steps before timing")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "CPU threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--arch", arch, "resnet18 .. resnet152")->capture_default_str();
+  app.add_option("--profile", profile_steps, "after the timed steps, profile this many more per op and layer (stderr)")
+      ->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    set_num_threads(threads);
+    manual_seed(0);
+    auto model = nn::make_resnet(arch, nn::ResNetOptions().num_classes(10));
+    optim::SGD optimizer(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
+    // (batch, 3, 32, 32) standard-normal images and uniform labels, as the peer's randn / randint.
+    Generator gen(1);
+    Tensor images = Tensor::empty({batch, 3, 32, 32});
+    gen.normal_(images, 0.0, 1.0);
+    std::vector<int64_t> label_values(batch);
+    for (auto& label : label_values) label = static_cast<int64_t>(gen.below(10));
+    const Tensor labels = Tensor::from_vector(label_values, {batch});
+
+    std::vector<double> losses;
+    std::chrono::steady_clock::time_point start;
+    for (int64_t step = 0; step < warmup + steps; ++step) {
+      if (step == warmup) start = std::chrono::steady_clock::now();
+      optimizer.zero_grad();
+      Tensor loss = cross_entropy((*model)(images), labels);
+      loss.backward();
+      optimizer.step();
+      losses.push_back(loss.item());
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (double l : losses) {
+      if (!std::isfinite(l)) throw Error("loss is not finite");
+    }
+    // The same batch every step: SGD must bring its loss down.
+    if (!(losses.back() < losses.front())) {
+      throw Error(str("loss did not fall on the repeated batch: first ", losses.front(), ", last ", losses.back()));
+    }
+    if (profile_steps > 0) {
+      profiler::set_enabled(true);
+      for (int64_t step = 0; step < profile_steps; ++step) {
+        profiler::Scope step_scope("training step (all)");
+        optimizer.zero_grad();
+        Tensor loss;
+        {
+          profiler::Scope forward_scope("forward + loss (all)");
+          loss = cross_entropy((*model)(images), labels);
+        }
+        {
+          profiler::Scope backward_scope("backward (all)");
+          loss.backward();
+        }
+        profiler::Scope optimizer_scope("optimizer step");
+        optimizer.step();
+      }
+      profiler::set_enabled(false);
+      std::fprintf(stderr, "profile of %lld steps (threads %d):\n%s", static_cast<long long>(profile_steps), threads,
+                   profiler::report().c_str());
+    }
+    std::printf(
+        "{\"bench\": \"loom %s train\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, "
+        "\"images_per_s\": %.1f, \"step_ms\": %.1f, \"loss_first\": %.4f, \"loss_last\": %.4f, \"peak_rss_mb\": %.1f}\n",
+        arch.c_str(), threads, static_cast<long long>(batch), static_cast<long long>(steps), seconds,
+        static_cast<double>(steps * batch) / seconds, 1000.0 * seconds / static_cast<double>(steps), losses.front(),
+        losses.back(), static_cast<double>(apps::peak_rss_bytes()) / (1 << 20));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet50_throughput: %s\n", e.what());
+    return 1;
+  }
+}
