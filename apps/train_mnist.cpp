@@ -1,15 +1,22 @@
 // train_mnist: the tutorials' ConvNet (or a 1-channel ResNet, --model) on MNIST / Fashion-MNIST.
 //   train_mnist --epochs 2 --batch-size 100 --lr 0.01
 //   train_mnist --amp O2     (mixed precision: apex's amp.initialize(model, optimizer, opt_level='O2'))
-// Prints "Epoch [e/E], Step [i/N], Loss: x" every --log-interval steps,
-// "Training complete in: h:mm:ss.ffffff" and the test accuracy.
+//   train_mnist -n 1 -g 2 -nr 0        (spawns 2 local ranks, like the tutorial's mp.spawn)
+//   loomrun --nproc_per_node=2 train_mnist   (or srun: the ranks come from the launcher)
+// Rank 0 prints "Epoch [e/E], Step [i/N], Loss: x" every --log-interval steps,
+// "Training complete in: h:mm:ss.ffffff" and the test accuracy, evaluated on
+// every rank's shard of the test set and summed over ranks.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "apps/app_common.h"
 #include "core/autograd.h"
@@ -18,6 +25,12 @@
 #include "core/parallel.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "dist/ddp.h"
+#include "dist/environment.h"
+#include "dist/launcher.h"
+#include "dist/metrics.h"
+#include "dist/process_group.h"
+#include "dist/sync_batch_norm.h"
 #include "nn/convnet.h"
 #include "nn/resnet.h"
 #include "ops/loss.h"
@@ -44,6 +57,13 @@ struct Flags {
   std::string device = "cpu";
   int64_t max_steps = 0;
   std::string amp = "O0";  // mixed precision: apex's opt level, or bf16
+  // Distributed (the tutorial's -n / -g / -nr): nodes, processes per node, this node's rank.
+  int nodes = 1;
+  int gpus = 1;
+  int node_rank = 0;
+  std::string backend = "auto";
+  bool sync_bn = false;
+  double timeout_s = 0;  // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
 };
 
 // --data, else torchvision's ./data/MNIST/raw, else Debian's Fashion-MNIST.
@@ -67,43 +87,103 @@ Device resolve_device(const std::string& name) {
   return device;
 }
 
-double evaluate(nn::Module& model, data::DataLoader& loader, int64_t& correct, int64_t& total) {
+// This rank's shard of the test set, then (correct, total) summed over ranks.
+dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
   NoGradGuard no_grad;
   model.eval();
-  correct = total = 0;
+  dist::AccuracyCounts counts;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
-    correct += count_correct(model(batch->images), batch->labels);
-    total += batch->size();
+    counts.correct += count_correct(model(batch->images), batch->labels);
+    counts.total += batch->size();
   }
   model.train();
-  return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+  return dist::all_reduce_accuracy(counts, group);
 }
 
-int run(const Flags& flags) {
-  if (flags.threads > 0) set_num_threads(flags.threads);
+// The parent of `-g N` (mp.spawn): starts N local ranks of this program, which
+// see RANK / WORLD_SIZE and train; waits, forwarding SIGINT / SIGTERM, and ends
+// them all when one fails.
+int spawn_local_ranks(const Flags& flags, int argc, char** argv) {
+  LOOM_CHECK(flags.node_rank < flags.nodes, "-nr ", flags.node_rank, " must be smaller than -n ", flags.nodes,
+             " (node ranks are 0 to nodes - 1)");
+  dist::WorkerGroupSpec spec;
+  spec.name = "train_mnist";
+  spec.command.push_back("/proc/self/exe");
+  for (int i = 1; i < argc; ++i) spec.command.push_back(argv[i]);
+  spec.nproc_per_node = flags.gpus;
+  spec.nnodes = flags.nodes;
+  spec.node_rank = flags.node_rank;
+  // MASTER_ADDR / MASTER_PORT from the environment (the tutorial sets them), else 127.0.0.1:29500.
+  LOOM_CHECK(flags.nodes == 1 || std::getenv("MASTER_ADDR") != nullptr, "-n ", flags.nodes,
+             ": set MASTER_ADDR (and MASTER_PORT, default ", dist::kDefaultMasterPort,
+             ") to the address of node 0, the same on every node");
+  const dist::LaunchEnvironment environment = dist::resolve_launch_environment();
+  spec.master_addr = environment.master_addr;
+  spec.master_port = environment.master_port;
+  spec.environment["LOOM_SPAWNED_BY"] = "train_mnist";  // the ranks ignore -n / -g / -nr silently
+  const dist::WorkerGroupResult result = dist::run_worker_group(spec);
+  if (!result.succeeded && result.first_failure && result.received_signal == 0)
+    std::fprintf(stderr, "train_mnist: failed: %s\n", result.first_failure->describe().c_str());
+  return result.exit_code();
+}
+
+int run(const Flags& flags, int argc, char** argv) {
+  // Started by a launcher (loomrun / torchrun, srun, mpirun): this process is
+  // one rank. Otherwise -g > 1 or -n > 1 makes this process the spawner.
+  const dist::Launcher launcher = dist::detect_launcher();
+  if (launcher == dist::Launcher::none && flags.nodes * flags.gpus > 1) return spawn_local_ranks(flags, argc, argv);
+  const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
+  const int rank = launch.rank, world = launch.world_size;
+  const bool leader = rank == 0;
+
+  if (flags.threads > 0) {
+    set_num_threads(flags.threads);
+  } else if (world > 1) {
+    set_num_threads(1);  // several ranks share this machine's cores
+  }
   Device device = resolve_device(flags.device);
   LOOM_CHECK(device.is_cpu(), "--device ", device.str(), ": the CUDA training path is not built yet; use --device cpu");
+  if (device.is_cuda() && flags.device.find(':') == std::string::npos) device = Device::cuda(launch.local_rank);
+  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "gloo";
+
   const fs::path dir = resolve_data_dir(flags.data);
   data::TrainTestSplit split = data::load_mnist(dir);
-  std::printf("Training on %s (%lld training, %lld test images) from %s\n", split.train.name().c_str(),
-              static_cast<long long>(split.train.size()), static_cast<long long>(split.test.size()), dir.c_str());
+  if (leader) {
+    std::printf("Training on %s (%lld training, %lld test images) from %s\n", split.train.name().c_str(),
+                static_cast<long long>(split.train.size()), static_cast<long long>(split.test.size()), dir.c_str());
+  }
 
   manual_seed(flags.seed);
   // The ResNets take 1-channel 28x28 images with the ImageNet stem (the ResNet-101 tutorial).
-  std::shared_ptr<nn::Module> model_owner;
+  std::shared_ptr<nn::Module> model;
   if (flags.model == "convnet") {
-    model_owner = std::make_shared<nn::ConvNet>();
+    model = std::make_shared<nn::ConvNet>();
   } else {
-    model_owner = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).in_channels(1));
+    model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).in_channels(1));
   }
-  nn::Module& model = *model_owner;
+
+  // ---- Distributed data parallel (world > 1) ----
+  std::shared_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  if (world > 1) {
+    const dist::Milliseconds timeout =
+        flags.timeout_s > 0 ? dist::Milliseconds(static_cast<int64_t>(flags.timeout_s * 1000))
+                            : dist::collective_timeout_from_environment(dist::kDefaultCollectiveTimeout);
+    // The rendezvous waits at least 5 minutes for the other processes (nodes
+    // are often started by hand, one after the other); collectives use --timeout.
+    group = dist::init_process_group(
+        {.backend = backend, .init_method = "env://", .timeout = std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5))});
+    group->set_timeout(timeout);
+  }
+  if (flags.sync_bn) model = dist::convert_sync_batchnorm(model, group);
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
   // batch norm) and the optimizer over what it must step (f32 master weights
-  // at O2 / O3 / bf16).
+  // at O2 / O3 / bf16); after SyncBatchNorm replaced the batch norms, before
+  // DDP takes the parameters.
   const amp::OptLevel amp_level = amp::parse_opt_level(flags.amp);
   std::unique_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
-      model,
+      *model,
       [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
         if (flags.optimizer == "sgd") {
           return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(flags.lr).momentum(flags.momentum));
@@ -111,15 +191,34 @@ int run(const Flags& flags) {
         return std::make_unique<optim::Adam>(std::move(parameters), optim::AdamOptions(flags.lr));
       },
       amp_level);
+  if (group) ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
+  nn::Module& trained = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
+  if (leader && world > 1) {
+    std::printf("Distributed: %d processes (%s), backend %s, batch %lld per process%s\n", world,
+                spawned ? "spawned by train_mnist -g" : dist::launcher_name(launcher), backend.c_str(),
+                static_cast<long long>(flags.batch_size), flags.sync_bn ? ", SyncBatchNorm" : "");
+  }
+  if (leader && !spawned && launcher != dist::Launcher::none &&
+      (flags.nodes != 1 || flags.gpus != 1 || flags.node_rank != 0)) {
+    std::printf("note: started by a launcher (%s), so -n / -g / -nr are ignored\n", dist::launcher_name(launcher));
+  }
+  std::fflush(stdout);
+
+  // Each rank takes every world-th image of the epoch's shared permutation
+  // (DistributedSampler; start_epoch sets its epoch), --batch-size at a time.
   const data::Compose transforms({data::ToTensor{}, data::mnist_normalize()});
-  data::DataLoader train_loader(split.train, transforms,
-                                data::DataLoaderOptions().batch_size(flags.batch_size).num_workers(flags.workers).seed(flags.seed).dtype(amp::input_dtype(amp_level)),
-                                std::make_shared<data::RandomSampler>(split.train.size(), flags.seed));
-  data::DataLoader test_loader(split.test, transforms, data::DataLoaderOptions().batch_size(500).num_workers(flags.workers).dtype(amp::input_dtype(amp_level)));
+  data::DataLoader train_loader(
+      split.train, transforms,
+      data::DataLoaderOptions().batch_size(flags.batch_size).num_workers(flags.workers).seed(flags.seed).dtype(amp::input_dtype(amp_level)),
+      std::make_shared<data::DistributedSampler>(split.train.size(), world, rank, /*shuffle=*/true, flags.seed));
+  data::DataLoader test_loader(split.test, transforms,
+                               data::DataLoaderOptions().batch_size(500).num_workers(flags.workers).dtype(amp::input_dtype(amp_level)),
+                               std::make_shared<dist::ShardSampler>(split.test.size(), world, rank));
 
   const int64_t steps_per_epoch = train_loader.num_batches();
   const auto start = std::chrono::steady_clock::now();
-  int64_t steps = 0;
+  int64_t steps = 0, images = 0;
   for (int epoch = 0; epoch < flags.epochs; ++epoch) {
     train_loader.start_epoch(epoch);
     int64_t step = 0;
@@ -127,14 +226,15 @@ int run(const Flags& flags) {
       Tensor loss;
       {
         auto autocast = optimizer->autocast();  // the loss in f32; --amp O1: f16 convolutions
-        loss = cross_entropy(model(batch->images), batch->labels);
+        loss = cross_entropy(trained(batch->images), batch->labels);
       }
       optimizer->zero_grad();
-      optimizer->scale_loss(loss).backward();
+      optimizer->scale_loss(loss).backward();  // with DDP, gradients are averaged over ranks when this returns
       optimizer->step();  // unscales the (averaged) gradients; skips the step on inf / NaN
       ++step;
       ++steps;
-      if (step % flags.log_interval == 0) {
+      images += batch->size();
+      if (leader && step % flags.log_interval == 0) {
         std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f\n", epoch + 1, flags.epochs,
                     static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss.item());
         std::fflush(stdout);
@@ -143,24 +243,46 @@ int run(const Flags& flags) {
     }
     if (flags.max_steps > 0 && steps >= flags.max_steps) break;
   }
+  train_loader.stop();
+  if (group) group->barrier()->wait();  // the time is the slowest rank's
   const auto elapsed = std::chrono::steady_clock::now() - start;
-  std::printf("Training complete in: %s\n", apps::format_duration(elapsed).c_str());
-  if (optimizer->scaler().enabled()) {
-    std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n",
-                flags.amp.c_str(), optimizer->scaler().get_scale(),
-                static_cast<long long>(optimizer->scaler().skipped_steps()));
-  }
   const double seconds = std::chrono::duration<double>(elapsed).count();
-  std::printf("Throughput: %.1f images/s, time waiting for data: %.3f s\n",
-              seconds > 0 ? static_cast<double>(steps * flags.batch_size) / seconds : 0.0,
-              train_loader.total_wait_seconds());
+  if (leader) {
+    std::printf("Training complete in: %s\n", apps::format_duration(elapsed).c_str());
+    if (optimizer->scaler().enabled()) {
+      std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n",
+                  flags.amp.c_str(), optimizer->scaler().get_scale(),
+                  static_cast<long long>(optimizer->scaler().skipped_steps()));
+    }
+    // Every rank trains on the same number of images per step.
+    std::printf("Throughput: %.1f images/s (%d process%s), time waiting for data: %.3f s\n",
+                seconds > 0 ? static_cast<double>(images * world) / seconds : 0.0, world, world == 1 ? "" : "es",
+                train_loader.total_wait_seconds());
+  }
 
-  int64_t correct = 0, total = 0;
+  // Evaluate rank 0's model everywhere: its batch-norm statistics too.
+  if (group) {
+    for (auto& [name, buffer] : model->named_buffers()) group->broadcast(buffer, 0)->wait();
+  }
   auto autocast = optimizer->autocast();  // evaluate as trained
-  const double accuracy = evaluate(model, test_loader, correct, total);
-  std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy, static_cast<long long>(correct),
-              static_cast<long long>(total));
+  const dist::AccuracyCounts accuracy = evaluate(*model, test_loader, group.get());
+  if (leader) {
+    std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy.accuracy(), static_cast<long long>(accuracy.correct),
+                static_cast<long long>(accuracy.total));
+  }
+  std::fflush(stdout);
   return 0;
+}
+
+// argparse-style "-nr K" (a one-dash long flag, as in the tutorial) becomes
+// "--nr K", which CLI11 understands.
+std::vector<std::string> normalized_arguments(int argc, char** argv) {
+  std::vector<std::string> arguments(argv, argv + argc);
+  for (size_t i = 1; i < arguments.size(); ++i) {
+    if (arguments[i] == "--") break;
+    if (arguments[i] == "-nr" || arguments[i].rfind("-nr=", 0) == 0) arguments[i] = "-" + arguments[i];
+  }
+  return arguments;
 }
 
 }  // namespace
@@ -176,14 +298,23 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", flags.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--data", flags.data, "directory with the IDX files (default ./data/MNIST/raw, else /usr/share/datasets/fashion-mnist)");
   app.add_option("--seed", flags.seed, "random seed")->capture_default_str();
-  app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->capture_default_str()->check(apps::whole_at_least(0));
+  app.add_option("--threads", flags.threads, "CPU threads per process (0 = all cores, or 1 when several processes run)")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--amp", flags.amp, "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")->capture_default_str()->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
+  app.add_option("-n,--nodes", flags.nodes, "number of nodes (spawning mode, without a launcher)")->capture_default_str()->check(apps::whole_at_least(1));
+  app.add_option("-g,--gpus", flags.gpus, "processes per node to spawn: GPUs, or CPU processes with --device cpu")->capture_default_str()->check(apps::whole_at_least(1));
+  app.add_option("--nr", flags.node_rank, "rank of this node, 0 .. nodes-1 (also -nr)")->capture_default_str()->check(apps::whole_at_least(0));
+  app.add_option("--backend", flags.backend, "nccl, gloo or auto (nccl for CUDA devices, gloo for the CPU)")->capture_default_str()->check(CLI::IsMember({"auto", "nccl", "gloo"}));
+  app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
+  app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other processes before the run fails (0 = LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")->capture_default_str()->check(apps::at_least(0));
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> arguments = normalized_arguments(argc, argv);
+    std::vector<char*> pointers;
+    for (auto& argument : arguments) pointers.push_back(argument.data());
+    app.parse(static_cast<int>(pointers.size()), pointers.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
@@ -191,9 +322,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run(flags);
+    return run(flags, argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_mnist: %s\n", e.what());
+    // With several ranks, say which one failed.
+    const char* rank = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
+    std::fprintf(stderr, "train_mnist: %s%s%s\n", rank ? "rank " : "", rank ? (std::string(rank) + ": ").c_str() : "",
+                 e.what());
     return 1;
   }
 }

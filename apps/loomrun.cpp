@@ -1,0 +1,230 @@
+// loomrun: a torchrun-compatible launcher. Starts --nproc_per_node copies of a
+// program on this node with RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE /
+// GROUP_RANK / MASTER_ADDR / MASTER_PORT (and TORCHELASTIC_*) set, forwards
+// SIGINT / SIGTERM, and when one process fails ends the others and exits
+// non-zero naming the failed rank.
+//   loomrun --nproc_per_node=2 build/apps/train_mnist --epochs 2
+//   loomrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=1 PROGRAM ARGS...
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/cuda/runtime.h"
+#include "core/error.h"
+#include "dist/launcher.h"
+
+using namespace loom;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: loomrun [options] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts PROGRAM once per local process with torchrun's environment variables\n"
+    "(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
+    "MASTER_PORT, TORCHELASTIC_RESTART_COUNT, ...). Options take --opt=VALUE or\n"
+    "--opt VALUE, with '_' or '-' inside the name:\n"
+    "  --nproc_per_node=N     processes on this node: a number, gpu (one per CUDA\n"
+    "                         device), cpu (one per core) or auto (gpu if there\n"
+    "                         are GPUs, else 1); default 1\n"
+    "  --nnodes=N             number of nodes (default 1; a range MIN:MAX must have MIN == MAX)\n"
+    "  --node_rank=K          this node's rank, 0 .. nnodes-1 (default 0)\n"
+    "  --master_addr=HOST     address of node 0, where rank 0 listens (default 127.0.0.1;\n"
+    "                         required with several nodes)\n"
+    "  --master_port=PORT     port rank 0 listens on (default 29500)\n"
+    "  --rdzv_endpoint=HOST[:PORT]  same as --master_addr / --master_port\n"
+    "  --rdzv_id=ID           job id, passed on as TORCHELASTIC_RUN_ID\n"
+    "  --rdzv_backend=NAME    accepted for compatibility (static and c10d behave alike)\n"
+    "  --standalone           one node on 127.0.0.1 with a free port\n"
+    "  --max_restarts=N       start the local processes again up to N times after a failure (default 0)\n"
+    "  --term_grace=SECONDS   after a failure, time the other processes get between SIGTERM and SIGKILL (default 10)\n"
+    "  --no_python            accepted for compatibility: PROGRAM is always run as given\n"
+    "                         (a PROGRAM ending in .py is run with python3 unless this is given)\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "OMP_NUM_THREADS is set to 1 for every process when several run per node and\n"
+    "it is not set already. Exit status: 0 when every process succeeded, 128+N\n"
+    "after forwarding signal N, otherwise 1 with the failed rank named on stderr.\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "loomrun: %s (see loomrun --help)\n", message.c_str());
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& text, int minimum) {
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || value > 1 << 30)
+    usage_error(str(flag, ": '", text, "' is not a whole number"));
+  if (value < minimum) usage_error(str(flag, ": must be at least ", minimum, ", got ", value));
+  return static_cast<int>(value);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+    port = ntohs(address.sin_port);
+  if (fd >= 0) ::close(fd);
+  if (port == 0) usage_error("--standalone: could not find a free port on 127.0.0.1");
+  return port;
+}
+
+int processes_per_node(const std::string& text) {
+  if (text == "gpu" || text == "auto") {
+    int devices = cuda::device_count();
+    if (text == "gpu" && devices == 0) usage_error("--nproc_per_node=gpu: this machine has no CUDA device");
+    return devices > 0 ? devices : 1;
+  }
+  if (text == "cpu") {
+    long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    return cores > 0 ? static_cast<int>(cores) : 1;
+  }
+  return parse_int("--nproc_per_node", text, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::WorkerGroupSpec spec;
+  spec.name = "loomrun";
+  std::string nproc_text = "1";
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+  bool standalone = false, no_python = false;
+
+  // Options until the first argument that is not one (the program).
+  int index = 1;
+  for (; index < argc; ++index) {
+    std::string argument = argv[index];
+    if (argument == "--") {
+      ++index;
+      break;
+    }
+    if (argument == "-h" || argument == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (argument.rfind("--", 0) != 0) break;
+    std::string name = argument.substr(2);
+    std::optional<std::string> value;
+    if (size_t equals = name.find('='); equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    }
+    for (char& c : name)
+      if (c == '-') c = '_';
+    const std::string flag = "--" + name;
+    if (name == "standalone" || name == "no_python") {
+      if (value) usage_error(str(flag, " takes no value"));
+      (name == "standalone" ? standalone : no_python) = true;
+      continue;
+    }
+    if (!value) {
+      if (index + 1 >= argc) usage_error(str(flag, " needs a value"));
+      value = argv[++index];
+    }
+    if (name == "nproc_per_node") {
+      nproc_text = *value;
+    } else if (name == "nnodes") {
+      std::string text = *value;
+      if (size_t colon = text.find(':'); colon != std::string::npos) {
+        if (text.substr(0, colon) != text.substr(colon + 1))
+          usage_error(str("--nnodes=", text, ": elastic node ranges are not supported; give a fixed count (MIN == MAX)"));
+        text = text.substr(0, colon);
+      }
+      spec.nnodes = parse_int(flag, text, 1);
+    } else if (name == "node_rank") {
+      spec.node_rank = parse_int(flag, *value, 0);
+    } else if (name == "master_addr") {
+      if (value->empty()) usage_error("--master_addr is empty; give the host name or address of node 0");
+      master_addr = *value;
+    } else if (name == "master_port") {
+      master_port = parse_int(flag, *value, 1);
+    } else if (name == "rdzv_endpoint") {
+      // HOST, HOST:PORT, [V6] or [V6]:PORT.
+      std::string host = *value, port;
+      if (!host.empty() && host.front() == '[') {
+        size_t close = host.find(']');
+        if (close == std::string::npos) usage_error(str(flag, "=", *value, ": missing ']'"));
+        if (close + 1 < host.size()) {
+          if (host[close + 1] != ':') usage_error(str(flag, "=", *value, " is not [HOST]:PORT"));
+          port = host.substr(close + 2);
+        }
+        host = host.substr(1, close - 1);
+      } else if (size_t colon = host.find(':'); colon != std::string::npos && host.find(':', colon + 1) == std::string::npos) {
+        port = host.substr(colon + 1);
+        host = host.substr(0, colon);
+      }
+      if (host.empty()) usage_error(str(flag, "=", *value, " has no host"));
+      master_addr = host;
+      if (!port.empty()) master_port = parse_int(flag, port, 1);
+    } else if (name == "rdzv_id") {
+      spec.run_id = *value;
+    } else if (name == "rdzv_backend") {
+      if (*value != "static" && *value != "c10d")
+        usage_error(str("--rdzv_backend=", *value, ": only static and c10d are supported"));
+    } else if (name == "max_restarts") {
+      spec.max_restarts = parse_int(flag, *value, 0);
+    } else if (name == "term_grace") {
+      spec.termination_grace = std::chrono::seconds(parse_int(flag, *value, 0));
+    } else if (name == "monitor_interval") {
+      // torchrun's polling period; loomrun polls every 10 ms.
+    } else {
+      usage_error(str("unknown option --", name));
+    }
+  }
+  if (index >= argc) usage_error("no program to run was given");
+  for (; index < argc; ++index) spec.command.push_back(argv[index]);
+  if (!no_python && spec.command[0].size() > 3 && spec.command[0].ends_with(".py"))
+    spec.command.insert(spec.command.begin(), "python3");
+
+  spec.nproc_per_node = processes_per_node(nproc_text);
+  if (standalone) {
+    if (spec.nnodes != 1) usage_error("--standalone runs one node; drop --nnodes");
+    spec.master_addr = "127.0.0.1";
+    spec.master_port = free_port();
+  } else {
+    if (spec.nnodes > 1 && !master_addr)
+      usage_error(str("--nnodes=", spec.nnodes, " needs --master_addr, the address of node 0 that every node can reach"));
+    if (master_addr) spec.master_addr = *master_addr;
+    if (master_port) spec.master_port = *master_port;
+  }
+  if (spec.node_rank >= spec.nnodes)
+    usage_error(str("--node_rank=", spec.node_rank, " must be smaller than --nnodes=", spec.nnodes));
+  if (spec.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    std::fprintf(stderr,
+                 "loomrun: setting OMP_NUM_THREADS=1 for each process so that %d processes do not overload this "
+                 "node; set it yourself to tune\n",
+                 spec.nproc_per_node);
+    spec.environment["OMP_NUM_THREADS"] = "1";
+  }
+
+  try {
+    dist::WorkerGroupResult result = dist::run_worker_group(spec);
+    if (result.received_signal != 0) {
+      std::fprintf(stderr, "loomrun: stopped by %s\n", dist::signal_name(result.received_signal).c_str());
+    } else if (!result.succeeded && result.first_failure) {
+      std::fprintf(stderr, "loomrun: failed%s: %s\n",
+                   result.restarts > 0 ? str(" after ", result.restarts, " restart", result.restarts == 1 ? "" : "s").c_str() : "",
+                   result.first_failure->describe().c_str());
+    }
+    return result.exit_code();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "loomrun: %s\n", error.what());
+    return 1;
+  }
+}
