@@ -1,6 +1,14 @@
 # Decides whether the CUDA backend is built (LOOM_CUDA = AUTO | ON | OFF) and
 # sets LOOM_HAVE_CUDA. Default architectures: 80 and 90 (A100, H100/H200).
+#
+# The backend needs nvcc, cuBLAS and cuDNN; NCCL is optional (LOOM_HAVE_NCCL,
+# target NCCL::nccl, for the NCCL process group). Libraries outside the CUDA
+# toolkit (e.g. the nvidia-* Python wheels that PyTorch installs) are found
+# through the hints CUDNN_ROOT, CUBLAS_ROOT and NCCL_ROOT (CMake or
+# environment variables), each a directory holding include/ and lib/.
+# The result is the interface target loom::cuda_libraries.
 set(LOOM_HAVE_CUDA OFF)
+set(LOOM_HAVE_NCCL OFF)
 if(NOT LOOM_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
@@ -11,6 +19,8 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "CUDA architectures to build for")
     endif()
+    # One CUDA runtime for loom, cuBLAS and cuDNN: the shared one.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
     enable_language(CUDA)
     # CMake 3.25 does not know nvcc's C++20 flag; the .cu files include loom
     # headers, which are C++20.
@@ -19,9 +29,49 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
-    set(LOOM_HAVE_CUDA ON)
+
+    # cuBLAS: the toolkit's, else one under CUBLAS_ROOT.
+    set(_loom_cublas_target "")
+    if(TARGET CUDA::cublas)
+      set(_loom_cublas_target CUDA::cublas)
+    else()
+      set(_loom_cublas_hints ${CUBLAS_ROOT} $ENV{CUBLAS_ROOT})
+      find_path(LOOM_CUBLAS_INCLUDE_DIR cublas_v2.h HINTS ${_loom_cublas_hints} PATH_SUFFIXES include)
+      find_library(LOOM_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
+                   HINTS ${_loom_cublas_hints} PATH_SUFFIXES lib64 lib)
+      find_library(LOOM_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+                   HINTS ${_loom_cublas_hints} PATH_SUFFIXES lib64 lib)
+      if(LOOM_CUBLAS_INCLUDE_DIR AND LOOM_CUBLAS_LIBRARY AND LOOM_CUBLASLT_LIBRARY)
+        add_library(loom_cublas INTERFACE)
+        target_include_directories(loom_cublas INTERFACE ${LOOM_CUBLAS_INCLUDE_DIR})
+        target_link_libraries(loom_cublas INTERFACE ${LOOM_CUBLAS_LIBRARY} ${LOOM_CUBLASLT_LIBRARY})
+        set(_loom_cublas_target loom_cublas)
+      endif()
+    endif()
+    find_package(CUDNN)
+    find_package(NCCL)
+
+    if(_loom_cublas_target AND CUDNN_FOUND)
+      set(LOOM_HAVE_CUDA ON)
+      add_library(loom_cuda_libraries INTERFACE)
+      target_link_libraries(loom_cuda_libraries INTERFACE CUDA::cudart ${_loom_cublas_target} CUDNN::cudnn)
+      add_library(loom::cuda_libraries ALIAS loom_cuda_libraries)
+      set(LOOM_HAVE_NCCL ${NCCL_FOUND})
+    else()
+      set(_loom_missing "")
+      if(NOT _loom_cublas_target)
+        string(APPEND _loom_missing " cuBLAS (set CUBLAS_ROOT)")
+      endif()
+      if(NOT CUDNN_FOUND)
+        string(APPEND _loom_missing " cuDNN (set CUDNN_ROOT)")
+      endif()
+      if(LOOM_CUDA STREQUAL "ON")
+        message(FATAL_ERROR "LOOM_CUDA=ON but the CUDA backend needs:${_loom_missing}")
+      endif()
+      message(WARNING "loom: nvcc found, but the CUDA backend is not built: missing${_loom_missing}")
+    endif()
   elseif(LOOM_CUDA STREQUAL "ON")
     message(FATAL_ERROR "LOOM_CUDA=ON but no CUDA compiler (nvcc) was found; install the CUDA toolkit or set CMAKE_CUDA_COMPILER")
   endif()
 endif()
-message(STATUS "loom: CUDA backend ${LOOM_HAVE_CUDA} (LOOM_CUDA=${LOOM_CUDA})")
+message(STATUS "loom: CUDA backend ${LOOM_HAVE_CUDA} (LOOM_CUDA=${LOOM_CUDA}), NCCL ${LOOM_HAVE_NCCL}")

@@ -1,11 +1,13 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <sstream>
 
 #include "core/autograd.h"
 #include "core/cuda/runtime.h"
+#include "core/cuda/tensor_kernels.h"
 #include "core/parallel.h"
 
 namespace loom {
@@ -140,12 +142,93 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
   });
 }
 
+namespace {
+// Host-to-device copies of pageable memory up to this size are staged in pinned memory.
+constexpr size_t kPinnedStagingLimit = size_t{64} << 20;
+
+// Element geometry that copy kernels walk: equal shapes keep their strides;
+// equal numel with different shapes needs both sides contiguous (1-d walk).
+void copy_geometry(const Tensor& dst, const Tensor& src, Shape& sizes, Shape& dst_strides, Shape& src_strides) {
+  sizes = dst.sizes();
+  dst_strides = dst.strides();
+  src_strides = src.strides();
+  if (dst.sizes() != src.sizes()) {
+    LOOM_CHECK(dst.is_contiguous() && src.is_contiguous(), "copy: shapes ", shape_str(dst.sizes()), " and ",
+               shape_str(src.sizes()), " differ and one of them is not contiguous");
+    sizes = {dst.numel()};
+    dst_strides = src_strides = {1};
+  }
+}
+
+// Copies across devices or within a CUDA device. Work goes to the current
+// stream of the CUDA side (the destination's when both are CUDA); copies to
+// the CPU wait for it, copies from pinned CPU memory do not.
+void copy_cuda(const Tensor& dst, const Tensor& source) {
+  NoGradGuard no_grad;
+  LOOM_CHECK(dst.numel() == source.numel(), "copy: destination has ", dst.numel(), " elements, source ",
+             source.numel());
+  if (dst.numel() == 0) return;
+  const Device to = dst.device(), from = source.device();
+  if (to == from) {  // one CUDA device: a strided, converting kernel
+    Shape sizes, dst_strides, src_strides;
+    copy_geometry(dst, source, sizes, dst_strides, src_strides);
+    cuda::copy_strided(dst.raw_data(), dst.dtype(), dst_strides, source.raw_data(), source.dtype(), src_strides, sizes,
+                       cuda::current_stream(to.index));
+    return;
+  }
+  if (!dst.is_contiguous()) {  // land contiguous on the destination, then scatter there
+    Tensor staged = Tensor::empty(dst.sizes(), dst.dtype(), to);
+    copy_cuda(staged, source);
+    Tensor(dst).copy_(staged);
+    return;
+  }
+  // Bytes in the destination's dtype, contiguous, on the source's side.
+  const Tensor src = source.to(dst.dtype()).contiguous();
+  const size_t nbytes = dst.nbytes();
+  if (to.is_cuda() && from.is_cuda()) {
+    cuda::copy_between_devices(dst.raw_data(), to.index, src.raw_data(), from.index, nbytes,
+                               cuda::current_stream(to.index));
+  } else if (to.is_cuda()) {
+    const cuda::StreamView stream = cuda::current_stream(to.index);
+    if (cuda::is_pinned(src.raw_data()) || nbytes > kPinnedStagingLimit) {
+      cuda::copy_bytes_async(dst.raw_data(), true, src.raw_data(), false, nbytes, stream);
+      cuda::record_pinned_use(src.raw_data(), stream);  // no-op for pageable memory
+    } else {
+      // Pageable memory goes through a pinned block, so that the copy neither
+      // blocks the host nor waits for the stream; the block is reused once
+      // the copy is done.
+      std::unique_ptr<void, void (*)(void*)> staging(cuda::allocate_pinned(nbytes),
+                                                      [](void* p) { cuda::free_pinned(p); });
+      std::memcpy(staging.get(), src.raw_data(), nbytes);
+      cuda::copy_bytes_async(dst.raw_data(), true, staging.get(), false, nbytes, stream);
+      cuda::record_pinned_use(staging.get(), stream);
+    }
+  } else {
+    const cuda::StreamView stream = cuda::current_stream(from.index);
+    cuda::copy_bytes_async(dst.raw_data(), false, src.raw_data(), true, nbytes, stream);
+    stream.synchronize();
+  }
+}
+}  // namespace
+
 // ---- construction and geometry ----
 
 Tensor Tensor::empty(const Shape& sizes, DType dtype, Device device) {
   for (int64_t s : sizes) LOOM_CHECK(s >= 0, "negative size in shape ", shape_str(sizes));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(sizes)) * element_size(dtype), device);
+  impl->sizes = sizes;
+  impl->strides = contiguous_strides(sizes);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::empty_pinned(const Shape& sizes, DType dtype) {
+  for (int64_t s : sizes) LOOM_CHECK(s >= 0, "negative size in shape ", shape_str(sizes));
+  const size_t nbytes = static_cast<size_t>(shape_numel(sizes)) * element_size(dtype);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(cuda::allocate_pinned(nbytes), nbytes, Device::cpu(),
+                                            [](void* p) { cuda::free_pinned(p); });
   impl->sizes = sizes;
   impl->strides = contiguous_strides(sizes);
   impl->dtype = dtype;
@@ -405,8 +488,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
   if (device().is_cuda()) {
-    Tensor host = Tensor::full(sizes(), value, dtype());
-    copy_(host);
+    cuda::fill(raw_data(), dtype(), sizes(), strides(), value, cuda::current_stream(device().index));
     return *this;
   }
   visit_dtype(dtype(), [&]<class T>() {
@@ -429,19 +511,13 @@ Tensor& Tensor::copy_(const Tensor& source) {
     copy_cpu(*this, source);
     return *this;
   }
-  // Crossing devices: stage through contiguous memory of the destination's dtype.
-  Tensor src = source.to(dtype()).contiguous();
-  LOOM_CHECK(is_contiguous(), "copy_ across devices needs a contiguous destination");
-  LOOM_CHECK(src.numel() == numel(), "copy: destination has ", numel(), " elements, source ", src.numel());
-  int index = device().is_cuda() ? device().index : src.device().index;
-  cuda::copy_bytes(raw_data(), device().is_cuda(), src.raw_data(), src.device().is_cuda(), nbytes(), index);
+  copy_cuda(*this, source);
   return *this;
 }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined("add_");
   LOOM_CHECK(other.numel() == numel(), "add_: tensors of ", numel(), " and ", other.numel(), " elements");
-  LOOM_CHECK(device().is_cpu(), "add_ on CUDA tensors needs the CUDA backend");
   Tensor src = other.device() == device() ? other : other.to(device());
   if (!is_contiguous() || !src.is_contiguous() || src.dtype() != dtype()) {
     Tensor converted = Tensor::empty(sizes(), dtype(), device());
@@ -452,6 +528,10 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     Tensor sum = contiguous().clone();
     sum.add_(src, alpha);
     copy_(sum);
+    return *this;
+  }
+  if (device().is_cuda()) {
+    cuda::add_scaled(raw_data(), src.raw_data(), dtype(), numel(), alpha, cuda::current_stream(device().index));
     return *this;
   }
   visit_dtype(dtype(), [&]<class T>() {
@@ -474,8 +554,11 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double factor) {
   check_defined("mul_");
-  LOOM_CHECK(device().is_cpu(), "mul_ on CUDA tensors needs the CUDA backend");
   LOOM_CHECK(is_contiguous(), "mul_ needs a contiguous tensor");
+  if (device().is_cuda()) {
+    cuda::scale(raw_data(), dtype(), numel(), factor, cuda::current_stream(device().index));
+    return *this;
+  }
   visit_dtype(dtype(), [&]<class T>() {
     T* p = data<T>();
     parallel_for(0, numel(), 1 << 14, [&](int64_t b, int64_t e) {

@@ -34,6 +34,9 @@ class Tensor {
 
   // Factories. Memory from empty() is uninitialised.
   static Tensor empty(const Shape& sizes, DType dtype = DType::f32, Device device = Device::cpu());
+  // A CPU tensor in page-locked memory (cuda::allocate_pinned): copies from it
+  // to a CUDA device do not block the host. Throws without CUDA.
+  static Tensor empty_pinned(const Shape& sizes, DType dtype = DType::f32);
   static Tensor zeros(const Shape& sizes, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor ones(const Shape& sizes, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& sizes, double value, DType dtype = DType::f32, Device device = Device::cpu());

@@ -1,5 +1,7 @@
-// The CUDA runtime of a build without CUDA: no devices, clear errors.
+// The CUDA runtime of a build without CUDA: no devices, clear errors, and
+// destructors / frees that do nothing.
 #include "core/cuda/runtime.h"
+#include "core/cuda/tensor_kernels.h"
 #include "core/error.h"
 
 namespace loom::cuda {
@@ -12,8 +14,59 @@ namespace {
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
 void require_device(int) { no_cuda(); }
+std::string device_name(int) { no_cuda(); }
+int compute_capability(int) { no_cuda(); }
+int current_device() { no_cuda(); }
+void set_device(int) { no_cuda(); }
+int local_rank_device() { no_cuda(); }
+DeviceMemory device_memory(int) { no_cuda(); }
+void synchronize(int) { no_cuda(); }
+
+void StreamView::synchronize() const { no_cuda(); }
+bool StreamView::query() const { no_cuda(); }
+void StreamView::wait(const Event&) const { no_cuda(); }
+Stream::Stream(int, StreamPriority) { no_cuda(); }
+Stream::~Stream() = default;
+Stream::Stream(Stream&&) noexcept = default;
+Stream& Stream::operator=(Stream&&) noexcept = default;
+Event::Event(int, EventTiming) { no_cuda(); }
+Event::~Event() = default;
+Event::Event(Event&&) noexcept = default;
+Event& Event::operator=(Event&&) noexcept = default;
+void Event::record(StreamView) { no_cuda(); }
+bool Event::query() const { return true; }
+void Event::synchronize() const {}
+float Event::elapsed_ms(const Event&) const { no_cuda(); }
+StreamView current_stream(int device) { return {device, nullptr}; }
+void set_current_stream(StreamView) { no_cuda(); }
+StreamGuard::StreamGuard(StreamView) { no_cuda(); }
+StreamGuard::~StreamGuard() = default;
+DeviceGuard::DeviceGuard(int) { no_cuda(); }
+DeviceGuard::~DeviceGuard() = default;
+
 void* allocate(size_t, int) { no_cuda(); }
-void deallocate(void*, int) {}
+void deallocate(void*, int) noexcept {}
+void record_stream(void*, int, StreamView) { no_cuda(); }
+MemoryStats memory_stats(int) { no_cuda(); }
+void reset_peak_memory_stats(int) { no_cuda(); }
+void empty_cache(int) { no_cuda(); }
+std::string memory_summary(int) { no_cuda(); }
+
+void* allocate_pinned(size_t) { no_cuda(); }
+void free_pinned(void*) noexcept {}
+bool is_pinned(const void*) { return false; }
+void record_pinned_use(const void*, StreamView) {}
+
 void copy_bytes(void*, bool, const void*, bool, size_t, int) { no_cuda(); }
+void copy_bytes_async(void*, bool, const void*, bool, size_t, StreamView) { no_cuda(); }
+void copy_between_devices(void*, int, const void*, int, size_t, StreamView) { no_cuda(); }
+
+void fill(void*, DType, const std::vector<int64_t>&, const std::vector<int64_t>&, double, StreamView) { no_cuda(); }
+void copy_strided(void*, DType, const std::vector<int64_t>&, const void*, DType, const std::vector<int64_t>&,
+                  const std::vector<int64_t>&, StreamView) {
+  no_cuda();
+}
+void add_scaled(void*, const void*, DType, int64_t, double, StreamView) { no_cuda(); }
+void scale(void*, DType, int64_t, double, StreamView) { no_cuda(); }
 
 }  // namespace loom::cuda

@@ -1,0 +1,114 @@
+// The caching device-memory allocator: one per device, in front of cudaMalloc.
+//
+// Requests are rounded to 512 bytes and served from free blocks of the
+// requesting stream's pool (best fit); a block larger than needed is split and
+// the rest stays free. Requests up to 1 MiB come from 2 MiB segments (the small
+// pool), larger ones from segments of their own (20 MiB for requests under
+// 10 MiB, else the request rounded to 2 MiB). A freed block returns to its
+// stream's pool at once: later work on that stream is ordered after the work
+// that used it. A block also used on other streams (record_stream) returns
+// only after events recorded on those streams at free time have completed.
+// When the device is out of memory, the allocator waits for those events,
+// releases every cached segment that is wholly free, and retries once before
+// throwing an error that reports the request and its counters.
+//
+// The bookkeeping is plain C++; the device calls go through an
+// AllocatorBackend, so tests can drive it without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cuda/runtime.h"
+
+namespace loom::cuda {
+
+// What the allocator needs from a device. Implementations may throw
+// loom::Error for failures other than running out of memory.
+class AllocatorBackend {
+ public:
+  virtual ~AllocatorBackend() = default;
+  // nullptr when the device has no memory left for `nbytes`.
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void free(void* ptr) = 0;
+  // An event recorded now on `stream`; opaque to the allocator.
+  virtual void* record_event(StreamHandle stream) = 0;
+  virtual bool event_completed(void* event) = 0;
+  virtual void synchronize_event(void* event) = 0;
+  virtual void destroy_event(void* event) = 0;
+  // Free and total device memory for error messages ("" when unknown).
+  virtual std::string describe_device_memory() = 0;
+};
+
+class CachingAllocator {
+ public:
+  static constexpr size_t kRounding = 512;              // every size is a multiple of this
+  static constexpr size_t kSmallRequest = 1 << 20;      // up to this: small pool
+  static constexpr size_t kSmallSegment = 2 << 20;
+  static constexpr size_t kLargeSegment = 20 << 20;     // for large requests under kMediumRequest
+  static constexpr size_t kMediumRequest = 10 << 20;
+  static constexpr size_t kLargeRounding = 2 << 20;     // segments of larger requests
+
+  CachingAllocator(int device, std::unique_ptr<AllocatorBackend> backend);
+  // Returns every segment to the backend. Live allocations must be gone.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // `nbytes` of device memory for work on `stream`; nullptr for 0 bytes.
+  // Throws loom::Error when the device is out of memory even after the cache
+  // was released.
+  void* allocate(size_t nbytes, StreamHandle stream);
+  // Gives back memory from allocate(). Never throws: errors go to stderr.
+  void free(void* ptr) noexcept;
+  // Marks that work on `stream` (not the allocating one) uses `ptr`, so that
+  // free() waits for that work before the memory is reused.
+  void record_stream(void* ptr, StreamHandle stream);
+  // Releases cached segments that are wholly free (after waiting for pending frees).
+  void empty_cache();
+
+  MemoryStats stats() const;
+  void reset_peak();
+  int device() const { return device_; }
+  // The rounded size of the block behind `ptr` (0 if unknown): for tests.
+  size_t block_size(const void* ptr) const;
+
+  static size_t round_size(size_t nbytes);
+
+ private:
+  struct Block;
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BlockOrder>;
+
+  Pool& pool_for(size_t size) { return size <= kSmallRequest ? small_pool_ : large_pool_; }
+  static size_t segment_size(size_t size);
+  Block* find_free_block(Pool& pool, size_t size, StreamHandle stream);
+  Block* new_segment(size_t size, StreamHandle stream);
+  void split(Block* block, size_t size, Pool& pool);
+  void release_block(Block* block);  // back to its pool, merged with free neighbours
+  void process_pending(bool wait);
+  void release_cached_segments();
+  void update_peaks();
+
+  const int device_;
+  std::unique_ptr<AllocatorBackend> backend_;
+  mutable std::mutex mutex_;
+  Pool small_pool_, large_pool_;
+  std::unordered_map<void*, Block*> live_;
+  struct PendingFree {
+    Block* block;
+    void* event;
+  };
+  std::vector<PendingFree> pending_;  // in free order
+  MemoryStats stats_;
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,132 @@
+// CUDA streams and events as loom sees them: move-only owners (Stream, Event),
+// a copyable non-owning StreamView, each thread's current stream per device,
+// and scope guards. No CUDA headers: the handles are the runtime's own opaque
+// pointer types (cudaStream_t is CUstream_st*, cudaEvent_t is CUevent_st*), so
+// a .cu file passes view.handle() straight to a kernel launch or a library.
+//
+// A build without CUDA has the same classes; constructing a Stream or Event
+// throws "loom was built without CUDA".
+#pragma once
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace loom::cuda {
+
+using StreamHandle = CUstream_st*;  // cudaStream_t
+using EventHandle = CUevent_st*;    // cudaEvent_t
+
+class Event;
+
+// A stream of one device, not owned: the device's default stream (handle
+// nullptr) or a stream that a Stream object owns and keeps alive.
+class StreamView {
+ public:
+  StreamView() = default;
+  StreamView(int device, StreamHandle handle) : device_(device), handle_(handle) {}
+
+  int device() const { return device_; }
+  StreamHandle handle() const { return handle_; }
+  bool is_default() const { return handle_ == nullptr; }
+
+  // Blocks the host until the work queued so far has finished. Not for hot paths.
+  void synchronize() const;
+  // True when the work queued so far has finished; never blocks.
+  [[nodiscard]] bool query() const;
+  // Work queued on this stream from now on starts after `event`'s captured work.
+  void wait(const Event& event) const;
+
+  bool operator==(const StreamView&) const = default;
+
+ private:
+  int device_ = 0;
+  StreamHandle handle_ = nullptr;
+};
+
+enum class StreamPriority { normal, high };
+
+// An owned stream. It does not synchronise implicitly with the default stream
+// (cudaStreamNonBlocking): order it with events.
+class Stream {
+ public:
+  explicit Stream(int device, StreamPriority priority = StreamPriority::normal);
+  ~Stream();
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;             // one owner per stream
+  Stream& operator=(const Stream&) = delete;
+
+  StreamView view() const { return {device_, handle_}; }
+  operator StreamView() const { return view(); }  // NOLINT: a Stream is usable wherever a view is
+  int device() const { return device_; }
+  StreamHandle handle() const { return handle_; }
+  void synchronize() const { view().synchronize(); }
+  [[nodiscard]] bool query() const { return view().query(); }
+  void wait(const Event& event) const { view().wait(event); }
+
+ private:
+  int device_ = -1;
+  StreamHandle handle_ = nullptr;
+};
+
+enum class EventTiming { disabled, enabled };
+
+// An owned event. record() captures the work queued on a stream so far;
+// query() / synchronize() / StreamView::wait() refer to that capture. An event
+// never recorded counts as complete.
+class Event {
+ public:
+  explicit Event(int device, EventTiming timing = EventTiming::disabled);
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  // `stream` must be on this event's device.
+  void record(StreamView stream);
+  [[nodiscard]] bool query() const;
+  void synchronize() const;
+  // Milliseconds from this event to `later`; both recorded, with timing enabled.
+  float elapsed_ms(const Event& later) const;
+
+  int device() const { return device_; }
+  EventHandle handle() const { return handle_; }
+
+ private:
+  int device_ = -1;
+  EventHandle handle_ = nullptr;
+};
+
+// The stream that loom's work on `device` goes to from the calling thread:
+// the default stream unless set_current_stream() or a StreamGuard chose another.
+StreamView current_stream(int device);
+// Makes `stream` the calling thread's current stream of stream.device().
+void set_current_stream(StreamView stream);
+
+// Makes `stream` current for its device for the guard's lifetime.
+class StreamGuard {
+ public:
+  explicit StreamGuard(StreamView stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  StreamView previous_;
+};
+
+// Makes `device` the calling thread's CUDA device (cudaSetDevice) for the
+// guard's lifetime; the previous device is restored after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace loom::cuda

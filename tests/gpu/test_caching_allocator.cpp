@@ -1,0 +1,278 @@
+// The caching allocator's bookkeeping, driven through a fake device (no GPU):
+// rounding, pools and segments, splitting and merging, per-stream reuse,
+// frees deferred by record_stream, release-and-retry on out-of-memory, the
+// error message, and the counters.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/cuda/caching_allocator.h"
+#include "core/error.h"
+
+using namespace loom;
+using namespace loom::cuda;
+
+namespace {
+
+// A device of `capacity` bytes that hands out fake, never-reused addresses,
+// and events the test completes by hand.
+class FakeDevice final : public AllocatorBackend {
+ public:
+  explicit FakeDevice(size_t capacity) : capacity_(capacity) {}
+
+  void* allocate(size_t nbytes) override {
+    ++allocate_calls;
+    if (used_ + nbytes > capacity_) return nullptr;
+    used_ += nbytes;
+    void* ptr = reinterpret_cast<void*>(next_);
+    next_ += nbytes + 4096;
+    sizes_.push_back({ptr, nbytes});
+    return ptr;
+  }
+  void free(void* ptr) override {
+    for (auto it = sizes_.begin(); it != sizes_.end(); ++it) {
+      if (it->first == ptr) {
+        used_ -= it->second;
+        sizes_.erase(it);
+        ++free_calls;
+        return;
+      }
+    }
+    FAIL("freed a pointer the fake device never handed out");
+  }
+  void* record_event(StreamHandle stream) override {
+    events_.push_back(std::make_unique<Event>(Event{stream, false}));
+    return events_.back().get();
+  }
+  bool event_completed(void* event) override { return static_cast<Event*>(event)->done; }
+  void synchronize_event(void* event) override { static_cast<Event*>(event)->done = true; }
+  void destroy_event(void* event) override { ++destroyed_events; }
+  std::string describe_device_memory() override { return "the fake device has " + std::to_string(capacity_ - used_) + " bytes free"; }
+
+  void complete_events() {
+    for (auto& e : events_) e->done = true;
+  }
+  size_t used() const { return used_; }
+
+  int allocate_calls = 0, free_calls = 0, destroyed_events = 0;
+
+ private:
+  struct Event {
+    StreamHandle stream;
+    bool done;
+  };
+  size_t capacity_;
+  size_t used_ = 0;
+  uintptr_t next_ = 0x100000000;
+  std::vector<std::pair<void*, size_t>> sizes_;
+  std::vector<std::unique_ptr<Event>> events_;
+};
+
+StreamHandle fake_stream(uintptr_t id) { return reinterpret_cast<StreamHandle>(id); }
+
+constexpr size_t MiB = size_t{1} << 20;
+
+struct Fixture {
+  explicit Fixture(size_t capacity = 1024 * MiB) {
+    auto owned = std::make_unique<FakeDevice>(capacity);
+    device = owned.get();
+    allocator = std::make_unique<CachingAllocator>(0, std::move(owned));
+  }
+  FakeDevice* device;
+  std::unique_ptr<CachingAllocator> allocator;
+};
+
+}  // namespace
+
+TEST_CASE("sizes round to 512 bytes and small requests share 2 MiB segments") {
+  Fixture f;
+  CHECK(CachingAllocator::round_size(1) == 512);
+  CHECK(CachingAllocator::round_size(512) == 512);
+  CHECK(CachingAllocator::round_size(513) == 1024);
+  void* a = f.allocator->allocate(1000, nullptr);
+  void* b = f.allocator->allocate(3000, nullptr);
+  CHECK(f.allocator->block_size(a) == 1024);
+  CHECK(f.allocator->block_size(b) == 3072);
+  CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 1024);  // split from the same segment
+  MemoryStats s = f.allocator->stats();
+  CHECK(s.device_allocs == 1);
+  CHECK(s.reserved_bytes == 2 * MiB);
+  CHECK(s.allocated_bytes == 1024 + 3072);
+  CHECK(s.requested_bytes == 4000);
+  CHECK(s.allocations == 2);
+  CHECK(f.allocator->allocate(0, nullptr) == nullptr);
+  f.allocator->free(a);
+  f.allocator->free(b);
+  CHECK(f.allocator->stats().allocated_bytes == 0);
+}
+
+TEST_CASE("a freed block is reused by the next request of its stream, without a device allocation") {
+  Fixture f;
+  void* a = f.allocator->allocate(5 * MiB, nullptr);
+  f.allocator->free(a);
+  void* b = f.allocator->allocate(5 * MiB - 100, nullptr);
+  CHECK(b == a);
+  MemoryStats s = f.allocator->stats();
+  CHECK(s.device_allocs == 1);
+  CHECK(s.cache_hits == 1);
+  f.allocator->free(b);
+}
+
+TEST_CASE("large requests: 20 MiB segments under 10 MiB, split and merged back") {
+  Fixture f;
+  void* a = f.allocator->allocate(3 * MiB, nullptr);
+  void* b = f.allocator->allocate(3 * MiB, nullptr);
+  CHECK(f.allocator->stats().reserved_bytes == 20 * MiB);
+  CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 3 * MiB);
+  void* big = f.allocator->allocate(33 * MiB, nullptr);  // its own segment, rounded to 2 MiB
+  CHECK(f.allocator->stats().reserved_bytes == (20 + 34) * MiB);
+  f.allocator->free(a);
+  f.allocator->free(b);
+  f.allocator->free(big);
+  // Everything merged back into whole segments, which empty_cache returns.
+  f.allocator->empty_cache();
+  MemoryStats s = f.allocator->stats();
+  CHECK(s.reserved_bytes == 0);
+  CHECK(s.segments == 0);
+  CHECK(s.device_frees == 2);
+  CHECK(f.device->used() == 0);
+}
+
+TEST_CASE("a remainder of at most 1 MiB is not split off a large block") {
+  Fixture f;
+  void* a = f.allocator->allocate(19 * MiB + 512, nullptr);  // leaves 512 KiB of the 20 MiB segment
+  CHECK(f.allocator->block_size(a) == 20 * MiB);
+  CHECK(f.allocator->stats().allocated_bytes == 20 * MiB);
+  f.allocator->free(a);
+}
+
+TEST_CASE("blocks are not shared between streams") {
+  Fixture f;
+  void* a = f.allocator->allocate(4096, fake_stream(1));
+  f.allocator->free(a);
+  void* b = f.allocator->allocate(4096, fake_stream(2));
+  CHECK(b != a);
+  CHECK(f.allocator->stats().device_allocs == 2);
+  void* c = f.allocator->allocate(4096, fake_stream(1));
+  CHECK(c == a);
+  f.allocator->free(b);
+  f.allocator->free(c);
+}
+
+TEST_CASE("record_stream: the memory is reused only after the other stream's work completes") {
+  Fixture f;
+  void* a = f.allocator->allocate(8192, fake_stream(1));
+  f.allocator->record_stream(a, fake_stream(2));
+  f.allocator->record_stream(a, fake_stream(1));  // the allocating stream: nothing to wait for
+  f.allocator->free(a);
+  CHECK(f.allocator->stats().allocated_bytes == 0);  // freed, from the user's view
+  void* b = f.allocator->allocate(8192, fake_stream(1));
+  CHECK(b != a);  // still in use by stream 2's queued work
+  f.device->complete_events();
+  f.allocator->free(b);
+  void* c = f.allocator->allocate(8192, fake_stream(1));
+  CHECK((c == a || c == b));
+  CHECK(f.device->destroyed_events == 1);
+  f.allocator->free(c);
+  CHECK_THROWS_AS(f.allocator->record_stream(reinterpret_cast<void*>(0x42), fake_stream(2)), Error);
+}
+
+TEST_CASE("out of memory: cached segments are released and the request retried") {
+  Fixture f(64 * MiB);
+  void* a = f.allocator->allocate(30 * MiB, nullptr);
+  void* b = f.allocator->allocate(30 * MiB, nullptr);
+  f.allocator->free(a);
+  f.allocator->free(b);  // 60 MiB cached in two segments of 30 MiB
+  void* c = f.allocator->allocate(50 * MiB, nullptr);
+  CHECK(c != nullptr);
+  MemoryStats s = f.allocator->stats();
+  CHECK(s.oom_retries == 1);
+  CHECK(s.reserved_bytes == 50 * MiB);
+  CHECK(s.device_frees == 2);
+  f.allocator->free(c);
+}
+
+TEST_CASE("out of memory: pending cross-stream frees are waited for before the retry") {
+  Fixture f(64 * MiB);
+  void* a = f.allocator->allocate(40 * MiB, fake_stream(1));
+  f.allocator->record_stream(a, fake_stream(2));
+  f.allocator->free(a);  // pending on stream 2
+  void* b = f.allocator->allocate(40 * MiB, fake_stream(1));
+  CHECK(b != nullptr);
+  CHECK(f.allocator->stats().oom_retries == 1);
+  f.allocator->free(b);
+}
+
+TEST_CASE("out of memory after the retry: an error with the request and the counters") {
+  Fixture f(64 * MiB);
+  void* a = f.allocator->allocate(30 * MiB, nullptr);
+  std::string message;
+  try {
+    f.allocator->allocate(size_t{80} << 30, nullptr);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("CUDA out of memory on cuda:0") != std::string::npos);
+  CHECK(message.find("tried to allocate 80.00 GiB") != std::string::npos);
+  CHECK(message.find("loom tensors hold 30.00 MiB") != std::string::npos);
+  CHECK(message.find("reserves 30.00 MiB") != std::string::npos);
+  CHECK(message.find("the fake device has") != std::string::npos);
+  CHECK(f.allocator->stats().ooms == 1);
+  // The allocator still works afterwards.
+  void* b = f.allocator->allocate(1 * MiB, nullptr);
+  CHECK(b != nullptr);
+  f.allocator->free(a);
+  f.allocator->free(b);
+}
+
+TEST_CASE("peaks follow the high-water marks and reset to the current values") {
+  Fixture f;
+  void* a = f.allocator->allocate(4 * MiB, nullptr);
+  void* b = f.allocator->allocate(4 * MiB, nullptr);
+  f.allocator->free(a);
+  MemoryStats s = f.allocator->stats();
+  CHECK(s.peak_allocated_bytes == 8 * MiB);
+  CHECK(s.allocated_bytes == 4 * MiB);
+  CHECK(s.peak_reserved_bytes == 20 * MiB);
+  f.allocator->reset_peak();
+  CHECK(f.allocator->stats().peak_allocated_bytes == 4 * MiB);
+  f.allocator->free(b);
+  f.allocator->free(reinterpret_cast<void*>(0x42));  // unknown: reported on stderr, no throw
+  f.allocator->free(nullptr);
+}
+
+TEST_CASE("many mixed allocations and frees leave no leak") {
+  Fixture f;
+  std::vector<void*> live;
+  uint64_t state = 12345;
+  for (int i = 0; i < 2000; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const size_t size = 1 + (state >> 33) % (3 * MiB);
+    const bool release = !live.empty() && ((state >> 20) & 1);
+    if (release) {
+      const size_t k = (state >> 40) % live.size();
+      f.allocator->free(live[k]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      void* p = f.allocator->allocate(size, fake_stream(1 + (state >> 50) % 2));
+      // The new block must not overlap a live one.
+      const char* begin = static_cast<char*>(p);
+      const char* end = begin + f.allocator->block_size(p);
+      for (void* q : live) {
+        const char* other = static_cast<char*>(q);
+        REQUIRE((end <= other || other + f.allocator->block_size(q) <= begin));
+      }
+      live.push_back(p);
+    }
+  }
+  for (void* p : live) f.allocator->free(p);
+  MemoryStats s = f.allocator->stats();
+  CHECK(s.allocated_bytes == 0);
+  CHECK(s.allocations == 0);
+  f.allocator->empty_cache();
+  CHECK(f.allocator->stats().reserved_bytes == 0);
+  CHECK(f.device->used() == 0);
+}
