@@ -66,7 +66,8 @@ Tensor BatchNorm2d::normalize(const Tensor& input, Activation activation) {
     if (num_batches_tracked.device().is_cpu()) {
       ++num_batches_tracked.data<int64_t>()[0];
     } else {
-      num_batches_tracked.copy_(Tensor::full({}, num_batches_tracked.item() + 1, DType::i64));
+      // On the device, without item(): that would wait for the GPU at every step.
+      num_batches_tracked.add_(Tensor::ones({}, DType::i64, num_batches_tracked.device()));
     }
   }
   return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_,

@@ -8,6 +8,7 @@
 #include "core/autograd.h"
 #include "core/parallel.h"
 #include "ops/elementwise.h"
+#include "optim/cuda/fused_update.h"
 
 namespace loom::optim {
 namespace {
@@ -54,14 +55,20 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
   // The factor is applied in f32 (f64 for f64 gradients); 1/scale is a power
   // of two for the default schedule, so the division is exact.
   bool found = false;
+  std::vector<Tensor> cuda_sources, cuda_destinations;  // unscaled by one fused kernel per dtype pair
   for (size_t k = 0; k < sources.size(); ++k) {
     const Tensor& source = sources[k];
     if (!source.defined()) continue;
     const Tensor& destination = destinations[k];
     LOOM_CHECK(destination.defined() && destination.numel() == source.numel(), "unscale: destination ", k, " (",
                destination.str(), ") does not match gradient ", source.str());
-    LOOM_CHECK(source.device().is_cpu() && destination.device().is_cpu(), "unscale: gradient ", source.str(),
-               " is not on the CPU; the CUDA unscale kernel is not built");
+    if (source.device().is_cuda()) {
+      cuda_sources.push_back(source);
+      cuda_destinations.push_back(destination);
+      continue;
+    }
+    LOOM_CHECK(destination.device().is_cpu(), "unscale: gradient ", source.str(), " and destination ",
+               destination.str(), " are on different devices");
     LOOM_CHECK(is_floating(source.dtype()), "unscale: gradient ", source.str(), " is not floating-point");
     LOOM_CHECK(destination.dtype() == DType::f32 || destination.dtype() == source.dtype(), "unscale: destination ",
                destination.str(), " must be f32 or the gradient's dtype (", dtype_name(source.dtype()), ")");
@@ -80,6 +87,7 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
       }
     });
   }
+  if (!cuda_sources.empty()) found |= cuda::unscale_and_check(cuda_sources, cuda_destinations, factor);
   return found;
 }
 

@@ -39,10 +39,12 @@ struct GradScalerOptions {
 };
 
 // destinations[k][i] = sources[k][i] * factor for every pair k, in one pass
-// over each source, and whether any product is inf or NaN. Sources are CPU
-// tensors of any floating dtype; destinations are CPU tensors of the same
-// numel, f32 or the source's dtype, and may be the sources themselves
-// (in-place unscale). An undefined source is skipped.
+// over each source, and whether any product is inf or NaN. Sources are
+// tensors of any floating dtype; destinations are tensors on the same device
+// of the same numel, f32 or the source's dtype, and may be the sources
+// themselves (in-place unscale). An undefined source is skipped. CUDA tensors
+// go through fused kernels (optim/cuda/fused_update.h); reading their flag
+// waits for the device.
 [[nodiscard]] bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
                                      double factor);
 

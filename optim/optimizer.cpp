@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/parallel.h"
+#include "optim/cuda/fused_update.h"
 
 namespace loom::optim {
 namespace {
@@ -12,7 +13,6 @@ constexpr int64_t kGrain = 1 << 13;
 void check_param(const Tensor& p) {
   LOOM_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameters must be leaf tensors that require grad");
   LOOM_CHECK(p.is_contiguous(), "optimizer: parameter ", p.str(), " is not contiguous");
-  LOOM_CHECK(p.device().is_cpu(), "optimizer: parameter on ", p.device().str(), " needs the CUDA backend's fused optimizer");
 }
 
 // The gradient as a contiguous tensor of the parameter's dtype.
@@ -67,13 +67,22 @@ void SGD::step() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const SGDOptions& o = options_[gi];
     const double lr = groups_[gi].lr;
+    std::vector<Tensor> cuda_params, cuda_grads, cuda_buffers;  // updated by one fused kernel per dtype
+    std::vector<bool> cuda_first;
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       Tensor& p = groups_[gi].params[pi];
       if (!p.grad().defined()) continue;
       Tensor g = grad_of(p);
       Tensor& buffer = momentum_buffers_[gi][pi];
       const bool first = !buffer.defined();
-      if (o.momentum_ != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype());
+      if (o.momentum_ != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype(), p.device());
+      if (p.device().is_cuda()) {
+        cuda_params.push_back(p);
+        cuda_grads.push_back(g);
+        if (o.momentum_ != 0) cuda_buffers.push_back(buffer);
+        cuda_first.push_back(first);
+        continue;
+      }
       visit_compute_dtype(p.dtype(), "SGD step", [&]<class T>() {
         T* w = p.data<T>();
         const T* d = g.data<T>();
@@ -90,6 +99,10 @@ void SGD::step() {
           }
         });
       });
+    }
+    if (!cuda_params.empty()) {
+      cuda::sgd_step(cuda_params, cuda_grads, cuda_buffers, cuda_first,
+                     {lr, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_});
     }
   }
 }
@@ -141,16 +154,26 @@ void Adam::step() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const AdamOptions& o = options_[gi];
     const double lr = groups_[gi].lr;
+    std::vector<Tensor> cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs;  // one fused kernel per dtype
+    std::vector<int64_t> cuda_steps;
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       Tensor& p = groups_[gi].params[pi];
       if (!p.grad().defined()) continue;
       Tensor g = grad_of(p);
       Moments& s = moments_[gi][pi];
       if (!s.exp_avg.defined()) {
-        s.exp_avg = Tensor::zeros(p.sizes(), p.dtype());
-        s.exp_avg_sq = Tensor::zeros(p.sizes(), p.dtype());
+        s.exp_avg = Tensor::zeros(p.sizes(), p.dtype(), p.device());
+        s.exp_avg_sq = Tensor::zeros(p.sizes(), p.dtype(), p.device());
       }
       ++s.step;
+      if (p.device().is_cuda()) {
+        cuda_params.push_back(p);
+        cuda_grads.push_back(g);
+        cuda_exp_avgs.push_back(s.exp_avg);
+        cuda_exp_avg_sqs.push_back(s.exp_avg_sq);
+        cuda_steps.push_back(s.step);
+        continue;
+      }
       const double bias_correction1 = 1 - std::pow(o.beta1_, static_cast<double>(s.step));
       const double bias_correction2 = 1 - std::pow(o.beta2_, static_cast<double>(s.step));
       const double step_size = lr / bias_correction1;
@@ -177,6 +200,10 @@ void Adam::step() {
           }
         });
       });
+    }
+    if (!cuda_params.empty()) {
+      cuda::adam_step(cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs, cuda_steps,
+                      {lr, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.decoupled_});
     }
   }
 }

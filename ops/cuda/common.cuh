@@ -1,0 +1,164 @@
+// What every ops/cuda/<op>.cu shares: the element helpers of
+// core/cuda/device_elements.cuh, launch sizes, warp and block reductions, the
+// dtype switch over the floating types, memory orders (NCHW / channels-last)
+// and the checks of the public entry points. CUDA and loom headers only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/cuda/check.h"
+#include "core/cuda/device_elements.cuh"
+#include "core/cuda/runtime.h"
+#include "core/tensor.h"
+
+namespace loom::ops::cuda_detail {
+
+constexpr int kThreads = 256;
+
+// ---- element types (core/cuda/device_elements.cuh) ----
+
+using ::loom::cuda::acc_t;
+using ::loom::cuda::first_index;
+using ::loom::cuda::from_acc;
+using ::loom::cuda::grid_stride;
+using ::loom::cuda::load_as_double;
+using ::loom::cuda::store_from_double;
+using ::loom::cuda::to_acc;
+
+// ---- launches ----
+
+// Blocks for a grid-stride loop over n items, kThreads each.
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 1 << 16));
+}
+
+inline cudaStream_t stream_of(const Tensor& t) { return ::loom::cuda::current_stream(t.device().index).handle(); }
+
+// ---- reductions ----
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const T other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. `scratch` holds 32 values. The order of additions is fixed,
+// so results are deterministic.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : T(0);
+  return warp_sum(v);
+}
+
+// ---- host side ----
+
+// Calls fn.template operator()<T>() with T the loom type of a floating dtype.
+template <class Fn>
+decltype(auto) visit_float(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::f32: return fn.template operator()<float>();
+    case DType::f64: return fn.template operator()<double>();
+    case DType::f16: return fn.template operator()<Half>();
+    case DType::bf16: return fn.template operator()<BFloat16>();
+    default: LOOM_FAIL(op, ": CUDA kernels take f32, f64, f16 or bf16 tensors, got ", dtype_name(t));
+  }
+}
+
+// The tensor as the kernels read it: contiguous (a copy when it is not).
+inline Tensor contiguous_input(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
+
+// True when the elements fill their storage range without gaps or overlap in
+// some order of the dims (contiguous, channels-last, any permutation): an
+// elementwise kernel can then walk the numel() elements from raw_data() in
+// memory order and write an output with the same strides.
+inline bool is_dense(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims longer than 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) != 1) dims.emplace_back(t.strides()[d], t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// An uninitialised tensor with the sizes and strides of the dense tensor `like`.
+inline Tensor empty_like_dense(const Tensor& like, DType dtype) {
+  Tensor memory = Tensor::empty({like.numel()}, dtype, like.device());
+  return make_view(memory, like.sizes(), like.strides(), 0);
+}
+
+// Checks that an entry point's tensor lives on CUDA.
+inline void check_cuda(const char* op, const Tensor& t) {
+  LOOM_CHECK(t.defined() && t.device().is_cuda(), op, ": expected a CUDA tensor, got ",
+             t.defined() ? t.str() : "an undefined tensor");
+}
+
+// The memory order of a 4-d (N, C, H, W) tensor: NCHW (contiguous) or NHWC
+// (channels-last strides). Other layouts are made contiguous by the caller.
+enum class Layout { nchw, nhwc };
+
+inline bool is_channels_last(const Tensor& t) {
+  if (t.dim() != 4) return false;
+  const Shape& s = t.sizes();
+  const Shape& st = t.strides();
+  const int64_t c = s[1], h = s[2], w = s[3];
+  // Size-1 dims may carry any stride.
+  return (c == 1 || st[1] == 1) && (w == 1 || st[3] == c) && (h == 1 || st[2] == w * c) &&
+         (s[0] == 1 || st[0] == h * w * c);
+}
+
+inline Layout layout_of(const Tensor& t) {
+  if (t.is_contiguous()) return Layout::nchw;
+  return is_channels_last(t) ? Layout::nhwc : Layout::nchw;
+}
+
+// An uninitialised (N, C, H, W) tensor with the memory order `layout`.
+inline Tensor empty_4d(const Shape& sizes, DType dtype, Device device, Layout layout) {
+  if (layout == Layout::nchw) return Tensor::empty(sizes, dtype, device);
+  const int64_t n = sizes[0], c = sizes[1], h = sizes[2], w = sizes[3];
+  Tensor memory = Tensor::empty({n, h, w, c}, dtype, device);
+  return make_view(memory, sizes, {h * w * c, 1, w * c, c}, 0);
+}
+
+// `t` in the memory order `layout` (a copy when it is in another).
+inline Tensor in_layout(const Tensor& t, Layout layout) {
+  NoGradGuard no_grad;
+  if (layout == Layout::nchw) return t.contiguous();
+  if (is_channels_last(t)) return t;
+  Tensor out = empty_4d(t.sizes(), t.dtype(), t.device(), Layout::nhwc);
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace loom::ops::cuda_detail

@@ -1,0 +1,348 @@
+// CUDA conv2d (ops/conv2d.h) through cuDNN's convolution API: forward,
+// backward-data and backward-filter; the bias is added by a small kernel and
+// its gradient is batch norm's per-channel sum (ops/cuda/batch_norm.cu). NCHW and channels-last (NHWC) inputs; the
+// output and gradients keep the input's memory order (the weight is used in
+// that order too). The algorithm of each pass is chosen once per (shapes,
+// dtype, layout, math mode) -- by timing the candidates (cudnnFind) or by
+// cuDNN's heuristic (cudnnGet), see cuda::conv_algorithm_search() -- and
+// cached; workspaces come from the caching allocator. Accumulation is fp32 for
+// f16 / bf16 (f64 for f64); f32 uses TF32 tensor cores only when
+// cuda::allow_tf32() is set.
+#include <cudnn.h>
+
+#include <array>
+#include <climits>
+#include <map>
+#include <mutex>
+
+#include "core/cuda/cudnn_descriptors.h"
+#include "core/cuda/handles.h"
+#include "ops/batch_norm.h"
+#include "ops/conv2d.h"
+#include "ops/cuda/common.cuh"
+
+namespace loom::ops::cuda {
+using namespace cuda_detail;
+namespace lc = ::loom::cuda;
+
+namespace {
+
+enum class Pass { forward, backward_data, backward_filter };
+
+cudnnDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: LOOM_FAIL("conv2d: CUDA convolutions take f32, f64, f16 or bf16 tensors, got ", dtype_name(t));
+  }
+}
+
+int as_int(int64_t v, const char* what) {
+  LOOM_CHECK(v >= 0 && v <= INT_MAX, "conv2d: ", what, " ", v, " exceeds what cuDNN accepts (2^31 - 1)");
+  return static_cast<int>(v);
+}
+
+// A 4-d tensor descriptor of `sizes` laid out as `layout` (canonical strides,
+// so size-1 dims with unusual strides do not matter).
+void describe_tensor(const lc::CudnnTensorDescriptor& d, DType dtype, const Shape& sizes, Layout layout) {
+  const int n = as_int(sizes[0], "batch"), c = as_int(sizes[1], "channels"), h = as_int(sizes[2], "height"),
+            w = as_int(sizes[3], "width");
+  const int dims[4] = {n, c, h, w};
+  int s[4];
+  if (layout == Layout::nhwc) {
+    s[0] = h * w * c, s[1] = 1, s[2] = w * c, s[3] = c;
+  } else {
+    s[0] = c * h * w, s[1] = h * w, s[2] = w, s[3] = 1;
+  }
+  LOOM_CHECK_CUDNN(cudnnSetTensorNdDescriptor(d.get(), data_type(dtype), 4, dims, s));
+}
+
+// Everything a pass needs to run: descriptors and the cache key.
+struct Problem {
+  lc::CudnnTensorDescriptor x, y;
+  lc::CudnnFilterDescriptor w;
+  lc::CudnnConvolutionDescriptor conv;
+  DType dtype;
+  bool tf32;
+  std::array<int64_t, 16> key{};
+
+  Problem(DType dtype_in, Layout layout, const Shape& input, const Shape& weight, const Shape& output,
+          const Conv2dParams& p)
+      : dtype(dtype_in), tf32(dtype_in == DType::f32 && lc::allow_tf32()) {
+    describe_tensor(x, dtype, input, layout);
+    describe_tensor(y, dtype, output, layout);
+    LOOM_CHECK_CUDNN(cudnnSetFilter4dDescriptor(
+        w.get(), data_type(dtype), layout == Layout::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+        as_int(weight[0], "output channels"), as_int(weight[1], "input channels"), as_int(weight[2], "kernel height"),
+        as_int(weight[3], "kernel width")));
+    LOOM_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(
+        conv.get(), as_int(p.padding[0], "padding"), as_int(p.padding[1], "padding"), as_int(p.stride[0], "stride"),
+        as_int(p.stride[1], "stride"), as_int(p.dilation[0], "dilation"), as_int(p.dilation[1], "dilation"),
+        CUDNN_CROSS_CORRELATION, dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
+    set_math(default_math());
+    key = {static_cast<int64_t>(dtype), layout == Layout::nhwc, tf32, input[0], input[1], input[2], input[3],
+           weight[0], weight[2], weight[3], p.padding[0], p.padding[1], p.stride[0], p.stride[1], p.dilation[0],
+           p.dilation[1]};
+  }
+
+  // f16 / bf16: tensor cores; f32: plain FMA unless TF32 is allowed; f64: default.
+  cudnnMathType_t default_math() const {
+    if (dtype == DType::f16 || dtype == DType::bf16) return CUDNN_TENSOR_OP_MATH;
+    if (dtype == DType::f32) return tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    return CUDNN_DEFAULT_MATH;
+  }
+  // Whether an algorithm found with math type `math` may be used.
+  bool allowed(cudnnMathType_t math) const {
+    return !(dtype == DType::f32 && !tf32 &&
+             (math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  }
+  void set_math(cudnnMathType_t math) const { LOOM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv.get(), math)); }
+  // The math mode to run `choice` with: f32 without TF32 stays on FMA math
+  // whatever mode cuDNN reported (its default mode may use TF32).
+  void set_math_for_run(cudnnMathType_t found) const {
+    set_math(dtype == DType::f32 && !tf32 ? CUDNN_FMA_MATH : found);
+  }
+};
+
+// The algorithm chosen for one pass of one problem.
+struct Choice {
+  int algorithm = 0;
+  size_t workspace = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+};
+
+std::mutex g_cache_mutex;
+std::map<std::pair<Pass, std::array<int64_t, 16>>, Choice> g_cache;
+
+// Largest workspace handed to the timing search.
+constexpr size_t kSearchWorkspaceCap = size_t{1} << 30;
+
+// Picks the first usable result (they come fastest first).
+template <class Perf>
+Choice first_usable(const Problem& problem, const Perf* results, int count, const char* pass) {
+  for (int i = 0; i < count; ++i) {
+    if (results[i].status == CUDNN_STATUS_SUCCESS && problem.allowed(results[i].mathType)) {
+      return {static_cast<int>(results[i].algo), results[i].memory, results[i].mathType};
+    }
+  }
+  LOOM_FAIL("conv2d: cuDNN found no usable ", pass, " algorithm for this problem (dtype ", dtype_name(problem.dtype),
+            ")");
+}
+
+// Scratch for the timing search: as large as the hungriest candidate needs
+// (capped), or nothing when that much memory is not available.
+lc::DeviceBuffer search_workspace(size_t largest, int device) {
+  const size_t bytes = std::min(largest, kSearchWorkspaceCap);
+  if (bytes == 0) return {};
+  try {
+    return lc::DeviceBuffer(bytes, device);
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+// Buffers of one pass: x, w, y for forward; w, dy, dx for backward data; x,
+// dy, dw for backward filter (the written one last).
+struct Buffers {
+  const void* first;
+  const void* second;
+  void* out;
+};
+
+Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device) {
+  const auto key = std::make_pair(pass, problem.key);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    auto it = g_cache.find(key);
+    if (it != g_cache.end()) return it->second;
+  }
+  const bool benchmark = lc::conv_algorithm_search() == lc::ConvAlgorithmSearch::benchmark;
+  Choice choice;
+  int returned = 0;
+  if (pass == Pass::forward) {
+    cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    if (benchmark) {
+      size_t largest = 0;
+      for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; ++a) {
+        size_t bytes = 0;
+        if (cudnnGetConvolutionForwardWorkspaceSize(handle, problem.x.get(), problem.w.get(), problem.conv.get(),
+                                                    problem.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a),
+                                                    &bytes) == CUDNN_STATUS_SUCCESS) {
+          largest = std::max(largest, bytes);
+        }
+      }
+      lc::DeviceBuffer workspace = search_workspace(largest, device);
+      LOOM_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
+          handle, problem.x.get(), b.first, problem.w.get(), b.second, problem.conv.get(), problem.y.get(), b.out,
+          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
+    } else {
+      LOOM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(handle, problem.x.get(), problem.w.get(),
+                                                              problem.conv.get(), problem.y.get(),
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results));
+    }
+    choice = first_usable(problem, results, returned, "forward");
+  } else if (pass == Pass::backward_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    if (benchmark) {
+      size_t largest = 0;
+      for (int a = 0; a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT; ++a) {
+        size_t bytes = 0;
+        if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, problem.w.get(), problem.y.get(), problem.conv.get(),
+                                                         problem.x.get(),
+                                                         static_cast<cudnnConvolutionBwdDataAlgo_t>(a),
+                                                         &bytes) == CUDNN_STATUS_SUCCESS) {
+          largest = std::max(largest, bytes);
+        }
+      }
+      lc::DeviceBuffer workspace = search_workspace(largest, device);
+      LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          handle, problem.w.get(), b.first, problem.y.get(), b.second, problem.conv.get(), problem.x.get(), b.out,
+          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
+    } else {
+      LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          handle, problem.w.get(), problem.y.get(), problem.conv.get(), problem.x.get(),
+          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results));
+    }
+    choice = first_usable(problem, results, returned, "backward-data");
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    if (benchmark) {
+      size_t largest = 0;
+      for (int a = 0; a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT; ++a) {
+        size_t bytes = 0;
+        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, problem.x.get(), problem.y.get(),
+                                                           problem.conv.get(), problem.w.get(),
+                                                           static_cast<cudnnConvolutionBwdFilterAlgo_t>(a),
+                                                           &bytes) == CUDNN_STATUS_SUCCESS) {
+          largest = std::max(largest, bytes);
+        }
+      }
+      lc::DeviceBuffer workspace = search_workspace(largest, device);
+      LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          handle, problem.x.get(), b.first, problem.y.get(), b.second, problem.conv.get(), problem.w.get(), b.out,
+          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
+    } else {
+      LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          handle, problem.x.get(), problem.y.get(), problem.conv.get(), problem.w.get(),
+          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results));
+    }
+    choice = first_usable(problem, results, returned, "backward-filter");
+  }
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  g_cache.emplace(key, choice);
+  return choice;
+}
+
+// alpha = 1 and beta = 0 in the scaling type cuDNN expects for `dtype`.
+struct Scaling {
+  float one_f = 1.0f, zero_f = 0.0f;
+  double one_d = 1.0, zero_d = 0.0;
+  bool f64;
+  explicit Scaling(DType dtype) : f64(dtype == DType::f64) {}
+  const void* one() const { return f64 ? static_cast<const void*>(&one_d) : &one_f; }
+  const void* zero() const { return f64 ? static_cast<const void*>(&zero_d) : &zero_f; }
+};
+
+// y[n, c, h, w] += bias[c], for either memory order.
+template <class T>
+static __global__ void add_bias_kernel(T* y, const T* bias, int64_t n, int64_t channels, int64_t plane,
+                                       bool channels_last) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const int64_t c = channels_last ? i % channels : (i / plane) % channels;
+    y[i] = from_acc<T>(to_acc(y[i]) + to_acc(bias[c]));
+  }
+}
+
+}  // namespace
+
+Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
+                      const Conv2dParams& params) {
+  check_cuda("conv2d", input_in);
+  const Layout layout = layout_of(input_in);
+  const Tensor x = in_layout(input_in, layout), w = in_layout(weight_in, layout);
+  const Size2 out_hw = conv2d_output_size({x.size(2), x.size(3)}, {w.size(2), w.size(3)}, params);
+  const Shape out_sizes{x.size(0), w.size(0), out_hw[0], out_hw[1]};
+  Tensor y = empty_4d(out_sizes, x.dtype(), x.device(), layout);
+  if (y.numel() == 0) return y;
+  if (x.size(1) == 0) return y.zero_();
+  const int device = x.device().index;
+  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
+  const Problem problem(x.dtype(), layout, x.sizes(), w.sizes(), out_sizes, params);
+  const Choice choice = choose(Pass::forward, problem, handle, {x.raw_data(), w.raw_data(), y.raw_data()}, device);
+  problem.set_math_for_run(choice.math);
+  lc::DeviceBuffer workspace(choice.workspace, device);
+  const Scaling s(x.dtype());
+  LOOM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), problem.x.get(), x.raw_data(), problem.w.get(),
+                                           w.raw_data(), problem.conv.get(),
+                                           static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm), workspace.data(),
+                                           workspace.size(), s.zero(), problem.y.get(), y.raw_data()));
+  if (bias_in.defined()) {
+    const Tensor b = contiguous_input(bias_in);
+    visit_float(y.dtype(), "conv2d", [&]<class T>() {
+      add_bias_kernel<T><<<blocks_for(y.numel()), kThreads, 0, stream_of(y)>>>(
+          y.data<T>(), b.data<T>(), y.numel(), y.size(1), y.size(2) * y.size(3), layout == Layout::nhwc);
+      LOOM_CHECK_LAUNCH();
+    });
+  }
+  return y;
+}
+
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in, const Shape& input_sizes,
+                             const Conv2dParams& params) {
+  check_cuda("conv2d backward", grad_output);
+  const Layout layout = layout_of(grad_output);
+  const Tensor dy = in_layout(grad_output, layout), w = in_layout(weight_in, layout);
+  Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
+  if (dx.numel() == 0) return dx;
+  if (dy.numel() == 0) return dx.zero_();
+  const int device = dy.device().index;
+  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
+  const Problem problem(dy.dtype(), layout, input_sizes, w.sizes(), dy.sizes(), params);
+  const Choice choice =
+      choose(Pass::backward_data, problem, handle, {w.raw_data(), dy.raw_data(), dx.raw_data()}, device);
+  problem.set_math_for_run(choice.math);
+  lc::DeviceBuffer workspace(choice.workspace, device);
+  const Scaling s(dy.dtype());
+  LOOM_CHECK_CUDNN(cudnnConvolutionBackwardData(handle, s.one(), problem.w.get(), w.raw_data(), problem.y.get(),
+                                                dy.raw_data(), problem.conv.get(),
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algorithm),
+                                                workspace.data(), workspace.size(), s.zero(), problem.x.get(),
+                                                dx.raw_data()));
+  return dx;
+}
+
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input_in, const Shape& weight_sizes,
+                              const Conv2dParams& params) {
+  check_cuda("conv2d backward", grad_output);
+  const Layout layout = layout_of(input_in);
+  const Tensor x = in_layout(input_in, layout), dy = in_layout(grad_output, layout);
+  Tensor dw = empty_4d(weight_sizes, dy.dtype(), dy.device(), layout);
+  if (dw.numel() == 0) return dw;
+  if (x.size(0) == 0 || dy.numel() == 0) return dw.zero_();
+  const int device = dy.device().index;
+  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
+  const Problem problem(dy.dtype(), layout, x.sizes(), weight_sizes, dy.sizes(), params);
+  const Choice choice =
+      choose(Pass::backward_filter, problem, handle, {x.raw_data(), dy.raw_data(), dw.raw_data()}, device);
+  problem.set_math_for_run(choice.math);
+  lc::DeviceBuffer workspace(choice.workspace, device);
+  const Scaling s(dy.dtype());
+  LOOM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(handle, s.one(), problem.x.get(), x.raw_data(), problem.y.get(),
+                                                  dy.raw_data(), problem.conv.get(),
+                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
+                                                  workspace.data(), workspace.size(), s.zero(), problem.w.get(),
+                                                  dw.raw_data()));
+  return dw;
+}
+
+Tensor conv2d_backward_bias(const Tensor& grad_output) {
+  check_cuda("conv2d backward", grad_output);
+  // Row 0 of batch norm's per-channel (sum, sum of squares), accumulated in f64.
+  const Tensor sums = batch_norm_stats(grad_output);
+  NoGradGuard no_grad;
+  return sums.slice(0, 0, 1).reshape({grad_output.size(1)}).to(grad_output.dtype()).contiguous();
+}
+
+}  // namespace loom::ops::cuda

@@ -1,0 +1,185 @@
+// CUDA kernels of the elementwise ops and whole-tensor reductions
+// (ops/elementwise.h). Elementwise kernels walk dense tensors (contiguous or
+// channels-last) in memory order and keep their strides; anything else is made
+// contiguous first. sum_all accumulates in f64 in a fixed order.
+#include "ops/cuda/common.cuh"
+#include "ops/elementwise.h"
+
+namespace loom::ops::cuda {
+using namespace cuda_detail;
+
+namespace {
+
+// ---- kernels ----
+
+template <class T>
+static __global__ void binary_kernel(cpu::Binary op, const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const acc_t<T> x = to_acc(a[i]), y = to_acc(b[i]);
+    acc_t<T> r;
+    switch (op) {
+      case cpu::Binary::add: r = x + y; break;
+      case cpu::Binary::sub: r = x - y; break;
+      default: r = x * y; break;
+    }
+    out[i] = from_acc<T>(r);
+  }
+}
+
+template <class T>
+static __global__ void affine_kernel(const T* x, T* out, int64_t n, acc_t<T> factor, acc_t<T> offset) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = from_acc<T>(to_acc(x[i]) * factor + offset);
+}
+
+template <class T>
+static __global__ void relu_forward_kernel(const T* x, T* out, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const acc_t<T> v = to_acc(x[i]);
+    out[i] = from_acc<T>(v > 0 ? v : acc_t<T>(0));
+  }
+}
+
+// dx = dy where the forward output is positive, else 0.
+template <class T>
+static __global__ void relu_backward_kernel(const T* grad, const T* output, T* out, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    out[i] = to_acc(output[i]) > 0 ? grad[i] : from_acc<T>(0);
+  }
+}
+
+constexpr int kSumBlocks = 512;
+
+// Pass 1 of sum_all: one f64 partial sum per block.
+template <class T>
+static __global__ void sum_partials_kernel(const T* x, int64_t n, double* partials) {
+  __shared__ double scratch[32];
+  double total = 0;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) total += static_cast<double>(to_acc(x[i]));
+  total = block_sum(total, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+// Pass 2: one block adds the partials in order and writes the 0-d result.
+template <class T>
+static __global__ void sum_final_kernel(const double* partials, int count, T* out) {
+  __shared__ double scratch[32];
+  double total = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) total += partials[i];
+  total = block_sum(total, scratch);
+  if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(total));
+}
+
+// out[i] = g[0] * factor, with g read on the device (no host synchronisation).
+template <class T>
+static __global__ void broadcast_scalar_kernel(const T* g, double factor, T* out, int64_t n) {
+  const T value = from_acc<T>(static_cast<acc_t<T>>(static_cast<double>(to_acc(g[0])) * factor));
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = value;
+}
+
+// ---- launchers ----
+
+template <class T>
+void launch_binary(cpu::Binary op, const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+  binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(op, a, b, out, n);
+  LOOM_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_sum(const T* x, int64_t n, T* out, int device, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<int64_t>(kSumBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
+  ::loom::cuda::DeviceBuffer partials(blocks * sizeof(double), device);
+  sum_partials_kernel<T><<<blocks, kThreads, 0, stream>>>(x, n, static_cast<double*>(partials.data()));
+  LOOM_CHECK_LAUNCH();
+  sum_final_kernel<T><<<1, kThreads, 0, stream>>>(static_cast<const double*>(partials.data()), blocks, out);
+  LOOM_CHECK_LAUNCH();
+}
+
+// The two operands as kernels read them, and the output to write: dense
+// tensors with equal strides are used in place and the output keeps those
+// strides; otherwise all three are contiguous.
+struct Operands {
+  Tensor a, b, out;
+};
+Operands prepare(const Tensor& a, const Tensor& b) {
+  if (a.strides() == b.strides() && is_dense(a)) return {a, b, empty_like_dense(a, a.dtype())};
+  Tensor ac = contiguous_input(a), bc = contiguous_input(b);
+  return {ac, bc, Tensor::empty(a.sizes(), a.dtype(), a.device())};
+}
+
+Tensor dense_input(const Tensor& x) { return is_dense(x) ? x : contiguous_input(x); }
+
+}  // namespace
+
+Tensor binary(cpu::Binary op, const Tensor& a, const Tensor& b) {
+  check_cuda("elementwise op", a);
+  check_cuda("elementwise op", b);
+  LOOM_CHECK(a.sizes() == b.sizes() && a.dtype() == b.dtype(), "elementwise op: ", a.str(), " and ", b.str(),
+             " differ in shape or dtype");
+  Operands o = prepare(a, b);
+  visit_float(a.dtype(), "elementwise op", [&]<class T>() {
+    launch_binary<T>(op, o.a.data<T>(), o.b.data<T>(), o.out.data<T>(), o.out.numel(), stream_of(a));
+  });
+  return o.out;
+}
+
+Tensor affine(const Tensor& x_in, double factor, double offset) {
+  check_cuda("affine", x_in);
+  const Tensor x = dense_input(x_in);
+  Tensor out = empty_like_dense(x, x.dtype());
+  visit_float(x.dtype(), "affine", [&]<class T>() {
+    affine_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(
+        x.data<T>(), out.data<T>(), x.numel(), static_cast<acc_t<T>>(factor), static_cast<acc_t<T>>(offset));
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
+Tensor relu_forward(const Tensor& x_in) {
+  check_cuda("relu", x_in);
+  const Tensor x = dense_input(x_in);
+  Tensor out = empty_like_dense(x, x.dtype());
+  visit_float(x.dtype(), "relu", [&]<class T>() {
+    relu_forward_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(x.data<T>(), out.data<T>(),
+                                                                                   x.numel());
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
+Tensor relu_backward(const Tensor& grad_in, const Tensor& output_in) {
+  check_cuda("relu backward", grad_in);
+  check_cuda("relu backward", output_in);
+  // The gradient may arrive in another dtype or memory order than the output.
+  const Tensor grad = grad_in.dtype() == output_in.dtype() ? grad_in : grad_in.to(output_in.dtype());
+  Operands o = prepare(grad, output_in);
+  visit_float(o.a.dtype(), "relu backward", [&]<class T>() {
+    relu_backward_kernel<T><<<blocks_for(o.out.numel()), kThreads, 0, stream_of(o.a)>>>(
+        o.a.data<T>(), o.b.data<T>(), o.out.data<T>(), o.out.numel());
+    LOOM_CHECK_LAUNCH();
+  });
+  return o.out;
+}
+
+Tensor sum_all(const Tensor& x_in) {
+  check_cuda("sum", x_in);
+  const Tensor x = dense_input(x_in);
+  Tensor out = Tensor::empty({}, x.dtype(), x.device());
+  visit_float(x.dtype(), "sum", [&]<class T>() {
+    launch_sum<T>(x.data<T>(), x.numel(), out.data<T>(), x.device().index, stream_of(x));
+  });
+  return out;
+}
+
+Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor) {
+  check_cuda("broadcast", g);
+  LOOM_CHECK(g.numel() == 1, "broadcast: expected a one-element gradient, got ", g.str());
+  Tensor out = Tensor::empty(sizes, g.dtype(), g.device());
+  visit_float(g.dtype(), "broadcast", [&]<class T>() {
+    broadcast_scalar_kernel<T><<<blocks_for(out.numel()), kThreads, 0, stream_of(g)>>>(g.data<T>(), factor,
+                                                                                        out.data<T>(), out.numel());
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
+}  // namespace loom::ops::cuda

@@ -1,0 +1,232 @@
+// CUDA kernels of max_pool2d and adaptive_avg_pool2d (ops/pooling.h), for
+// NCHW and channels-last (NHWC) tensors; outputs keep the input's memory
+// order. One thread per output element forward; backward gathers, one thread
+// per input element, so no atomics are needed and results are deterministic.
+#include "ops/cuda/common.cuh"
+#include "ops/pooling.h"
+
+namespace loom::ops::cuda {
+using namespace cuda_detail;
+
+namespace {
+
+// Sizes of a pooling problem: input (N, C, H, W), output (N, C, Ho, Wo).
+struct PoolShape {
+  int64_t n, c, h, w, out_h, out_w;
+};
+
+// Max-pooling window geometry (kernel, stride, padding; height then width).
+struct Window {
+  int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+};
+
+// Position (n, c, y, x) of element `i` of an (N, C, Y, X) tensor stored in
+// memory order NCHW, or NHWC when ChannelsLast.
+template <bool ChannelsLast>
+__device__ __forceinline__ void position(int64_t i, int64_t c_size, int64_t y_size, int64_t x_size, int64_t& n,
+                                         int64_t& c, int64_t& y, int64_t& x) {
+  if constexpr (ChannelsLast) {
+    c = i % c_size;
+    i /= c_size;
+    x = i % x_size;
+    i /= x_size;
+    y = i % y_size;
+    n = i / y_size;
+  } else {
+    x = i % x_size;
+    i /= x_size;
+    y = i % y_size;
+    i /= y_size;
+    c = i % c_size;
+    n = i / c_size;
+  }
+}
+
+// Offset of (n, c, y, x) in an (N, C, Y, X) tensor of that memory order.
+template <bool ChannelsLast>
+__device__ __forceinline__ int64_t offset_of(int64_t n, int64_t c, int64_t y, int64_t x, int64_t c_size,
+                                             int64_t y_size, int64_t x_size) {
+  if constexpr (ChannelsLast) return ((n * y_size + y) * x_size + x) * c_size + c;
+  return ((n * c_size + c) * y_size + y) * x_size + x;
+}
+
+// Max over the window; index h * W + w of the first maximum, or of the last NaN.
+template <class T, bool ChannelsLast>
+static __global__ void max_pool_forward_kernel(const T* x, T* y, int64_t* indices, PoolShape s, Window k) {
+  const int64_t total = s.n * s.c * s.out_h * s.out_w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, oh, ow;
+    position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
+    const int64_t top = oh * k.stride_h - k.pad_h, left = ow * k.stride_w - k.pad_w;
+    const int64_t h0 = top > 0 ? top : 0, h1 = top + k.kernel_h < s.h ? top + k.kernel_h : s.h;
+    const int64_t w0 = left > 0 ? left : 0, w1 = left + k.kernel_w < s.w ? left + k.kernel_w : s.w;
+    acc_t<T> best = -INFINITY;
+    int64_t best_index = h0 * s.w + w0;
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t w = w0; w < w1; ++w) {
+        const acc_t<T> v = to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+        if (v > best || isnan(v)) {
+          best = v;
+          best_index = h * s.w + w;
+        }
+      }
+    }
+    y[i] = from_acc<T>(best);
+    indices[i] = best_index;
+  }
+}
+
+// dx[indices[o]] += dy[o] for every output o. The window geometry is not
+// passed to backward, so this scatters (atomics into a zeroed f32 / f64
+// buffer); where windows do not overlap (stride >= kernel) every input gets at
+// most one term and the result is deterministic.
+template <class T, bool ChannelsLast>
+static __global__ void max_pool_backward_kernel(const T* dy, const int64_t* indices, acc_t<T>* dx, PoolShape s) {
+  const int64_t total = s.n * s.c * s.out_h * s.out_w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, oh, ow;
+    position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
+    const int64_t index = indices[i];
+    atomicAdd(dx + offset_of<ChannelsLast>(n, c, index / s.w, index % s.w, s.c, s.h, s.w), to_acc(dy[i]));
+  }
+}
+
+// Adaptive windows: output i of `outputs` averages inputs [start, end).
+__device__ __forceinline__ int64_t window_start(int64_t i, int64_t inputs, int64_t outputs) {
+  return i * inputs / outputs;
+}
+__device__ __forceinline__ int64_t window_end(int64_t i, int64_t inputs, int64_t outputs) {
+  return ((i + 1) * inputs + outputs - 1) / outputs;
+}
+
+template <class T, bool ChannelsLast>
+static __global__ void adaptive_avg_forward_kernel(const T* x, T* y, PoolShape s) {
+  const int64_t total = s.n * s.c * s.out_h * s.out_w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, oh, ow;
+    position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
+    const int64_t h0 = window_start(oh, s.h, s.out_h), h1 = window_end(oh, s.h, s.out_h);
+    const int64_t w0 = window_start(ow, s.w, s.out_w), w1 = window_end(ow, s.w, s.out_w);
+    acc_t<T> sum = 0;
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t w = w0; w < w1; ++w) sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+    }
+    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>((h1 - h0) * (w1 - w0)));
+  }
+}
+
+// Output rows whose window holds input row h: [h * out / in, ceil((h + 1) * out / in)).
+template <class T, bool ChannelsLast>
+static __global__ void adaptive_avg_backward_kernel(const T* dy, T* dx, PoolShape s) {
+  const int64_t total = s.n * s.c * s.h * s.w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, h, w;
+    position<ChannelsLast>(i, s.c, s.h, s.w, n, c, h, w);
+    const int64_t oh0 = h * s.out_h / s.h, oh1 = ((h + 1) * s.out_h + s.h - 1) / s.h;
+    const int64_t ow0 = w * s.out_w / s.w, ow1 = ((w + 1) * s.out_w + s.w - 1) / s.w;
+    acc_t<T> sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const int64_t rows = window_end(oh, s.h, s.out_h) - window_start(oh, s.h, s.out_h);
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const int64_t cols = window_end(ow, s.w, s.out_w) - window_start(ow, s.w, s.out_w);
+        sum += to_acc(dy[offset_of<ChannelsLast>(n, c, oh, ow, s.c, s.out_h, s.out_w)]) /
+               static_cast<acc_t<T>>(rows * cols);
+      }
+    }
+    dx[i] = from_acc<T>(sum);
+  }
+}
+
+// Runs fn.template operator()<T, ChannelsLast>() for the tensor's dtype and layout.
+template <class Fn>
+void visit_pooling(DType dtype, Layout layout, const char* op, Fn&& fn) {
+  visit_float(dtype, op, [&]<class T>() {
+    if (layout == Layout::nhwc) {
+      fn.template operator()<T, true>();
+    } else {
+      fn.template operator()<T, false>();
+    }
+  });
+}
+
+int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding) {
+  return (input + 2 * padding - kernel) / stride + 1;
+}
+
+}  // namespace
+
+Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
+  check_cuda("max_pool2d", input_in);
+  const Layout layout = layout_of(input_in);
+  const Tensor x = in_layout(input_in, layout);
+  const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), pooled_size(x.size(2), kernel[0], stride[0], padding[0]),
+                    pooled_size(x.size(3), kernel[1], stride[1], padding[1])};
+  const Window window{kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1]};
+  const Shape out_sizes{s.n, s.c, s.out_h, s.out_w};
+  Tensor out = empty_4d(out_sizes, x.dtype(), x.device(), layout);
+  indices = empty_4d(out_sizes, DType::i64, x.device(), layout);
+  const int64_t total = out.numel();
+  if (total == 0) return out;
+  visit_pooling(x.dtype(), layout, "max_pool2d", [&]<class T, bool ChannelsLast>() {
+    max_pool_forward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(
+        x.data<T>(), out.data<T>(), indices.data<int64_t>(), s, window);
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices_in, const Shape& input_sizes) {
+  check_cuda("max_pool2d backward", grad_output);
+  const Layout layout = layout_of(indices_in);
+  const Tensor index = in_layout(indices_in, layout);
+  const Tensor dy = in_layout(grad_output, layout);
+  const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
+  const DType accumulate = dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor sums = empty_4d(input_sizes, accumulate, dy.device(), layout);
+  sums.zero_();
+  if (dy.numel() > 0) {
+    visit_pooling(dy.dtype(), layout, "max_pool2d backward", [&]<class T, bool ChannelsLast>() {
+      max_pool_backward_kernel<T, ChannelsLast><<<blocks_for(dy.numel()), kThreads, 0, stream_of(dy)>>>(
+          dy.data<T>(), index.data<int64_t>(), sums.data<acc_t<T>>(), s);
+      LOOM_CHECK_LAUNCH();
+    });
+  }
+  if (accumulate == dy.dtype()) return sums;
+  Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
+  dx.copy_(sums);
+  return dx;
+}
+
+Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
+  check_cuda("adaptive_avg_pool2d", input_in);
+  const Layout layout = layout_of(input_in);
+  const Tensor x = in_layout(input_in, layout);
+  const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
+  Tensor out = empty_4d({s.n, s.c, s.out_h, s.out_w}, x.dtype(), x.device(), layout);
+  const int64_t total = out.numel();
+  if (total == 0) return out;
+  visit_pooling(x.dtype(), layout, "adaptive_avg_pool2d", [&]<class T, bool ChannelsLast>() {
+    adaptive_avg_forward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(
+        x.data<T>(), out.data<T>(), s);
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
+  check_cuda("adaptive_avg_pool2d backward", grad_output);
+  const Layout layout = layout_of(grad_output);
+  const Tensor dy = in_layout(grad_output, layout);
+  const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
+  Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
+  const int64_t total = dx.numel();
+  if (total == 0) return dx;
+  visit_pooling(dy.dtype(), layout, "adaptive_avg_pool2d backward", [&]<class T, bool ChannelsLast>() {
+    adaptive_avg_backward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(dy)>>>(
+        dy.data<T>(), dx.data<T>(), s);
+    LOOM_CHECK_LAUNCH();
+  });
+  return dx;
+}
+
+}  // namespace loom::ops::cuda

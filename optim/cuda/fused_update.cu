@@ -1,0 +1,299 @@
+// Fused SGD and Adam updates and GradScaler's unscale for CUDA tensors (fused_update.h). The
+// tensors of one dtype and device go to the kernel in lists of up to
+// kMaxTensors, passed by value as the kernel's parameters (no copy of
+// pointers to the device); each block updates one chunk of one tensor.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "ops/cuda/common.cuh"
+#include "optim/cuda/fused_update.h"
+
+namespace loom::optim::cuda {
+using namespace ops::cuda_detail;
+
+namespace {
+
+constexpr int kMaxTensors = 36;
+constexpr int64_t kChunk = 4096;  // elements per block
+
+// Which blocks belong to which tensor: blocks [first_block[t], first_block[t + 1]).
+struct Chunks {
+  int count = 0;
+  int64_t numel[kMaxTensors] = {};
+  int64_t first_block[kMaxTensors + 1] = {};
+};
+
+// This block's tensor and element range [begin, end).
+__device__ __forceinline__ int block_tensor(const Chunks& c, int64_t& begin, int64_t& end) {
+  const int64_t block = blockIdx.x;
+  int t = 0;
+  while (t + 1 < c.count && c.first_block[t + 1] <= block) ++t;
+  begin = (block - c.first_block[t]) * kChunk;
+  end = begin + kChunk < c.numel[t] ? begin + kChunk : c.numel[t];
+  return t;
+}
+
+struct SgdList {
+  void* param[kMaxTensors];
+  const void* grad[kMaxTensors];
+  void* buffer[kMaxTensors];
+  bool first[kMaxTensors];
+  Chunks chunks;
+};
+
+template <class T>
+static __global__ void sgd_kernel(SgdList list, acc_t<T> lr, acc_t<T> momentum, acc_t<T> damp, acc_t<T> weight_decay,
+                                  bool use_momentum, bool nesterov) {
+  using A = acc_t<T>;
+  int64_t begin, end;
+  const int t = block_tensor(list.chunks, begin, end);
+  T* p = static_cast<T*>(list.param[t]);
+  const T* g = static_cast<const T*>(list.grad[t]);
+  T* buf = static_cast<T*>(list.buffer[t]);
+  const bool first = list.first[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const A w = to_acc(p[i]);
+    A step = to_acc(g[i]) + weight_decay * w;
+    if (use_momentum) {
+      const A b = first ? step : momentum * to_acc(buf[i]) + damp * step;
+      buf[i] = from_acc<T>(b);
+      step = nesterov ? step + momentum * b : b;
+    }
+    p[i] = from_acc<T>(w - lr * step);
+  }
+}
+
+struct AdamList {
+  void* param[kMaxTensors];
+  const void* grad[kMaxTensors];
+  void* exp_avg[kMaxTensors];
+  void* exp_avg_sq[kMaxTensors];
+  double step_size[kMaxTensors];       // lr / (1 - beta1^step)
+  double sqrt_correction[kMaxTensors];  // sqrt(1 - beta2^step)
+  Chunks chunks;
+};
+
+template <class T>
+static __global__ void adam_kernel(AdamList list, acc_t<T> beta1, acc_t<T> beta2, acc_t<T> eps, acc_t<T> weight_decay,
+                                   acc_t<T> decay, bool decoupled) {
+  using A = acc_t<T>;
+  int64_t begin, end;
+  const int t = block_tensor(list.chunks, begin, end);
+  T* p = static_cast<T*>(list.param[t]);
+  const T* g = static_cast<const T*>(list.grad[t]);
+  T* m = static_cast<T*>(list.exp_avg[t]);
+  T* v = static_cast<T*>(list.exp_avg_sq[t]);
+  const A step_size = static_cast<A>(list.step_size[t]), sqrt_correction = static_cast<A>(list.sqrt_correction[t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    A w = to_acc(p[i]);
+    A grad = to_acc(g[i]);
+    if (decoupled) {
+      w *= decay;
+    } else {
+      grad += weight_decay * w;
+    }
+    const A m_new = beta1 * to_acc(m[i]) + (A(1) - beta1) * grad;
+    const A v_new = beta2 * to_acc(v[i]) + (A(1) - beta2) * grad * grad;
+    m[i] = from_acc<T>(m_new);
+    v[i] = from_acc<T>(v_new);
+    const A denom = sqrt(v_new) / sqrt_correction + eps;
+    p[i] = from_acc<T>(w - step_size * m_new / denom);
+  }
+}
+
+struct UnscaleList {
+  const void* source[kMaxTensors];
+  void* destination[kMaxTensors];
+  Chunks chunks;
+};
+
+// destination = source * factor in the accumulation type; *found = 1 when a
+// product is not finite (only ever written with 1, so no atomics are needed).
+template <class S, class D>
+static __global__ void unscale_kernel(UnscaleList list, acc_t<S> factor, int* found) {
+  int64_t begin, end;
+  const int t = block_tensor(list.chunks, begin, end);
+  const S* in = static_cast<const S*>(list.source[t]);
+  D* out = static_cast<D*>(list.destination[t]);
+  bool bad = false;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const acc_t<S> v = to_acc(in[i]) * factor;
+    bad |= !isfinite(v);
+    out[i] = from_acc<D>(static_cast<acc_t<D>>(v));
+  }
+  if (bad) *found = 1;
+}
+
+void check_update_tensor(const char* what, const Tensor& t, const Tensor& param) {
+  LOOM_CHECK(t.defined() && t.device() == param.device() && t.dtype() == param.dtype() && t.is_contiguous() &&
+                 t.numel() == param.numel(),
+             "fused optimizer update: ", what, " ", t.defined() ? t.str() : "undefined", " does not match parameter ",
+             param.str(), " (same dtype, device, size; contiguous)");
+}
+
+// Indices of `params` grouped by (device, dtype), each group in order and cut
+// into lists of at most kMaxTensors non-empty tensors.
+std::vector<std::vector<size_t>> batches(const std::vector<Tensor>& params) {
+  std::map<std::pair<int, int>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() == 0) continue;
+    groups[{params[i].device().index, static_cast<int>(params[i].dtype())}].push_back(i);
+  }
+  std::vector<std::vector<size_t>> out;
+  for (auto& [key, indices] : groups) {
+    for (size_t start = 0; start < indices.size(); start += kMaxTensors) {
+      out.emplace_back(indices.begin() + start, indices.begin() + std::min(indices.size(), start + kMaxTensors));
+    }
+  }
+  return out;
+}
+
+// Fills `chunks` for the tensors `batch` of `params`; returns the block count.
+int64_t plan_chunks(const std::vector<Tensor>& params, const std::vector<size_t>& batch, Chunks& chunks) {
+  chunks.count = static_cast<int>(batch.size());
+  int64_t blocks = 0;
+  for (size_t k = 0; k < batch.size(); ++k) {
+    chunks.numel[k] = params[batch[k]].numel();
+    chunks.first_block[k] = blocks;
+    blocks += (chunks.numel[k] + kChunk - 1) / kChunk;
+  }
+  chunks.first_block[batch.size()] = blocks;
+  return blocks;
+}
+
+}  // namespace
+
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+              const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper) {
+  const bool use_momentum = hyper.momentum != 0;
+  LOOM_CHECK(grads.size() == params.size() && (!use_momentum || (momentum_buffers.size() == params.size() &&
+                                                                 first_step.size() == params.size())),
+             "fused SGD: ", params.size(), " parameters but ", grads.size(), " gradients and ",
+             momentum_buffers.size(), " momentum buffers");
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_cuda("fused SGD", params[i]);
+    check_update_tensor("gradient", grads[i], params[i]);
+    if (use_momentum) check_update_tensor("momentum buffer", momentum_buffers[i], params[i]);
+  }
+  for (const auto& batch : batches(params)) {
+    SgdList list{};
+    const int64_t blocks = plan_chunks(params, batch, list.chunks);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const size_t i = batch[k];
+      list.param[k] = params[i].raw_data();
+      list.grad[k] = grads[i].raw_data();
+      list.buffer[k] = use_momentum ? momentum_buffers[i].raw_data() : nullptr;
+      list.first[k] = use_momentum && first_step[i];
+    }
+    const Tensor& like = params[batch.front()];
+    visit_float(like.dtype(), "fused SGD", [&]<class T>() {
+      using A = acc_t<T>;
+      sgd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
+          list, static_cast<A>(hyper.lr), static_cast<A>(hyper.momentum), static_cast<A>(1 - hyper.dampening),
+          static_cast<A>(hyper.weight_decay), use_momentum, hyper.nesterov);
+      LOOM_CHECK_LAUNCH();
+    });
+  }
+}
+
+void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
+               const std::vector<Tensor>& exp_avg_sqs, const std::vector<int64_t>& steps, const AdamHyper& hyper) {
+  LOOM_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size() &&
+                 steps.size() == params.size(),
+             "fused Adam: ", params.size(), " parameters but ", grads.size(), " gradients");
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_cuda("fused Adam", params[i]);
+    check_update_tensor("gradient", grads[i], params[i]);
+    check_update_tensor("exp_avg", exp_avgs[i], params[i]);
+    check_update_tensor("exp_avg_sq", exp_avg_sqs[i], params[i]);
+  }
+  for (const auto& batch : batches(params)) {
+    AdamList list{};
+    const int64_t blocks = plan_chunks(params, batch, list.chunks);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const size_t i = batch[k];
+      list.param[k] = params[i].raw_data();
+      list.grad[k] = grads[i].raw_data();
+      list.exp_avg[k] = exp_avgs[i].raw_data();
+      list.exp_avg_sq[k] = exp_avg_sqs[i].raw_data();
+      const double step = static_cast<double>(steps[i]);
+      list.step_size[k] = hyper.lr / (1 - std::pow(hyper.beta1, step));
+      list.sqrt_correction[k] = std::sqrt(1 - std::pow(hyper.beta2, step));
+    }
+    const Tensor& like = params[batch.front()];
+    visit_float(like.dtype(), "fused Adam", [&]<class T>() {
+      using A = acc_t<T>;
+      adam_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
+          list, static_cast<A>(hyper.beta1), static_cast<A>(hyper.beta2), static_cast<A>(hyper.eps),
+          static_cast<A>(hyper.weight_decay), static_cast<A>(1 - hyper.lr * hyper.weight_decay), hyper.decoupled);
+      LOOM_CHECK_LAUNCH();
+    });
+  }
+}
+
+bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor) {
+  LOOM_CHECK(sources.size() == destinations.size(), "unscale: ", sources.size(), " gradients but ",
+             destinations.size(), " destinations");
+  std::vector<Tensor> inputs;  // contiguous sources
+  for (size_t i = 0; i < sources.size(); ++i) {
+    check_cuda("unscale", sources[i]);
+    const Tensor& d = destinations[i];
+    LOOM_CHECK(d.defined() && d.device() == sources[i].device() && d.is_contiguous() &&
+                   d.numel() == sources[i].numel() && (d.dtype() == DType::f32 || d.dtype() == sources[i].dtype()),
+               "unscale: destination ", d.defined() ? d.str() : "undefined", " does not match gradient ",
+               sources[i].str(), " (same device and size, contiguous, f32 or the gradient's dtype)");
+    inputs.push_back(contiguous_input(sources[i]));
+  }
+  // One batch per (device, source dtype, destination dtype).
+  std::map<std::tuple<int, int, int>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].numel() == 0) continue;
+    groups[{inputs[i].device().index, static_cast<int>(inputs[i].dtype()), static_cast<int>(destinations[i].dtype())}]
+        .push_back(i);
+  }
+  std::vector<std::pair<int, ::loom::cuda::DeviceBuffer>> flags;  // (device, int flag)
+  for (auto& [key, indices] : groups) {
+    const int device = std::get<0>(key);
+    auto flag = std::find_if(flags.begin(), flags.end(), [&](const auto& f) { return f.first == device; });
+    if (flag == flags.end()) {
+      flags.emplace_back(device, ::loom::cuda::DeviceBuffer(sizeof(int), device));
+      flag = flags.end() - 1;
+      LOOM_CHECK_CUDA(cudaMemsetAsync(flag->second.data(), 0, sizeof(int), stream_of(inputs[indices.front()])));
+    }
+    int* found = static_cast<int*>(flag->second.data());
+    for (size_t start = 0; start < indices.size(); start += kMaxTensors) {
+      const std::vector<size_t> batch(indices.begin() + start,
+                                      indices.begin() + std::min(indices.size(), start + kMaxTensors));
+      UnscaleList list{};
+      const int64_t blocks = plan_chunks(inputs, batch, list.chunks);
+      for (size_t k = 0; k < batch.size(); ++k) {
+        list.source[k] = inputs[batch[k]].raw_data();
+        list.destination[k] = destinations[batch[k]].raw_data();
+      }
+      const Tensor& like = inputs[batch.front()];
+      const bool to_f32 = destinations[batch.front()].dtype() == DType::f32;
+      visit_float(like.dtype(), "unscale", [&]<class S>() {
+        if (to_f32) {
+          unscale_kernel<S, float><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
+              list, static_cast<acc_t<S>>(factor), found);
+        } else {
+          unscale_kernel<S, S><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
+              list, static_cast<acc_t<S>>(factor), found);
+        }
+        LOOM_CHECK_LAUNCH();
+      });
+    }
+  }
+  bool any = false;
+  for (auto& [device, buffer] : flags) {
+    int value = 0;
+    ::loom::cuda::copy_bytes(&value, false, buffer.data(), true, sizeof(int), device);  // waits for the kernels
+    any |= value != 0;
+  }
+  return any;
+}
+
+}  // namespace loom::optim::cuda

@@ -1,0 +1,22 @@
+// The fused CUDA optimizer updates of a build without CUDA: a clear error.
+#include "core/cuda/runtime.h"
+#include "optim/cuda/fused_update.h"
+
+namespace loom::optim::cuda {
+
+void sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+              const std::vector<bool>&, const SgdHyper&) {
+  ::loom::cuda::require_device(0);
+}
+
+void adam_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+               const std::vector<Tensor>&, const std::vector<int64_t>&, const AdamHyper&) {
+  ::loom::cuda::require_device(0);
+}
+
+bool unscale_and_check(const std::vector<Tensor>&, const std::vector<Tensor>&, double) {
+  ::loom::cuda::require_device(0);
+  return false;
+}
+
+}  // namespace loom::optim::cuda

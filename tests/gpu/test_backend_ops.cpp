@@ -1,0 +1,255 @@
+// Every op and its backward on CUDA against the CPU backend, in the spirit of
+// ggml's test-backend-ops: the same inputs (bit for bit) go through both
+// backends for several shapes (odd sizes included), each dtype, and for
+// conv / batch norm / pooling also with channels-last inputs on the GPU.
+// Forward outputs and input gradients (from one random upstream gradient)
+// must agree within the dtype's tolerance (compare.h).
+#include <doctest/doctest.h>
+
+#include <functional>
+
+#include "ops/batch_norm.h"
+#include "ops/conv2d.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/loss.h"
+#include "ops/pooling.h"
+#include "tests/gpu/compare.h"
+
+using namespace loom;
+using namespace loom::gpu_testing;
+
+namespace {
+
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+
+using Op = std::function<TensorList(const TensorList&)>;
+
+// Runs `op` on `inputs` (CPU leaves; those with requires_grad get gradients)
+// and on their GPU copies; compares every output, then backpropagates the
+// same random gradient from output 0 and compares the input gradients.
+// Outputs of integer dtype must match exactly.
+void check_op(const std::string& name, const TensorList& inputs, const Op& op, Tolerance tol,
+              bool channels_last = false) {
+  INFO(name, channels_last ? " (channels-last on the GPU)" : "");
+  TensorList gpu_inputs;
+  for (const Tensor& t : inputs) gpu_inputs.push_back(t.defined() ? to_gpu(t, channels_last) : Tensor());
+  const TensorList cpu_out = op(inputs);
+  const TensorList gpu_out = op(gpu_inputs);
+  REQUIRE(cpu_out.size() == gpu_out.size());
+  for (size_t i = 0; i < cpu_out.size(); ++i) {
+    CHECK(gpu_out[i].device().is_cuda());
+    const bool exact = !is_floating(cpu_out[i].dtype());
+    check_close(gpu_out[i], cpu_out[i], exact ? 0.0 : tol.forward, name + ": output " + std::to_string(i));
+  }
+  if (!cpu_out[0].requires_grad()) return;
+  const Tensor upstream = random_cpu(cpu_out[0].sizes(), 4242, cpu_out[0].dtype());
+  cpu_out[0].backward(upstream);
+  gpu_out[0].backward(upstream.to(kCuda));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
+    REQUIRE(gpu_inputs[i].grad().defined());
+    check_close(gpu_inputs[i].grad(), inputs[i].grad(), tol.backward, name + ": gradient of input " + std::to_string(i));
+  }
+}
+
+Tensor leaf(const Shape& sizes, uint64_t seed, DType dtype, double low = -1.0, double high = 1.0) {
+  return random_cpu(sizes, seed, dtype, low, high).set_requires_grad(true);
+}
+
+std::string label(const char* op, DType dtype, const Shape& shape) {
+  return std::string(op) + " " + dtype_name(dtype) + shape_str(shape);
+}
+
+}  // namespace
+
+TEST_SUITE("backend_ops") {
+
+TEST_CASE("elementwise ops and reductions") {
+  for (DType dtype : kFloatTypes) {
+    const Tolerance tol = tolerance_for(dtype);
+    for (const Shape& shape : {Shape{3, 5, 7}, Shape{1}, Shape{1000, 1001}, Shape{2, 3, 17, 19}}) {
+      const Tensor a = leaf(shape, 1, dtype), b = leaf(shape, 2, dtype);
+      check_op(label("add", dtype, shape), {a, b}, [](const TensorList& t) { return TensorList{add(t[0], t[1])}; }, tol);
+      check_op(label("sub", dtype, shape), {a, b}, [](const TensorList& t) { return TensorList{sub(t[0], t[1])}; }, tol);
+      check_op(label("mul", dtype, shape), {a, b}, [](const TensorList& t) { return TensorList{mul(t[0], t[1])}; }, tol);
+      check_op(label("scale", dtype, shape), {a}, [](const TensorList& t) { return TensorList{scale(t[0], 2.5)}; }, tol);
+      check_op(label("add_scalar", dtype, shape), {a},
+               [](const TensorList& t) { return TensorList{add_scalar(t[0], -0.75)}; }, tol);
+      check_op(label("relu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{relu(t[0])}; }, tol);
+      check_op(label("sum", dtype, shape), {a}, [](const TensorList& t) { return TensorList{sum(t[0])}; }, tol);
+      check_op(label("mean", dtype, shape), {a}, [](const TensorList& t) { return TensorList{mean(t[0])}; }, tol);
+    }
+  }
+}
+
+TEST_CASE("elementwise ops keep channels-last strides") {
+  const Tensor a = leaf({2, 3, 5, 4}, 3, DType::f32), b = leaf({2, 3, 5, 4}, 4, DType::f32);
+  check_op("add f32 channels-last", {a, b}, [](const TensorList& t) { return TensorList{add(t[0], t[1])}; },
+           tolerance_for(DType::f32), true);
+  const Tensor x = to_gpu(a, true);
+  const Tensor y = relu(x);
+  CHECK(y.strides() == x.strides());
+}
+
+TEST_CASE("linear") {
+  struct Case {
+    int64_t n, in, out;
+    bool bias;
+  };
+  for (DType dtype : kFloatTypes) {
+    for (const Case& c : {Case{7, 13, 5, true}, Case{64, 300, 10, false}, Case{1, 1, 1, true}, Case{100, 1568, 10, true}}) {
+      const Tensor x = leaf({c.n, c.in}, 11, dtype), w = leaf({c.out, c.in}, 12, dtype);
+      const Tensor b = c.bias ? leaf({c.out}, 13, dtype) : Tensor();
+      Tolerance tol = tolerance_for(dtype);
+      check_op(label("linear", dtype, {c.n, c.in, c.out}), {x, w, b},
+               [](const TensorList& t) { return TensorList{linear(t[0], t[1], t[2])}; }, tol);
+    }
+  }
+}
+
+TEST_CASE("conv2d forward, backward-data, backward-filter, bias") {
+  struct Case {
+    Shape input, weight;
+    Conv2dParams params;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{2, 3, 7, 9}, {4, 3, 3, 3}, {.stride = {1, 1}, .padding = {1, 1}}, true},
+      {{3, 5, 11, 10}, {6, 5, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, false},
+      {{2, 4, 9, 9}, {3, 4, 3, 3}, {.stride = {1, 1}, .padding = {2, 2}, .dilation = {2, 2}}, true},
+      {{2, 8, 6, 5}, {16, 8, 1, 1}, {}, true},
+      {{4, 1, 28, 28}, {16, 1, 5, 5}, {.stride = {1, 1}, .padding = {2, 2}}, true},
+      {{2, 3, 8, 7}, {4, 3, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}}, true},
+  };
+  for (DType dtype : kFloatTypes) {
+    for (const Case& c : cases) {
+      for (bool channels_last : {false, true}) {
+        if (channels_last && dtype == DType::f64) continue;  // cuDNN's f64 kernels are NCHW
+        const Tensor x = leaf(c.input, 21, dtype), w = leaf(c.weight, 22, dtype, -0.5, 0.5);
+        const Tensor b = c.bias ? leaf({c.weight[0]}, 23, dtype) : Tensor();
+        const Conv2dParams params = c.params;
+        check_op(label("conv2d", dtype, c.input) + " w" + shape_str(c.weight), {x, w, b},
+                 [params](const TensorList& t) { return TensorList{conv2d(t[0], t[1], t[2], params)}; },
+                 tolerance_for(dtype), channels_last);
+      }
+    }
+  }
+}
+
+TEST_CASE("conv2d keeps the input's memory order") {
+  const Tensor x = to_gpu(random_cpu({2, 8, 6, 6}, 24, DType::f16), true);
+  const Tensor w = to_gpu(random_cpu({16, 8, 3, 3}, 25, DType::f16));
+  const Tensor y = conv2d(x, w, Tensor(), {.stride = {1, 1}, .padding = {1, 1}});
+  const Shape expected{6 * 6 * 16, 1, 6 * 16, 16};
+  CHECK(y.strides() == expected);
+}
+
+TEST_CASE("batch_norm: training, eval, running statistics, mixed precision, channels-last") {
+  struct Case {
+    Shape input;
+    bool affine, running, training;
+  };
+  const Case cases[] = {
+      {{4, 3, 5, 7}, true, true, true},  {{6, 10}, true, true, true},    {{2, 16, 1, 1}, true, false, true},
+      {{3, 8, 5, 6}, false, true, true}, {{4, 3, 5, 7}, true, true, false}, {{5, 4, 3}, true, true, true},
+  };
+  for (DType dtype : kFloatTypes) {
+    // f16 / bf16 inputs keep f32 parameters and statistics (mixed precision).
+    const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
+    for (const Case& c : cases) {
+      for (bool channels_last : {false, true}) {
+        if (channels_last && c.input.size() != 4) continue;
+        const int64_t channels = c.input[1];
+        const Tensor x = leaf(c.input, 31, dtype, -2.0, 3.0);
+        const Tensor w = c.affine ? leaf({channels}, 32, param_dtype, 0.5, 1.5) : Tensor();
+        const Tensor b = c.affine ? leaf({channels}, 33, param_dtype) : Tensor();
+        const Tensor rm = c.running ? random_cpu({channels}, 34, param_dtype) : Tensor();
+        const Tensor rv = c.running ? random_cpu({channels}, 35, param_dtype, 0.5, 2.0) : Tensor();
+        const bool training = c.training;
+        Tolerance tol = tolerance_for(dtype);
+        check_op(label(training ? "batch_norm train" : "batch_norm eval", dtype, c.input), {x, w, b, rm, rv},
+                 [training](const TensorList& t) {
+                   // The running statistics are updated in place; compare them too.
+                   Tensor y = batch_norm(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5);
+                   return t[3].defined() ? TensorList{y, t[3], t[4]} : TensorList{y};
+                 },
+                 tol, channels_last);
+      }
+    }
+  }
+}
+
+TEST_CASE("max_pool2d and adaptive_avg_pool2d") {
+  struct MaxCase {
+    Shape input;
+    Size2 kernel, stride, padding;
+  };
+  const MaxCase max_cases[] = {
+      {{2, 3, 7, 9}, {2, 2}, {2, 2}, {0, 0}},
+      {{2, 3, 8, 8}, {3, 3}, {2, 2}, {1, 1}},
+      {{1, 2, 5, 6}, {2, 3}, {1, 2}, {1, 1}},
+      {{4, 16, 28, 28}, {2, 2}, {2, 2}, {0, 0}},
+  };
+  struct AvgCase {
+    Shape input;
+    Size2 output;
+  };
+  const AvgCase avg_cases[] = {{{2, 3, 7, 9}, {3, 4}}, {{2, 5, 7, 7}, {1, 1}}, {{1, 2, 3, 5}, {4, 7}}};
+  for (DType dtype : kFloatTypes) {
+    const Tolerance tol = tolerance_for(dtype);
+    for (bool channels_last : {false, true}) {
+      for (const MaxCase& c : max_cases) {
+        const Tensor x = leaf(c.input, 41, dtype);
+        check_op(label("max_pool2d", dtype, c.input), {x},
+                 [c](const TensorList& t) {
+                   MaxPool2dResult r = max_pool2d_with_indices(t[0], c.kernel, c.stride, c.padding);
+                   return TensorList{r.output, r.indices};
+                 },
+                 tol, channels_last);
+      }
+      for (const AvgCase& c : avg_cases) {
+        const Tensor x = leaf(c.input, 42, dtype);
+        check_op(label("adaptive_avg_pool2d", dtype, c.input), {x},
+                 [c](const TensorList& t) { return TensorList{adaptive_avg_pool2d(t[0], c.output)}; }, tol,
+                 channels_last);
+      }
+    }
+  }
+}
+
+TEST_CASE("log_softmax, nll_loss, cross_entropy, argmax") {
+  for (DType dtype : kFloatTypes) {
+    const Tolerance tol = tolerance_for(dtype);
+    for (const Shape& shape : {Shape{5, 10}, Shape{3, 1000}, Shape{1, 1}, Shape{100, 10}, Shape{33, 47}}) {
+      const Tensor x = leaf(shape, 51, dtype, -3.0, 3.0);
+      const Tensor targets = random_labels(shape[0], shape[1], 52);
+      check_op(label("log_softmax", dtype, shape), {x},
+               [](const TensorList& t) { return TensorList{log_softmax(t[0])}; }, tol);
+      check_op(label("log_softmax + nll_loss", dtype, shape), {x, targets},
+               [](const TensorList& t) { return TensorList{nll_loss(log_softmax(t[0]), t[1])}; }, tol);
+      check_op(label("cross_entropy", dtype, shape), {x, targets},
+               [](const TensorList& t) { return TensorList{cross_entropy(t[0], t[1])}; }, tol);
+      check_op(label("argmax", dtype, shape), {x.detach()}, [](const TensorList& t) { return TensorList{argmax(t[0])}; },
+               tol);
+      CHECK(count_correct(to_gpu(x), targets.to(kCuda)) == count_correct(x, targets));
+    }
+  }
+}
+
+TEST_CASE("nll_loss on given log-probabilities (not from log_softmax)") {
+  for (DType dtype : kFloatTypes) {
+    const Tensor lp = leaf({9, 6}, 61, dtype, -4.0, 0.0);
+    const Tensor targets = random_labels(9, 6, 62);
+    check_op(label("nll_loss", dtype, {9, 6}), {lp, targets},
+             [](const TensorList& t) { return TensorList{nll_loss(t[0], t[1])}; }, tolerance_for(dtype));
+  }
+}
+
+TEST_CASE("an out-of-range target makes the CUDA loss NaN instead of reading out of bounds") {
+  const Tensor x = to_gpu(random_cpu({3, 4}, 63, DType::f32));
+  const Tensor targets = Tensor::from_vector<int64_t>({0, 7, 1}, {3}).to(kCuda);
+  CHECK(std::isnan(cross_entropy(x, targets).item()));
+}
+
+}  // TEST_SUITE

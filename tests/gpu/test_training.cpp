@@ -1,0 +1,190 @@
+// Training on the GPU against the CPU: the fused optimizer updates against the
+// CPU loops, and the tutorials' ConvNet trained from the same initialisation
+// on the same batches, whose loss curves must agree step by step.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/cuda/runtime.h"
+#include "nn/convnet.h"
+#include "ops/loss.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "tests/gpu/compare.h"
+
+using namespace loom;
+using namespace loom::gpu_testing;
+
+namespace {
+
+// Learnable synthetic MNIST-like batches: class k lights a k-dependent
+// rectangle of a 28x28 image, plus noise.
+struct SyntheticBatch {
+  Tensor images, labels;  // (N, 1, 28, 28) f32, (N) i64, on the CPU
+};
+SyntheticBatch synthetic_batch(int64_t n, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<float> pixels(static_cast<size_t>(n * 28 * 28));
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = static_cast<int64_t>(gen.below(10));
+    labels[i] = k;
+    for (int64_t y = 0; y < 28; ++y) {
+      for (int64_t x = 0; x < 28; ++x) {
+        const bool lit = y >= 2 * k && y < 2 * k + 8 && x >= 27 - 2 * k - 8 && x < 27 - 2 * k;
+        pixels[(i * 28 + y) * 28 + x] = static_cast<float>((lit ? 1.0 : 0.0) + 0.3 * gen.normal());
+      }
+    }
+  }
+  return {Tensor::from_vector<float>(pixels, {n, 1, 28, 28}), Tensor::from_vector<int64_t>(labels, {n})};
+}
+
+// Runs the same optimizer update on CPU and GPU copies of one parameter set
+// for three steps with fixed gradients and compares the parameters.
+template <class MakeOptimizer>
+void check_optimizer(const char* name, MakeOptimizer make) {
+  INFO(name);
+  std::vector<Tensor> cpu_params, gpu_params;
+  for (const Shape& shape : {Shape{16, 1, 5, 5}, Shape{16}, Shape{10, 1568}, Shape{10000}, Shape{3}}) {
+    Tensor p = random_cpu(shape, 71 + cpu_params.size(), DType::f32).set_requires_grad(true);
+    cpu_params.push_back(p);
+    gpu_params.push_back(to_gpu(p));
+  }
+  auto cpu_optimizer = make(cpu_params);
+  auto gpu_optimizer = make(gpu_params);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      const Tensor g = random_cpu(cpu_params[i].sizes(), 100 * step + i, DType::f32);
+      cpu_params[i].set_grad(g);
+      gpu_params[i].set_grad(g.to(kCuda));
+    }
+    cpu_optimizer->step();
+    gpu_optimizer->step();
+  }
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    check_close(gpu_params[i], cpu_params[i], 1e-6, std::string(name) + " parameter " + std::to_string(i));
+  }
+  // The state a checkpoint saves lives on the parameters' device.
+  for (auto& [key, t] : gpu_optimizer->state()) {
+    if (t.dim() > 0) CHECK(t.device().is_cuda());
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("training") {
+
+TEST_CASE("fused optimizer updates match the CPU optimizers") {
+  using optim::Adam;
+  using optim::AdamOptions;
+  using optim::SGD;
+  using optim::SGDOptions;
+  check_optimizer("SGD", [](std::vector<Tensor> p) { return std::make_unique<SGD>(p, SGDOptions(0.1)); });
+  check_optimizer("SGD momentum, weight decay", [](std::vector<Tensor> p) {
+    return std::make_unique<SGD>(p, SGDOptions(0.05).momentum(0.9).weight_decay(1e-2).dampening(0.1));
+  });
+  check_optimizer("SGD nesterov", [](std::vector<Tensor> p) {
+    return std::make_unique<SGD>(p, SGDOptions(0.05).momentum(0.9).nesterov(true));
+  });
+  check_optimizer("Adam, L2", [](std::vector<Tensor> p) {
+    return std::make_unique<Adam>(p, AdamOptions(1e-2).weight_decay(1e-2));
+  });
+  check_optimizer("AdamW", [](std::vector<Tensor> p) { return optim::make_adamw(p, 1e-2, 1e-2); });
+}
+
+TEST_CASE("GradScaler's unscale on the GPU matches the CPU and finds inf / NaN") {
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32, DType::f64}) {
+    INFO(dtype_name(dtype));
+    std::vector<Tensor> cpu_sources, gpu_sources, cpu_destinations, gpu_destinations;
+    for (const Shape& shape : {Shape{1000}, Shape{16, 1, 5, 5}, Shape{70000}}) {
+      const Tensor g = random_cpu(shape, 81 + cpu_sources.size(), dtype, -1000, 1000);
+      cpu_sources.push_back(g);
+      gpu_sources.push_back(g.to(kCuda));
+      const DType to = dtype == DType::f64 ? DType::f64 : DType::f32;
+      cpu_destinations.push_back(Tensor::empty(shape, to));
+      gpu_destinations.push_back(Tensor::empty(shape, to, kCuda));
+    }
+    const double factor = 1.0 / 65536;
+    CHECK_FALSE(optim::unscale_and_check(gpu_sources, gpu_destinations, factor));
+    CHECK_FALSE(optim::unscale_and_check(cpu_sources, cpu_destinations, factor));
+    for (size_t i = 0; i < cpu_sources.size(); ++i) {
+      check_close(gpu_destinations[i], cpu_destinations[i], 0, "unscaled gradient " + std::to_string(i));
+    }
+    // An infinity anywhere in any tensor is found.
+    Tensor poisoned = cpu_sources[2].clone();
+    poisoned.slice(0, 69999, 70000).fill_(std::numeric_limits<double>::infinity());
+    gpu_sources[2] = poisoned.to(kCuda);
+    CHECK(optim::unscale_and_check(gpu_sources, gpu_destinations, factor));
+  }
+}
+
+TEST_CASE("the ConvNet's loss curve on the GPU matches the CPU's") {
+  manual_seed(0);
+  nn::ConvNet cpu_model;
+  manual_seed(0);
+  nn::ConvNet gpu_model;
+  gpu_model.to(kCuda);
+  optim::SGD cpu_sgd(cpu_model.parameters(), optim::SGDOptions(0.01).momentum(0.9));
+  optim::SGD gpu_sgd(gpu_model.parameters(), optim::SGDOptions(0.01).momentum(0.9));
+  std::vector<double> cpu_losses, gpu_losses;
+  for (int step = 0; step < 40; ++step) {
+    const SyntheticBatch batch = synthetic_batch(100, 1000 + step);
+    Tensor cpu_loss = cross_entropy(cpu_model(batch.images), batch.labels);
+    cpu_sgd.zero_grad();
+    cpu_loss.backward();
+    cpu_sgd.step();
+    Tensor gpu_loss = cross_entropy(gpu_model(batch.images.to(kCuda)), batch.labels.to(kCuda));
+    gpu_sgd.zero_grad();
+    gpu_loss.backward();
+    gpu_sgd.step();
+    cpu_losses.push_back(cpu_loss.item());
+    gpu_losses.push_back(gpu_loss.item());
+  }
+  for (size_t i = 0; i < cpu_losses.size(); ++i) {
+    INFO("step ", i, ": cpu ", cpu_losses[i], " gpu ", gpu_losses[i]);
+    CHECK(std::abs(gpu_losses[i] - cpu_losses[i]) <= 2e-3 * std::max(1.0, std::abs(cpu_losses[i])));
+  }
+  CHECK(gpu_losses.back() < 0.5 * gpu_losses.front());  // it learned
+  const auto cpu_state = cpu_model.state_dict();
+  const auto gpu_state = gpu_model.state_dict();
+  REQUIRE(cpu_state.size() == gpu_state.size());
+  for (size_t i = 0; i < cpu_state.size(); ++i) {
+    if (!is_floating(cpu_state[i].second.dtype())) {
+      check_close(gpu_state[i].second, cpu_state[i].second, 0, cpu_state[i].first);
+    } else {
+      check_close(gpu_state[i].second, cpu_state[i].second, 1e-2, cpu_state[i].first);
+    }
+  }
+  MESSAGE(cuda::memory_summary(0));
+}
+
+TEST_CASE("channels-last f16 training on the GPU learns") {
+  manual_seed(1);
+  nn::ConvNet model;
+  model.to(kCuda);
+  model.to(DType::f16, {"BatchNorm2d"});  // BN parameters and statistics stay f32
+  // The optimizer steps f32 master copies; gradients arrive in f16.
+  std::vector<Tensor> params = model.parameters();
+  std::vector<Tensor> master;
+  for (const Tensor& p : params) master.push_back(p.detach().to(DType::f32).set_requires_grad(true));
+  optim::SGD sgd(master, optim::SGDOptions(0.02).momentum(0.9));
+  std::vector<double> losses;
+  for (int step = 0; step < 60; ++step) {
+    const SyntheticBatch batch = synthetic_batch(100, 2000 + step % 20);
+    Tensor images = to_gpu(batch.images.to(DType::f16), true);
+    Tensor loss = cross_entropy(model(images), batch.labels.to(kCuda));
+    model.zero_grad(true);
+    loss.backward();
+    for (size_t i = 0; i < params.size(); ++i) master[i].set_grad(params[i].grad().to(DType::f32));
+    sgd.step();
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).copy_(master[i]);
+    if (step % 10 == 0 || step == 59) losses.push_back(loss.item());
+  }
+  INFO("losses every 10 steps: ", losses.front(), " ... ", losses.back());
+  for (double l : losses) CHECK(std::isfinite(l));
+  CHECK(losses.back() < 0.5 * losses.front());
+}
+
+}  // TEST_SUITE
