@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prepares .deps/: the Debian 12 packages loom's build needs beside CUDA
+# (Eigen, doctest, CLI11, nlohmann-json, Gloo with its runtime libraries,
+# zlib) unpacked into one prefix, for a GPU machine without network access.
+# Run it on a Debian 12 machine with apt; then carry .deps with the working
+# tree: scripts/gpu-check.sh uses it for whatever the GPU machine lacks.
+#   scripts/gpu-deps.sh        (writes .deps/root/usr/...; about 10 MB)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+packages=(libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libgloo-dev libgloo0 libhiredis0.14
+          libibverbs1 libnl-3-200 libnl-route-3-200 zlib1g-dev zlib1g)
+rm -rf .deps
+mkdir -p .deps/debs .deps/root
+(cd .deps/debs && apt-get -o APT::Sandbox::User=root download "${packages[@]}" >/dev/null)
+for deb in .deps/debs/*.deb; do dpkg-deb -x "$deb" .deps/root; done
+rm -rf .deps/debs .deps/root/usr/share/doc .deps/root/usr/share/man
+# Absolute symlinks (libz.so -> /lib/...) point into the prefix instead.
+while IFS= read -r link; do
+  target=.deps/root$(readlink "$link")
+  [[ -e $target ]] && ln -sfn "$(realpath --relative-to="$(dirname "$link")" "$target")" "$link"
+done < <(find .deps/root -type l -lname '/*')
+# Gloo's exported targets name /usr/lib/libgloo.so.0.5.0: make them relative
+# to the prefix the config file sits in.
+sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' .deps/root/usr/share/cmake/Gloo/GlooTargets-*.cmake
+# Keep the unpacked tree out of git (it travels as an ignored, carried path).
+grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
+du -sh .deps | sed 's/^/gpu-deps: /'
