@@ -8,7 +8,8 @@
 # writes OUTDIR/summary.json and OUTDIR/gpu-check.log.
 #   scripts/gpu-check.sh OUTDIR
 # Environment: LOOM_GPU_BUILD (build directory, default build-gpu),
-# LOOM_GPU_JOBS (default nproc), LOOM_GPU_STEPS (benchmark steps, default 500).
+# LOOM_GPU_JOBS (default nproc), LOOM_GPU_STEPS (benchmark steps, default 500),
+# LOOM_GPU_BUILD_TIMEOUT (seconds, default 420: enough for 16 cores).
 # C++ dependencies the machine lacks come from .deps (scripts/gpu-deps.sh).
 # Exit status 0 when the build, every gpu test and every benchmark succeeded.
 set -uo pipefail
@@ -19,6 +20,7 @@ exec > >(tee "$out/gpu-check.log") 2>&1
 build=${LOOM_GPU_BUILD:-$repo/build-gpu}
 jobs=${LOOM_GPU_JOBS:-$(nproc)}
 steps=${LOOM_GPU_STEPS:-500}
+build_timeout=${LOOM_GPU_BUILD_TIMEOUT:-420}
 steps_file=$out/steps.jsonl
 : > "$steps_file"
 t_start=$(date +%s)
@@ -29,11 +31,11 @@ step() {
   shift 2
   local t0
   t0=$(date +%s)
-  echo "=== [$(( t0 - t_start ))s] $name: $*"
+  echo "=== [$(( t0 - t_start ))s] $name: $*" >&2  # stderr: stdout may be redirected to a result file
   timeout "$limit" "$@"
   local rc=$?
   echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 ))}" >> "$steps_file"
-  echo "=== $name: rc $rc"
+  echo "=== $name: rc $rc" >&2
   return $rc
 }
 
@@ -105,7 +107,7 @@ targets=(test_gpu test_caching_allocator convnet_throughput train_mnist)
 build_ok=0
 if step configure 300 cmake -S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" "${hints[@]}" "${prefix_args[@]}" &&
-   step build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
+   step build "$build_timeout" cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
   build_ok=1
 fi
 
