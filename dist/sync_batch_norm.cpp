@@ -107,7 +107,8 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     if (num_batches_tracked.device().is_cpu()) {
       ++num_batches_tracked.data<int64_t>()[0];
     } else {
-      num_batches_tracked.copy_(Tensor::full({}, num_batches_tracked.item() + 1, DType::i64));
+      // On the device, without item(): that would wait for the GPU at every step.
+      num_batches_tracked.add_(Tensor::ones({}, DType::i64, num_batches_tracked.device()));
     }
   }
   std::shared_ptr<ProcessGroup> group = group_;
