@@ -1,0 +1,44 @@
+"""The scaling report's own checks (what the CI quick run relies on): a sound
+report passes, each kind of problem is named."""
+import copy
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "scaling"))
+import scaling  # noqa: E402
+
+
+class ReportChecks(unittest.TestCase):
+    def report(self):
+        point = {"model": "convnet", "mode": "weak", "world": 1, "step_ms": 60.0, "images_per_s": 1666.7,
+                 "epoch_s": 36.0, "forward_ms": 20.0, "backward_ms": 39.0, "optimizer_ms": 1.0, "efficiency": 1.0,
+                 "comm_ms": 0.0, "hidden_share": None}
+        two = dict(point, world=2, step_ms=64.0, images_per_s=3125.0, efficiency=0.94, comm_ms=0.5, hidden_share=0.2,
+                   predicted_step_ms=62.0)
+        return {"machine": {}, "config": {}, "load_before": [1.0, 1.0, 1.0], "points": [point, two],
+                "ddp_overhead_world1": [{"ddp_step_ms": 60.0, "bare_step_ms": 59.5}],
+                "projection": {"clusters": {"x": {"weak_scaling": [{"world": 8, "step_ms": 50.0, "efficiency": 0.99}]}}}}
+
+    def test_a_sound_report_passes(self):
+        self.assertEqual(scaling.validate_report(self.report()), [])
+
+    def test_problems_are_named(self):
+        r = self.report()
+        r["points"][1]["efficiency"] = 1.7
+        r["points"][1]["comm_ms"] = 0.0
+        r["points"][0]["step_ms"] = -1
+        del r["load_before"]
+        problems = scaling.validate_report(r)
+        self.assertEqual(len(problems), 4, problems)
+        self.assertTrue(any("efficiency 1.7" in p for p in problems))
+        self.assertTrue(any("missing key load_before" in p for p in problems))
+
+    def test_buckets_must_match_ddp(self):
+        r = copy.deepcopy(self.report())
+        r["bucket_checks"] = [{"what": "resnet18 cap 5", "ddp": [["fc.bias"]], "model": [["fc.bias", "fc.weight"]]}]
+        self.assertEqual(len(scaling.validate_report(r)), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
