@@ -45,8 +45,11 @@ print(json.dumps({"system": "loom", "world": world, "threads": 1, "images_per_s"
 PY
 }
 
+# torch.set_num_threads(1) does not reach OpenBLAS's own thread pool (Debian's
+# libopenblas0-pthread): without these the "1 thread" peer uses ~1.6 cores.
 torch() {
-  /usr/bin/python3 "$peer" --world "$1" --threads 1 --batch 100 --port "$(free_port)" "${torch_limit[@]}" | tail -n 1
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+    /usr/bin/python3 "$peer" --world "$1" --threads 1 --batch 100 --port "$(free_port)" "${torch_limit[@]}" | tail -n 1
 }
 
 echo "# $mode; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
