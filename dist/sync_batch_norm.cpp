@@ -163,7 +163,8 @@ void convert_children(nn::Module& parent, const std::string& prefix, const std::
                 " is also held outside the module tree (a member that ", parent.type_name(),
                 "::forward() calls directly, or a pointer you kept), so replacing it in the tree would not change "
                 "what forward() runs; nothing was converted. Models whose forward reaches their batch norms "
-                "through the module tree (Sequential, ConvNet) can be converted");
+                "through the module tree (Sequential, ConvNet) or through members registered with "
+                "register_module(name, member, module) (ResNet) can be converted");
     }
   }
 }

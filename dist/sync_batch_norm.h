@@ -45,9 +45,11 @@ class SyncBatchNorm : public nn::BatchNorm2d {
 // same train/eval mode), like torch.nn.SyncBatchNorm.convert_sync_batchnorm.
 // Returns the module, or the new SyncBatchNorm when `module` itself is a
 // BatchNorm2d. Works for models whose forward reaches batch norms through
-// the module tree (Sequential, ConvNet); when a BatchNorm2d is also held
-// elsewhere (a typed member that forward() calls directly), nothing is
-// changed and the error names the module, since replacing only the tree
+// the module tree (Sequential, ConvNet) or through members registered with
+// Module::register_module(name, member, module), which replace_module keeps
+// in step (ResNet and its blocks). When a BatchNorm2d is also held elsewhere
+// (a member registered without itself, or a pointer kept outside), nothing
+// is changed and the error names the module, since replacing only the tree
 // entry would leave forward() using the old one.
 std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
                                                    std::shared_ptr<ProcessGroup> group = nullptr);

@@ -19,18 +19,21 @@ Tensor& Module::register_buffer(const std::string& name, Tensor& member) {
   return member;
 }
 
-void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module, MemberSetter set_member) {
   LOOM_CHECK(module != nullptr, type_name(), ": child module '", name, "' is null");
-  for (auto& [existing, _] : children_) LOOM_CHECK(existing != name, type_name(), ": child '", name, "' registered twice");
-  children_.emplace_back(name, std::move(module));
+  for (auto& child : children_) LOOM_CHECK(child.name != name, type_name(), ": child '", name, "' registered twice");
+  children_.push_back({name, std::move(module), std::move(set_member)});
 }
 
 std::shared_ptr<Module> Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
-  for (auto& [existing, child] : children_) {
-    if (existing == name) {
-      std::swap(child, module);
-      return module;
-    }
+  LOOM_CHECK(module != nullptr, type_name(), ": cannot replace child module '", name, "' by null");
+  for (auto& child : children_) {
+    if (child.name != name) continue;
+    LOOM_CHECK(!child.set_member || child.set_member(module), type_name(), ": child '", name, "' is a ",
+               child.module->type_name(), " that ", type_name(), "::forward() calls through a typed member; a ",
+               module->type_name(), " cannot take its place");
+    std::swap(child.module, module);
+    return module;
   }
   LOOM_FAIL(type_name(), " has no child module '", name, "'");
 }
@@ -44,7 +47,7 @@ void Module::collect(const std::string& prefix, bool parameters, bool buffers, N
       if (t->defined()) out.emplace_back(prefix + name, *t);
     }
   }
-  for (auto& [name, child] : children_) child->collect(prefix + name + ".", parameters, buffers, out);
+  for (auto& child : children_) child.module->collect(prefix + child.name + ".", parameters, buffers, out);
 }
 
 NamedTensors Module::named_parameters() const {
@@ -73,14 +76,15 @@ NamedTensors Module::state_dict() const {
 
 std::vector<std::pair<std::string, Module*>> Module::named_children() const {
   std::vector<std::pair<std::string, Module*>> out;
-  for (auto& [name, child] : children_) out.emplace_back(name, child.get());
+  for (auto& child : children_) out.emplace_back(child.name, child.module.get());
   return out;
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   std::vector<std::pair<std::string, Module*>> out{{"", this}};
-  for (auto& [name, child] : children_) {
-    for (auto& [sub, module] : child->named_modules()) out.emplace_back(sub.empty() ? name : name + "." + sub, module);
+  for (auto& child : children_) {
+    for (auto& [sub, module] : child.module->named_modules())
+      out.emplace_back(sub.empty() ? child.name : child.name + "." + sub, module);
   }
   return out;
 }
@@ -130,7 +134,7 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
 
 void Module::train(bool on) {
   training_ = on;
-  for (auto& [name, child] : children_) child->train(on);
+  for (auto& child : children_) child.module->train(on);
 }
 
 void Module::zero_grad(bool set_to_none) {

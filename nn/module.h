@@ -2,6 +2,7 @@
 // mode, and a state_dict whose names are PyTorch's ("layer1.0.weight").
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -56,8 +57,10 @@ class Module {
   // `keep` (by type name, e.g. "BatchNorm2d") keep theirs (apex O2 keeps BN in f32).
   void to(DType dtype, const std::vector<std::string>& keep = {});
 
-  // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm);
-  // returns the module it replaced.
+  // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm), and
+  // the member it was registered with, if any; returns the module it
+  // replaced. Throws, changing nothing, when `module` does not fit that
+  // member's type.
   std::shared_ptr<Module> replace_module(const std::string& name, std::shared_ptr<Module> module);
 
  protected:
@@ -67,18 +70,41 @@ class Module {
   Tensor& register_buffer(const std::string& name, Tensor& member);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    add_child(name, module);
+    add_child(name, module, nullptr);
     return module;
+  }
+  // Registers `module` as child `name` and stores it in `member`, which
+  // forward() calls; the module keeps a pointer to the member, so
+  // replace_module(name, ...) updates it too (accepting only modules that are
+  // an M, e.g. a SyncBatchNorm for a BatchNorm2d member). This is what lets
+  // convert_sync_batchnorm() convert blocks that call typed members.
+  template <class M>
+  void register_module(const std::string& name, std::shared_ptr<M>& member, std::shared_ptr<M> module) {
+    member = std::move(module);
+    add_child(name, member, [&member](const std::shared_ptr<Module>& replacement) {
+      auto typed = std::dynamic_pointer_cast<M>(replacement);
+      if (!typed) return false;
+      member = std::move(typed);
+      return true;
+    });
   }
 
  private:
-  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  // Stores a replacement in the member a child was registered with; false when
+  // the replacement has the wrong type (nothing is stored then).
+  using MemberSetter = std::function<bool(const std::shared_ptr<Module>&)>;
+  struct Child {
+    std::string name;
+    std::shared_ptr<Module> module;
+    MemberSetter set_member;  // empty for children without a member
+  };
+  void add_child(const std::string& name, std::shared_ptr<Module> module, MemberSetter set_member);
   void collect(const std::string& prefix, bool parameters, bool buffers, NamedTensors& out) const;
   std::vector<std::pair<std::string, Tensor*>> all_tensor_slots(bool parameters, bool buffers);
 
   std::vector<std::pair<std::string, Tensor*>> parameters_;
   std::vector<std::pair<std::string, Tensor*>> buffers_;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<Child> children_;
   bool training_ = true;
 };
 

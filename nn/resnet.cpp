@@ -25,14 +25,16 @@ ResNetStem parse_resnet_stem(const std::string& name) {
 
 const char* resnet_stem_name(ResNetStem stem) { return stem == ResNetStem::imagenet ? "imagenet" : "cifar"; }
 
-// Registration order is torchvision's: it fixes the state_dict order.
+// Registration order is torchvision's: it fixes the state_dict order. Each
+// child is registered with the member forward() calls, so replacing a child
+// by name (convert_sync_batchnorm) replaces what forward() runs.
 BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int64_t stride, std::shared_ptr<Sequential> downsample_) {
-  conv1 = register_module("conv1", conv3x3(in_channels, planes, stride));
-  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
-  relu = register_module("relu", std::make_shared<ReLU>());
-  conv2 = register_module("conv2", conv3x3(planes, planes, 1));
-  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
-  if (downsample_) downsample = register_module("downsample", std::move(downsample_));
+  register_module("conv1", conv1, conv3x3(in_channels, planes, stride));
+  register_module("bn1", bn1, std::make_shared<BatchNorm2d>(planes));
+  register_module("relu", relu, std::make_shared<ReLU>());
+  register_module("conv2", conv2, conv3x3(planes, planes, 1));
+  register_module("bn2", bn2, std::make_shared<BatchNorm2d>(planes));
+  if (downsample_) register_module("downsample", downsample, std::move(downsample_));
 }
 
 Tensor BasicBlock::forward(const Tensor& input) {
@@ -43,14 +45,14 @@ Tensor BasicBlock::forward(const Tensor& input) {
 }
 
 Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int64_t stride, std::shared_ptr<Sequential> downsample_) {
-  conv1 = register_module("conv1", conv1x1(in_channels, planes, 1));
-  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
-  conv2 = register_module("conv2", conv3x3(planes, planes, stride));
-  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
-  conv3 = register_module("conv3", conv1x1(planes, planes * expansion, 1));
-  bn3 = register_module("bn3", std::make_shared<BatchNorm2d>(planes * expansion));
-  relu = register_module("relu", std::make_shared<ReLU>());
-  if (downsample_) downsample = register_module("downsample", std::move(downsample_));
+  register_module("conv1", conv1, conv1x1(in_channels, planes, 1));
+  register_module("bn1", bn1, std::make_shared<BatchNorm2d>(planes));
+  register_module("conv2", conv2, conv3x3(planes, planes, stride));
+  register_module("bn2", bn2, std::make_shared<BatchNorm2d>(planes));
+  register_module("conv3", conv3, conv1x1(planes, planes * expansion, 1));
+  register_module("bn3", bn3, std::make_shared<BatchNorm2d>(planes * expansion));
+  register_module("relu", relu, std::make_shared<ReLU>());
+  if (downsample_) register_module("downsample", downsample, std::move(downsample_));
 }
 
 Tensor Bottleneck::forward(const Tensor& input) {
@@ -69,21 +71,21 @@ ResNet::ResNet(BlockKind block, std::array<int64_t, 4> blocks_per_layer, const R
   for (int64_t blocks : blocks_per_layer) LOOM_CHECK(blocks > 0, "ResNet: every layer needs at least one block");
   const int64_t width = options.width_;
   if (options.stem_ == ResNetStem::imagenet) {
-    conv1 = register_module(
-        "conv1", std::make_shared<Conv2d>(Conv2dOptions(options.in_channels_, width, 7).stride(2).padding(3).bias(false)));
+    register_module("conv1", conv1,
+                    std::make_shared<Conv2d>(Conv2dOptions(options.in_channels_, width, 7).stride(2).padding(3).bias(false)));
   } else {
-    conv1 = register_module("conv1", conv3x3(options.in_channels_, width, 1));
+    register_module("conv1", conv1, conv3x3(options.in_channels_, width, 1));
   }
-  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(width));
-  relu = register_module("relu", std::make_shared<ReLU>());
-  if (options.stem_ == ResNetStem::imagenet) maxpool = register_module("maxpool", std::make_shared<MaxPool2d>(3, 2, 1));
-  layer1 = register_module("layer1", make_layer(width, blocks_per_layer[0], 1));
-  layer2 = register_module("layer2", make_layer(2 * width, blocks_per_layer[1], 2));
-  layer3 = register_module("layer3", make_layer(4 * width, blocks_per_layer[2], 2));
-  layer4 = register_module("layer4", make_layer(8 * width, blocks_per_layer[3], 2));
-  avgpool = register_module("avgpool", std::make_shared<AdaptiveAvgPool2d>(1, 1));
+  register_module("bn1", bn1, std::make_shared<BatchNorm2d>(width));
+  register_module("relu", relu, std::make_shared<ReLU>());
+  if (options.stem_ == ResNetStem::imagenet) register_module("maxpool", maxpool, std::make_shared<MaxPool2d>(3, 2, 1));
+  register_module("layer1", layer1, make_layer(width, blocks_per_layer[0], 1));
+  register_module("layer2", layer2, make_layer(2 * width, blocks_per_layer[1], 2));
+  register_module("layer3", layer3, make_layer(4 * width, blocks_per_layer[2], 2));
+  register_module("layer4", layer4, make_layer(8 * width, blocks_per_layer[3], 2));
+  register_module("avgpool", avgpool, std::make_shared<AdaptiveAvgPool2d>(1, 1));
   const int64_t expansion = block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
-  fc = register_module("fc", std::make_shared<Linear>(8 * width * expansion, options.num_classes_));
+  register_module("fc", fc, std::make_shared<Linear>(8 * width * expansion, options.num_classes_));
   initialize();
 }
 

@@ -6,6 +6,9 @@
 //
 // layerK is a Sequential of blocks "0", "1", ...; a block that changes the
 // shape carries downsample = Sequential(conv1x1 with stride, BatchNorm2d).
+// The typed members below are the registered children themselves:
+// replace_module("bn1", ...) on a block swaps the member too, which is how
+// dist::convert_sync_batchnorm puts SyncBatchNorm into a ResNet.
 #pragma once
 
 #include <array>

@@ -2,8 +2,9 @@
 // BatchNorm2d; on 2 ranks with uneven shares of a batch it gives the full
 // batch's output, input gradient, summed parameter gradients and running
 // stats; the tutorial's ConvNet converted to SyncBatchNorm and trained with DDP
-// on 2 ranks x 50 images ends where one process on 100 images does.
-// convert_sync_batchnorm keeps names and tensors. Also the distributed
+// on 2 ranks x 50 images ends where one process on 100 images does, and so
+// does a small ResNet-18 (CIFAR stem) whose blocks call their batch norms
+// through typed members. convert_sync_batchnorm keeps names and tensors. Also the distributed
 // evaluation helpers (ShardSampler, all_reduce_accuracy).
 #include <doctest/doctest.h>
 
@@ -17,6 +18,7 @@
 #include "dist/process_group_gloo.h"
 #include "dist/sync_batch_norm.h"
 #include "nn/convnet.h"
+#include "nn/resnet.h"
 #include "ops/batch_norm.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
@@ -282,6 +284,86 @@ LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
   group->barrier()->wait();
 }
 
+// A small ResNet-18 with the CIFAR stem (width 4, 8x8 images, so layer4 sees
+// 1x1 maps) converted to SyncBatchNorm, under DDP on 2 ranks x 4 images per
+// step, ends with the parameters and running statistics of one plain
+// process stepping on the same 8 images. Every batch norm, the blocks'
+// typed members and the downsample Sequentials' alike, must be synchronized:
+// layer4's batch norms see one value per channel and image, so a rank-local
+// one would give clearly different statistics.
+LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
+  auto group = init_process_group({.init_method = "env://", .timeout = 30s});
+  const int rank = group->rank(), world = group->size();
+  constexpr int kSteps = 3;
+  constexpr int64_t kGlobalBatch = 8, kSide = 8;
+  const auto options = nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar).width(4);
+  // (count, 3, 8, 8) f64 images with a class-dependent offset, labels n % 10.
+  auto images = [](const std::vector<int64_t>& indices) {
+    std::vector<double> values;
+    for (int64_t n : indices)
+      for (int64_t k = 0; k < 3 * kSide * kSide; ++k) values.push_back(0.1 * (n % 10) + hashed(n * 192 + k, 5));
+    return Tensor::from_vector_as(values, {static_cast<int64_t>(indices.size()), 3, kSide, kSide}, DType::f64);
+  };
+  auto labels = [](const std::vector<int64_t>& indices) {
+    std::vector<int64_t> values;
+    for (int64_t n : indices) values.push_back(n % 10);
+    return Tensor::from_vector<int64_t>(values, {static_cast<int64_t>(values.size())});
+  };
+  // `steps` SGD steps of `batch` images of this sampler's epoch-0 order.
+  auto train_resnet = [&](nn::Module& trained, nn::Module& model, data::Sampler& sampler, int64_t batch) {
+    optim::SGD sgd(model.parameters(), optim::SGDOptions(0.05).momentum(0.9).weight_decay(5e-4));
+    sampler.set_epoch(0);
+    const std::vector<int64_t> order = sampler.indices();
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<int64_t> indices(order.begin() + step * batch, order.begin() + (step + 1) * batch);
+      Tensor loss = cross_entropy(trained(images(indices)), labels(indices));
+      sgd.zero_grad();
+      loss.backward();
+      sgd.step();
+    }
+  };
+
+  manual_seed(21 + rank);  // different on every rank until DDP broadcasts rank 0's
+  std::shared_ptr<nn::ResNet> resnet = nn::resnet18(options);
+  resnet->to(DType::f64);
+  std::shared_ptr<nn::Module> model = convert_sync_batchnorm(resnet, group);
+  int sync_layers = 0;
+  for (auto& [name, module] : model->named_modules()) {
+    expect(module->type_name() != "BatchNorm2d", "'", name, "' is still a BatchNorm2d");
+    sync_layers += module->type_name() == "SyncBatchNorm";
+  }
+  expect(sync_layers == 20, sync_layers, " SyncBatchNorm layers; ResNet-18 has 20 batch norms");
+  expect(resnet->layer2->named_children().size() == 2, "layer2 lost a block");
+  DistributedDataParallel ddp(model, group);
+  data::DistributedSampler sampler(kGlobalBatch * kSteps, world, rank, /*shuffle=*/true, /*seed=*/9);
+  train_resnet(ddp, *model, sampler, kGlobalBatch / world);
+
+  manual_seed(21);
+  auto reference = nn::resnet18(options);
+  reference->to(DType::f64);
+  data::DistributedSampler whole(kGlobalBatch * kSteps, 1, 0, /*shuffle=*/true, /*seed=*/9);
+  train_resnet(*reference, *reference, whole, kGlobalBatch);
+
+  auto actual = model->state_dict(), expected = reference->state_dict();
+  expect(actual.size() == expected.size(), "state_dict sizes differ");
+  double worst = 0;
+  std::string worst_name;
+  for (size_t k = 0; k < actual.size(); ++k) {
+    expect(actual[k].first == expected[k].first, "name ", actual[k].first, " vs ", expected[k].first);
+    std::vector<double> a = actual[k].second.to_vector<double>(), b = expected[k].second.to_vector<double>();
+    double difference = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      difference = std::max(difference, std::abs(a[i] - b[i]));
+      norm = std::max(norm, std::abs(b[i]));
+    }
+    const double relative = difference / std::max(norm, 1e-30);
+    if (relative > worst) worst = relative, worst_name = actual[k].first;
+  }
+  expect(worst < 1e-9, "after ", kSteps, " steps '", worst_name, "' differs from one process by ", worst,
+         " (relative to its largest value)");
+  group->barrier()->wait();
+}
+
 LOOM_DIST_SCENARIO("accuracy_all_reduce") {
   auto group = init_process_group({.init_method = "env://", .timeout = 20s});
   const int rank = group->rank(), world = group->size();
@@ -298,6 +380,9 @@ TEST_SUITE("sync_batch_norm") {
   }
   TEST_CASE("ConvNet + SyncBatchNorm + DDP, 2 x 50 images, equals 1 process x 100 images") {
     expect_all_ok(spawn_ranks("sync_bn_convnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
+  }
+  TEST_CASE("ResNet-18 (CIFAR stem) + SyncBatchNorm + DDP, 2 x 4 images, equals 1 process x 8 images") {
+    expect_all_ok(spawn_ranks("sync_bn_resnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
   }
 }
 

@@ -1,12 +1,14 @@
 // ResNets against torchvision: parameter counts, state_dict names and order,
 // initialisation, and forward / backward in f64 on fixed inputs against a
-// PyTorch fixture (tests/fixtures/make_resnet_fixture.py).
+// PyTorch fixture (tests/fixtures/make_resnet_fixture.py); conversion to
+// SyncBatchNorm, which must reach the blocks' typed members.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dist/sync_batch_norm.h"
 #include "nn/resnet.h"
 #include "ops/loss.h"
 #include "tests/support/gradcheck.h"
@@ -196,5 +198,60 @@ TEST_SUITE("resnet") {
     CHECK_THROWS_WITH_AS(nn::make_resnet("resnet20"), doctest::Contains("unknown model 'resnet20'"), Error);
     CHECK_THROWS_WITH_AS(nn::parse_resnet_stem("tiny"), doctest::Contains("expected imagenet or cifar"), Error);
     CHECK(nn::make_resnet("resnet34", nn::ResNetOptions().num_classes(7))->fc->weight.sizes() == Shape{7, 512});
+  }
+
+  TEST_CASE("convert_sync_batchnorm converts a ResNet: members, names, tensors and outputs") {
+    manual_seed(5);
+    const auto options = nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar).width(4);
+    auto model = nn::resnet50(options);
+    auto plain = nn::resnet50(options);
+    plain->load_state_dict(model->state_dict());
+    const auto before = model->state_dict();
+    auto* block = dynamic_cast<nn::Bottleneck*>(model->layer2->named_children()[0].second);
+    REQUIRE(block != nullptr);
+    CHECK(dist::convert_sync_batchnorm(model).get() == model.get());
+
+    // Every batch norm, in the tree and in the members forward() calls.
+    int sync_layers = 0;
+    for (auto& [name, module] : model->named_modules()) {
+      CHECK_MESSAGE(module->type_name() != "BatchNorm2d", name);
+      sync_layers += module->type_name() == "SyncBatchNorm";
+    }
+    CHECK(sync_layers == 53);  // 1 + 16 blocks x 3 + 4 downsamples
+    CHECK(model->bn1->type_name() == "SyncBatchNorm");
+    CHECK(block->bn1->type_name() == "SyncBatchNorm");
+    CHECK(block->bn3->type_name() == "SyncBatchNorm");
+    CHECK(block->bn2.get() == block->named_children()[3].second);  // the member is the tree's child
+    CHECK(block->downsample->named_children()[1].second->type_name() == "SyncBatchNorm");
+
+    // The same names and tensors (an optimizer or checkpoint keeps working) ...
+    const auto after = model->state_dict();
+    REQUIRE(after.size() == before.size());
+    for (size_t i = 0; i < after.size(); ++i) {
+      CHECK(after[i].first == before[i].first);
+      CHECK(after[i].second.impl() == before[i].second.impl());
+    }
+    // ... and, without a process group, BatchNorm2d's outputs and statistics.
+    Tensor x = loom::testing::random_tensor({3, 3, 8, 8}, 6, -1, 1, DType::f32);
+    CHECK(loom::testing::max_abs_diff(model->forward(x), plain->forward(x)) == 0);
+    auto* plain_block = dynamic_cast<nn::Bottleneck*>(plain->layer2->named_children()[0].second);
+    CHECK(loom::testing::max_abs_diff(block->bn2->running_var, plain_block->bn2->running_var) == 0);
+    model->eval();
+    plain->eval();
+    CHECK(loom::testing::max_abs_diff(model->forward(x), plain->forward(x)) == 0);
+  }
+
+  TEST_CASE("replace_module keeps a typed member and refuses a module of another type") {
+    auto block = std::make_shared<nn::BasicBlock>(4, 4, 1, nullptr);
+    auto replacement = std::make_shared<dist::SyncBatchNorm>(4);
+    auto previous = block->replace_module("bn2", replacement);
+    CHECK(previous->type_name() == "BatchNorm2d");
+    CHECK(block->bn2 == replacement);
+    CHECK_THROWS_WITH_AS(block->replace_module("bn1", std::make_shared<nn::ReLU>()),
+                         doctest::Contains("child 'bn1' is a BatchNorm2d that BasicBlock::forward() calls through a "
+                                           "typed member; a ReLU cannot take its place"),
+                         Error);
+    CHECK(block->bn1->type_name() == "BatchNorm2d");
+    CHECK(block->named_children()[1].second->type_name() == "BatchNorm2d");
   }
 }
