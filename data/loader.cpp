@@ -1,5 +1,6 @@
-// DataLoader: per-epoch worker threads, a bounded in-order prefetch window and
-// the collate loop that writes augmented samples straight into the batch.
+// DataLoader: per-epoch worker threads, a bounded in-order prefetch window,
+// the collate loop that writes augmented samples straight into the batch, and
+// the staging of batches to a CUDA device on the loader's own stream.
 #include "data/loader.h"
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cuda/runtime.h"
 #include "core/error.h"
 
 namespace loom::data {
@@ -29,20 +31,26 @@ struct BatchImages {
   SampleStrides strides;
 };
 
+// Host memory for a batch: page-locked when it is to be copied to a CUDA
+// device with pin_memory, so that the copy is an asynchronous DMA.
+bool stage_in_pinned_memory(const DataLoaderOptions& options) {
+  return options.pin_memory() && options.device().is_cuda();
+}
+
+Tensor host_empty(const Shape& sizes, DType dtype, const DataLoaderOptions& options) {
+  return stage_in_pinned_memory(options) ? Tensor::empty_pinned(sizes, dtype) : Tensor::empty(sizes, dtype);
+}
+
 BatchImages allocate_images(int64_t batch, int64_t channels, int64_t height, int64_t width,
                             const DataLoaderOptions& options) {
-  // PINNED MEMORY: when the CUDA backend exists and options.pin_memory() is
-  // set, this is where the batch comes from the pinned host allocator, and the
-  // caller enqueues the H2D copy on the loader's copy stream (recording an
-  // event the compute stream waits on) before handing the batch over.
   BatchImages out;
   if (options.memory_format() == MemoryFormat::nchw) {
-    out.images = Tensor::empty({batch, channels, height, width}, options.dtype());
+    out.images = host_empty({batch, channels, height, width}, options.dtype(), options);
     out.sample_stride = channels * height * width;
     out.strides = {height * width, width, 1};
   } else {
     // Channels-last: memory (B, H, W, C), logical sizes (B, C, H, W).
-    Tensor memory = Tensor::empty({batch, height, width, channels}, options.dtype());
+    Tensor memory = host_empty({batch, height, width, channels}, options.dtype(), options);
     out.images = make_view(memory, {batch, channels, height, width},
                            {height * width * channels, 1, width * channels, channels}, 0);
     out.sample_stride = height * width * channels;
@@ -71,7 +79,7 @@ Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, 
       allocate_images(count, transform.channels(), transform.output_height(), transform.output_width(), options);
   Batch batch;
   batch.index = batch_index;
-  batch.labels = Tensor::empty({count}, DType::i64);
+  batch.labels = host_empty({count}, DType::i64, options);
   int64_t* labels = batch.labels.data<int64_t>();
   switch (options.dtype()) {
     case DType::f32: collate<float>(dataset, transform, options.seed(), epoch, indices, count, out, labels); break;
@@ -87,11 +95,76 @@ Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, 
   return batch;
 }
 
+namespace {
+
+// Copies host tensor `host` (its whole storage, so views such as the
+// channels-last layout keep their geometry) into new memory of `device`,
+// allocated for and copied on `stream`. A pinned source block is reused only
+// after the copy completes (record_pinned_use); pageable memory is staged by
+// the driver before copy_bytes_async returns.
+Tensor copy_to_device(const Tensor& host, Device device, cuda::StreamView stream) {
+  if (!host.defined() || !host.device().is_cpu()) return host;
+  const size_t nbytes = host.storage()->nbytes();
+  const int64_t elements = static_cast<int64_t>(nbytes / element_size(host.dtype()));
+  Tensor memory = Tensor::empty({elements}, host.dtype(), device);  // from the current (copy) stream's pool
+  if (nbytes > 0) {
+    cuda::copy_bytes_async(memory.raw_data(), true, host.storage()->data(), false, nbytes, stream);
+    cuda::record_pinned_use(host.storage()->data(), stream);
+  }
+  return make_view(memory, host.sizes(), host.strides(), host.offset());
+}
+
+}  // namespace
+
+// The loader's CUDA copy stream. stage() runs in the thread that built the
+// batch (a worker, or the consumer with 0 workers): it enqueues the batch's
+// host-to-device copies and records `copied`; the host batch is released at
+// once (pinned blocks wait for their copy before reuse). hand_over() runs in
+// the consumer: its current stream waits on `copied`, and the device memory,
+// allocated on the copy stream, is marked as used by the consumer's stream so
+// the caching allocator does not hand it to the next copy while kernels still
+// read it.
+class DeviceStaging {
+ public:
+  explicit DeviceStaging(Device device) : device_(device), stream_(check_device(device)) {}
+
+  void stage(Batch& batch) const {
+    cuda::DeviceGuard device_guard(device_.index);
+    cuda::StreamGuard stream_guard(stream_.view());
+    batch.images = copy_to_device(batch.images, device_, stream_.view());
+    batch.labels = copy_to_device(batch.labels, device_, stream_.view());
+    auto copied = std::make_shared<cuda::Event>(device_.index);
+    copied->record(stream_.view());
+    batch.copied = std::move(copied);
+  }
+
+  void hand_over(const Batch& batch) const {
+    const cuda::StreamView compute = cuda::current_stream(device_.index);
+    if (batch.copied) compute.wait(*batch.copied);
+    if (compute == stream_.view()) return;
+    for (const Tensor* tensor : {&batch.images, &batch.labels}) {
+      if (tensor->defined() && tensor->device() == device_) {
+        cuda::record_stream(tensor->storage()->data(), device_.index, compute);
+      }
+    }
+  }
+
+ private:
+  static int check_device(Device device) {
+    cuda::require_device(device.index);
+    return device.index;
+  }
+
+  Device device_;
+  cuda::Stream stream_;
+};
+
 // What every epoch shares and nothing mutates.
 struct DataLoader::Plan {
   ImageDataset dataset;
   FusedTransform transform;
   DataLoaderOptions options;
+  std::unique_ptr<DeviceStaging> staging;  // null unless options.device() is CUDA
 };
 
 // One epoch in progress. Workers claim batch numbers in order, but only within
@@ -128,7 +201,9 @@ class DataLoader::EpochRun {
       if (next_delivery_ >= num_batches_) return std::nullopt;
       const int64_t number = next_delivery_++;
       try {
-        return build(number);
+        Batch batch = build(number);
+        if (plan_->staging) plan_->staging->hand_over(batch);
+        return batch;
       } catch (const std::exception& error) {
         next_delivery_ = num_batches_;
         throw Error(failure_message(number, error.what()));
@@ -155,6 +230,7 @@ class DataLoader::EpochRun {
     slot.batch.reset();
     lock.unlock();
     window_moved_.notify_all();
+    if (plan_->staging) plan_->staging->hand_over(batch);
     return batch;
   }
 
@@ -182,8 +258,10 @@ class DataLoader::EpochRun {
     const int64_t batch_size = plan_->options.batch_size();
     const int64_t begin = number * batch_size;
     const int64_t count = std::min<int64_t>(batch_size, static_cast<int64_t>(order_.size()) - begin);
-    return build_batch(plan_->dataset, plan_->transform, plan_->options, epoch_, order_.data() + begin, count,
-                       number);
+    Batch batch = build_batch(plan_->dataset, plan_->transform, plan_->options, epoch_, order_.data() + begin,
+                              count, number);
+    if (plan_->staging) plan_->staging->stage(batch);
+    return batch;
   }
 
   std::string failure_message(int64_t number, const std::string& what) const {
@@ -251,7 +329,10 @@ DataLoader::DataLoader(ImageDataset dataset, const Compose& transforms, DataLoad
              "DataLoader: output dtype ", dtype_name(dtype), " is not one of f32, f64, f16, bf16");
   if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset.size());
   FusedTransform transform(transforms, dataset.channels(), dataset.height(), dataset.width());
-  plan_ = std::make_shared<const Plan>(Plan{std::move(dataset), std::move(transform), std::move(options)});
+  std::unique_ptr<DeviceStaging> staging;
+  if (options.device().is_cuda()) staging = std::make_unique<DeviceStaging>(options.device());
+  plan_ = std::make_shared<const Plan>(
+      Plan{std::move(dataset), std::move(transform), std::move(options), std::move(staging)});
 }
 
 DataLoader::~DataLoader() = default;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/cuda/stream.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
@@ -20,9 +21,13 @@ namespace loom::data {
 enum class MemoryFormat { nchw, nhwc };
 
 struct Batch {
-  Tensor images;      // (B, C, H, W), options.dtype(), in options.memory_format()
-  Tensor labels;      // (B) i64
+  Tensor images;      // (B, C, H, W), options.dtype(), in options.memory_format(), on options.device()
+  Tensor labels;      // (B) i64, on options.device()
   int64_t index = 0;  // position of this batch in its epoch
+  // CUDA batches only: recorded on the loader's copy stream after the batch's
+  // host-to-device copies. next() has already made the calling thread's
+  // current stream wait on it; work on other streams must wait on it too.
+  std::shared_ptr<const cuda::Event> copied;
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
 };
 
@@ -35,8 +40,14 @@ class DataLoaderOptions {
   // Batches in flight per worker (built or being built, not yet consumed).
   DataLoaderOptions& prefetch_factor(int64_t value) { prefetch_factor_ = value; return *this; }
   DataLoaderOptions& drop_last(bool value) { drop_last_ = value; return *this; }
-  // Accepted for API parity; until the CUDA backend lands batches live in
-  // ordinary CPU memory (see allocate_images in loader.cpp).
+  // Where next() delivers batches. On the CPU (the default) the collated batch
+  // is used in place. On a CUDA device the batch is copied there on the
+  // loader's own stream by the thread that built it, and next() makes the
+  // caller's current stream wait on the copy (an event, no host sync).
+  DataLoaderOptions& device(Device value) { device_ = value; return *this; }
+  // With a CUDA device: collate into page-locked host memory, so the copy is
+  // asynchronous DMA; a buffer is reused only after its copy has completed.
+  // Without it the driver stages the copy from pageable memory. Ignored on the CPU.
   DataLoaderOptions& pin_memory(bool value) { pin_memory_ = value; return *this; }
   // Element type of the images: f32 (default), f64, f16 or bf16, written directly.
   DataLoaderOptions& dtype(DType value) { dtype_ = value; return *this; }
@@ -55,6 +66,7 @@ class DataLoaderOptions {
   int64_t prefetch_factor() const { return prefetch_factor_; }
   bool drop_last() const { return drop_last_; }
   bool pin_memory() const { return pin_memory_; }
+  Device device() const { return device_; }
   DType dtype() const { return dtype_; }
   MemoryFormat memory_format() const { return memory_format_; }
   uint64_t seed() const { return seed_; }
@@ -66,6 +78,7 @@ class DataLoaderOptions {
   int64_t prefetch_factor_ = 2;
   bool drop_last_ = false;
   bool pin_memory_ = false;
+  Device device_ = Device::cpu();
   DType dtype_ = DType::f32;
   MemoryFormat memory_format_ = MemoryFormat::nchw;
   uint64_t seed_ = 0;
@@ -100,7 +113,8 @@ class DataLoader {
   // Batches per epoch with the current sampler size.
   int64_t num_batches() const;
   // Seconds the last next() waited for its batch (the "Time dataload" figure),
-  // and the sum since construction or reset_wait_total().
+  // and the sum since construction or reset_wait_total(). For CUDA batches
+  // this is the host's wait; the device-side wait for the copy is not in it.
   double last_wait_seconds() const { return last_wait_seconds_; }
   double total_wait_seconds() const { return total_wait_seconds_; }
   void reset_wait_total() { total_wait_seconds_ = 0.0; }
@@ -148,7 +162,8 @@ class DataLoader::EpochRange {
 };
 
 // Builds batch `batch_index` of an epoch from `order` without threads: what
-// each worker runs. Exposed for tests and benchmarks.
+// each worker runs before any copy to options.device(); in pinned memory when
+// options.pin_memory() and the device is CUDA. Exposed for tests and benchmarks.
 Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, const DataLoaderOptions& options,
                   int64_t epoch, const int64_t* indices, int64_t count, int64_t batch_index);
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/cuda/runtime.h"
 #include "data/cifar10.h"
 #include "data/loader.h"
 #include "tests/data/helpers.h"
@@ -232,4 +233,33 @@ TEST_CASE("a DistributedSampler drives the loader per rank and per epoch") {
   }
   std::sort(seen.begin(), seen.end());
   CHECK(std::unique(seen.begin(), seen.end()) - seen.begin() == 50);
+}
+
+TEST_CASE("pin_memory on the CPU leaves batches in place; a CUDA device without one is reported") {
+  const ImageDataset dataset = synthetic_cifar10(40, 9);
+  const DataLoaderOptions base = DataLoaderOptions().batch_size(16).num_workers(2).seed(3);
+  DataLoader plain(dataset, cifar_training_transforms(), base);
+  DataLoader pinned(dataset, cifar_training_transforms(), DataLoaderOptions(base).pin_memory(true));
+  for (int64_t epoch : {0, 1}) {
+    const EpochRecord want = record_epoch(plain, epoch);
+    pinned.start_epoch(epoch);
+    for (size_t b = 0; b < want.images.size(); ++b) {
+      const Batch batch = *pinned.next();
+      CHECK(batch.images.device().is_cpu());
+      CHECK(batch.labels.device().is_cpu());
+      CHECK_FALSE(batch.copied);
+      const auto* bytes = static_cast<const uint8_t*>(batch.images.raw_data());
+      CHECK(std::vector<uint8_t>(bytes, bytes + batch.images.nbytes()) == want.images[b]);
+      CHECK(batch.labels.to_vector<int64_t>() == want.labels[b]);
+    }
+    CHECK_FALSE(pinned.next().has_value());
+  }
+  if (loom::cuda::device_count() == 0) {
+    // CPU-only build: "built without CUDA"; CUDA build on a machine without a GPU: "no CUDA device".
+    const std::string message = error_message([&] {
+      DataLoader(dataset, cifar_training_transforms(), DataLoaderOptions(base).device(loom::Device::cuda(0)));
+    });
+    CAPTURE(message);
+    CHECK((message.find("without CUDA") != std::string::npos || message.find("CUDA device") != std::string::npos));
+  }
 }
