@@ -2,6 +2,11 @@
 // and f16 / bf16 against f32.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/parallel.h"
 #include "ops/conv2d.h"
 #include "tests/support/gradcheck.h"
 
@@ -110,4 +115,91 @@ TEST_CASE("conv2d in f16 and bf16 is close to f32") {
     CHECK(x.grad().dtype() == low);
     CHECK(w.grad().dtype() == low);
   }
+}
+
+namespace {
+// Direct convolution loops in f64: y, dx and dw for an upstream gradient dy.
+struct DirectConv {
+  std::vector<double> y, dx, dw;
+};
+DirectConv direct_conv(const Tensor& x_in, const Tensor& w_in, const Tensor& dy_in, const Conv2dParams& p) {
+  const Tensor x = x_in.to(DType::f64), w = w_in.to(DType::f64), dy = dy_in.to(DType::f64);
+  const int64_t n_images = x.size(0), c_in = x.size(1), h = x.size(2), wd = x.size(3);
+  const int64_t c_out = w.size(0), kh = w.size(2), kw = w.size(3), oh = dy.size(2), ow = dy.size(3);
+  const double* xs = x.data<double>();
+  const double* ws = w.data<double>();
+  const double* dys = dy.data<double>();
+  DirectConv r{std::vector<double>(n_images * c_out * oh * ow), std::vector<double>(x.numel()),
+               std::vector<double>(w.numel())};
+  for (int64_t n = 0; n < n_images; ++n)
+    for (int64_t o = 0; o < c_out; ++o)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t out = ((n * c_out + o) * oh + i) * ow + j;
+          for (int64_t c = 0; c < c_in; ++c)
+            for (int64_t a = 0; a < kh; ++a)
+              for (int64_t b = 0; b < kw; ++b) {
+                const int64_t yy = i * p.stride[0] - p.padding[0] + a * p.dilation[0];
+                const int64_t xx = j * p.stride[1] - p.padding[1] + b * p.dilation[1];
+                if (yy < 0 || yy >= h || xx < 0 || xx >= wd) continue;
+                const int64_t in = ((n * c_in + c) * h + yy) * wd + xx, k = ((o * c_in + c) * kh + a) * kw + b;
+                r.y[out] += xs[in] * ws[k];
+                r.dx[in] += dys[out] * ws[k];
+                r.dw[k] += dys[out] * xs[in];
+              }
+        }
+  return r;
+}
+double max_relative_difference(const Tensor& actual, const std::vector<double>& expected) {
+  const std::vector<double> got = actual.to(DType::f64).to_vector<double>();
+  REQUIRE(got.size() == expected.size());
+  double scale = 1e-6, worst = 0;
+  for (double e : expected) scale = std::max(scale, std::abs(e));
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - expected[i]) / scale);
+  return worst;
+}
+}  // namespace
+
+// The CPU kernels fold several images into one GEMM when the output plane is
+// small and spread groups of images over threads; these shapes cover one image
+// per GEMM, folds with a ragged last group, whole-batch folds whose GEMMs split
+// their rows over the threads, and 1x1 kernels (no im2col) in each of them.
+TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 threads") {
+  struct Case {
+    const char* name;
+    Shape input, weight;
+    Conv2dParams params;
+  };
+  const Case cases[] = {
+      {"large plane: one image per GEMM", {5, 3, 24, 24}, {4, 3, 3, 3}, {.padding = {1, 1}}},
+      {"plane 49: folds of 11 images, ragged last group", {23, 6, 7, 7}, {5, 6, 3, 3}, {.padding = {1, 1}}},
+      {"plane 1: the whole batch in one GEMM", {7, 40, 1, 1}, {30, 40, 3, 3}, {.padding = {1, 1}}},
+      {"1x1 kernel, plane 4", {9, 16, 2, 2}, {24, 16, 1, 1}, {}},
+      {"1x1 kernel, one image per GEMM", {3, 8, 24, 24}, {6, 8, 1, 1}, {}},
+      {"1x1 stride 2", {13, 8, 4, 4}, {12, 8, 1, 1}, {.stride = {2, 2}}},
+      {"stride 2 padding 3 7x7", {6, 3, 16, 16}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
+      {"batch 1", {1, 4, 3, 3}, {5, 4, 3, 3}, {.padding = {1, 1}}},
+  };
+  const int saved_threads = get_num_threads();
+  uint64_t seed = 300;
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::f32, DType::f64}) {
+      for (int threads : {1, 2}) {
+        INFO(c.name << ", " << dtype_name(dtype) << ", " << threads << " threads");
+        set_num_threads(threads);
+        Tensor x = random_tensor(c.input, seed, -1, 1, dtype).set_requires_grad(true);
+        Tensor w = random_tensor(c.weight, seed + 1, -1, 1, dtype).set_requires_grad(true);
+        Tensor y = conv2d(x, w, Tensor(), c.params);
+        Tensor dy = random_tensor(y.sizes(), seed + 2, -1, 1, dtype);
+        y.backward(dy);
+        const DirectConv expected = direct_conv(x.detach(), w.detach(), dy, c.params);
+        const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-12;
+        CHECK(max_relative_difference(y, expected.y) < tolerance);
+        CHECK(max_relative_difference(x.grad(), expected.dx) < tolerance);
+        CHECK(max_relative_difference(w.grad(), expected.dw) < tolerance);
+      }
+    }
+    seed += 3;
+  }
+  set_num_threads(saved_threads);
 }
