@@ -141,7 +141,6 @@ std::pair<int64_t, int64_t> evaluate(nn::Module& model, data::DataLoader& loader
 int run(const Flags& flags) {
   if (flags.threads > 0) set_num_threads(flags.threads);
   const Device device = resolve_device(flags.device);
-  LOOM_CHECK(device.is_cpu(), "--device ", device.str(), ": the CUDA training path is not built yet; use --device cpu");
   const nn::ResNetStem stem = nn::parse_resnet_stem(flags.stem);
 
   // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
@@ -157,6 +156,7 @@ int run(const Flags& flags) {
 
   manual_seed(flags.seed);
   std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).stem(stem));
+  model->to(device);  // before the optimizer and DDP take the parameters
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
   // batch norm), SGD over what it must step (f32 master weights at O2 / O3 / bf16).
   const amp::OptLevel amp_level = amp::parse_opt_level(flags.amp);
@@ -237,11 +237,12 @@ int run(const Flags& flags) {
   data::DataLoader train_loader(
       split.train, train_transforms,
       data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).seed(flags.seed).dtype(
-          amp::input_dtype(amp_level)),
+          amp::input_dtype(amp_level)).pin_memory(device.is_cuda()).device(device),  // CUDA: pinned staging, own copy stream
       std::make_shared<data::DistributedSampler>(split.train.size(), world, rank, /*shuffle=*/true, flags.seed));
   data::DataLoader test_loader(
       split.test, test_transforms,
-      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).dtype(amp::input_dtype(amp_level)),
+      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).dtype(amp::input_dtype(amp_level))
+          .pin_memory(device.is_cuda()).device(device),
       std::make_shared<data::DistributedSampler>(split.test.size(), world, rank, /*shuffle=*/false));
 
   const int64_t batches = train_loader.num_batches();
