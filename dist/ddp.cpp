@@ -317,6 +317,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   register_module("module", module_);
   NoGradGuard no_grad;
 
+  if (group_->size() > 1) {
+    // Every parameter and buffer goes through the group's collectives.
+    const Device device = group_->device();
+    auto check_device = [&](const std::string& what, const Tensor& tensor) {
+      if (tensor.device() == device) return;
+      const bool gloo = device.is_cpu();
+      LOOM_FAIL("DistributedDataParallel: ", what, " is ", tensor.str(), " but the ", group_->backend_name(),
+                " process group of this rank works on ", device.str(),
+                gloo ? " tensors; use the nccl backend for CUDA parameters"
+                     : str(" tensors; move the module there (module->to(", device.str(), ")) before wrapping it"));
+    };
+    for (auto& [name, tensor] : module_->named_parameters()) check_device(str("parameter '", name, "'"), tensor);
+    for (auto& [name, tensor] : module_->named_buffers()) check_device(str("buffer '", name, "'"), tensor);
+  }
   check_same_parameters_on_every_rank();
   std::vector<Tensor> state;
   for (auto& [name, tensor] : module_->named_parameters()) state.push_back(tensor);
@@ -331,9 +345,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   std::vector<Tensor> trainable;
   for (auto& [name, tensor] : module_->named_parameters()) {
     if (!tensor.requires_grad()) continue;
-    LOOM_CHECK(tensor.device().is_cpu() || group_->size() == 1 || std::string(group_->backend_name()) != "gloo",
-               "DistributedDataParallel: parameter '", name, "' is ", tensor.str(),
-               " but the gloo process group reduces CPU tensors; use the nccl backend for CUDA parameters");
     reducer.parameters.push_back({name, tensor, Tensor(), 0});
     trainable.push_back(tensor);
   }
@@ -387,10 +398,12 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() {
   int world = group_->size();
   if (world == 1) return;
 
-  Tensor count = Tensor::full({1}, static_cast<double>(tensors.size()), DType::i64);
-  Tensor counts = Tensor::zeros({world}, DType::i64);
+  // The exchange runs on the group's device (CUDA for nccl); the host reads the results.
+  const Device device = group_->device();
+  Tensor count = Tensor::full({1}, static_cast<double>(tensors.size()), DType::i64, device);
+  Tensor counts = Tensor::zeros({world}, DType::i64, device);
   group_->all_gather_into(counts, count)->wait();
-  std::vector<int64_t> all_counts = counts.to_vector<int64_t>();
+  std::vector<int64_t> all_counts = counts.to(Device::cpu()).to_vector<int64_t>();
   for (int r = 0; r < world; ++r) {
     LOOM_CHECK(all_counts[r] == all_counts[0], "DistributedDataParallel: rank ", r, " has ", all_counts[r],
                " parameters and buffers but rank 0 has ", all_counts[0],
@@ -399,9 +412,9 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() {
   Tensor mine = Tensor::zeros({static_cast<int64_t>(tensors.size())}, DType::i64);
   int64_t* hashes = mine.data<int64_t>();
   for (size_t i = 0; i < tensors.size(); ++i) hashes[i] = signature(tensors[i].first, tensors[i].second);
-  Tensor everyone = Tensor::zeros({world * static_cast<int64_t>(tensors.size())}, DType::i64);
-  group_->all_gather_into(everyone, mine)->wait();
-  std::vector<int64_t> all = everyone.to_vector<int64_t>();
+  Tensor everyone = Tensor::zeros({world * static_cast<int64_t>(tensors.size())}, DType::i64, device);
+  group_->all_gather_into(everyone, mine.to(device))->wait();
+  std::vector<int64_t> all = everyone.to(Device::cpu()).to_vector<int64_t>();
   for (int r = 1; r < world; ++r) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (all[r * tensors.size() + i] == all[i]) continue;
@@ -415,18 +428,21 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() {
 
 void DistributedDataParallel::broadcast_from_rank_zero(const std::vector<Tensor>& tensors) {
   if (group_->size() == 1 || tensors.empty()) return;
-  std::vector<DType> dtypes;
-  for (const auto& t : tensors)
-    if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) dtypes.push_back(t.dtype());
-  for (DType dtype : dtypes) {
+  // One flat broadcast per (dtype, device).
+  std::vector<std::pair<DType, Device>> kinds;
+  for (const auto& t : tensors) {
+    std::pair<DType, Device> kind{t.dtype(), t.device()};
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+  }
+  for (auto [dtype, device] : kinds) {
     std::vector<Tensor> group;
     int64_t total = 0;
     for (const auto& t : tensors) {
-      if (t.dtype() != dtype) continue;
+      if (t.dtype() != dtype || t.device() != device) continue;
       group.push_back(t);
       total += t.numel();
     }
-    Tensor flat = Tensor::empty({total}, dtype, group.front().device());
+    Tensor flat = Tensor::empty({total}, dtype, device);
     int64_t offset = 0;
     for (const auto& t : group) {
       make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset).copy_(t);

@@ -25,9 +25,10 @@ std::vector<int64_t> ShardSampler::indices() const {
 
 AccuracyCounts all_reduce_accuracy(const AccuracyCounts& local, ProcessGroup* group) {
   if (group == nullptr || group->size() == 1) return local;
-  Tensor counts = Tensor::from_vector<int64_t>({local.correct, local.total}, {2});
+  // On the group's device (CUDA for nccl); the host reads the sum.
+  Tensor counts = Tensor::from_vector<int64_t>({local.correct, local.total}, {2}).to(group->device());
   group->all_reduce(counts, ReduceOp::sum)->wait();
-  const std::vector<int64_t> summed = counts.to_vector<int64_t>();
+  const std::vector<int64_t> summed = counts.to(Device::cpu()).to_vector<int64_t>();
   return {summed[0], summed[1]};
 }
 

@@ -2,6 +2,8 @@
 // store -> backend process group, kept as the default group.
 #include "dist/process_group.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 #include "dist/environment.h"
 #include "dist/process_group_gloo.h"
@@ -28,6 +30,8 @@ void Work::wait() {
   finished_.wait(lock, [&] { return completed_; });
   if (error_) std::rethrow_exception(error_);
 }
+
+void Work::synchronize() { Work::wait(); }
 
 bool Work::wait_for(Milliseconds timeout) {
   std::unique_lock lock(mutex_);
@@ -130,10 +134,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (options.backend != "gloo" && options.backend != "nccl")
     LOOM_FAIL("init_process_group: unknown backend '", options.backend,
               "'; expected \"gloo\" (CPU tensors) or \"nccl\" (CUDA tensors)");
-  if (options.backend == "nccl" && !nccl_available()) {
-    // Fails here, before any rendezvous, with the reason.
-    make_process_group_nccl(nullptr, 0, 1, {});
-  }
+  if (options.backend == "nccl") require_nccl();  // fails here, before any rendezvous, with the reason
 
   LaunchOverrides overrides;
   if (options.rank >= 0) overrides.rank = options.rank;
@@ -181,10 +182,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
     group = std::make_shared<ProcessGroupGloo>(group_store, rank, world_size, gloo);
   } else {
-    LaunchEnvironment environment = resolve_launch_environment(overrides);
     group = make_process_group_nccl(group_store, rank, world_size,
-                                    NcclOptions{.timeout = options.timeout, .device_index = environment.local_rank});
+                                    NcclOptions{.timeout = options.timeout, .device_index = options.device_index});
   }
+  // The default group is destroyed at exit before the CUDA runtime tears down
+  // what an NCCL group uses (its stream, events, communicator), which the
+  // static's own destructor would be too late for.
+  static std::once_flag release_at_exit;
+  std::call_once(release_at_exit, [] { std::atexit([] { destroy_process_group(); }); });
   std::lock_guard lock(default_group_mutex);
   default_group = group;
   return group;

@@ -34,12 +34,22 @@ class Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  // Blocks until the collective finished; throws its loom::Error if it failed.
-  void wait();
-  // Like wait() but gives up after `timeout`; returns whether it finished.
+  // Orders what the caller does next after the collective; throws its
+  // loom::Error if it failed. Host-side backends (gloo) block until it
+  // finished. Stream-ordered backends (nccl) do not block the host: they make
+  // the caller's current CUDA stream wait for the collective, so kernels
+  // queued afterwards see its result (as in PyTorch); a failure found later
+  // is raised by the next collective or synchronize().
+  virtual void wait();
+  // Blocks the host until the collective finished, on the device too; throws
+  // its loom::Error if it failed.
+  virtual void synchronize();
+  // Like synchronize() but gives up after `timeout`; returns whether it
+  // finished. Never throws the collective's error.
   [[nodiscard]] bool wait_for(Milliseconds timeout);
 
-  [[nodiscard]] bool completed() const;
+  // True once the collective finished (successfully or not); never blocks.
+  [[nodiscard]] virtual bool completed() const;
   [[nodiscard]] bool succeeded() const;
   // The failure (a loom::Error), or null while running or after success.
   [[nodiscard]] std::exception_ptr error() const;
@@ -83,6 +93,9 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual const char* backend_name() const = 0;
+  // Where this group's tensors must live: the CPU (gloo) or the CUDA device
+  // of this rank (nccl).
+  virtual Device device() const { return Device::cpu(); }
 
   // Reduces each tensor elementwise across ranks, in place; several tensors
   // are reduced in one operation (each independently, like PyTorch's
@@ -131,6 +144,10 @@ struct InitOptions {
   std::shared_ptr<Store> store = nullptr;  // an existing rendezvous store (world_size and rank then required)
   // Name of the group inside the store; groups sharing a store need distinct names.
   std::string group_name = "default";
+  // nccl: the CUDA device this rank drives; -1: cuda::local_rank_device()
+  // (LOCAL_RANK, SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK modulo the
+  // number of visible devices).
+  int device_index = -1;
 };
 
 // Builds a process group and makes it the default one. Throws loom::Error for

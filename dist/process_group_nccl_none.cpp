@@ -1,5 +1,5 @@
-// Stand-in for the NCCL process group until the CUDA backend provides one:
-// says clearly why "nccl" cannot be used in this build.
+// The nccl backend of a build without NCCL (or without CUDA): says why it
+// cannot be used.
 #include "core/error.h"
 #include "dist/process_group_nccl.h"
 
@@ -8,12 +8,8 @@ namespace loom::dist {
 bool nccl_available() { return false; }
 
 std::shared_ptr<ProcessGroup> make_process_group_nccl(std::shared_ptr<Store>, int, int, const NcclOptions&) {
-#if defined(LOOM_HAVE_CUDA)
-  LOOM_FAIL("the NCCL backend is not implemented yet in loom; use backend \"gloo\" with CPU tensors");
-#else
-  LOOM_FAIL("loom was built without CUDA: the NCCL backend needs the CUDA backend (configure with "
-            "-DLOOM_CUDA=ON on a machine with the CUDA toolkit and NCCL), or use backend \"gloo\" with CPU tensors");
-#endif
+  require_nccl();  // throws the reason
+  LOOM_FAIL("backend \"nccl\" is not available in this build");
 }
 
 }  // namespace loom::dist

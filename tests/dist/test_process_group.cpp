@@ -10,9 +10,11 @@
 #include <iostream>
 #include <thread>
 
+#include "core/cuda/runtime.h"
 #include "core/error.h"
 #include "dist/process_group.h"
 #include "dist/process_group_gloo.h"
+#include "dist/process_group_nccl.h"
 #include "tests/dist/multiprocess.h"
 
 using namespace loom;
@@ -288,19 +290,50 @@ TEST_SUITE("process_group") {
   }
 
   TEST_CASE("init_process_group: nccl, unknown backends and init methods") {
-    std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
-#if defined(LOOM_HAVE_CUDA)
-    CHECK(contains(nccl, "NCCL backend"));
-#else
-    CHECK(contains(nccl, "loom was built without CUDA"));
-    CHECK(contains(nccl, "NCCL backend needs the CUDA backend"));
-#endif
+    // Where nccl cannot work, it says why before any rendezvous.
+    if (!cuda::built_with_cuda()) {
+      std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+      CHECK(contains(nccl, "loom was built without CUDA"));
+      CHECK(contains(nccl, "NCCL backend needs the CUDA backend"));
+      CHECK(contains(nccl, "use backend \"gloo\""));
+    } else if (!nccl_available()) {
+      std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+      CHECK(contains(nccl, "built with CUDA but without NCCL"));
+      CHECK(contains(nccl, "NCCL_ROOT"));
+    } else if (cuda::device_count() == 0) {
+      std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+      CHECK(contains(nccl, "needs a CUDA device, but no CUDA device is visible"));
+      CHECK(contains(error_of([] { make_process_group_nccl(nullptr, 0, 1, {}); }), "no CUDA device is visible"));
+    }
     CHECK(contains(error_of([] { init_process_group({.backend = "mpi"}); }), "unknown backend 'mpi'"));
     CHECK(contains(error_of([] { init_process_group({.init_method = "redis://x", .world_size = 1, .rank = 0}); }),
                    "init_method 'redis://x' is not one of"));
     CHECK(contains(error_of([] { init_process_group({.init_method = "tcp://nohost", .world_size = 1, .rank = 0}); }),
                    "is not tcp://HOST:PORT"));
     CHECK(contains(error_of([] { default_process_group(); }), "call loom::dist::init_process_group() first"));
+  }
+
+  TEST_CASE("nccl: the dtypes it takes and the errors for tensors it cannot take") {
+    for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32}) {
+      CHECK_MESSAGE(nccl_supports(dtype), dtype_name(dtype));
+    }
+    CHECK_FALSE(nccl_supports(DType::u8));
+    // CPU tensors handed to the nccl backend: named, with what to do instead.
+    std::string cpu = error_of([] { check_nccl_tensor("all_reduce", Tensor::zeros({4}), "tensor 0", 0); });
+    CHECK(contains(cpu, "all_reduce: tensor 0 is f32[4] cpu, a CPU tensor"));
+    CHECK(contains(cpu, "the nccl backend works on CUDA tensors of this rank's device cuda:0"));
+    CHECK(contains(cpu, "gloo backend for CPU tensors"));
+    CHECK(contains(error_of([] { check_nccl_tensor("broadcast", Tensor(), "the tensor", 0); }),
+                   "broadcast: the tensor is an undefined tensor"));
+    if (cuda::device_count() > 0) {
+      std::string bytes = error_of([] {
+        check_nccl_tensor("all_gather", Tensor::zeros({2}, DType::u8, Device::cuda(0)), "the input", 0);
+      });
+      CHECK(contains(bytes, "NCCL collectives take f32, f64, f16, bf16, i64 or i32 tensors"));
+      CHECK(contains(error_of([] { check_nccl_tensor("all_gather", Tensor::zeros({2}, DType::f32, Device::cuda(0)),
+                                                     "the input", 1); }),
+                     "this rank's NCCL communicator drives cuda:1"));
+    }
   }
 }
 
