@@ -106,9 +106,14 @@ fi
 targets=(test_gpu test_caching_allocator convnet_throughput train_mnist)
 build_ok=0
 if step configure 300 cmake -S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" "${hints[@]}" "${prefix_args[@]}" &&
-   step build "$build_timeout" cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
-  build_ok=1
+     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" "${hints[@]}" "${prefix_args[@]}"; then
+  # The NCCL process group's test (gpu.nccl) exists when CMake found NCCL.
+  if grep -q "^NCCL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt"; then
+    targets+=(test_gpu_nccl)
+  else
+    echo "gpu-check: CMake did not find NCCL: no NCCL process group, gpu.nccl not built"
+  fi
+  step build "$build_timeout" cmake --build "$build" -j "$jobs" --target "${targets[@]}" && build_ok=1
 fi
 
 # ---- data: Fashion-MNIST if installed, else a learnable synthetic set in IDX format ----
@@ -145,7 +150,7 @@ if (( build_ok )); then
   step test_caching_allocator 120 "$build/tests/gpu/test_caching_allocator" > "$out/test_caching_allocator.log" 2>&1
   allocator_rc=$?
   tail -3 "$out/test_caching_allocator.log"
-  step gpu_tests 360 ctest --test-dir "$build" -L gpu -V --timeout 300 --output-junit "$out/ctest-gpu.xml" \
+  step gpu_tests 420 ctest --test-dir "$build" -L gpu -V --timeout 300 --output-junit "$out/ctest-gpu.xml" \
     > "$out/ctest-gpu.log" 2>&1
   gpu_rc=$?
   grep -E "test cases:|assertions:|Status:|Test +#|tests passed|skipped:|ERROR|FAILED|CHECK.*is NOT correct" "$out/ctest-gpu.log" | head -80
