@@ -170,6 +170,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
  public:
   ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size, const NcclOptions& options)
       : ProcessGroup(rank, size),
+        store_(store),
         communicator_(std::make_shared<Communicator>()),
         timeout_(options.timeout),
         stream_(select_device(options.device_index), cuda::StreamPriority::high) {
@@ -550,6 +551,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     }
   }
 
+  std::shared_ptr<Store> store_;  // kept for the group's lifetime, as the Gloo group keeps its own
   std::shared_ptr<Communicator> communicator_;
   std::atomic<Milliseconds> timeout_;
   cuda::Stream stream_;  // the group's NCCL stream, high priority
