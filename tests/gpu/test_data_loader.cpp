@@ -129,10 +129,13 @@ TEST_CASE("the loader's copies complete while a kernel occupies the compute stre
   constexpr uint64_t kSpinNs = 2'000'000'000;  // 2 s of kernel on the compute stream
   const Clock::time_point start = Clock::now();
   gpu_testing::spin_on_stream(compute, kSpinNs);
+  // The rest of the epoch: 7 batches, more than the prefetch window of 4, so
+  // at least 3 of them are built and copied only after the kernel started.
   std::vector<Batch> batches;
-  for (int b = 0; b < 3; ++b) batches.push_back(*gpu_loader.next());
+  while (std::optional<Batch> batch = gpu_loader.next()) batches.push_back(std::move(*batch));
   const double next_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   CAPTURE(next_seconds);
+  CHECK(batches.size() == 7);
   CHECK(next_seconds < 1.0);  // next() did not wait for the compute stream (no host synchronize)
 
   // Every batch's copy finishes on the loader's stream while the kernel still runs.
