@@ -17,6 +17,7 @@
 #include "core/cuda/runtime.h"
 #include "core/generator.h"
 #include "core/parallel.h"
+#include "benchmarks/gemm_peak.h"
 #include "core/profiler.h"
 #include "data/idx.h"
 #include "data/loader.h"
@@ -129,6 +130,8 @@ int main(int argc, char** argv) {
       }
       profiler::set_enabled(false);
       std::fprintf(stderr, "profile of 20 steps (threads %d):\n%s", threads, profiler::report().c_str());
+      std::fprintf(stderr, "machine f32 GEMM peak at %d threads: %s\n", threads,
+                   bench::to_json(bench::measure_gemm_peak(threads)).c_str());
     }
     std::string gpu_memory;
     if (device.is_cuda()) {

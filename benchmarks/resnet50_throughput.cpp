@@ -12,6 +12,7 @@
 
 #include "apps/app_common.h"
 #include "core/generator.h"
+#include "benchmarks/gemm_peak.h"
 #include "core/profiler.h"
 #include "core/parallel.h"
 #include "nn/resnet.h"
@@ -85,6 +86,8 @@ int main(int argc, char** argv) {
       profiler::set_enabled(false);
       std::fprintf(stderr, "profile of %lld steps (threads %d):\n%s", static_cast<long long>(profile_steps), threads,
                    profiler::report().c_str());
+      std::fprintf(stderr, "machine f32 GEMM peak at %d threads: %s\n", threads,
+                   bench::to_json(bench::measure_gemm_peak(threads)).c_str());
     }
     std::printf(
         "{\"bench\": \"loom %s train\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, "

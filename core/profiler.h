@@ -13,8 +13,14 @@ namespace loom::profiler {
 bool enabled();
 void set_enabled(bool on);
 void reset();
-// A table of total ms, calls and share per (name, shape), largest first.
+// A table of total ms, calls, share and (where counted) GFLOP/s per
+// (name, shape), largest first, then the GFLOP/s of each op summed over its
+// layers ("conv2d", "conv2d backward", ...).
 std::string report();
+
+// Counts floating-point operations (a multiply-add is 2) against the
+// innermost open Scope on this thread; nothing when profiling is off.
+void add_flops(double flops);
 
 class Scope {
  public:
@@ -26,7 +32,10 @@ class Scope {
   Scope& operator=(const Scope&) = delete;
 
  private:
+  friend void add_flops(double flops);
   bool active_;
+  double flops_ = 0;
+  Scope* parent_ = nullptr;
   std::string key_;
   std::chrono::steady_clock::time_point start_;
 };

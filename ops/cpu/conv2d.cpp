@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "ops/cpu/gemm.h"
 #include "ops/dispatch.h"
 
@@ -26,6 +27,8 @@ struct Geometry {
   int64_t input_plane() const { return height * width; }
   int64_t output_plane() const { return out_h * out_w; }
   int64_t col_rows() const { return channels * kernel_h * kernel_w; }
+  // Of one of the three GEMMs (forward, input gradient, weight gradient).
+  double flops() const { return 2.0 * batch * out_channels * col_rows() * output_plane(); }
   // A 1x1 kernel with unit stride and no padding: im2col is the identity, so
   // the image itself is the column matrix.
   bool pointwise() const {
@@ -62,61 +65,123 @@ ValidRange valid_outputs(int64_t offset, int64_t stride, int64_t size, int64_t o
   return {clamped_first, std::max(clamped_first, std::min(last, outputs))};
 }
 
+// The kernel's taps (ki, kj) with the output ranges each one reads inside
+// the image, computed once per call instead of once per channel. Where the
+// output plane is small (ResNet's later stages: 1x1 to 4x4) the rows of the
+// column matrix are a few elements long and a per-row loop costs more than
+// the copy, so the taps also carry a table: for output position o, the input
+// offset within the plane, or -1 in the padding.
+struct Taps {
+  struct Tap {
+    int64_t offset_h, offset_w;
+    ValidRange rows, cols;
+    bool full;  // every output position reads inside the image
+  };
+  std::vector<Tap> taps;          // kH * kW, row-major
+  std::vector<int32_t> sources;   // kH * kW * Ho * Wo when `tabled`
+  bool tabled = false;
+};
+
+constexpr int64_t kTabledPlane = 64;
+
+Taps make_taps(const Geometry& g) {
+  const auto& p = g.params;
+  Taps t;
+  for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+    for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+      Taps::Tap tap;
+      tap.offset_h = ki * p.dilation[0] - p.padding[0];
+      tap.offset_w = kj * p.dilation[1] - p.padding[1];
+      tap.rows = valid_outputs(tap.offset_h, p.stride[0], g.height, g.out_h);
+      tap.cols = valid_outputs(tap.offset_w, p.stride[1], g.width, g.out_w);
+      tap.full = tap.rows.first == 0 && tap.rows.last == g.out_h && tap.cols.first == 0 && tap.cols.last == g.out_w;
+      t.taps.push_back(tap);
+    }
+  }
+  t.tabled = g.output_plane() <= kTabledPlane;
+  if (t.tabled) {
+    for (const Taps::Tap& tap : t.taps) {
+      for (int64_t oh = 0; oh < g.out_h; ++oh) {
+        for (int64_t ow = 0; ow < g.out_w; ++ow) {
+          const bool inside = oh >= tap.rows.first && oh < tap.rows.last && ow >= tap.cols.first && ow < tap.cols.last;
+          t.sources.push_back(inside ? static_cast<int32_t>((oh * p.stride[0] + tap.offset_h) * g.width +
+                                                            ow * p.stride[1] + tap.offset_w)
+                                     : -1);
+        }
+      }
+    }
+  }
+  return t;
+}
+
 // image (C, H, W) -> its block of columns in col (C*kH*kW rows, row stride
 // `ld`, Ho*Wo columns), zeros where the window is in the padding.
 template <class T>
-void im2col(const T* image, const Geometry& g, T* col, int64_t ld) {
+void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t ld) {
   const auto& p = g.params;
+  const int64_t plane_out = g.output_plane(), kernel = g.kernel_h * g.kernel_w;
   for (int64_t c = 0; c < g.channels; ++c) {
     const T* plane = image + c * g.input_plane();
-    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
-      const int64_t offset_h = ki * p.dilation[0] - p.padding[0];
-      const ValidRange rows = valid_outputs(offset_h, p.stride[0], g.height, g.out_h);
-      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-        const int64_t offset_w = kj * p.dilation[1] - p.padding[1];
-        const ValidRange cols = valid_outputs(offset_w, p.stride[1], g.width, g.out_w);
-        T* out = col + ((c * g.kernel_h + ki) * g.kernel_w + kj) * ld;
-        // Rows are short (a 14-wide output row is 56 bytes): plain loops, which
-        // the compiler vectorises, beat a memset / memmove call per row.
-        for (int64_t i = 0; i < rows.first * g.out_w; ++i) out[i] = T(0);
-        for (int64_t oh = rows.first; oh < rows.last; ++oh) {
-          T* dst = out + oh * g.out_w;
-          const T* src = plane + (oh * p.stride[0] + offset_h) * g.width + offset_w;
-          for (int64_t ow = 0; ow < cols.first; ++ow) dst[ow] = T(0);
-          if (p.stride[1] == 1) {
-            for (int64_t ow = cols.first; ow < cols.last; ++ow) dst[ow] = src[ow];
-          } else {
-            for (int64_t ow = cols.first; ow < cols.last; ++ow) dst[ow] = src[ow * p.stride[1]];
-          }
-          for (int64_t ow = cols.last; ow < g.out_w; ++ow) dst[ow] = T(0);
-        }
-        for (int64_t i = rows.last * g.out_w; i < g.output_plane(); ++i) out[i] = T(0);
+    T* rows_of_c = col + c * kernel * ld;
+    if (taps.tabled) {
+      for (int64_t t = 0; t < kernel; ++t) {
+        const int32_t* source = taps.sources.data() + t * plane_out;
+        T* out = rows_of_c + t * ld;
+        for (int64_t o = 0; o < plane_out; ++o) out[o] = source[o] >= 0 ? plane[source[o]] : T(0);
       }
+      continue;
+    }
+    for (int64_t t = 0; t < kernel; ++t) {
+      const Taps::Tap& tap = taps.taps[t];
+      const ValidRange rows = tap.rows, cols = tap.cols;
+      T* out = rows_of_c + t * ld;
+      // Rows are short (a 14-wide output row is 56 bytes): plain loops, which
+      // the compiler vectorises, beat a memset / memmove call per row.
+      for (int64_t i = 0; i < rows.first * g.out_w; ++i) out[i] = T(0);
+      for (int64_t oh = rows.first; oh < rows.last; ++oh) {
+        T* dst = out + oh * g.out_w;
+        const T* src = plane + (oh * p.stride[0] + tap.offset_h) * g.width + tap.offset_w;
+        for (int64_t ow = 0; ow < cols.first; ++ow) dst[ow] = T(0);
+        if (p.stride[1] == 1) {
+          for (int64_t ow = cols.first; ow < cols.last; ++ow) dst[ow] = src[ow];
+        } else {
+          for (int64_t ow = cols.first; ow < cols.last; ++ow) dst[ow] = src[ow * p.stride[1]];
+        }
+        for (int64_t ow = cols.last; ow < g.out_w; ++ow) dst[ow] = T(0);
+      }
+      for (int64_t i = rows.last * g.out_w; i < plane_out; ++i) out[i] = T(0);
     }
   }
 }
 
 // The adjoint of im2col: image (C, H, W) += fold of its block of col.
 template <class T>
-void col2im_add(const T* col, int64_t ld, const Geometry& g, T* image) {
+void col2im_add(const T* col, int64_t ld, const Geometry& g, const Taps& taps, T* image) {
   const auto& p = g.params;
+  const int64_t plane_out = g.output_plane(), kernel = g.kernel_h * g.kernel_w;
   for (int64_t c = 0; c < g.channels; ++c) {
     T* plane = image + c * g.input_plane();
-    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
-      const int64_t offset_h = ki * p.dilation[0] - p.padding[0];
-      const ValidRange rows = valid_outputs(offset_h, p.stride[0], g.height, g.out_h);
-      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-        const int64_t offset_w = kj * p.dilation[1] - p.padding[1];
-        const ValidRange cols = valid_outputs(offset_w, p.stride[1], g.width, g.out_w);
-        const T* in = col + ((c * g.kernel_h + ki) * g.kernel_w + kj) * ld;
-        for (int64_t oh = rows.first; oh < rows.last; ++oh) {
-          const T* src = in + oh * g.out_w;
-          T* dst = plane + (oh * p.stride[0] + offset_h) * g.width + offset_w;
-          if (p.stride[1] == 1) {
-            for (int64_t ow = cols.first; ow < cols.last; ++ow) dst[ow] += src[ow];
-          } else {
-            for (int64_t ow = cols.first; ow < cols.last; ++ow) dst[ow * p.stride[1]] += src[ow];
-          }
+    const T* rows_of_c = col + c * kernel * ld;
+    if (taps.tabled) {
+      for (int64_t t = 0; t < kernel; ++t) {
+        const int32_t* source = taps.sources.data() + t * plane_out;
+        const T* in = rows_of_c + t * ld;
+        for (int64_t o = 0; o < plane_out; ++o) {
+          if (source[o] >= 0) plane[source[o]] += in[o];
+        }
+      }
+      continue;
+    }
+    for (int64_t t = 0; t < kernel; ++t) {
+      const Taps::Tap& tap = taps.taps[t];
+      const T* in = rows_of_c + t * ld;
+      for (int64_t oh = tap.rows.first; oh < tap.rows.last; ++oh) {
+        const T* src = in + oh * g.out_w;
+        T* dst = plane + (oh * p.stride[0] + tap.offset_h) * g.width + tap.offset_w;
+        if (p.stride[1] == 1) {
+          for (int64_t ow = tap.cols.first; ow < tap.cols.last; ++ow) dst[ow] += src[ow];
+        } else {
+          for (int64_t ow = tap.cols.first; ow < tap.cols.last; ++ow) dst[ow * p.stride[1]] += src[ow];
         }
       }
     }
@@ -211,12 +276,13 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
   const int64_t k = g.col_rows(), plane = g.output_plane();
   const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
   // weight: (O, C*kH*kW)
+  const Taps taps = make_taps(g);
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* col = input + n0 * image_size;  // a single pointwise image is its own column matrix
     if (images > 1 || !g.pointwise()) {
       T* buffer = scratch<T>(0, k * columns);
-      for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, buffer + i * plane, columns);
+      for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, columns);
       col = buffer;
     }
     // One image writes straight into the output; several go through (O, G*Ho*Wo).
@@ -234,6 +300,7 @@ template <class T>
 void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
   const int64_t k = g.col_rows(), plane = g.output_plane();
   const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
+  const Taps taps = make_taps(g);
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* dy = grad_output + n0 * output_size;  // (O, G*Ho*Wo)
@@ -249,7 +316,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     gemm(Transpose::yes, Transpose::no, k, columns, g.out_channels, T(1), weight, k, dy, columns, T(0), col, columns);
     if (direct) return;
     std::fill(dx, dx + images * image_size, T(0));
-    for (int64_t i = 0; i < images; ++i) col2im_add(col + i * plane, columns, g, dx + i * image_size);
+    for (int64_t i = 0; i < images; ++i) col2im_add(col + i * plane, columns, g, taps, dx + i * image_size);
   });
 }
 
@@ -258,6 +325,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   const int64_t k = g.col_rows(), plane = g.output_plane();
   const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
   const BatchPlan plan = plan_batch(g);
+  const Taps taps = make_taps(g);
   // Task 0 accumulates into grad_weight itself, the others into partials that
   // are added afterwards in task order (the same sum whatever the timing).
   const int64_t size = g.out_channels * k;
@@ -269,7 +337,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
     const T* col = input + n0 * image_size;
     if (images > 1 || !g.pointwise()) {
       T* buffer = scratch<T>(0, k * columns);
-      for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, buffer + i * plane, columns);
+      for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, columns);
       col = buffer;
     }
     const T* dy = grad_output + n0 * output_size;
@@ -301,6 +369,7 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
   const Tensor input = cpu_compute_input(input_in), weight = cpu_compute_input(weight_in);
   const Tensor bias = bias_in.defined() ? cpu_compute_input(bias_in) : Tensor();
   const Geometry g = make_geometry(input.sizes(), weight.sizes(), params);
+  profiler::add_flops(g.flops());
   Tensor out = Tensor::empty({g.batch, g.out_channels, g.out_h, g.out_w}, input.dtype());
   visit_compute_dtype(input.dtype(), "conv2d", [&]<class T>() {
     forward(input.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr, g, out.data<T>());
@@ -312,6 +381,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output_in, const Tensor& weight_
                              const Conv2dParams& params) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), weight = cpu_compute_input(weight_in);
   const Geometry g = make_geometry(input_sizes, weight.sizes(), params);
+  profiler::add_flops(g.flops());
   Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
   visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
     backward_input(grad_output.data<T>(), weight.data<T>(), g, grad_input.data<T>());
@@ -323,6 +393,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_
                               const Conv2dParams& params) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
   const Geometry g = make_geometry(input.sizes(), weight_sizes, params);
+  profiler::add_flops(g.flops());
   Tensor grad_weight = Tensor::empty(weight_sizes, grad_output.dtype());
   visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
     backward_weight(grad_output.data<T>(), input.data<T>(), g, grad_weight.data<T>());

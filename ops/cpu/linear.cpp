@@ -3,6 +3,7 @@
 
 #include <Eigen/Dense>
 
+#include "core/profiler.h"
 #include "ops/cpu/gemm.h"
 #include "ops/dispatch.h"
 
@@ -19,6 +20,7 @@ Tensor linear_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
   Tensor b = bias_in.defined() ? cpu_compute_input(bias_in) : Tensor();
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   Tensor y = Tensor::empty({n, out}, x.dtype());
+  profiler::add_flops(2.0 * n * in * out);
   visit_compute_dtype(x.dtype(), "linear", [&]<class T>() {
     T* yp = y.data<T>();
     if (b.defined()) {
@@ -35,6 +37,7 @@ void linear_backward(const Tensor& grad_in, const Tensor& input_in, const Tensor
                      bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias) {
   Tensor g = cpu_compute_input(grad_in), x = cpu_compute_input(input_in), w = cpu_compute_input(weight_in);
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  profiler::add_flops(2.0 * n * in * out * ((want_input ? 1 : 0) + (want_weight ? 1 : 0)));
   visit_compute_dtype(x.dtype(), "linear backward", [&]<class T>() {
     ConstMap<T> gm(g.data<T>(), n, out);
     if (want_input) {  // dx = dy · W: (N, in)

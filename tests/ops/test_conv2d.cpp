@@ -179,6 +179,8 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"1x1 stride 2", {13, 8, 4, 4}, {12, 8, 1, 1}, {.stride = {2, 2}}},
       {"stride 2 padding 3 7x7", {6, 3, 16, 16}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
       {"batch 1", {1, 4, 3, 3}, {5, 4, 3, 3}, {.padding = {1, 1}}},
+      {"plane 225 (copied by rows), stride 2, padding 2, dilation 2", {3, 2, 31, 29}, {3, 2, 5, 3},
+       {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
   };
   const int saved_threads = get_num_threads();
   uint64_t seed = 300;
