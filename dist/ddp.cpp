@@ -511,17 +511,32 @@ void DistributedDataParallel::register_comm_hook(CommunicationHook hook) {
   reducer_->hook = std::move(hook);
 }
 
+namespace {
+// A bucket's timing with `started` / `done` from its collective when the
+// reducer has not seen them: a stream-ordered backend (nccl) finishes on the
+// device after backward returned.
+BucketTiming current_timing(const BucketTiming& timing, const WorkHandle& work) {
+  BucketTiming result = timing;
+  if (work && result.done == std::chrono::steady_clock::time_point{} && work->completed()) {
+    result.started = work->start_time();
+    result.done = work->end_time();
+  }
+  return result;
+}
+}  // namespace
+
 IterationTiming DistributedDataParallel::last_iteration_timing() const {
   std::lock_guard lock(reducer_->mutex);
   IterationTiming timing = reducer_->timing;
-  for (const auto& bucket : reducer_->buckets) timing.buckets.push_back(bucket.timing);
+  for (const auto& bucket : reducer_->buckets)
+    timing.buckets.push_back(current_timing(bucket.timing, bucket.reduction.work));
   return timing;
 }
 
 std::vector<BucketTiming> DistributedDataParallel::bucket_timings() const {
   std::lock_guard lock(reducer_->mutex);
   std::vector<BucketTiming> timings;
-  for (const auto& bucket : reducer_->buckets) timings.push_back(bucket.timing);
+  for (const auto& bucket : reducer_->buckets) timings.push_back(current_timing(bucket.timing, bucket.reduction.work));
   return timings;
 }
 

@@ -61,7 +61,10 @@ struct DistributedDataParallelOptions {
 // When one bucket became ready (its last gradient arrived), was handed to the
 // process group, started on the wire, and finished; from the most recent
 // synchronized backward. Time points stay {} for what did not happen (no
-// collective runs in a world of one, so `started` stays {} there).
+// collective runs in a world of one, so `started` stays {} there). With the
+// nccl backend, backward returns before the device finished the collectives:
+// `started` / `done` are when the host saw the NCCL stream reach them, {}
+// until then.
 struct BucketTiming {
   size_t bucket = 0;
   size_t bytes = 0;       // the bucket's gradient buffer

@@ -306,6 +306,13 @@ LOOM_DIST_SCENARIO("nccl_ddp") {
       expect(timing.buckets.size() == 4, "bucket timings");
       expect(timing.buckets[0].launched < timing.backward_end, hook,
              ": the first bucket's all-reduce was not launched before backward ended");
+      // Once the device is done, every bucket's collective reports when it ran.
+      cuda::synchronize(device.index);
+      for (const BucketTiming& bucket : ddp.bucket_timings()) {
+        expect(bucket.done != std::chrono::steady_clock::time_point{}, hook, ": bucket ", bucket.bucket, " has no done time");
+        expect(bucket.launched <= bucket.started && bucket.started <= bucket.done, hook, ": bucket ", bucket.bucket,
+               " timestamps out of order");
+      }
     }
 
     // Three more steps: four SGD steps in all equal the bare model's four on the whole batch.
