@@ -1,5 +1,7 @@
 #include "nn/resnet.h"
 
+#include <typeinfo>
+
 #include "core/autograd.h"
 #include "nn/init.h"
 #include "ops/elementwise.h"
@@ -13,6 +15,14 @@ std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride) {
 
 std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride) {
   return std::make_shared<Conv2d>(Conv2dOptions(in, out, 1).stride(stride).bias(false));
+}
+
+// relu(bn(x)) as one fused op (the ReLU mask is recomputed in backward, so
+// no separate ReLU pass or tensor) when both are the plain modules; a
+// SyncBatchNorm, or any replacement, runs its own forward.
+Tensor bn_relu(BatchNorm2d& bn, Module& relu, const Tensor& x) {
+  if (typeid(bn) == typeid(BatchNorm2d) && typeid(relu) == typeid(ReLU)) return bn.forward_relu(x);
+  return relu.forward(bn.forward(x));
 }
 
 }  // namespace
@@ -38,7 +48,7 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int64_t stride, std:
 }
 
 Tensor BasicBlock::forward(const Tensor& input) {
-  Tensor out = relu->forward(bn1->forward(conv1->forward(input)));
+  Tensor out = bn_relu(*bn1, *relu, conv1->forward(input));
   out = bn2->forward(conv2->forward(out));
   const Tensor identity = downsample ? downsample->forward(input) : input;
   return relu->forward(add(out, identity));
@@ -56,8 +66,8 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int64_t stride, std:
 }
 
 Tensor Bottleneck::forward(const Tensor& input) {
-  Tensor out = relu->forward(bn1->forward(conv1->forward(input)));
-  out = relu->forward(bn2->forward(conv2->forward(out)));
+  Tensor out = bn_relu(*bn1, *relu, conv1->forward(input));
+  out = bn_relu(*bn2, *relu, conv2->forward(out));
   out = bn3->forward(conv3->forward(out));
   const Tensor identity = downsample ? downsample->forward(input) : input;
   return relu->forward(add(out, identity));
@@ -127,7 +137,7 @@ void ResNet::initialize() {
 Tensor ResNet::forward(const Tensor& input) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.in_channels_, "ResNet expects (N, ",
              options_.in_channels_, ", H, W) images, got ", input.str());
-  Tensor x = relu->forward(bn1->forward(conv1->forward(input)));
+  Tensor x = bn_relu(*bn1, *relu, conv1->forward(input));
   if (maxpool) x = maxpool->forward(x);
   x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
   x = avgpool->forward(x).flatten(1);
