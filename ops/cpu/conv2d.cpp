@@ -27,8 +27,6 @@ struct Geometry {
   int64_t input_plane() const { return height * width; }
   int64_t output_plane() const { return out_h * out_w; }
   int64_t col_rows() const { return channels * kernel_h * kernel_w; }
-  // Of one of the three GEMMs (forward, input gradient, weight gradient).
-  double flops() const { return 2.0 * batch * out_channels * col_rows() * output_plane(); }
   // A 1x1 kernel with unit stride and no padding: im2col is the identity, so
   // the image itself is the column matrix.
   bool pointwise() const {
@@ -66,20 +64,28 @@ ValidRange valid_outputs(int64_t offset, int64_t stride, int64_t size, int64_t o
 }
 
 // The kernel's taps (ki, kj) with the output ranges each one reads inside
-// the image, computed once per call instead of once per channel. Where the
-// output plane is small (ResNet's later stages: 1x1 to 4x4) the rows of the
-// column matrix are a few elements long and a per-row loop costs more than
-// the copy, so the taps also carry a table: for output position o, the input
-// offset within the plane, or -1 in the padding.
+// the image, computed once per call instead of once per channel. A tap that
+// reads only padding for every output position is left out: its rows of the
+// column matrix would be zeros, and its weights get a zero gradient. (ResNet's
+// 3x3 convolutions on 1x1 planes keep only the centre tap: 1/9 of the work.)
+// Where the output plane is small (ResNet's later stages: 1x1 to 4x4) the
+// rows of the column matrix are a few elements long and a per-row loop costs
+// more than the copy, so the taps also carry a table: for output position o,
+// the input offset within the plane, or -1 in the padding.
 struct Taps {
   struct Tap {
+    int64_t index;  // ki * kW + kj
     int64_t offset_h, offset_w;
     ValidRange rows, cols;
-    bool full;  // every output position reads inside the image
   };
-  std::vector<Tap> taps;          // kH * kW, row-major
-  std::vector<int32_t> sources;   // kH * kW * Ho * Wo when `tabled`
+  std::vector<Tap> taps;          // the taps that read the image, in kernel order
+  int64_t kernel = 0;             // kH * kW
+  std::vector<int32_t> sources;   // taps.size() * Ho * Wo when `tabled`
   bool tabled = false;
+
+  bool all_active() const { return static_cast<int64_t>(taps.size()) == kernel; }
+  // Rows of the column matrix: C * active taps.
+  int64_t col_rows(const Geometry& g) const { return g.channels * static_cast<int64_t>(taps.size()); }
 };
 
 constexpr int64_t kTabledPlane = 64;
@@ -87,15 +93,16 @@ constexpr int64_t kTabledPlane = 64;
 Taps make_taps(const Geometry& g) {
   const auto& p = g.params;
   Taps t;
+  t.kernel = g.kernel_h * g.kernel_w;
   for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
     for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
       Taps::Tap tap;
+      tap.index = ki * g.kernel_w + kj;
       tap.offset_h = ki * p.dilation[0] - p.padding[0];
       tap.offset_w = kj * p.dilation[1] - p.padding[1];
       tap.rows = valid_outputs(tap.offset_h, p.stride[0], g.height, g.out_h);
       tap.cols = valid_outputs(tap.offset_w, p.stride[1], g.width, g.out_w);
-      tap.full = tap.rows.first == 0 && tap.rows.last == g.out_h && tap.cols.first == 0 && tap.cols.last == g.out_w;
-      t.taps.push_back(tap);
+      if (tap.rows.first < tap.rows.last && tap.cols.first < tap.cols.last) t.taps.push_back(tap);
     }
   }
   t.tabled = g.output_plane() <= kTabledPlane;
@@ -119,7 +126,7 @@ Taps make_taps(const Geometry& g) {
 template <class T>
 void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t ld) {
   const auto& p = g.params;
-  const int64_t plane_out = g.output_plane(), kernel = g.kernel_h * g.kernel_w;
+  const int64_t plane_out = g.output_plane(), kernel = static_cast<int64_t>(taps.taps.size());
   for (int64_t c = 0; c < g.channels; ++c) {
     const T* plane = image + c * g.input_plane();
     T* rows_of_c = col + c * kernel * ld;
@@ -158,7 +165,7 @@ void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t
 template <class T>
 void col2im_add(const T* col, int64_t ld, const Geometry& g, const Taps& taps, T* image) {
   const auto& p = g.params;
-  const int64_t plane_out = g.output_plane(), kernel = g.kernel_h * g.kernel_w;
+  const int64_t plane_out = g.output_plane(), kernel = static_cast<int64_t>(taps.taps.size());
   for (int64_t c = 0; c < g.channels; ++c) {
     T* plane = image + c * g.input_plane();
     const T* rows_of_c = col + c * kernel * ld;
@@ -265,18 +272,32 @@ void for_each_group(const Geometry& g, const BatchPlan& plan, Fn&& fn) {
 // mmap and a page fault per 4 KiB on every call.
 template <class T>
 T* scratch(int slot, int64_t elements) {
-  thread_local std::vector<T> buffers[3];
+  thread_local std::vector<T> buffers[4];
   std::vector<T>& buffer = buffers[slot];
   if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
   return buffer.data();
 }
 
+// The weight's columns for the active taps: (O, C*kH*kW) -> (O, C*active).
+template <class T>
+const T* active_weight(const T* weight, const Geometry& g, const Taps& taps) {
+  if (taps.all_active()) return weight;
+  const int64_t active = static_cast<int64_t>(taps.taps.size());
+  T* compact = scratch<T>(2, g.out_channels * g.channels * active);
+  for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
+    for (int64_t j = 0; j < active; ++j) compact[oc * active + j] = weight[oc * taps.kernel + taps.taps[j].index];
+  }
+  return compact;
+}
+
 template <class T>
 void forward(const T* input, const T* weight, const T* bias, const Geometry& g, T* output) {
-  const int64_t k = g.col_rows(), plane = g.output_plane();
+  const int64_t plane = g.output_plane();
   const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
-  // weight: (O, C*kH*kW)
   const Taps taps = make_taps(g);
+  const int64_t k = taps.col_rows(g);
+  weight = active_weight(weight, g, taps);  // (O, C*active)
+  profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* col = input + n0 * image_size;  // a single pointwise image is its own column matrix
@@ -298,9 +319,12 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
 
 template <class T>
 void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
-  const int64_t k = g.col_rows(), plane = g.output_plane();
+  const int64_t plane = g.output_plane();
   const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
   const Taps taps = make_taps(g);
+  const int64_t k = taps.col_rows(g);
+  weight = active_weight(weight, g, taps);  // (O, C*active)
+  profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* dy = grad_output + n0 * output_size;  // (O, G*Ho*Wo)
@@ -310,7 +334,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
       dy = buffer;
     }
     T* dx = grad_input + n0 * image_size;
-    // col = Wᵀ · dY: (C*kH*kW, G*Ho*Wo); one pointwise image is its own gradient.
+    // col = Wᵀ · dY: (C*active, G*Ho*Wo); one pointwise image is its own gradient.
     const bool direct = images == 1 && g.pointwise();
     T* col = direct ? dx : scratch<T>(0, k * columns);
     gemm(Transpose::yes, Transpose::no, k, columns, g.out_channels, T(1), weight, k, dy, columns, T(0), col, columns);
@@ -321,11 +345,15 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
 }
 
 template <class T>
-void backward_weight(const T* grad_output, const T* input, const Geometry& g, T* grad_weight) {
-  const int64_t k = g.col_rows(), plane = g.output_plane();
+void backward_weight(const T* grad_output, const T* input, const Geometry& g, T* full_grad_weight) {
+  const int64_t plane = g.output_plane();
   const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
   const BatchPlan plan = plan_batch(g);
   const Taps taps = make_taps(g);
+  const int64_t k = taps.col_rows(g);
+  // With taps left out, the GEMMs produce (O, C*active), spread out at the end.
+  T* grad_weight = taps.all_active() ? full_grad_weight : scratch<T>(3, g.out_channels * k);
+  profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
   // Task 0 accumulates into grad_weight itself, the others into partials that
   // are added afterwards in task order (the same sum whatever the timing).
   const int64_t size = g.out_channels * k;
@@ -346,7 +374,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
       gather_planes(dy, images, g.out_channels, plane, buffer);
       dy = buffer;
     }
-    // dW (+)= dY · colᵀ: (O, C*kH*kW)
+    // dW (+)= dY · colᵀ: (O, C*active)
     gemm(Transpose::no, Transpose::yes, g.out_channels, k, columns, T(1), dy, columns, col, columns,
          started[task] ? T(1) : T(0), accumulator, k);
     started[task] = 1;
@@ -360,6 +388,12 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
     const T* partial = partials.data() + (t - 1) * size;
     for (int64_t i = 0; i < size; ++i) grad_weight[i] += partial[i];
   }
+  if (taps.all_active()) return;
+  const int64_t active = static_cast<int64_t>(taps.taps.size());
+  std::fill(full_grad_weight, full_grad_weight + g.out_channels * g.col_rows(), T(0));
+  for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
+    for (int64_t j = 0; j < active; ++j) full_grad_weight[oc * taps.kernel + taps.taps[j].index] = grad_weight[oc * active + j];
+  }
 }
 
 }  // namespace
@@ -369,7 +403,6 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
   const Tensor input = cpu_compute_input(input_in), weight = cpu_compute_input(weight_in);
   const Tensor bias = bias_in.defined() ? cpu_compute_input(bias_in) : Tensor();
   const Geometry g = make_geometry(input.sizes(), weight.sizes(), params);
-  profiler::add_flops(g.flops());
   Tensor out = Tensor::empty({g.batch, g.out_channels, g.out_h, g.out_w}, input.dtype());
   visit_compute_dtype(input.dtype(), "conv2d", [&]<class T>() {
     forward(input.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr, g, out.data<T>());
@@ -381,7 +414,6 @@ Tensor conv2d_backward_input(const Tensor& grad_output_in, const Tensor& weight_
                              const Conv2dParams& params) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), weight = cpu_compute_input(weight_in);
   const Geometry g = make_geometry(input_sizes, weight.sizes(), params);
-  profiler::add_flops(g.flops());
   Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
   visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
     backward_input(grad_output.data<T>(), weight.data<T>(), g, grad_input.data<T>());
@@ -393,7 +425,6 @@ Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_
                               const Conv2dParams& params) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
   const Geometry g = make_geometry(input.sizes(), weight_sizes, params);
-  profiler::add_flops(g.flops());
   Tensor grad_weight = Tensor::empty(weight_sizes, grad_output.dtype());
   visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
     backward_weight(grad_output.data<T>(), input.data<T>(), g, grad_weight.data<T>());

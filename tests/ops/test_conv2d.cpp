@@ -163,7 +163,8 @@ double max_relative_difference(const Tensor& actual, const std::vector<double>& 
 // The CPU kernels fold several images into one GEMM when the output plane is
 // small and spread groups of images over threads; these shapes cover one image
 // per GEMM, folds with a ragged last group, whole-batch folds whose GEMMs split
-// their rows over the threads, and 1x1 kernels (no im2col) in each of them.
+// their rows over the threads, 1x1 kernels (no im2col) in each of them, and
+// kernels with taps that read only padding (left out of the GEMMs).
 TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 threads") {
   struct Case {
     const char* name;
@@ -179,6 +180,10 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"1x1 stride 2", {13, 8, 4, 4}, {12, 8, 1, 1}, {.stride = {2, 2}}},
       {"stride 2 padding 3 7x7", {6, 3, 16, 16}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
       {"batch 1", {1, 4, 3, 3}, {5, 4, 3, 3}, {.padding = {1, 1}}},
+      {"2x2 -> 1x1 with stride 2: 4 of 9 taps read the image", {5, 6, 2, 2}, {7, 6, 3, 3},
+       {.stride = {2, 2}, .padding = {1, 1}}},
+      {"every output in the padding: no tap reads the image", {3, 2, 1, 1}, {4, 2, 1, 1},
+       {.stride = {3, 3}, .padding = {1, 1}}},
       {"plane 225 (copied by rows), stride 2, padding 2, dilation 2", {3, 2, 31, 29}, {3, 2, 5, 3},
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
   };
