@@ -2,8 +2,10 @@
 # train_resnet50_cifar run as a user would: on CIFAR-10-format files made here,
 # 2 epochs with per-epoch checkpoints, then a resume from the epoch-1
 # checkpoint that must reproduce the epoch-2 checkpoint byte for byte; the
-# synthetic-data path; two processes with DDP on loopback; and bad input, each
-# case exiting non-zero with exactly one line on stderr that names the problem.
+# synthetic-data path; two processes with DDP on loopback, also with
+# --sync-bn, evaluating a test set of odd size (21 images) so that every image
+# must be counted exactly once; and bad input, each case exiting non-zero with
+# exactly one line on stderr that names the problem.
 set -u
 bin=$1
 work=$(mktemp -d)
@@ -12,21 +14,9 @@ failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
 # Small, learnable CIFAR-10 binary files: 16 images per training batch file,
-# 20 test images, colour by label.
-python3 - "$work/cifar/cifar-10-batches-bin" <<'PY'
-import os, random, sys
-out = sys.argv[1]
-os.makedirs(out)
-rng = random.Random(0)
-def record(label):
-    base = [(label * 25) % 256, (label * 70) % 256, (255 - label * 25) % 256]
-    return bytes([label]) + b"".join(bytes((base[c] + rng.randrange(40)) % 256 for _ in range(1024)) for c in range(3))
-for i in range(1, 6):
-    with open(os.path.join(out, f"data_batch_{i}.bin"), "wb") as f:
-        f.write(b"".join(record(rng.randrange(10)) for _ in range(16)))
-with open(os.path.join(out, "test_batch.bin"), "wb") as f:
-    f.write(b"".join(record(k % 10) for k in range(20)))
-PY
+# 21 test images, colour and stripes by label.
+python3 "$(dirname "$0")/make_cifar_files.py" "$work/cifar/cifar-10-batches-bin" --train-per-file 16 --test 21 ||
+  { echo "FAIL could not write the CIFAR-format files"; exit 1; }
 common=(--data "$work/cifar" --model resnet18 -b 16 --threads 2 --workers 1 --log-interval 2 --seed 3)
 
 # 1. Two epochs straight.
@@ -100,7 +90,42 @@ else
   echo "ok   2-process run: $(grep 'Test accuracy' <<<"$rank0")"
 fi
 
-# 5. Bad input. expect_error DESCRIPTION EXPECTED_TEXT [VAR=VALUE...] -- ARGS...
+# 5. Two processes with --sync-bn on the CIFAR files: SyncBatchNorm under DDP,
+# and the 21 test images counted once (ranks test 11 and 10, no padding).
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$work/syncbn"
+for rank in 0 1; do
+  (cd "$work/syncbn" && RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+     timeout 120 "$bin" --data "$work/cifar" --model resnet18 -b 16 -e 1 --max-steps 2 --threads 1 --log-interval 1 \
+     --sync-bn --backend gloo >"rank$rank.txt" 2>&1) &
+done
+ddp_status=0
+for job in $(jobs -p); do wait "$job" || ddp_status=$?; done
+rank0=$(cat "$work/syncbn/rank0.txt")
+if [[ $ddp_status -ne 0 ]]; then
+  fail "2-process --sync-bn run: exit status $ddp_status: $rank0 / $(cat "$work/syncbn/rank1.txt")"
+elif [[ "$rank0" != *"backend gloo, SyncBatchNorm"* || "$rank0" != *"Step[2/2]"* ]]; then
+  fail "2-process --sync-bn run: expected 'backend gloo, SyncBatchNorm' and 2 steps: $rank0"
+elif [[ "$rank0" != *">>> Test accuracy: "*"/21)"* ]]; then
+  fail "2-process --sync-bn run: the accuracy does not count the 21 test images once: $(grep 'Test accuracy' <<<"$rank0")"
+else
+  echo "ok   2-process --sync-bn run: $(grep 'Test accuracy' <<<"$rank0")"
+fi
+# The checkpoint of a SyncBatchNorm run has the plain model's names: it resumes without --sync-bn.
+if [[ -f "$work/syncbn/checkpoint/2GPU_1epoch.checkpoint" ]]; then
+  resumed=$(cd "$work/syncbn" && timeout 120 "$bin" --data "$work/cifar" --model resnet18 -b 16 -e 2 --max-steps 1 --threads 2 \
+            --checkpoint-dir "" -c "$work/syncbn/checkpoint/2GPU_1epoch.checkpoint" 2>&1)
+  status=$?
+  if [[ $status -ne 0 || "$resumed" != *"Resuming from"* || "$resumed" != *"/21)"* ]]; then
+    fail "resume of the --sync-bn checkpoint without --sync-bn: exit status $status: $resumed"
+  else
+    echo "ok   the --sync-bn checkpoint resumes in one plain process: $(grep 'Test accuracy' <<<"$resumed")"
+  fi
+else
+  fail "2-process --sync-bn run wrote no checkpoint/2GPU_1epoch.checkpoint"
+fi
+
+# 6. Bad input. expect_error DESCRIPTION EXPECTED_TEXT [VAR=VALUE...] -- ARGS...
 expect_error() {
   local what=$1 expected=$2
   shift 2
@@ -136,6 +161,14 @@ expect_error "corrupt checkpoint" "garbage.checkpoint" -- --synthetic -c "$work/
 expect_error "checkpoint of another model" "does not match the model" -- --data "$work/cifar" --model resnet34 \
   -c "$work/a/checkpoint/1GPU_1epoch.checkpoint"
 expect_error "CUDA on a machine without it" "CUDA" -- --device cuda --synthetic
+if [[ "$("$bin" --backend nccl --synthetic --synthetic-size 8 -b 4 -e 1 --checkpoint-dir "" 2>&1)" == *"built without"* ]]; then
+  expect_error "--backend nccl in a build without NCCL" "--backend nccl: this loom was built without CUDA / NCCL" -- \
+    --backend nccl --synthetic
+else
+  expect_error "--backend nccl for CPU training" "--backend nccl all-reduces CUDA tensors" -- --backend nccl --device cpu --synthetic
+fi
+expect_error "unknown backend" "--backend" -- --backend mpi
+expect_error "negative warm-up" "--warmup-epochs: must be a number >= 0, got '-1'" -- --warmup-epochs -1
 expect_error "unknown model" "--model" -- --model resnet20
 expect_error "unknown stem" "--stem" -- --stem tiny
 expect_error "non-numeric batch size" "--batch-size" -- -b ten
