@@ -125,12 +125,11 @@ double warmup_factor(int64_t step, int64_t warmup_steps) {
 }
 
 // --backend nccl says why it cannot run before any rendezvous, also in a world
-// of one (where no process group is made).
+// of one (where no process group is made): no CUDA or no NCCL in this build,
+// no visible CUDA device, or CPU training.
 void check_backend(const std::string& backend, Device device) {
   if (backend != "nccl") return;
-  LOOM_CHECK(dist::nccl_available(),
-             "--backend nccl: this loom was built without CUDA / NCCL (configure with -DLOOM_CUDA=ON on a machine with "
-             "the CUDA toolkit and NCCL); use --backend gloo for CPU training");
+  dist::require_nccl();
   LOOM_CHECK(device.is_cuda(), "--backend nccl all-reduces CUDA tensors, but this run trains on ", device.str(),
              "; use --backend gloo (or auto) for CPU training, or --device cuda on a machine with a GPU");
 }
