@@ -9,6 +9,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "core/parallel.h"
@@ -52,10 +53,36 @@ void pack_a(Transpose t, const float* a, int64_t lda, int64_t row0, int64_t rows
   }
 }
 
+// Transposes the 8 x 8 block rows[0..8)[0..8) (each row 8 floats apart by
+// `stride`) into out[q * out_stride + r] = rows[r][q].
+__attribute__((target("avx2,fma"))) inline void transpose_8x8(const float* in, int64_t stride, float* out,
+                                                               int64_t out_stride) {
+  __m256 r0 = _mm256_loadu_ps(in + 0 * stride), r1 = _mm256_loadu_ps(in + 1 * stride);
+  __m256 r2 = _mm256_loadu_ps(in + 2 * stride), r3 = _mm256_loadu_ps(in + 3 * stride);
+  __m256 r4 = _mm256_loadu_ps(in + 4 * stride), r5 = _mm256_loadu_ps(in + 5 * stride);
+  __m256 r6 = _mm256_loadu_ps(in + 6 * stride), r7 = _mm256_loadu_ps(in + 7 * stride);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(out + 0 * out_stride, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(out + 1 * out_stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(out + 2 * out_stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(out + 3 * out_stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(out + 4 * out_stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(out + 5 * out_stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(out + 6 * out_stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(out + 7 * out_stride, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
 // Packs op(B)[p0 .. p0+depth, col0 .. col0+cols] as NR-wide strips:
 // packed[strip][p][c], zero beyond `cols`.
-void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth, int64_t col0, int64_t cols,
-            float* packed) {
+__attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth,
+                                                int64_t col0, int64_t cols, float* packed) {
   for (int64_t strip = 0; strip < cols; strip += kNR) {
     const int64_t width = std::min(kNR, cols - strip);
     if (width < kNR) std::fill(packed, packed + depth * kNR, 0.0f);
@@ -71,10 +98,19 @@ void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth,
         }
       }
     } else {
-      // B is stored (n, k): column c of the strip is contiguous in p.
+      // B is stored (n, k): column c of the strip is contiguous in p. Full
+      // strips go through 8 x 8 register transposes, the rest element-wise.
+      const float* columns = b + (col0 + strip) * ldb + p0;
+      int64_t p = 0;
+      if (width == kNR) {
+        for (; p + 8 <= depth; p += 8) {
+          transpose_8x8(columns + p, ldb, packed + p * kNR, kNR);
+          transpose_8x8(columns + 8 * ldb + p, ldb, packed + p * kNR + 8, kNR);
+        }
+      }
       for (int64_t c = 0; c < width; ++c) {
-        const float* column = b + (col0 + strip + c) * ldb + p0;
-        for (int64_t p = 0; p < depth; ++p) packed[p * kNR + c] = column[p];
+        const float* column = columns + c * ldb;
+        for (int64_t q = p; q < depth; ++q) packed[q * kNR + c] = column[q];
       }
     }
     packed += depth * kNR;
@@ -86,9 +122,12 @@ void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth,
 // c[col * ldc + r]), for problems computed as Cᵀ = Bᵀ Aᵀ.
 // alpha and beta arrive through memory: as float arguments they would pin a
 // vector register for the whole loop and force an accumulator to spill.
-__attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const float* a, const float* b, float* c,
-                                                            int64_t ldc, const float* alpha_beta, int64_t rows,
-                                                            int64_t cols, bool transposed_c) {
+// `b_stride` is the distance between B's rows: kNR when packed, ldb when
+// the strip is read in place.
+__attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const float* a, const float* b,
+                                                            int64_t b_stride, float* c, int64_t ldc,
+                                                            const float* alpha_beta, int64_t rows, int64_t cols,
+                                                            bool transposed_c) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
@@ -113,7 +152,7 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
     c50 = _mm256_fmadd_ps(av, b0, c50);
     c51 = _mm256_fmadd_ps(av, b1, c51);
     a += kMR;
-    b += kNR;
+    b += b_stride;
   }
   const __m256 accumulators[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   const float alpha = alpha_beta[0], beta = alpha_beta[1];
@@ -142,28 +181,47 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
   }
 }
 
+// Whether a non-transposed B with rows `ldb` floats apart can be read in
+// place. Its micro-strip is KC rows of one 64-byte line each; when ldb is a
+// multiple of a large power of two those lines fall into a few of L1's 64
+// sets and evict each other (1024-float rows: 4x slower), so such B is packed.
+bool b_readable_in_place(Transpose tb, int64_t ldb) {
+  if (tb != Transpose::no) return false;
+  return ldb % 16 != 0 || std::gcd<int64_t>(ldb / 16, 64) <= 2;
+}
+
 // With `transposed_c`, C is stored transposed: the caller computes Cᵀ.
+// A non-transposed B is read in place, 16 columns at a time, rows ldb apart
+// (the micro-kernel's 16 x KC strip of it stays in L1 across A's strips as a
+// packed one would); only a ragged last strip is packed, with zeros.
 void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
                      bool transposed_c) {
   thread_local std::vector<float> packed_a, packed_b;
   packed_a.resize(static_cast<size_t>(kMC * kKC));
+  const bool direct_b = b_readable_in_place(tb, ldb);
   for (int64_t jc = 0; jc < n; jc += kNC) {
     const int64_t nc = std::min(kNC, n - jc);
     const int64_t nc_padded = (nc + kNR - 1) / kNR * kNR;
-    packed_b.resize(static_cast<size_t>(nc_padded * kKC));
+    const int64_t full_strips_end = direct_b ? nc / kNR * kNR : 0;  // columns read in place
+    packed_b.resize(static_cast<size_t>((nc_padded - full_strips_end) * kKC));
     for (int64_t pc = 0; pc < k; pc += kKC) {
       const int64_t kc = std::min(kKC, k - pc);
       const float alpha_beta[2] = {alpha, pc == 0 ? beta : 1.0f};
-      pack_b(tb, b, ldb, pc, kc, jc, nc, packed_b.data());
+      if (full_strips_end < nc) {
+        pack_b(tb, b, ldb, pc, kc, jc + full_strips_end, nc - full_strips_end, packed_b.data());
+      }
       for (int64_t ic = 0; ic < m; ic += kMC) {
         const int64_t mc = std::min(kMC, m - ic);
         pack_a(ta, a, lda, ic, mc, pc, kc, packed_a.data());
         for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const float* b_strip = packed_b.data() + (jr / kNR) * kc * kNR;
+          const bool in_place = jr < full_strips_end;
+          const float* b_strip = in_place ? b + pc * ldb + jc + jr
+                                          : packed_b.data() + ((jr - full_strips_end) / kNR) * kc * kNR;
+          const int64_t b_stride = in_place ? ldb : kNR;
           for (int64_t ir = 0; ir < mc; ir += kMR) {
             float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
-            micro_kernel_avx2(kc, packed_a.data() + (ir / kMR) * kc * kMR, b_strip, tile, ldc, alpha_beta,
+            micro_kernel_avx2(kc, packed_a.data() + (ir / kMR) * kc * kMR, b_strip, b_stride, tile, ldc, alpha_beta,
                               std::min(kMR, mc - ir), std::min(kNR, nc - jr), transposed_c);
           }
         }
@@ -224,10 +282,17 @@ void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alp
       // The 6 x 16 tiles fit some shapes badly (m = 32: the sixth strip is a
       // third full). Cᵀ = op(B)ᵀ op(A)ᵀ swaps the roles of m and n; take the
       // orientation that wastes fewer tile slots.
+      // Packing a transposed B costs a pass over it that an in-place B does
+      // not: an orientation whose B is read in place wins unless it wastes a
+      // quarter more tile slots.
       auto slots = [](int64_t rows_, int64_t cols_) {
         return ((rows_ + kMR - 1) / kMR * kMR) * ((cols_ + kNR - 1) / kNR * kNR);
       };
-      if (slots(n, rows) < slots(rows, n)) {
+      const bool direct_as_is = b_readable_in_place(tb, ldb);
+      const bool direct_flipped = b_readable_in_place(ta == Transpose::no ? Transpose::yes : Transpose::no, lda);
+      const double cost_as_is = slots(rows, n) * (direct_as_is ? 1.0 : 1.25);
+      const double cost_flipped = slots(n, rows) * (direct_flipped ? 1.0 : 1.25);
+      if (cost_flipped < cost_as_is) {
         const Transpose flip_a = ta == Transpose::no ? Transpose::yes : Transpose::no;
         const Transpose flip_b = tb == Transpose::no ? Transpose::yes : Transpose::no;
         gemm_packed_f32(flip_b, flip_a, n, rows, k, alpha, b, ldb, a_rows, lda, beta, c_rows, ldc, true);

@@ -50,7 +50,10 @@ void check_case(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T a
 TEST_CASE("gemm matches a triple loop for every transpose, ragged sizes, alpha and beta") {
   MESSAGE("f32 gemm kernel: ", loom::ops::cpu::gemm_kernel_name());
   const std::vector<std::array<int64_t, 3>> sizes = {{1, 1, 1},   {5, 15, 3},  {6, 16, 256}, {7, 17, 257},
-                                                     {13, 33, 1}, {32, 196, 400}, {100, 10, 1568}, {97, 130, 300}};
+                                                     {13, 33, 1}, {32, 196, 400}, {100, 10, 1568}, {97, 130, 300},
+                                                     // B read in place over several 2048-column blocks and 256-deep
+                                                     // slices, with a ragged last strip; 8 x 8 transposed packs
+                                                     {9, 2085, 300}, {64, 48, 520}, {3, 4100, 17}};
   for (auto [m, n, k] : sizes) {
     for (Transpose ta : {Transpose::no, Transpose::yes}) {
       for (Transpose tb : {Transpose::no, Transpose::yes}) {
