@@ -8,10 +8,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cpu/simd.h"
 #include "ops/dispatch.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace loom::ops::cpu {
 namespace {
@@ -104,6 +110,53 @@ Tensor channel_sums(const Layout& l, RowSums&& row_sums) {
   });
   return out;
 }
+#if defined(__x86_64__)
+// One row of the backward reduction in f32 with AVX2: the sums of g and of
+// g * (x - mean), g = dy where the fused ReLU's output x * a + b is positive
+// (Masked), else 0. The mask's x * a + b is a multiply then an add, as the
+// forward computes it: this function's target has no FMA and the file is built
+// with -ffp-contract=off, so neither side is contracted into a fused
+// multiply-add that would round differently.
+template <bool Masked>
+__attribute__((target("avx2"))) inline void backward_sums_step(const float* dy, const float* x, __m256 va, __m256 vb,
+                                                              __m256 vmean, __m256& g_sum, __m256& gx_sum) {
+  const __m256 xv = _mm256_loadu_ps(x);
+  __m256 g = _mm256_loadu_ps(dy);
+  if constexpr (Masked) {
+    const __m256 y = _mm256_add_ps(_mm256_mul_ps(xv, va), vb);
+    g = _mm256_and_ps(g, _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ));
+  }
+  g_sum = _mm256_add_ps(g_sum, g);
+  gx_sum = _mm256_add_ps(gx_sum, _mm256_mul_ps(g, _mm256_sub_ps(xv, vmean)));
+}
+
+template <bool Masked>
+__attribute__((target("avx2"))) void backward_row_sums_avx2(const float* dy, const float* x, int64_t n, float a,
+                                                           float b, float mean, double& sum_dy,
+                                                           double& sum_dy_xmu) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vmean = _mm256_set1_ps(mean);
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 g_sum0 = zero, g_sum1 = zero, gx_sum0 = zero, gx_sum1 = zero;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    backward_sums_step<Masked>(dy + i, x + i, va, vb, vmean, g_sum0, gx_sum0);
+    backward_sums_step<Masked>(dy + i + 8, x + i + 8, va, vb, vmean, g_sum1, gx_sum1);
+  }
+  for (; i + 8 <= n; i += 8) backward_sums_step<Masked>(dy + i, x + i, va, vb, vmean, g_sum0, gx_sum0);
+  alignas(32) float lanes_g[8], lanes_gx[8];
+  _mm256_store_ps(lanes_g, _mm256_add_ps(g_sum0, g_sum1));
+  _mm256_store_ps(lanes_gx, _mm256_add_ps(gx_sum0, gx_sum1));
+  for (; i < n; ++i) {
+    const float g = masked<Masked>(dy[i], x[i], a, b);
+    lanes_g[0] += g;
+    lanes_gx[0] += g * (x[i] - mean);
+  }
+  for (int lane = 0; lane < 8; ++lane) {
+    sum_dy += static_cast<double>(lanes_g[lane]);
+    sum_dy_xmu += static_cast<double>(lanes_gx[lane]);
+  }
+}
+#endif
 }  // namespace
 
 Tensor batch_norm_stats(const Tensor& input_in) {
@@ -202,6 +255,14 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
       return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
         const T mc = static_cast<T>(m[c]);
         const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
+#if defined(__x86_64__)
+        if constexpr (std::is_same_v<T, float>) {
+          if (cpu_has_avx2()) {
+            backward_row_sums_avx2<Masked>(dy + offset, x + offset, l.inner, a, b, mc, sum_dy, sum_dy_xmu);
+            return;
+          }
+        }
+#endif
         T lane_dy[kLanes] = {}, lane_dy_xmu[kLanes] = {};
         int64_t s = 0;
         for (; s + kLanes <= l.inner; s += kLanes) {

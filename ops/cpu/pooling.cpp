@@ -4,9 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/cpu/simd.h"
 #include "ops/dispatch.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace loom::ops::cpu {
 namespace {
@@ -54,6 +60,66 @@ void pool_2x2(const T* plane, int64_t width, int64_t out_h, int64_t out_w, T* ou
     }
   }
 }
+
+#if defined(__x86_64__)
+// Columns 0, 2, .., 14 (even) or 1, 3, .., 15 (odd) of the 16 floats lo:hi.
+// shuffle_ps works per 128-bit half; permute4x64 puts the halves in order.
+__attribute__((target("avx2"))) inline __m256 even_columns(__m256 lo, __m256 hi) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+}
+__attribute__((target("avx2"))) inline __m256 odd_columns(__m256 lo, __m256 hi) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+}
+
+// pool_2x2 for f32, eight outputs at a time with AVX2: the two input rows
+// are split into even and odd columns, and the three other candidates of each
+// window take over by the same rule (larger, or NaN), index by index.
+__attribute__((target("avx2"))) void pool_2x2_avx2(const float* plane, int64_t width, int64_t out_h, int64_t out_w,
+                                                  float* out, int64_t* arg) {
+  const __m256i lane_offsets = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  for (int64_t oh = 0; oh < out_h; ++oh) {
+    const float* top = plane + 2 * oh * width;
+    const float* bottom = top + width;
+    int64_t ow = 0;
+    for (; ow + 8 <= out_w; ow += 8) {
+      const __m256 t_lo = _mm256_loadu_ps(top + 2 * ow), t_hi = _mm256_loadu_ps(top + 2 * ow + 8);
+      const __m256 b_lo = _mm256_loadu_ps(bottom + 2 * ow), b_hi = _mm256_loadu_ps(bottom + 2 * ow + 8);
+      const __m256i first = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(2 * oh * width + 2 * ow)),
+                                             lane_offsets);
+      __m256 best = even_columns(t_lo, t_hi);
+      __m256i index = first;
+      const __m256 candidates[3] = {odd_columns(t_lo, t_hi), even_columns(b_lo, b_hi), odd_columns(b_lo, b_hi)};
+      const int32_t shifts[3] = {1, static_cast<int32_t>(width), static_cast<int32_t>(width + 1)};
+      for (int k = 0; k < 3; ++k) {
+        const __m256 mask = _mm256_or_ps(_mm256_cmp_ps(candidates[k], best, _CMP_GT_OQ),
+                                         _mm256_cmp_ps(candidates[k], candidates[k], _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, candidates[k], mask);
+        index = _mm256_blendv_epi8(index, _mm256_add_epi32(first, _mm256_set1_epi32(shifts[k])),
+                                   _mm256_castps_si256(mask));
+      }
+      _mm256_storeu_ps(out + oh * out_w + ow, best);
+      int64_t* arg_row = arg + oh * out_w + ow;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg_row), _mm256_cvtepi32_epi64(_mm256_castsi256_si128(index)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg_row + 4),
+                          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(index, 1)));
+    }
+    for (; ow < out_w; ++ow) {
+      const int64_t i0 = 2 * oh * width + 2 * ow;
+      float best = top[2 * ow];
+      int64_t index = i0;
+      const float candidates[3] = {top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
+      const int64_t positions[3] = {i0 + 1, i0 + width, i0 + width + 1};
+      for (int k = 0; k < 3; ++k) {
+        const bool larger = candidates[k] > best || std::isnan(candidates[k]);
+        best = larger ? candidates[k] : best;
+        index = larger ? positions[k] : index;
+      }
+      out[oh * out_w + ow] = best;
+      arg[oh * out_w + ow] = index;
+    }
+  }
+}
+#endif
 }  // namespace
 
 Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
@@ -74,6 +140,14 @@ Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Si
       T* y_plane = y + p * out_h * out_w;
       int64_t* arg_plane = arg + p * out_h * out_w;
       if (two_by_two) {
+#if defined(__x86_64__)
+        if constexpr (std::is_same_v<T, float>) {
+          if (cpu_has_avx2() && height * width < (int64_t{1} << 31)) {
+            pool_2x2_avx2(plane, width, out_h, out_w, y_plane, arg_plane);
+            return;
+          }
+        }
+#endif
         pool_2x2(plane, width, out_h, out_w, y_plane, arg_plane);
         return;
       }
