@@ -11,6 +11,7 @@
 #include "core/profiler.h"
 #include "ops/batch_norm.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 
 namespace loom::dist {
 
@@ -98,7 +99,11 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& 
 SyncBatchNorm::SyncBatchNorm(const nn::BatchNormOptions& options, std::shared_ptr<ProcessGroup> group)
     : nn::BatchNorm2d(options), group_(std::move(group)) {}
 
-Tensor SyncBatchNorm::forward(const Tensor& input) {
+Tensor SyncBatchNorm::forward(const Tensor& input) { return normalize_over_ranks(input, Activation::none); }
+
+Tensor SyncBatchNorm::forward_relu(const Tensor& input) { return normalize_over_ranks(input, Activation::relu); }
+
+Tensor SyncBatchNorm::normalize_over_ranks(const Tensor& input, Activation activation) {
   const int64_t channels = options_.num_features_;
   LOOM_CHECK(input.defined() && input.dim() >= 2 && input.size(1) == channels, "SyncBatchNorm(", channels,
              "): expected (N, ", channels, ", ...) input, got ", input.defined() ? input.str() : "an undefined tensor");
@@ -116,9 +121,11 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
   // PyTorch synchronizes only in training mode.
   if (!is_training() || group == nullptr || group->size() == 1) {
     return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_,
-                      options_.eps_);
+                      options_.eps_, activation);
   }
-  return sync_batch_norm(input, weight, bias, running_mean, running_var, options_.momentum_, options_.eps_, group);
+  // sync_batch_norm has no fused activation: relu on its (global) result.
+  Tensor out = sync_batch_norm(input, weight, bias, running_mean, running_var, options_.momentum_, options_.eps_, group);
+  return activation == Activation::relu ? relu(out) : out;
 }
 
 namespace {

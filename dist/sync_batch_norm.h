@@ -33,10 +33,16 @@ class SyncBatchNorm : public nn::BatchNorm2d {
       : SyncBatchNorm(nn::BatchNormOptions(num_features), std::move(group)) {}
 
   Tensor forward(const Tensor& input) override;  // (N, C, ...) -> same shape
+  // relu(forward(input)) with the same (synchronized) statistics: fused into
+  // the batch norm where no collective runs (no group, a world of one, eval
+  // mode), else the synchronized batch norm followed by relu.
+  Tensor forward_relu(const Tensor& input) override;
   std::string type_name() const override { return "SyncBatchNorm"; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
 
  private:
+  Tensor normalize_over_ranks(const Tensor& input, Activation activation);
+
   std::shared_ptr<ProcessGroup> group_;
 };
 

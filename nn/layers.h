@@ -63,8 +63,10 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(int64_t num_features) : BatchNorm2d(BatchNormOptions(num_features)) {}
   Tensor forward(const Tensor& input) override;
   // relu(forward(input)) as one fused op; Sequential uses it for BatchNorm2d
-  // followed by ReLU.
-  Tensor forward_relu(const Tensor& input);
+  // followed by ReLU. Virtual so that a subclass whose forward computes other
+  // statistics (SyncBatchNorm) gives the same ones here: a subclass that
+  // overrides forward must override this too.
+  virtual Tensor forward_relu(const Tensor& input);
   std::string type_name() const override { return "BatchNorm2d"; }
   const BatchNormOptions& options() const { return options_; }
 

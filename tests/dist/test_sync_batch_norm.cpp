@@ -4,7 +4,9 @@
 // stats; the tutorial's ConvNet converted to SyncBatchNorm and trained with DDP
 // on 2 ranks x 50 images ends where one process on 100 images does, and so
 // does a small ResNet-18 (CIFAR stem) whose blocks call their batch norms
-// through typed members. convert_sync_batchnorm keeps names and tensors. Also the distributed
+// through typed members. forward_relu (also called through a BatchNorm2d&) is
+// relu of the synchronized forward, never rank-local statistics.
+// convert_sync_batchnorm keeps names and tensors. Also the distributed
 // evaluation helpers (ShardSampler, all_reduce_accuracy).
 #include <doctest/doctest.h>
 
@@ -159,6 +161,27 @@ TEST_SUITE("sync_batch_norm") {
     }
   }
 
+  TEST_CASE("without a group, and in a world of one, forward_relu is BatchNorm2d's fused forward_relu") {
+    for (bool with_group : {false, true}) {
+      auto reference = make_batch_norm<nn::BatchNorm2d>();
+      auto sync = with_group ? make_batch_norm<SyncBatchNorm>(world_of_one()) : make_batch_norm<SyncBatchNorm>();
+      nn::BatchNorm2d& base = *sync;  // the override runs through the base class too
+      Tensor x = batch_rows(0, 6).set_requires_grad(true);
+      Tensor x_reference = batch_rows(0, 6).set_requires_grad(true);
+      Tensor out = base.forward_relu(x), expected = reference->forward_relu(x_reference);
+      expect_near(out, expected, 0, "output");
+      sum(out * loss_weights(0, 6)).backward();
+      sum(expected * loss_weights(0, 6)).backward();
+      expect_near(x.grad(), x_reference.grad(), 0, "input gradient");
+      expect_near(sync->weight.grad(), reference->weight.grad(), 0, "weight gradient");
+      expect_near(sync->running_var, reference->running_var, 0, "running_var");
+      CHECK(sync->num_batches_tracked.item() == 1);
+      sync->eval();
+      reference->eval();
+      expect_near(base.forward_relu(batch_rows(6, 2)), reference->forward_relu(batch_rows(6, 2)), 0, "eval output");
+    }
+  }
+
   TEST_CASE("sync_batch_norm in a world of one runs the collectives and equals batch_norm") {
     auto group = world_of_one();
     auto a = make_batch_norm<nn::BatchNorm2d>(), b = make_batch_norm<nn::BatchNorm2d>();
@@ -233,6 +256,49 @@ LOOM_DIST_SCENARIO("sync_bn_uneven_shares") {
   expect_near(sync->running_mean, reference->running_mean, 1e-12, "running_mean");
   expect_near(sync->running_var, reference->running_var, 1e-12, "running_var (unbiased over 6 x 20 values)");
   // Parameter gradients are this rank's share; their sum is the full batch's.
+  Tensor weight_grad = sync->weight.grad().clone(), bias_grad = sync->bias.grad().clone();
+  group->all_reduce({weight_grad, bias_grad})->wait();
+  expect_near(weight_grad, reference->weight.grad(), 1e-12, "weight gradient summed over ranks");
+  expect_near(bias_grad, reference->bias.grad(), 1e-12, "bias gradient summed over ranks");
+  group->barrier()->wait();
+}
+
+// forward_relu on 2 ranks with uneven shares, called through a BatchNorm2d&
+// (as Sequential's and ResNet's fusion would): relu of the whole batch's
+// BatchNorm2d output, and of SyncBatchNorm's own synchronized forward; its
+// input gradient, running stats and summed parameter gradients are the whole
+// batch's too. The inherited, rank-local BatchNorm2d::forward_relu fails this.
+LOOM_DIST_SCENARIO("sync_bn_forward_relu") {
+  auto group = init_process_group({.init_method = "env://", .timeout = 20s});
+  const int rank = group->rank();
+  const int64_t first = rank == 0 ? 0 : 2, count = rank == 0 ? 2 : 4;
+  auto sync = make_batch_norm<SyncBatchNorm>(group);
+  nn::BatchNorm2d& base = *sync;
+  Tensor x = batch_rows(first, count).set_requires_grad(true);
+  Tensor out = base.forward_relu(x);
+  sum(out * loss_weights(first, count)).backward();
+  expect(sync->num_batches_tracked.item() == 1, "num_batches_tracked is ", sync->num_batches_tracked.item());
+
+  // The same module's synchronized forward, then relu (a second module: the
+  // running stats above must see one update).
+  auto composed = make_batch_norm<SyncBatchNorm>(group);
+  Tensor x_composed = batch_rows(first, count).set_requires_grad(true);
+  Tensor out_composed = relu(composed->forward(x_composed));
+  sum(out_composed * loss_weights(first, count)).backward();
+
+  // One process on all 6 rows.
+  auto reference = make_batch_norm<nn::BatchNorm2d>();
+  Tensor x_all = batch_rows(0, 6).set_requires_grad(true);
+  Tensor out_all = relu(reference->forward(x_all));
+  sum(out_all * loss_weights(0, 6)).backward();
+
+  for (double value : out.to_vector<double>()) expect(value >= 0, "forward_relu gave ", value);
+  expect_near(out, out_composed, 0, "forward_relu vs relu(forward)");
+  expect_near(x.grad(), x_composed.grad(), 0, "input gradient vs relu(forward)'s");
+  expect_near(out, out_all.slice(0, first, first + count), 1e-12, "output rows");
+  expect_near(x.grad(), x_all.grad().slice(0, first, first + count), 1e-12, "input gradient rows");
+  expect_near(sync->running_mean, reference->running_mean, 1e-12, "running_mean");
+  expect_near(sync->running_var, reference->running_var, 1e-12, "running_var");
   Tensor weight_grad = sync->weight.grad().clone(), bias_grad = sync->bias.grad().clone();
   group->all_reduce({weight_grad, bias_grad})->wait();
   expect_near(weight_grad, reference->weight.grad(), 1e-12, "weight gradient summed over ranks");
@@ -377,6 +443,9 @@ LOOM_DIST_SCENARIO("accuracy_all_reduce") {
 TEST_SUITE("sync_batch_norm") {
   TEST_CASE("2 ranks with uneven shares equal BatchNorm2d on the whole batch") {
     expect_all_ok(spawn_ranks("sync_bn_uneven_shares", 2));
+  }
+  TEST_CASE("forward_relu on 2 ranks is relu of the synchronized forward (the whole batch's)") {
+    expect_all_ok(spawn_ranks("sync_bn_forward_relu", 2));
   }
   TEST_CASE("ConvNet + SyncBatchNorm + DDP, 2 x 50 images, equals 1 process x 100 images") {
     expect_all_ok(spawn_ranks("sync_bn_convnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
