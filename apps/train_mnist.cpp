@@ -183,8 +183,12 @@ int run(const Flags& flags, int argc, char** argv) {
                             : dist::collective_timeout_from_environment(dist::kDefaultCollectiveTimeout);
     // The rendezvous waits at least 5 minutes for the other processes (nodes
     // are often started by hand, one after the other); collectives use --timeout.
-    group = dist::init_process_group(
-        {.backend = backend, .init_method = "env://", .timeout = std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5))});
+    // nccl works on the training device (--device cuda:N included), where DDP
+    // finds the parameters.
+    group = dist::init_process_group({.backend = backend,
+                                      .init_method = "env://",
+                                      .timeout = std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5)),
+                                      .device_index = device.is_cuda() ? device.index : -1});
     group->set_timeout(timeout);
   }
   if (flags.sync_bn) model = dist::convert_sync_batchnorm(model, group);
