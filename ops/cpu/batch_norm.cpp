@@ -23,6 +23,8 @@ namespace loom::ops::cpu {
 namespace {
 constexpr int64_t kRowGrain = 1 << 14;  // elements per task in the elementwise passes
 constexpr int kLanes = 8;               // independent accumulators in the reductions
+constexpr int64_t kShortRow = 64;       // rows shorter than this are reduced a block of channels at a time
+constexpr int64_t kChannelBlock = 64;
 
 // dy, or 0 where the fused ReLU's output x * a + b (computed exactly as the
 // forward computed it) is not positive. `Masked` is a template argument so the
@@ -99,6 +101,25 @@ Tensor channel_sums(const Layout& l, RowSums&& row_sums) {
   Tensor out = Tensor::empty({2, l.channels}, DType::f64);
   double* first = out.data<double>();
   double* second = first + l.channels;
+  if (l.inner < kShortRow) {
+    // Rows of a few elements (ResNet's 1x1 and 2x2 planes), channels * inner
+    // apart: one channel at a time would touch a cache line per element. A
+    // task takes a block of channels and walks the batch through it; each
+    // channel still sums its rows in batch order, as below.
+    const int64_t blocks = (l.channels + kChannelBlock - 1) / kChannelBlock;
+    const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, l.batch * l.inner * kChannelBlock));
+    parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t c0 = block * kChannelBlock, c1 = std::min(l.channels, c0 + kChannelBlock);
+        std::fill(first + c0, first + c1, 0.0);
+        std::fill(second + c0, second + c1, 0.0);
+        for (int64_t n = 0; n < l.batch; ++n) {
+          for (int64_t c = c0; c < c1; ++c) row_sums(c, (n * l.channels + c) * l.inner, first[c], second[c]);
+        }
+      }
+    });
+    return out;
+  }
   const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, l.batch * l.inner));
   parallel_for(0, l.channels, grain, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
@@ -166,6 +187,14 @@ Tensor batch_norm_stats(const Tensor& input_in) {
     const T* x = input.data<T>();
     return channel_sums(l, [&](int64_t, int64_t offset, double& sum, double& sum_of_squares) {
       const T* row = x + offset;
+      if (l.inner < kLanes) {  // 1x1 and 2x2 planes: straight into f64
+        for (int64_t s = 0; s < l.inner; ++s) {
+          const double v = static_cast<double>(row[s]);
+          sum += v;
+          sum_of_squares += v * v;
+        }
+        return;
+      }
       // Independent lanes in the compute dtype within a row (the compiler
       // vectorises them and the adds no longer wait on each other); rows are
       // summed in f64.
@@ -255,6 +284,14 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
       return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
         const T mc = static_cast<T>(m[c]);
         const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
+        if (l.inner < kLanes) {  // 1x1 and 2x2 planes: straight into f64
+          for (int64_t s = 0; s < l.inner; ++s) {
+            const T g = masked<Masked>(dy[offset + s], x[offset + s], a, b);
+            sum_dy += static_cast<double>(g);
+            sum_dy_xmu += static_cast<double>(g * (x[offset + s] - mc));
+          }
+          return;
+        }
 #if defined(__x86_64__)
         if constexpr (std::is_same_v<T, float>) {
           if (cpu_has_avx2()) {
@@ -330,11 +367,22 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
     const T* x = input.data<T>();
     const T* dy = grad_output.data<T>();
     T* dx = grad_input.data<T>();
+    // Per-channel coefficients in T, once: with 1x1 planes a row is one
+    // element, and computing them per row (a division in f64) cost more than
+    // the row.
+    struct Coefficients {
+      T k, mean_dy, mean, p, a, b;
+    };
+    std::vector<Coefficients> coefficients(static_cast<size_t>(l.channels));
+    for (int64_t c = 0; c < l.channels; ++c) {
+      coefficients[c] = {static_cast<T>(k[c]), static_cast<T>(sums[c] / n), static_cast<T>(m[c]),
+                         static_cast<T>(k[c] * invstd[c] * sums[l.channels + c] / n),
+                         static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c])};
+    }
     with_mask(relu.enabled, [&]<bool Masked>() {
       for_each_row(l, [&](int64_t c, int64_t offset) {
-        const T kc = static_cast<T>(k[c]), mean_dy = static_cast<T>(sums[c] / n), mc = static_cast<T>(m[c]);
-        const T pc = static_cast<T>(k[c] * invstd[c] * sums[l.channels + c] / n);
-        const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
+        const Coefficients& co = coefficients[c];
+        const T kc = co.k, mean_dy = co.mean_dy, mc = co.mean, pc = co.p, a = co.a, b = co.b;
         for (int64_t s = 0; s < l.inner; ++s) {
           const T x_s = x[offset + s];
           dx[offset + s] = kc * (masked<Masked>(dy[offset + s], x_s, a, b) - mean_dy) - pc * (x_s - mc);

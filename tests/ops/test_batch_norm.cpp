@@ -84,6 +84,16 @@ TEST_CASE("batch_norm backward matches finite differences") {
     check_gradients([](const TensorList& t) { return batch_norm(t[0], t[1], t[2], Tensor(), Tensor(), true); },
                     {x, weight, bias});
   }
+  SUBCASE("training, 2x2 planes, 70 channels (two blocks of the short-row reduction), fused relu") {
+    Tensor x = random_tensor({3, 70, 2, 2}, 29, -2, 3).set_requires_grad(true);
+    Tensor w = random_tensor({70}, 30, 0.5, 1.5).set_requires_grad(true);
+    Tensor b = random_tensor({70}, 31).set_requires_grad(true);
+    check_gradients(
+        [](const TensorList& t) {
+          return batch_norm(t[0], t[1], t[2], Tensor(), Tensor(), true, 0.1, 1e-5, Activation::relu);
+        },
+        {x, w, b});
+  }
   SUBCASE("eval") {
     Tensor x = random_tensor({3, 3, 2, 3}, 26).set_requires_grad(true);
     Tensor running_mean = random_tensor({3}, 27), running_var = random_tensor({3}, 28, 0.5, 2.0);
