@@ -4,7 +4,23 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/cuda/runtime.h"
+
 namespace loom::apps {
+
+Device training_device(const std::string& name, int local_rank, int device_count) {
+  if (name == "auto" && device_count == 0) return Device::cpu();
+  Device device = name == "auto" ? Device::cuda(0) : parse_device(name);
+  if (device.is_cuda() && name.find(':') == std::string::npos)
+    device.index = device_count > 0 ? local_rank % device_count : local_rank;
+  return device;
+}
+
+Device resolve_training_device(const std::string& name, int local_rank) {
+  const Device device = training_device(name, local_rank, name == "cpu" ? 0 : cuda::device_count());
+  if (device.is_cuda()) cuda::require_device(device.index);
+  return device;
+}
 
 std::string format_duration(std::chrono::steady_clock::duration elapsed) {
   const long long micros = std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count();

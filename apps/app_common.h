@@ -1,12 +1,27 @@
 // What the apps share: flag errors as one line, durations printed like
-// Python's timedelta, thread setup.
+// Python's timedelta, thread setup, the training device of a rank.
 #pragma once
 
 #include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "core/device.h"
+
 namespace loom::apps {
+
+// The device a process trains on, from --device: "cpu" and "cuda:N" as given;
+// "cuda", and "auto" when a GPU is visible, this process's own GPU,
+// cuda:(local_rank mod device_count): the one an NCCL group drives by default
+// (cuda::local_rank_device), so the ranks of a node spread over its GPUs, and
+// a rank shown only its own GPU (CUDA_VISIBLE_DEVICES per task) takes cuda:0.
+// "auto" without a GPU is the CPU. `device_count`: the visible CUDA devices.
+Device training_device(const std::string& name, int local_rank, int device_count);
+
+// training_device() with this machine's devices; throws one line when the
+// CUDA device is not there (a build without CUDA, no visible GPU, cuda:N
+// beyond the visible ones).
+Device resolve_training_device(const std::string& name, int local_rank);
 
 // "0:00:12.345678", as the tutorials print datetime.now() - start.
 std::string format_duration(std::chrono::steady_clock::duration elapsed);

@@ -89,13 +89,6 @@ void to_device(data::Batch& batch, Device device) {
   batch.labels = batch.labels.to(device);
 }
 
-Device resolve_device(const std::string& name) {
-  if (name == "auto") return cuda::device_count() > 0 ? Device::cuda(0) : Device::cpu();
-  Device device = parse_device(name);
-  if (device.is_cuda()) cuda::require_device(device.index);
-  return device;
-}
-
 // This rank's shard of the test set, then (correct, total) summed over ranks.
 dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
   NoGradGuard no_grad;
@@ -152,8 +145,7 @@ int run(const Flags& flags, int argc, char** argv) {
   } else if (world > 1) {
     set_num_threads(1);  // several ranks share this machine's cores
   }
-  Device device = resolve_device(flags.device);
-  if (device.is_cuda() && flags.device.find(':') == std::string::npos) device = Device::cuda(launch.local_rank);
+  const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
   const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "gloo";
 
   const fs::path dir = resolve_data_dir(flags.data);

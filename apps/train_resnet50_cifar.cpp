@@ -80,13 +80,6 @@ struct Flags {
   bool sync_bn = false;
 };
 
-Device resolve_device(const std::string& name) {
-  if (name == "auto") return cuda::device_count() > 0 ? Device::cuda(0) : Device::cpu();
-  Device device = parse_device(name);
-  if (device.is_cuda()) cuda::require_device(device.index);
-  return device;
-}
-
 // --data DIR holding the binary batches, or its parent holding cifar-10-batches-bin/.
 data::TrainTestSplit load_data(const Flags& flags) {
   if (flags.synthetic) {
@@ -174,14 +167,15 @@ dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist:
 
 int run(const Flags& flags) {
   if (flags.threads > 0) set_num_threads(flags.threads);
-  const Device device = resolve_device(flags.device);
+  // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
+  const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
+  const int rank = launch.rank, world = launch.world_size;
+  // --device cuda / auto: this rank's GPU (cuda:LOCAL_RANK), the one its NCCL group drives.
+  const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
   const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "gloo";
   check_backend(backend, device);
   const nn::ResNetStem stem = nn::parse_resnet_stem(flags.stem);
 
-  // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
-  const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
-  const int rank = launch.rank, world = launch.world_size;
   LOOM_CHECK(flags.batch_size % world == 0, "--batch-size ", flags.batch_size,
              " is the global batch and must divide evenly across the ", world, " processes");
   const int64_t batch_per_rank = flags.batch_size / world;
@@ -192,9 +186,12 @@ int run(const Flags& flags) {
 
   // ---- Process group (world > 1) ----
   // init_process_group reads the same launch variables and meets the other
-  // ranks at MASTER_ADDR:MASTER_PORT.
+  // ranks at MASTER_ADDR:MASTER_PORT; nccl works on the training device.
   std::shared_ptr<dist::ProcessGroup> group;
-  if (world > 1) group = dist::init_process_group({.backend = backend, .init_method = "env://"});
+  if (world > 1) {
+    group = dist::init_process_group(
+        {.backend = backend, .init_method = "env://", .device_index = device.is_cuda() ? device.index : -1});
+  }
 
   manual_seed(flags.seed);
   std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).stem(stem));
