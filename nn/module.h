@@ -47,9 +47,10 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
-  // Zeroes every parameter's .grad in place (keeps DDP's bucket views), or
-  // drops the gradients when set_to_none.
-  void zero_grad(bool set_to_none = false);
+  // Drops every parameter's .grad (PyTorch 2's default: the next backward
+  // hands its gradient over instead of adding it to zeros; DDP puts its
+  // bucket views back), or zeroes them in place with set_to_none = false.
+  void zero_grad(bool set_to_none = true);
 
   // Moves every parameter and buffer (keeping requires_grad; parameters stay leaves).
   void to(Device device);

@@ -15,8 +15,9 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every parameter that has a gradient.
   virtual void step() = 0;
-  // Zeroes gradients in place (DDP's bucket views survive), or drops them.
-  void zero_grad(bool set_to_none = false);
+  // Drops the gradients (PyTorch 2's default), or zeroes them in place with
+  // set_to_none = false.
+  void zero_grad(bool set_to_none = true);
 
   size_t num_groups() const { return groups_.size(); }
   const std::vector<Tensor>& group_params(size_t group) const { return groups_.at(group).params; }

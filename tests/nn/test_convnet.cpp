@@ -140,16 +140,16 @@ TEST_CASE("train and eval modes: running statistics only move in training") {
   CHECK(model.state_dict()[6].second.item() == 1);  // num_batches_tracked
 }
 
-TEST_CASE("zero_grad keeps gradient storage; set_to_none drops it") {
+TEST_CASE("zero_grad drops gradients by default; set_to_none = false keeps their storage") {
   manual_seed(6);
   nn::ConvNet model;
   Tensor x = loom::testing::random_tensor({2, 1, 28, 28}, 12, -1, 1, DType::f32);
   cross_entropy(model(x), Tensor::from_vector<int64_t>({1, 2}, {2})).backward();
   Tensor w = model.fc->weight;
   void* storage = w.grad().raw_data();
-  model.zero_grad();
+  model.zero_grad(false);
   CHECK(w.grad().raw_data() == storage);
   CHECK(loom::testing::max_abs(w.grad()) == 0);
-  model.zero_grad(true);
+  model.zero_grad();
   CHECK_FALSE(w.grad().defined());
 }
