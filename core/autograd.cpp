@@ -180,8 +180,10 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     // A node that received no gradient at all passes none on.
     TensorList input_grads;
     if (any_gradient) {
-      Tensor shape_of = grads[0];
-      profiler::Scope scope(profiler::enabled() ? node->name() + " backward" : std::string(), shape_of);
+      // The scope reads the shape now and keeps no reference: AccumulateGrad
+      // can take over a gradient only when nothing else holds it.
+      profiler::Scope scope(profiler::enabled() ? node->name() + " backward" : std::string(),
+                            profiler::enabled() ? grads[0] : Tensor());
       input_grads = node->apply(std::move(grads));
     }
     if (!retain_graph) node->release_saved();

@@ -2,6 +2,8 @@
 // against finite differences, and the autograd engine's accumulation rules.
 #include <doctest/doctest.h>
 
+#include "core/autograd.h"
+#include "core/profiler.h"
 #include "ops/elementwise.h"
 #include "tests/support/gradcheck.h"
 
@@ -132,4 +134,27 @@ TEST_CASE("end-of-backward callbacks run once, after every gradient is accumulat
   REQUIRE(events.size() == 3);
   CHECK(events.back() == "end");
   CHECK_THROWS_WITH_AS(queue_end_of_backward_callback([] {}), doctest::Contains("outside a backward pass"), Error);
+}
+
+// A gradient that nothing else holds becomes .grad as it is (no copy): with
+// zero_grad's default (set_to_none) this is every parameter's first
+// accumulation, e.g. 100 MB per step for ResNet-50.
+TEST_CASE("AccumulateGrad takes over a gradient nothing else holds, with the profiler off and on") {
+  for (bool profiling : {false, true}) {
+    INFO("profiling ", profiling);
+    profiler::set_enabled(profiling);
+    Tensor x = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad(true);
+    Tensor y = x.detach().clone();
+    const void* produced = nullptr;
+    record("probe", {x}, {&y}, [&produced](const TensorList& g, const Node&) {
+      Tensor dx = scale(g[0], 2.0);  // a fresh tensor that only the engine will hold
+      produced = dx.raw_data();
+      return TensorList{dx};
+    });
+    sum(y).backward();
+    profiler::set_enabled(false);
+    CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 2});
+    CHECK(x.grad().raw_data() == produced);
+  }
+  profiler::reset();
 }
