@@ -9,7 +9,8 @@ peer=${LOOM_PEERS:-../shared/peers}/torch_mnist_ddp.py
 loom=$(build/benchmarks/convnet_throughput --threads "$threads" --steps "$steps")
 echo "$loom"
 if /usr/bin/python3 -c "import torch" 2>/dev/null && [[ -f "$peer" ]]; then
-  torch=$(/usr/bin/python3 "$peer" --world 1 --threads "$threads" --max-steps "$((steps + 10))" --epochs 1 | tail -n 1)
+  # Every thread pool of the peer at the same count (torch.set_num_threads leaves OpenBLAS at all cores).
+  torch=$(OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads /usr/bin/python3 "$peer" --world 1 --threads "$threads" --max-steps "$((steps + 10))" --epochs 1 | tail -n 1)
   echo "$torch"
   python3 - "$loom" "$torch" <<'PY'
 import json, sys
