@@ -194,21 +194,27 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
 // A non-transposed B is read in place, 16 columns at a time, rows ldb apart
 // (the micro-kernel's 16 x KC strip of it stays in L1 across A's strips as a
 // packed one would); only a ragged last strip is packed, with zeros.
+// With `shared_b`, B was packed beforehand for the whole problem (see
+// pack_b_whole) and is read from there: threads that split A's rows share one
+// packing of B instead of each packing all of it.
 void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-                     bool transposed_c) {
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool transposed_c,
+                     const float* shared_b = nullptr) {
   thread_local std::vector<float> packed_a, packed_b;
   packed_a.resize(static_cast<size_t>(kMC * kKC));
-  const bool direct_b = b_readable_in_place(tb, ldb);
+  const bool direct_b = shared_b == nullptr && b_readable_in_place(tb, ldb);
+  const int64_t n_padded = (n + kNR - 1) / kNR * kNR;
   for (int64_t jc = 0; jc < n; jc += kNC) {
     const int64_t nc = std::min(kNC, n - jc);
     const int64_t nc_padded = (nc + kNR - 1) / kNR * kNR;
     const int64_t full_strips_end = direct_b ? nc / kNR * kNR : 0;  // columns read in place
-    packed_b.resize(static_cast<size_t>((nc_padded - full_strips_end) * kKC));
+    if (shared_b == nullptr) packed_b.resize(static_cast<size_t>((nc_padded - full_strips_end) * kKC));
     for (int64_t pc = 0; pc < k; pc += kKC) {
       const int64_t kc = std::min(kKC, k - pc);
       const float alpha_beta[2] = {alpha, pc == 0 ? beta : 1.0f};
-      if (full_strips_end < nc) {
+      // This (jc, pc) block's strips: in the shared packing, or packed here.
+      const float* block_b = shared_b != nullptr ? shared_b + pc * n_padded + jc * kc : packed_b.data();
+      if (shared_b == nullptr && full_strips_end < nc) {
         pack_b(tb, b, ldb, pc, kc, jc + full_strips_end, nc - full_strips_end, packed_b.data());
       }
       for (int64_t ic = 0; ic < m; ic += kMC) {
@@ -217,7 +223,7 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const bool in_place = jr < full_strips_end;
           const float* b_strip = in_place ? b + pc * ldb + jc + jr
-                                          : packed_b.data() + ((jr - full_strips_end) / kNR) * kc * kNR;
+                                          : block_b + ((jr - full_strips_end) / kNR) * kc * kNR;
           const int64_t b_stride = in_place ? ldb : kNR;
           for (int64_t ir = 0; ir < mc; ir += kMR) {
             float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
@@ -277,30 +283,66 @@ const char* gemm_kernel_name() { return cpu_has_avx2_fma() ? "avx2-fma" : "eigen
 void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  split_rows(m, n, k, ta, a, lda, c, ldc, [&](int64_t rows, const float* a_rows, float* c_rows) {
-    if (cpu_has_avx2_fma() && k > 0) {
-      // The 6 x 16 tiles fit some shapes badly (m = 32: the sixth strip is a
-      // third full). Cᵀ = op(B)ᵀ op(A)ᵀ swaps the roles of m and n; take the
-      // orientation that wastes fewer tile slots.
-      // Packing a transposed B costs a pass over it that an in-place B does
-      // not: an orientation whose B is read in place wins unless it wastes a
-      // quarter more tile slots.
-      auto slots = [](int64_t rows_, int64_t cols_) {
-        return ((rows_ + kMR - 1) / kMR * kMR) * ((cols_ + kNR - 1) / kNR * kNR);
-      };
-      const bool direct_as_is = b_readable_in_place(tb, ldb);
-      const bool direct_flipped = b_readable_in_place(ta == Transpose::no ? Transpose::yes : Transpose::no, lda);
-      const double cost_as_is = slots(rows, n) * (direct_as_is ? 1.0 : 1.25);
-      const double cost_flipped = slots(n, rows) * (direct_flipped ? 1.0 : 1.25);
-      if (cost_flipped < cost_as_is) {
-        const Transpose flip_a = ta == Transpose::no ? Transpose::yes : Transpose::no;
-        const Transpose flip_b = tb == Transpose::no ? Transpose::yes : Transpose::no;
-        gemm_packed_f32(flip_b, flip_a, n, rows, k, alpha, b, ldb, a_rows, lda, beta, c_rows, ldc, true);
-      } else {
-        gemm_packed_f32(ta, tb, rows, n, k, alpha, a_rows, lda, b, ldb, beta, c_rows, ldc, false);
-      }
-    } else {
+  if (!cpu_has_avx2_fma() || k == 0) {
+    split_rows(m, n, k, ta, a, lda, c, ldc, [&](int64_t rows, const float* a_rows, float* c_rows) {
       gemm_eigen<float>(ta, tb, rows, n, k, alpha, a_rows, lda, b, ldb, beta, c_rows, ldc);
+    });
+    return;
+  }
+  // The 6 x 16 tiles fit some shapes badly (m = 32: the sixth strip is a
+  // third full). Cᵀ = op(B)ᵀ op(A)ᵀ swaps the roles of m and n; take the
+  // orientation that wastes fewer tile slots. Packing a transposed B costs a
+  // pass over it that an in-place B does not: an orientation whose B is read
+  // in place wins unless it wastes a quarter more tile slots.
+  auto slots = [](int64_t rows, int64_t cols) {
+    return ((rows + kMR - 1) / kMR * kMR) * ((cols + kNR - 1) / kNR * kNR);
+  };
+  const Transpose flip_a = ta == Transpose::no ? Transpose::yes : Transpose::no;
+  const Transpose flip_b = tb == Transpose::no ? Transpose::yes : Transpose::no;
+  const double cost_as_is = slots(m, n) * (b_readable_in_place(tb, ldb) ? 1.0 : 1.25);
+  const double cost_flipped = slots(n, m) * (b_readable_in_place(flip_a, lda) ? 1.0 : 1.25);
+  const bool flipped = cost_flipped < cost_as_is;
+  // The problem as computed: C' (m' x n') = op(A') op(B'), C' = C or Cᵀ.
+  const Transpose ta2 = flipped ? flip_b : ta, tb2 = flipped ? flip_a : tb;
+  const int64_t m2 = flipped ? n : m, n2 = flipped ? m : n;
+  const float* a2 = flipped ? b : a;
+  const float* b2 = flipped ? a : b;
+  const int64_t lda2 = flipped ? ldb : lda, ldb2 = flipped ? lda : ldb;
+  const int64_t threads = in_parallel_region() ? 1 : get_num_threads();
+  if (threads == 1 || m * n * k < (int64_t{1} << 21) || m2 < 2 * kMR) {
+    gemm_packed_f32(ta2, tb2, m2, n2, k, alpha, a2, lda2, b2, ldb2, beta, c, ldc, flipped);
+    return;
+  }
+  // Rows of C' split over the threads in whole 6-row strips. A B that must
+  // be packed is packed once, by all threads together, for all of them.
+  const float* shared_b = nullptr;
+  if (!b_readable_in_place(tb2, ldb2)) {
+    const int64_t n_padded = (n2 + kNR - 1) / kNR * kNR;
+    thread_local std::vector<float> whole_b;
+    whole_b.resize(static_cast<size_t>(n_padded * k));
+    float* whole = whole_b.data();  // the lambda runs on other threads, whose whole_b is another vector
+    // Slice pc (depth kc) holds its strips at whole_b + pc * n_padded, each
+    // strip kc x kNR: the layout gemm_packed_f32 reads with `shared_b`.
+    const int64_t slices = (k + kKC - 1) / kKC, strips = n_padded / kNR;
+    parallel_for(0, slices * strips, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t pc = (task / strips) * kKC, strip = task % strips;
+        const int64_t kc = std::min(kKC, k - pc), col0 = strip * kNR;
+        pack_b(tb2, b2, ldb2, pc, kc, col0, std::min(kNR, n2 - col0), whole + pc * n_padded + col0 * kc);
+      }
+    });
+    shared_b = whole;
+  }
+  const int64_t strips_of_rows = (m2 + kMR - 1) / kMR;
+  parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row0 = std::min(m2, strips_of_rows * t / threads * kMR);
+      const int64_t row1 = std::min(m2, strips_of_rows * (t + 1) / threads * kMR);
+      if (row0 >= row1) continue;
+      const float* a_rows = ta2 == Transpose::no ? a2 + row0 * lda2 : a2 + row0;
+      float* c_rows = flipped ? c + row0 : c + row0 * ldc;
+      gemm_packed_f32(ta2, tb2, row1 - row0, n2, k, alpha, a_rows, lda2, b2, ldb2, beta, c_rows, ldc, flipped,
+                      shared_b);
     }
   });
 }

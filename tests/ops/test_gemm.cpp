@@ -69,4 +69,15 @@ TEST_CASE("gemm splits large problems across threads with the same result") {
   loom::set_num_threads(2);
   check_case<float>(Transpose::no, Transpose::no, 300, 300, 300, 1.0f, 0.0f, 1e-5);
   check_case<float>(Transpose::yes, Transpose::no, 301, 257, 129, 1.0f, 0.5f, 1e-5);
+  // Every transpose, in both orientations, with B read in place, packed per
+  // thread or packed once for all threads (strides that crowd L1 sets: 128).
+  for (Transpose ta : {Transpose::no, Transpose::yes}) {
+    for (Transpose tb : {Transpose::no, Transpose::yes}) {
+      check_case<float>(ta, tb, 150, 290, 300, 1.0f, 0.0f, 1e-5);
+      check_case<float>(ta, tb, 37, 1000, 70, -0.5f, 1.0f, 1e-5);
+      check_case<float>(ta, tb, 1000, 37, 70, 1.0f, 0.25f, 1e-5);
+      check_case<float>(ta, tb, 128, 125, 300, 1.0f, 0.0f, 1e-5);
+    }
+  }
+  loom::set_num_threads(1);
 }
