@@ -184,6 +184,10 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
        {.stride = {2, 2}, .padding = {1, 1}}},
       {"every output in the padding: no tap reads the image", {3, 2, 1, 1}, {4, 2, 1, 1},
        {.stride = {3, 3}, .padding = {1, 1}}},
+      {"f32 rows up to 32 wide by masked loads: 5x5 padding 2 on 14x14", {3, 4, 14, 14}, {5, 4, 5, 5},
+       {.padding = {2, 2}}},
+      {"masked rows 32 wide, vertical stride 2, dilation 2, padding (1, 3)", {2, 3, 12, 30}, {4, 3, 3, 3},
+       {.stride = {2, 1}, .padding = {1, 3}, .dilation = {1, 2}}},
       {"plane 225 (copied by rows), stride 2, padding 2, dilation 2", {3, 2, 31, 29}, {3, 2, 5, 3},
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
   };
