@@ -130,13 +130,13 @@ Taps make_taps(const Geometry& g) {
 #if defined(__x86_64__)
 // f32, unit horizontal stride, output rows of at most 32: each output row of
 // a tap is up to four 8-lane chunks, copied with masked loads (lanes outside
-// the image read nothing and come back zero) and masked stores (nothing past
-// the row is written). The MNIST ConvNet's rows are 14 and 28 wide, where the
-// generic loops spent more time on their bounds than on the copy.
+// the image read nothing and come back zero). The MNIST ConvNet's rows are 14
+// and 28 wide, where the generic loops spent more time on their bounds than
+// on the copy.
 constexpr int64_t kMaskedRowWidth = 32;
 
-bool masked_rows_apply(const Geometry& g, bool is_float) {
-  return is_float && ops::cpu::cpu_has_avx2() && g.params.stride[1] == 1 && g.out_w <= kMaskedRowWidth &&
+bool masked_rows_apply(const Geometry& g) {
+  return ops::cpu::cpu_has_avx2() && g.params.stride[1] == 1 && g.out_w <= kMaskedRowWidth &&
          g.output_plane() > kTabledPlane;
 }
 
@@ -165,11 +165,12 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
   std::vector<RowMasks> masks;
   masks.reserve(static_cast<size_t>(kernel));
   for (const Taps::Tap& tap : taps.taps) masks.push_back(row_masks(tap.cols, g.out_w));
-  // Each output row's chunks are stored whole (AMD's masked stores are slow;
-  // masked loads are not): lanes past the row land on the next output row,
-  // which is written afterwards. Only the last output row of a tap, whose
-  // next elements belong to another image or row of col, ends with a masked
-  // store.
+  // Chunks are stored whole (AMD's masked stores are slow; masked loads are
+  // not): lanes past an output row land on the following rows of this tap and
+  // image, which are written afterwards. A chunk that would reach past the
+  // image's Ho*Wo block (into another image's or tap's columns) is stored
+  // masked.
+  const int64_t plane_out = g.output_plane();
   for (int64_t c = 0; c < g.channels; ++c) {
     const float* plane = image + c * g.input_plane();
     for (int64_t t = 0; t < kernel; ++t) {
@@ -181,14 +182,13 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
         const bool inside = oh >= tap.rows.first && oh < tap.rows.last;
         // Element ow of the row reads src[ow]; only lanes inside the image are loaded.
         const float* src = plane + (oh * g.params.stride[0] + tap.offset_h) * g.width + tap.offset_w;
-        const bool last_row = oh + 1 == g.out_h;
         for (int j = 0; j < chunks; ++j) {
           // A branch, not a select: outside the image rows src is no address to load from.
           __m256 v = _mm256_setzero_ps();
           if (inside) {
             v = _mm256_maskload_ps(src + 8 * j, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.load[j])));
           }
-          if (last_row && j + 1 == chunks) {
+          if (oh * g.out_w + 8 * (j + 1) > plane_out) {
             _mm256_maskstore_ps(dst + 8 * j, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.store[j])), v);
           } else {
             _mm256_storeu_ps(dst + 8 * j, v);
@@ -207,7 +207,7 @@ template <class T>
 void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t ld) {
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>) {
-    if (masked_rows_apply(g, true)) return im2col_masked_rows(image, g, taps, col, ld);
+    if (masked_rows_apply(g)) return im2col_masked_rows(image, g, taps, col, ld);
   }
 #endif
   const auto& p = g.params;

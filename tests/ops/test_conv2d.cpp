@@ -188,6 +188,7 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
        {.padding = {2, 2}}},
       {"masked rows 32 wide, vertical stride 2, dilation 2, padding (1, 3)", {2, 3, 12, 30}, {4, 3, 3, 3},
        {.stride = {2, 1}, .padding = {1, 3}, .dilation = {1, 2}}},
+      {"masked rows 3 wide and 30 tall, two images per GEMM", {5, 2, 30, 3}, {3, 2, 3, 3}, {.padding = {1, 1}}},
       {"plane 225 (copied by rows), stride 2, padding 2, dilation 2", {3, 2, 31, 29}, {3, 2, 5, 3},
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
   };
