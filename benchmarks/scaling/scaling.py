@@ -764,7 +764,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="CI: ConvNet, worlds 1 and 2, a few steps, no peer, no plot")
-    mode.add_argument("--full", action="store_true", help="ConvNet and ResNet-18, sweep, peers, plot (tens of minutes)")
+    mode.add_argument("--full", action="store_true", help="ConvNet and ResNet-18, sweep, peers, plot (under 10 min on the 2-core VM, 2026-11-29)")
     p.add_argument("--build", default=os.environ.get("LOOM_BUILD", os.path.join(ROOT, "build")))
     p.add_argument("--bin", default=None, help="directory of scaling_step and allreduce_timing "
                    "(default: <build>/benchmarks/scaling)")
