@@ -4,6 +4,8 @@
 // codes and output, and kills every rank that outlives the deadline.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
@@ -65,6 +67,25 @@ int free_port();
 template <class... Parts>
 void expect(bool condition, const Parts&... parts) {
   if (!condition) throw ::loom::Error(::loom::str(parts...));
+}
+
+// Whether `part` occurs in `text`.
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The message of the loom::Error that `fn` throws, or "(no error)".
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ::loom::Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+// A doctest check per rank that it exited 0, with the rank's description.
+inline void expect_all_ok(const std::vector<RankResult>& results) {
+  for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
 }
 
 int env_int(const char* name);

@@ -26,22 +26,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
-void expect_all_ok(const std::vector<RankResult>& results) {
-  for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
-}
-
 constexpr int64_t kSamples = 8;
 
 // A (6 -> 5 -> 3) MLP in f64, initialised from `seed`.

@@ -24,22 +24,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
-void expect_all_ok(const std::vector<RankResult>& results) {
-  for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
-}
-
 // Rank r's value at element i: (r + 1) * (i % 7 + 1). Small integers, exact in every dtype.
 double input_value(int rank, int64_t i) { return static_cast<double>((rank + 1) * (i % 7 + 1)); }
 

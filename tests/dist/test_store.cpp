@@ -17,18 +17,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
 std::string temp_path(const char* stem) {
   return (std::filesystem::temp_directory_path() / (std::string(stem) + std::to_string(::getpid()) + "_" +
                                                      std::to_string(free_port())))
@@ -143,7 +131,7 @@ TEST_SUITE("store") {
 
   TEST_CASE("TCPStore across processes") {
     auto results = spawn_ranks("tcp_store_ranks", 4, {.deadline = 20s});
-    for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
+    expect_all_ok(results);
   }
 
   TEST_CASE("FileStore semantics") {
@@ -162,7 +150,7 @@ TEST_SUITE("store") {
   TEST_CASE("FileStore across processes") {
     std::string path = temp_path("loom_file_store_mp_");
     auto results = spawn_ranks("file_store_ranks", 3, {.deadline = 20s, .environment = {{"LOOM_TEST_PATH", path}}});
-    for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
+    expect_all_ok(results);
     std::filesystem::remove(path);
   }
 

@@ -34,12 +34,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-void expect_all_ok(const std::vector<RankResult>& results) {
-  for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
-}
-
 // A block whose forward calls its batch norm through a typed member, as
 // torchvision-style ResNet blocks do.
 class MemberBatchNorm : public nn::Module {

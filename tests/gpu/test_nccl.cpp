@@ -37,18 +37,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
 std::shared_ptr<ProcessGroup> nccl_group() {
   auto group = init_process_group({.backend = "nccl", .init_method = "env://", .timeout = 60s});
   expect(std::string(group->backend_name()) == "nccl", "backend is ", group->backend_name());
