@@ -131,6 +131,29 @@ void train(nn::Module& trained, nn::Module& model, data::Sampler& sampler, int64
   }
 }
 
+// Throws unless `model` has the state_dict names of `reference` and every
+// tensor is within 1e-9 of the reference's, relative to that tensor's largest
+// magnitude (f64 runs that differ only in summation order).
+void expect_same_state(nn::Module& model, nn::Module& reference, int steps) {
+  auto actual = model.state_dict(), expected = reference.state_dict();
+  expect(actual.size() == expected.size(), "state_dict sizes differ");
+  double worst = 0;
+  std::string worst_name;
+  for (size_t k = 0; k < actual.size(); ++k) {
+    expect(actual[k].first == expected[k].first, "name ", actual[k].first, " vs ", expected[k].first);
+    std::vector<double> a = actual[k].second.to_vector<double>(), b = expected[k].second.to_vector<double>();
+    double difference = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      difference = std::max(difference, std::abs(a[i] - b[i]));
+      norm = std::max(norm, std::abs(b[i]));
+    }
+    const double relative = difference / std::max(norm, 1e-30);
+    if (relative > worst) worst = relative, worst_name = actual[k].first;
+  }
+  expect(worst < 1e-9, "after ", steps, " steps '", worst_name, "' differs from one process by ", worst,
+         " (relative to its largest value)");
+}
+
 }  // namespace
 
 TEST_SUITE("sync_batch_norm") {
@@ -323,24 +346,8 @@ LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
   data::DistributedSampler whole(kImages, 1, 0, /*shuffle=*/true, /*seed=*/7);
   train(*reference, *reference, whole, kGlobalBatch, kSteps);
 
-  auto actual = model->state_dict(), expected = reference->state_dict();
-  expect(actual.size() == expected.size(), "state_dict sizes differ");
-  double worst = 0;
-  std::string worst_name;
-  for (size_t k = 0; k < actual.size(); ++k) {
-    expect(actual[k].first == expected[k].first, "name ", actual[k].first, " vs ", expected[k].first);
-    std::vector<double> a = actual[k].second.to_vector<double>(), b = expected[k].second.to_vector<double>();
-    double difference = 0, norm = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      difference = std::max(difference, std::abs(a[i] - b[i]));
-      norm = std::max(norm, std::abs(b[i]));
-    }
-    const double relative = difference / std::max(norm, 1e-30);
-    if (relative > worst) worst = relative, worst_name = actual[k].first;
-  }
   // f64 throughout: only the summation order differs.
-  expect(worst < 1e-9, "after ", kSteps, " steps '", worst_name, "' differs from one process by ", worst,
-         " (relative to its largest value)");
+  expect_same_state(*model, *reference, kSteps);
   group->barrier()->wait();
 }
 
@@ -404,23 +411,8 @@ LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
   data::DistributedSampler whole(kGlobalBatch * kSteps, 1, 0, /*shuffle=*/true, /*seed=*/9);
   train_resnet(*reference, *reference, whole, kGlobalBatch);
 
-  auto actual = model->state_dict(), expected = reference->state_dict();
-  expect(actual.size() == expected.size(), "state_dict sizes differ");
-  double worst = 0;
-  std::string worst_name;
-  for (size_t k = 0; k < actual.size(); ++k) {
-    expect(actual[k].first == expected[k].first, "name ", actual[k].first, " vs ", expected[k].first);
-    std::vector<double> a = actual[k].second.to_vector<double>(), b = expected[k].second.to_vector<double>();
-    double difference = 0, norm = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      difference = std::max(difference, std::abs(a[i] - b[i]));
-      norm = std::max(norm, std::abs(b[i]));
-    }
-    const double relative = difference / std::max(norm, 1e-30);
-    if (relative > worst) worst = relative, worst_name = actual[k].first;
-  }
-  expect(worst < 1e-9, "after ", kSteps, " steps '", worst_name, "' differs from one process by ", worst,
-         " (relative to its largest value)");
+  // f64 throughout: only the summation order differs.
+  expect_same_state(*model, *reference, kSteps);
   group->barrier()->wait();
 }
 
