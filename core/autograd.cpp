@@ -180,10 +180,10 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     // A node that received no gradient at all passes none on.
     TensorList input_grads;
     if (any_gradient) {
-      // The scope reads the shape now and keeps no reference: AccumulateGrad
-      // can take over a gradient only when nothing else holds it.
-      profiler::Scope scope(profiler::enabled() ? node->name() + " backward" : std::string(),
-                            profiler::enabled() ? grads[0] : Tensor());
+      // The scope reads the shape and keeps no reference (no copy of grads[0]
+      // here either): AccumulateGrad takes over a gradient only when nothing
+      // else holds it.
+      profiler::Scope scope(profiler::enabled() ? node->name() + " backward" : std::string(), grads[0]);
       input_grads = node->apply(std::move(grads));
     }
     if (!retain_graph) node->release_saved();

@@ -83,11 +83,15 @@ struct Taps {
     int64_t index;  // ki * kW + kj
     int64_t offset_h, offset_w;
     ValidRange rows, cols;
+    // For the masked-row im2col (rows up to 32 wide): -1 where column 0..31 of
+    // an output row reads inside the image, else 0.
+    int32_t columns_inside[32];
   };
   std::vector<Tap> taps;          // the taps that read the image, in kernel order
   int64_t kernel = 0;             // kH * kW
   std::vector<int32_t> sources;   // taps.size() * Ho * Wo when `tabled`
   bool tabled = false;
+  int32_t columns_in_row[32];     // -1 for columns < Wo, else 0
 
   bool all_active() const { return static_cast<int64_t>(taps.size()) == kernel; }
   // Rows of the column matrix: C * active taps.
@@ -108,9 +112,13 @@ Taps make_taps(const Geometry& g) {
       tap.offset_w = kj * p.dilation[1] - p.padding[1];
       tap.rows = valid_outputs(tap.offset_h, p.stride[0], g.height, g.out_h);
       tap.cols = valid_outputs(tap.offset_w, p.stride[1], g.width, g.out_w);
+      for (int64_t column = 0; column < 32; ++column) {
+        tap.columns_inside[column] = column >= tap.cols.first && column < tap.cols.last ? -1 : 0;
+      }
       if (tap.rows.first < tap.rows.last && tap.cols.first < tap.cols.last) t.taps.push_back(tap);
     }
   }
+  for (int64_t column = 0; column < 32; ++column) t.columns_in_row[column] = column < g.out_w ? -1 : 0;
   t.tabled = g.output_plane() <= kTabledPlane;
   if (t.tabled) {
     for (const Taps::Tap& tap : t.taps) {
@@ -140,31 +148,10 @@ bool masked_rows_apply(const Geometry& g) {
          g.output_plane() > kTabledPlane;
 }
 
-// Lane masks of chunk j (columns 8j .. 8j+7) of an output row: `load` for
-// the columns whose input is inside the image, `store` for those inside the
-// row; plain integers (-1 or 0), so that they can sit in a std::vector.
-struct RowMasks {
-  int32_t load[4][8], store[4][8];
-};
-RowMasks row_masks(const ValidRange& cols, int64_t out_w) {
-  RowMasks m;
-  for (int j = 0; j < 4; ++j) {
-    for (int lane = 0; lane < 8; ++lane) {
-      const int64_t column = 8 * j + lane;
-      m.load[j][lane] = column >= cols.first && column < cols.last ? -1 : 0;
-      m.store[j][lane] = column < out_w ? -1 : 0;
-    }
-  }
-  return m;
-}
-
 __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, const Geometry& g, const Taps& taps,
                                                         float* col, int64_t ld) {
   const int64_t kernel = static_cast<int64_t>(taps.taps.size());
   const int chunks = static_cast<int>((g.out_w + 7) / 8);
-  std::vector<RowMasks> masks;
-  masks.reserve(static_cast<size_t>(kernel));
-  for (const Taps::Tap& tap : taps.taps) masks.push_back(row_masks(tap.cols, g.out_w));
   // Chunks are stored whole (AMD's masked stores are slow; masked loads are
   // not): lanes past an output row land on the following rows of this tap and
   // image, which are written afterwards. A chunk that would reach past the
@@ -175,7 +162,6 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
     const float* plane = image + c * g.input_plane();
     for (int64_t t = 0; t < kernel; ++t) {
       const Taps::Tap& tap = taps.taps[t];
-      const RowMasks& m = masks[t];
       float* out = col + (c * kernel + t) * ld;
       for (int64_t oh = 0; oh < g.out_h; ++oh) {
         float* dst = out + oh * g.out_w;
@@ -186,10 +172,12 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
           // A branch, not a select: outside the image rows src is no address to load from.
           __m256 v = _mm256_setzero_ps();
           if (inside) {
-            v = _mm256_maskload_ps(src + 8 * j, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.load[j])));
+            v = _mm256_maskload_ps(src + 8 * j,
+                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tap.columns_inside + 8 * j)));
           }
           if (oh * g.out_w + 8 * (j + 1) > plane_out) {
-            _mm256_maskstore_ps(dst + 8 * j, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.store[j])), v);
+            _mm256_maskstore_ps(dst + 8 * j, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(taps.columns_in_row + 8 * j)),
+                                v);
           } else {
             _mm256_storeu_ps(dst + 8 * j, v);
           }
@@ -376,22 +364,40 @@ const T* active_weight(const T* weight, const Geometry& g, const Taps& taps) {
   return compact;
 }
 
+// The column matrix of images n0 .. n0+images (C*active, images*Ho*Wo):
+// im2col into scratch slot 0, or, for one image under a pointwise kernel, the
+// image itself.
+template <class T>
+const T* group_columns(const T* input, const Geometry& g, const Taps& taps, int64_t n0, int64_t images) {
+  const int64_t image_size = g.channels * g.input_plane(), plane = g.output_plane(), columns = images * plane;
+  if (images == 1 && g.pointwise()) return input + n0 * image_size;
+  T* buffer = scratch<T>(0, taps.col_rows(g) * columns);
+  for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, columns);
+  return buffer;
+}
+
+// dY of images n0 .. n0+images as (O, images*Ho*Wo): gathered into scratch
+// slot 1, or in place for one image.
+template <class T>
+const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, int64_t images) {
+  const int64_t plane = g.output_plane();
+  const T* dy = grad_output + n0 * g.out_channels * plane;
+  if (images == 1) return dy;
+  T* buffer = scratch<T>(1, g.out_channels * images * plane);
+  gather_planes(dy, images, g.out_channels, plane, buffer);
+  return buffer;
+}
+
 template <class T>
 void forward(const T* input, const T* weight, const T* bias, const Geometry& g, T* output) {
-  const int64_t plane = g.output_plane();
-  const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
+  const int64_t plane = g.output_plane(), output_size = g.out_channels * plane;
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
   profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
-    const T* col = input + n0 * image_size;  // a single pointwise image is its own column matrix
-    if (images > 1 || !g.pointwise()) {
-      T* buffer = scratch<T>(0, k * columns);
-      for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, columns);
-      col = buffer;
-    }
+    const T* col = group_columns(input, g, taps, n0, images);
     // One image writes straight into the output; several go through (O, G*Ho*Wo).
     T* y = images == 1 ? output + n0 * output_size : scratch<T>(1, g.out_channels * columns);
     if (bias != nullptr) {
@@ -405,20 +411,14 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
 
 template <class T>
 void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
-  const int64_t plane = g.output_plane();
-  const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
+  const int64_t plane = g.output_plane(), image_size = g.channels * g.input_plane();
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
   profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
-    const T* dy = grad_output + n0 * output_size;  // (O, G*Ho*Wo)
-    if (images > 1) {
-      T* buffer = scratch<T>(1, g.out_channels * columns);
-      gather_planes(dy, images, g.out_channels, plane, buffer);
-      dy = buffer;
-    }
+    const T* dy = group_grad_output(grad_output, g, n0, images);  // (O, G*Ho*Wo)
     T* dx = grad_input + n0 * image_size;
     // col = Wᵀ · dY: (C*active, G*Ho*Wo); one pointwise image is its own gradient.
     const bool direct = images == 1 && g.pointwise();
@@ -433,7 +433,6 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
 template <class T>
 void backward_weight(const T* grad_output, const T* input, const Geometry& g, T* full_grad_weight) {
   const int64_t plane = g.output_plane();
-  const int64_t image_size = g.channels * g.input_plane(), output_size = g.out_channels * plane;
   const BatchPlan plan = plan_batch(g);
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
@@ -448,18 +447,8 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   for_each_group(g, plan, [&](int64_t task, int64_t n0, int64_t images) {
     T* accumulator = task == 0 ? grad_weight : partials.data() + (task - 1) * size;
     const int64_t columns = images * plane;
-    const T* col = input + n0 * image_size;
-    if (images > 1 || !g.pointwise()) {
-      T* buffer = scratch<T>(0, k * columns);
-      for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, columns);
-      col = buffer;
-    }
-    const T* dy = grad_output + n0 * output_size;
-    if (images > 1) {
-      T* buffer = scratch<T>(1, g.out_channels * columns);
-      gather_planes(dy, images, g.out_channels, plane, buffer);
-      dy = buffer;
-    }
+    const T* col = group_columns(input, g, taps, n0, images);
+    const T* dy = group_grad_output(grad_output, g, n0, images);
     // dW (+)= dY · colᵀ: (O, C*active)
     gemm(Transpose::no, Transpose::yes, g.out_channels, k, columns, T(1), dy, columns, col, columns,
          started[task] ? T(1) : T(0), accumulator, k);
