@@ -11,6 +11,7 @@
 #include "dist/sync_batch_norm.h"
 #include "nn/resnet.h"
 #include "ops/loss.h"
+#include "tests/support/formula_parameters.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -24,18 +25,6 @@ const nlohmann::json& fixture() {
     return nlohmann::json::parse(in);
   }();
   return json;
-}
-
-// The closed-form parameter values of make_resnet_fixture.py.
-void set_formula_parameters(nn::Module& model) {
-  NoGradGuard no_grad;
-  int k = 0;
-  for (auto& [name, p] : model.named_parameters()) {
-    std::vector<double> values(p.numel());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.2 * std::sin(0.37 * i + 1.3 * k) / std::sqrt(1.0 + k);
-    Tensor(p).copy_(Tensor::from_vector(values, p.sizes()));
-    ++k;
-  }
 }
 
 Tensor formula_image(const Shape& shape) {
@@ -54,7 +43,7 @@ std::vector<std::string> state_dict_names(const nn::Module& model) {
 void check_against_torch(nn::Module& model, const nlohmann::json& expected) {
   REQUIRE(state_dict_names(model) == expected["state_dict_keys"].get<std::vector<std::string>>());
   model.to(DType::f64);
-  set_formula_parameters(model);
+  loom::testing::set_formula_parameters(model);
   model.train();
   Tensor x = formula_image(expected["input_shape"].get<Shape>());
   auto target_values = expected["targets"].get<std::vector<int64_t>>();

@@ -8,6 +8,7 @@
 
 #include "nn/convnet.h"
 #include "ops/loss.h"
+#include "tests/support/formula_parameters.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -19,17 +20,6 @@ nlohmann::json load_fixture(const std::string& name) {
   return nlohmann::json::parse(in);
 }
 
-// The closed-form parameter values of make_convnet_fixture.py.
-void set_formula_parameters(nn::Module& model) {
-  NoGradGuard no_grad;
-  int k = 0;
-  for (auto& [name, p] : model.named_parameters()) {
-    std::vector<double> values(p.numel());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.2 * std::sin(0.37 * i + 1.3 * k) / std::sqrt(1.0 + k);
-    Tensor(p).copy_(Tensor::from_vector(values, p.sizes()));
-    ++k;
-  }
-}
 }  // namespace
 
 TEST_CASE("ConvNet has PyTorch's structure, names and parameter count") {
@@ -64,7 +54,7 @@ TEST_CASE("forward and gradients match PyTorch on a fixed input") {
   auto fixture = load_fixture("convnet_torch.json");
   nn::ConvNet model;
   model.to(DType::f64);
-  set_formula_parameters(model);
+  loom::testing::set_formula_parameters(model);
   const int64_t n = 4;
   std::vector<double> pixels(n * 28 * 28);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = std::cos(0.011 * i) + 0.5 * std::sin(0.7 * i);
