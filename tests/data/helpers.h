@@ -1,11 +1,10 @@
-// Test helpers for the data tests: a self-deleting temporary directory, raw
-// and gzip byte writers, and the process's thread count.
+// Test helpers for the data tests: the shared self-deleting temporary
+// directory (tests/support/temp_dir.h), raw and gzip byte writers, and the
+// process's thread count.
 #pragma once
 
 #include <zlib.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -14,31 +13,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tests/support/temp_dir.h"
 
 namespace loom::data::testing {
 
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("loom-data-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
+using ::loom::testing::TempDir;  // tests/support/temp_dir.h
 
 inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
