@@ -72,15 +72,22 @@ else
 fi
 
 # 4. Two processes (torchrun-style variables), Gloo + DistributedDataParallel.
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mkdir -p "$work/ddp"
-for rank in 0 1; do
-  (cd "$work/ddp" && RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-     timeout 120 "$bin" --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 1 --log-interval 1 \
-     >"rank$rank.txt" 2>&1) &
-done
-ddp_status=0
-for job in $(jobs -p); do wait "$job" || ddp_status=$?; done
+# run_two_ranks DIR ARGS...: ranks 0 and 1 of a world of 2 (torchrun-style
+# variables, a free loopback port) in DIR, output in DIR/rank0.txt and
+# DIR/rank1.txt; ddp_status is the last non-zero exit status, or 0.
+run_two_ranks() {
+  local dir=$1 port rank job
+  shift
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p "$dir"
+  for rank in 0 1; do
+    (cd "$dir" && RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+       timeout 120 "$bin" "$@" >"rank$rank.txt" 2>&1) &
+  done
+  ddp_status=0
+  for job in $(jobs -p); do wait "$job" || ddp_status=$?; done
+}
+run_two_ranks "$work/ddp" --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 1 --log-interval 1
 rank0=$(cat "$work/ddp/rank0.txt")
 if [[ $ddp_status -ne 0 ]]; then
   fail "2-process run: exit status $ddp_status: $rank0 / $(cat "$work/ddp/rank1.txt")"
@@ -92,15 +99,8 @@ fi
 
 # 5. Two processes with --sync-bn on the CIFAR files: SyncBatchNorm under DDP,
 # and the 21 test images counted once (ranks test 11 and 10, no padding).
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mkdir -p "$work/syncbn"
-for rank in 0 1; do
-  (cd "$work/syncbn" && RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-     timeout 120 "$bin" --data "$work/cifar" --model resnet18 -b 16 -e 1 --max-steps 2 --threads 1 --log-interval 1 \
-     --sync-bn --backend gloo >"rank$rank.txt" 2>&1) &
-done
-ddp_status=0
-for job in $(jobs -p); do wait "$job" || ddp_status=$?; done
+run_two_ranks "$work/syncbn" --data "$work/cifar" --model resnet18 -b 16 -e 1 --max-steps 2 --threads 1 --log-interval 1 \
+  --sync-bn --backend gloo
 rank0=$(cat "$work/syncbn/rank0.txt")
 if [[ $ddp_status -ne 0 ]]; then
   fail "2-process --sync-bn run: exit status $ddp_status: $rank0 / $(cat "$work/syncbn/rank1.txt")"
