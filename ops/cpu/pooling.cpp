@@ -38,27 +38,32 @@ int64_t window_end(int64_t i, int64_t inputs, int64_t outputs) { return ((i + 1)
 // The ConvNet's and ResNet's common case: 2x2 windows, stride 2, no padding,
 // no bounds checks. A value takes over when it is larger or NaN (PyTorch's
 // rule: the first maximum wins ties, the last NaN wins), by selects rather
-// than branches, which mispredict on real data.
+// than branches, which mispredict on real data. pool_2x2_row computes outputs
+// [ow_begin, out_w) of row oh; the AVX2 kernel uses it for its scalar tail.
+template <class T>
+void pool_2x2_row(const T* plane, int64_t width, int64_t oh, int64_t ow_begin, int64_t out_w, T* out,
+                  int64_t* arg) {
+  const T* top = plane + 2 * oh * width;
+  const T* bottom = top + width;
+  for (int64_t ow = ow_begin; ow < out_w; ++ow) {
+    const int64_t i0 = 2 * oh * width + 2 * ow;
+    T best = top[2 * ow];
+    int64_t index = i0;
+    const T candidates[3] = {top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
+    const int64_t positions[3] = {i0 + 1, i0 + width, i0 + width + 1};
+    for (int k = 0; k < 3; ++k) {
+      const bool take = candidates[k] > best || std::isnan(candidates[k]);
+      best = take ? candidates[k] : best;
+      index = take ? positions[k] : index;
+    }
+    out[oh * out_w + ow] = best;
+    arg[oh * out_w + ow] = index;
+  }
+}
+
 template <class T>
 void pool_2x2(const T* plane, int64_t width, int64_t out_h, int64_t out_w, T* out, int64_t* arg) {
-  for (int64_t oh = 0; oh < out_h; ++oh) {
-    const T* top = plane + 2 * oh * width;
-    const T* bottom = top + width;
-    for (int64_t ow = 0; ow < out_w; ++ow) {
-      const int64_t i0 = 2 * oh * width + 2 * ow;
-      T best = top[2 * ow];
-      int64_t index = i0;
-      const T candidates[3] = {top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
-      const int64_t positions[3] = {i0 + 1, i0 + width, i0 + width + 1};
-      for (int k = 0; k < 3; ++k) {
-        const bool take = candidates[k] > best || std::isnan(candidates[k]);
-        best = take ? candidates[k] : best;
-        index = take ? positions[k] : index;
-      }
-      out[oh * out_w + ow] = best;
-      arg[oh * out_w + ow] = index;
-    }
-  }
+  for (int64_t oh = 0; oh < out_h; ++oh) pool_2x2_row(plane, width, oh, 0, out_w, out, arg);
 }
 
 #if defined(__x86_64__)
@@ -103,20 +108,7 @@ __attribute__((target("avx2"))) void pool_2x2_avx2(const float* plane, int64_t w
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg_row + 4),
                           _mm256_cvtepi32_epi64(_mm256_extracti128_si256(index, 1)));
     }
-    for (; ow < out_w; ++ow) {
-      const int64_t i0 = 2 * oh * width + 2 * ow;
-      float best = top[2 * ow];
-      int64_t index = i0;
-      const float candidates[3] = {top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
-      const int64_t positions[3] = {i0 + 1, i0 + width, i0 + width + 1};
-      for (int k = 0; k < 3; ++k) {
-        const bool larger = candidates[k] > best || std::isnan(candidates[k]);
-        best = larger ? candidates[k] : best;
-        index = larger ? positions[k] : index;
-      }
-      out[oh * out_w + ow] = best;
-      arg[oh * out_w + ow] = index;
-    }
+    pool_2x2_row(plane, width, oh, ow, out_w, out, arg);  // the scalar tail
   }
 }
 #endif
