@@ -74,6 +74,15 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
   return warp_sum(v);
 }
 
+// Sum of values[0, count) by one block, added in a fixed order (so
+// deterministic); every thread gets the result.
+__device__ __forceinline__ double block_sum_of(const double* values, int64_t count) {
+  __shared__ double scratch[32];
+  double total = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) total += values[i];
+  return block_sum(total, scratch);
+}
+
 // ---- host side ----
 
 // Calls fn.template operator()<T>() with T the loom type of a floating dtype.

@@ -62,10 +62,7 @@ static __global__ void sum_partials_kernel(const T* x, int64_t n, double* partia
 // Pass 2: one block adds the partials in order and writes the 0-d result.
 template <class T>
 static __global__ void sum_final_kernel(const double* partials, int count, T* out) {
-  __shared__ double scratch[32];
-  double total = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) total += partials[i];
-  total = block_sum(total, scratch);
+  const double total = block_sum_of(partials, count);
   if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(total));
 }
 

@@ -80,10 +80,7 @@ static __global__ void log_softmax_backward_kernel(const T* g, const T* y, T* dx
 // One block: out = sum(values) / count (0 when count is 0).
 template <class T>
 static __global__ void mean_kernel(const double* values, int64_t count, T* out) {
-  __shared__ double scratch[32];
-  double total = 0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) total += values[i];
-  total = block_sum(total, scratch);
+  const double total = block_sum_of(values, count);
   if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(count > 0 ? total / count : 0.0));
 }
 
