@@ -24,32 +24,14 @@ namespace {
 // Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
 Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
 
-void check_per_channel(const char* what, const Tensor& t, const Tensor& input) {
-  if (!t.defined()) return;
-  LOOM_CHECK(t.dim() == 1 && t.size(0) == input.size(1), "sync_batch_norm: expected ", what, " of shape [",
-             input.size(1), "] for an input with ", input.size(1), " channels, got ", shape_str(t.sizes()));
-  LOOM_CHECK(is_floating(t.dtype()), "sync_batch_norm: ", what, " must be floating-point, got ", dtype_name(t.dtype()));
-  LOOM_CHECK(t.device() == input.device(), "sync_batch_norm: ", what, " is on ", t.device().str(), " but the input on ",
-             input.device().str());
-}
-
 }  // namespace
 
 Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, double momentum, double eps, std::shared_ptr<ProcessGroup> group) {
   profiler::Scope profile("sync_batch_norm", input);
   LOOM_CHECK(group != nullptr, "sync_batch_norm: the process group is null");
-  LOOM_CHECK(input.defined() && input.dim() >= 2, "sync_batch_norm: expected an input of shape (N, C, ...), got ",
-             input.defined() ? shape_str(input.sizes()) : "an undefined tensor");
-  LOOM_CHECK(is_floating(input.dtype()), "sync_batch_norm: expected a floating-point input, got ",
-             dtype_name(input.dtype()));
+  check_batch_norm_arguments("sync_batch_norm", input, weight, bias, running_mean, running_var);
   LOOM_CHECK(input.size(1) > 0, "sync_batch_norm: the input has no channels: ", shape_str(input.sizes()));
-  check_per_channel("weight", weight, input);
-  check_per_channel("bias", bias, input);
-  check_per_channel("running_mean", running_mean, input);
-  check_per_channel("running_var", running_var, input);
-  LOOM_CHECK(running_mean.defined() == running_var.defined(),
-             "sync_batch_norm: running_mean and running_var must be both defined or both undefined");
   const int64_t local_count = input.numel() / input.size(1);
 
   Tensor out, mean, var;
@@ -108,14 +90,7 @@ Tensor SyncBatchNorm::normalize_over_ranks(const Tensor& input, Activation activ
   LOOM_CHECK(input.defined() && input.dim() >= 2 && input.size(1) == channels, "SyncBatchNorm(", channels,
              "): expected (N, ", channels, ", ...) input, got ", input.defined() ? input.str() : "an undefined tensor");
   const bool use_batch_stats = is_training() || !running_mean.defined();
-  if (is_training() && num_batches_tracked.defined()) {
-    if (num_batches_tracked.device().is_cpu()) {
-      ++num_batches_tracked.data<int64_t>()[0];
-    } else {
-      // On the device, without item(): that would wait for the GPU at every step.
-      num_batches_tracked.add_(Tensor::ones({}, DType::i64, num_batches_tracked.device()));
-    }
-  }
+  count_batch();
   std::shared_ptr<ProcessGroup> group = group_;
   if (!group && is_initialized()) group = default_process_group();
   // PyTorch synchronizes only in training mode.

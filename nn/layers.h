@@ -76,6 +76,8 @@ class BatchNorm2d : public Module {
 
  protected:
   Tensor normalize(const Tensor& input, Activation activation);
+  // In training mode, adds one to num_batches_tracked (when it is tracked).
+  void count_batch();
   BatchNormOptions options_;
 };
 

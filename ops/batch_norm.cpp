@@ -14,33 +14,37 @@ namespace {
 // Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
 Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
 
-void check_per_channel(const char* what, const Tensor& t, int64_t channels) {
+void check_per_channel(const char* op, const char* what, const Tensor& t, const Tensor& input) {
   if (!t.defined()) return;
-  LOOM_CHECK(t.dim() == 1 && t.size(0) == channels, "batch_norm: expected ", what, " of shape [", channels,
+  const int64_t channels = input.size(1);
+  LOOM_CHECK(t.dim() == 1 && t.size(0) == channels, op, ": expected ", what, " of shape [", channels,
              "] for an input with ", channels, " channels, got ", shape_str(t.sizes()));
-  LOOM_CHECK(is_floating(t.dtype()), "batch_norm: ", what, " must be floating-point, got ", dtype_name(t.dtype()));
+  LOOM_CHECK(is_floating(t.dtype()), op, ": ", what, " must be floating-point, got ", dtype_name(t.dtype()));
+  LOOM_CHECK(t.device() == input.device(), op, ": ", what, " is on ", t.device().str(), " but the input on ",
+             input.device().str());
 }
 }  // namespace
+
+void check_batch_norm_arguments(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                const Tensor& running_mean, const Tensor& running_var) {
+  LOOM_CHECK(input.defined() && input.dim() >= 2, op, ": expected an input of shape (N, C, ...), got ",
+             input.defined() ? shape_str(input.sizes()) : "an undefined tensor");
+  LOOM_CHECK(is_floating(input.dtype()), op, ": expected a floating-point input, got ", dtype_name(input.dtype()));
+  check_per_channel(op, "weight", weight, input);
+  check_per_channel(op, "bias", bias, input);
+  check_per_channel(op, "running_mean", running_mean, input);
+  check_per_channel(op, "running_var", running_var, input);
+  LOOM_CHECK(running_mean.defined() == running_var.defined(), op,
+             ": running_mean and running_var must be both defined or both undefined");
+}
 
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, Activation activation) {
   profiler::Scope profile("batch_norm", input);
-  LOOM_CHECK(input.defined() && input.dim() >= 2, "batch_norm: expected an input of shape (N, C, ...), got ",
-             input.defined() ? shape_str(input.sizes()) : "an undefined tensor");
-  LOOM_CHECK(is_floating(input.dtype()), "batch_norm: expected a floating-point input, got ", dtype_name(input.dtype()));
-  const int64_t channels = input.size(1);
-  check_per_channel("weight", weight, channels);
-  check_per_channel("bias", bias, channels);
-  check_per_channel("running_mean", running_mean, channels);
-  check_per_channel("running_var", running_var, channels);
-  LOOM_CHECK(running_mean.defined() == running_var.defined(),
-             "batch_norm: running_mean and running_var must be both defined or both undefined");
+  check_batch_norm_arguments("batch_norm", input, weight, bias, running_mean, running_var);
   LOOM_CHECK(training || running_mean.defined(),
              "batch_norm: eval mode normalises with the running statistics, but none were given");
-  for (const Tensor& t : {weight, bias, running_mean, running_var}) {
-    LOOM_CHECK(!t.defined() || t.device() == input.device(), "batch_norm: parameters on ", t.device().str(),
-               " but the input on ", input.device().str());
-  }
+  const int64_t channels = input.size(1);
   const int64_t count = channels == 0 ? 0 : input.numel() / channels;
   LOOM_CHECK(!training || count > 1, "batch_norm: training needs more than one value per channel, got input ",
              shape_str(input.sizes()));

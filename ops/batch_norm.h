@@ -45,6 +45,13 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
                   Activation activation = Activation::none);
 
+// The argument checks batch_norm and sync_batch_norm share, with messages
+// prefixed by `op`: an (N, C, ...) floating-point input; weight, bias and the
+// running stats each undefined or a floating-point (C) tensor on the input's
+// device; the running stats both defined or both undefined.
+void check_batch_norm_arguments(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                const Tensor& running_mean, const Tensor& running_var);
+
 namespace ops::cpu {
 // Per-channel (sum, sum of squares) of `input` over every dim but 1,
 // accumulated in f64: an f64 tensor of shape (2, C).
