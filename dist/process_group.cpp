@@ -215,4 +215,21 @@ void destroy_process_group() {
   // `group` is released outside the lock: its destructor may wait for a collective.
 }
 
+namespace detail {
+
+std::string summarize(const std::vector<Tensor>& tensors) {
+  auto one = [](const Tensor& t) { return str(dtype_name(t.dtype()), shape_str(t.sizes())); };
+  if (tensors.size() == 1) return one(tensors[0]);
+  std::string text = str(tensors.size(), " tensors: ");
+  for (size_t i = 0; i < tensors.size() && i < 4; ++i) text += (i ? ", " : "") + one(tensors[i]);
+  if (tensors.size() > 4) text += ", ...";
+  return text;
+}
+
+Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset) {
+  return make_view(buffer, shape, contiguous_strides(shape), buffer.offset() + offset);
+}
+
+}  // namespace detail
+
 }  // namespace loom::dist

@@ -161,4 +161,13 @@ bool is_initialized();
 // Forgets the default group (it is destroyed once no one else holds it).
 void destroy_process_group();
 
+// For the backends (gloo, nccl).
+namespace detail {
+// "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]" (at most four listed).
+std::string summarize(const std::vector<Tensor>& tensors);
+// A contiguous view of `shape` into flat `buffer`, starting `offset` elements
+// after the buffer's own offset.
+Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset);
+}  // namespace detail
+
 }  // namespace loom::dist

@@ -32,6 +32,9 @@ namespace loom::dist {
 
 namespace {
 
+using detail::summarize;
+using detail::view_into;
+
 // Lets libgloo rendezvous through a loom Store.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
  public:
@@ -92,26 +95,10 @@ gloo::AllreduceOptions::Func reduce_function(DType dtype, ReduceOp op) {
   });
 }
 
-// "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]".
-std::string summarize(const std::vector<Tensor>& tensors) {
-  auto one = [](const Tensor& t) { return str(dtype_name(t.dtype()), shape_str(t.sizes())); };
-  if (tensors.size() == 1) return one(tensors[0]);
-  std::string text = str(tensors.size(), " tensors: ");
-  for (size_t i = 0; i < tensors.size() && i < 4; ++i) text += (i ? ", " : "") + one(tensors[i]);
-  if (tensors.size() > 4) text += ", ...";
-  return text;
-}
-
 void check_cpu_tensor(const char* collective, const Tensor& tensor, const std::string& role) {
   LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
   LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(),
              "; the gloo backend works on CPU tensors (use the nccl backend for CUDA tensors)");
-}
-
-// A contiguous 1-d view of `numel` elements of flat `buffer` starting at `offset`
-// shaped like `shape`.
-Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset) {
-  return make_view(buffer, shape, contiguous_strides(shape), buffer.offset() + offset);
 }
 
 double seconds_since(Work::Clock::time_point start) {

@@ -26,6 +26,9 @@ namespace loom::dist {
 
 namespace {
 
+using detail::summarize;
+using detail::view_into;
+
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "loom needs NCCL 2.10 or newer (ncclAvg, ncclBfloat16)");
 
 ncclDataType_t nccl_dtype(DType dtype) {
@@ -49,20 +52,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::min: return ncclMin;
   }
   LOOM_FAIL("unknown reduce op");
-}
-
-// "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]".
-std::string summarize(const std::vector<Tensor>& tensors) {
-  auto one = [](const Tensor& t) { return str(dtype_name(t.dtype()), shape_str(t.sizes())); };
-  if (tensors.size() == 1) return one(tensors[0]);
-  std::string text = str(tensors.size(), " tensors: ");
-  for (size_t i = 0; i < tensors.size() && i < 4; ++i) text += (i ? ", " : "") + one(tensors[i]);
-  if (tensors.size() > 4) text += ", ...";
-  return text;
-}
-
-Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset) {
-  return make_view(buffer, shape, contiguous_strides(shape), buffer.offset() + offset);
 }
 
 double seconds(Milliseconds duration) { return static_cast<double>(duration.count()) / 1000.0; }
