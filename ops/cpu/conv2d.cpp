@@ -18,6 +18,7 @@
 #include "core/profiler.h"
 #include "ops/cpu/simd.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/winograd.h"
 #include "ops/dispatch.h"
 
 namespace loom::ops::cpu {
@@ -54,6 +55,25 @@ Geometry make_geometry(const Shape& input, const Shape& weight, const Conv2dPara
   g.out_w = out[1];
   g.params = params;
   return g;
+}
+
+// The Winograd description of g; kernel 0 (never used) unless the kernel is
+// square with unit stride and dilation.
+winograd::Problem winograd_problem(const Geometry& g) {
+  const bool fits = g.kernel_h == g.kernel_w && g.params.stride == Size2{1, 1} && g.params.dilation == Size2{1, 1};
+  return {g.batch, g.channels, g.height, g.width, g.out_channels, fits ? g.kernel_h : 0,
+          g.params.padding[0], g.params.padding[1], g.out_h, g.out_w};
+}
+
+// The Winograd tile for f32 problems where conv2d uses it, else 0. FLOPs are
+// counted as the direct convolution's either way (GFLOP/s are comparable).
+template <class T>
+int winograd_tile(const Geometry& g) {
+  if constexpr (std::is_same_v<T, float>) {
+    return winograd::tile_for(winograd_problem(g));
+  } else {
+    return 0;
+  }
 }
 
 // For kernel offset `offset` (= k * dilation - padding) along an axis of
@@ -391,6 +411,11 @@ const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, 
 template <class T>
 void forward(const T* input, const T* weight, const T* bias, const Geometry& g, T* output) {
   const int64_t plane = g.output_plane(), output_size = g.out_channels * plane;
+  if (const int m = winograd_tile<T>(g)) {
+    profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * plane));
+    if constexpr (std::is_same_v<T, float>) winograd::forward(input, weight, bias, winograd_problem(g), m, output);
+    return;
+  }
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
@@ -412,6 +437,11 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
 template <class T>
 void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
   const int64_t plane = g.output_plane(), image_size = g.channels * g.input_plane();
+  if (const int m = winograd_tile<T>(g)) {
+    profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * plane));
+    if constexpr (std::is_same_v<T, float>) winograd::backward_input(grad_output, weight, winograd_problem(g), m, grad_input);
+    return;
+  }
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
@@ -433,6 +463,13 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
 template <class T>
 void backward_weight(const T* grad_output, const T* input, const Geometry& g, T* full_grad_weight) {
   const int64_t plane = g.output_plane();
+  if (const int m = winograd_tile<T>(g)) {
+    profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * plane));
+    if constexpr (std::is_same_v<T, float>) {
+      winograd::backward_weight(grad_output, input, winograd_problem(g), m, full_grad_weight);
+    }
+    return;
+  }
   const BatchPlan plan = plan_batch(g);
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);

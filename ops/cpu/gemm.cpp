@@ -28,6 +28,56 @@ bool cpu_has_avx2_fma() {
   return has;
 }
 
+// Transposes eight rows of 8 floats in registers: row q of the result holds
+// element q of every input row.
+__attribute__((target("avx2,fma"))) inline void transpose_8x8_registers(__m256 (&r)[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// Transposes the 8 x 8 block rows[0..8)[0..8) (each row 8 floats apart by
+// `stride`) into out[q * out_stride + r] = rows[r][q].
+__attribute__((target("avx2,fma"))) inline void transpose_8x8(const float* in, int64_t stride, float* out,
+                                                               int64_t out_stride) {
+  __m256 r[8];
+  for (int q = 0; q < 8; ++q) r[q] = _mm256_loadu_ps(in + q * stride);
+  transpose_8x8_registers(r);
+  for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + q * out_stride, r[q]);
+}
+
+// pack_a's full strips of a non-transposed A: six rows, eight values of each
+// at a time, transposed in registers (two zero rows fill the block). Each
+// column of six is stored as 8 floats, the last two overwritten by the next
+// column; the strip's last store reaches 2 floats past it (packed_a has room).
+__attribute__((target("avx2,fma"))) void pack_a_strip_rows(const float* rows, int64_t lda, int64_t depth,
+                                                            float* packed) {
+  int64_t p = 0;
+  for (; p + 8 <= depth; p += 8) {
+    __m256 r[8];
+    for (int q = 0; q < kMR; ++q) r[q] = _mm256_loadu_ps(rows + q * lda + p);
+    r[6] = r[7] = _mm256_setzero_ps();
+    transpose_8x8_registers(r);
+    for (int q = 0; q < 8; ++q) _mm256_storeu_ps(packed + (p + q) * kMR, r[q]);
+  }
+  for (; p < depth; ++p) {
+    for (int64_t q = 0; q < kMR; ++q) packed[p * kMR + q] = rows[q * lda + p];
+  }
+}
+
 // Packs op(A)[row0 .. row0+rows, p0 .. p0+depth] as MR-tall strips:
 // packed[strip][p][r], zero beyond `rows`. One loop per storage order, so the
 // inner loops read memory in order.
@@ -36,7 +86,9 @@ void pack_a(Transpose t, const float* a, int64_t lda, int64_t row0, int64_t rows
   for (int64_t strip = 0; strip < rows; strip += kMR) {
     const int64_t height = std::min(kMR, rows - strip);
     if (height < kMR) std::fill(packed, packed + depth * kMR, 0.0f);
-    if (t == Transpose::no) {
+    if (t == Transpose::no && height == kMR) {
+      pack_a_strip_rows(a + (row0 + strip) * lda + p0, lda, depth, packed);
+    } else if (t == Transpose::no) {
       // A is (m, k): row i of the strip is contiguous in p.
       for (int64_t r = 0; r < height; ++r) {
         const float* row = a + (row0 + strip + r) * lda + p0;
@@ -51,32 +103,6 @@ void pack_a(Transpose t, const float* a, int64_t lda, int64_t row0, int64_t rows
     }
     packed += depth * kMR;
   }
-}
-
-// Transposes the 8 x 8 block rows[0..8)[0..8) (each row 8 floats apart by
-// `stride`) into out[q * out_stride + r] = rows[r][q].
-__attribute__((target("avx2,fma"))) inline void transpose_8x8(const float* in, int64_t stride, float* out,
-                                                               int64_t out_stride) {
-  __m256 r0 = _mm256_loadu_ps(in + 0 * stride), r1 = _mm256_loadu_ps(in + 1 * stride);
-  __m256 r2 = _mm256_loadu_ps(in + 2 * stride), r3 = _mm256_loadu_ps(in + 3 * stride);
-  __m256 r4 = _mm256_loadu_ps(in + 4 * stride), r5 = _mm256_loadu_ps(in + 5 * stride);
-  __m256 r6 = _mm256_loadu_ps(in + 6 * stride), r7 = _mm256_loadu_ps(in + 7 * stride);
-  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(out + 0 * out_stride, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(out + 1 * out_stride, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(out + 2 * out_stride, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(out + 3 * out_stride, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(out + 4 * out_stride, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(out + 5 * out_stride, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(out + 6 * out_stride, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(out + 7 * out_stride, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
 // Packs op(B)[p0 .. p0+depth, col0 .. col0+cols] as NR-wide strips:
@@ -201,7 +227,7 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool transposed_c,
                      const float* shared_b = nullptr) {
   thread_local std::vector<float> packed_a, packed_b;
-  packed_a.resize(static_cast<size_t>(kMC * kKC));
+  packed_a.resize(static_cast<size_t>(kMC * kKC + 8));  // + the overhang of pack_a_strip_rows
   const bool direct_b = shared_b == nullptr && b_readable_in_place(tb, ldb);
   const int64_t n_padded = (n + kNR - 1) / kNR * kNR;
   for (int64_t jc = 0; jc < n; jc += kNC) {

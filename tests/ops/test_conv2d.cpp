@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/parallel.h"
 #include "ops/conv2d.h"
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/winograd.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -210,6 +213,89 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
         CHECK(max_relative_difference(x.grad(), expected.dx) < tolerance);
         CHECK(max_relative_difference(w.grad(), expected.dw) < tolerance);
       }
+    }
+    seed += 3;
+  }
+  set_num_threads(saved_threads);
+}
+
+// Winograd F(m x m, r x r) (ops/cpu/winograd.h): every tile size of both
+// kernel sizes called directly, and conv2d's f32 dispatch on the shapes it
+// picks Winograd for (ragged tiles, padding 0 and uneven padding, chunks of
+// images spread over threads), all against the f64 direct loops.
+TEST_CASE("Winograd convolution matches direct loops for every tile size") {
+  struct Case {
+    const char* name;
+    Shape input, weight;
+    Size2 padding;
+  };
+  const Case cases[] = {
+      {"5x5, padding 2, 14x14 (the ConvNet's second conv)", {3, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
+      {"5x5, padding (1, 3), 13x11: ragged tiles", {2, 9, 13, 11}, {10, 9, 5, 5}, {1, 3}},
+      {"3x3, padding 1, 9x10", {2, 8, 9, 10}, {11, 8, 3, 3}, {1, 1}},
+      {"3x3, no padding, 12x7", {3, 5, 12, 7}, {4, 5, 3, 3}, {0, 0}},
+  };
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const int64_t r = c.weight[2];
+    Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32);
+    Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32);
+    Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
+    const ops::cpu::winograd::Problem p{c.input[0], c.input[1], c.input[2], c.input[3], c.weight[0], r,
+                                        c.padding[0], c.padding[1], c.input[2] + 2 * c.padding[0] - r + 1,
+                                        c.input[3] + 2 * c.padding[1] - r + 1};
+    Tensor dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
+    const DirectConv expected = direct_conv(x, w, dy, {.padding = c.padding});
+    std::vector<double> expected_y = expected.y;
+    for (size_t i = 0; i < expected_y.size(); ++i) {
+      expected_y[i] += b.to_vector<float>()[(i / (p.out_h * p.out_w)) % p.out_channels];
+    }
+    for (int m = 2; m + r - 1 <= 8; ++m) {
+      INFO(c.name << ", F(" << m << ", " << r << ")");
+      Tensor y = Tensor::empty(dy.sizes(), DType::f32), dx = Tensor::empty(c.input, DType::f32);
+      Tensor dw = Tensor::empty(c.weight, DType::f32);
+      ops::cpu::winograd::forward(x.data<float>(), w.data<float>(), b.data<float>(), p, m, y.data<float>());
+      ops::cpu::winograd::backward_input(dy.data<float>(), w.data<float>(), p, m, dx.data<float>());
+      ops::cpu::winograd::backward_weight(dy.data<float>(), x.data<float>(), p, m, dw.data<float>());
+      CHECK(max_relative_difference(y, expected_y) < 2e-5);
+      CHECK(max_relative_difference(dx, expected.dx) < 2e-5);
+      CHECK(max_relative_difference(dw, expected.dw) < 2e-5);
+    }
+    seed += 4;
+  }
+}
+
+TEST_CASE("conv2d uses Winograd for 5x5 f32 convolutions with enough channels, and matches direct loops") {
+  struct Case {
+    const char* name;
+    Shape input, weight;
+    Size2 padding;
+  };
+  const Case cases[] = {
+      {"the ConvNet's second conv, batch 20", {20, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
+      {"no padding, 12x12 -> 8x8", {3, 8, 12, 12}, {8, 8, 5, 5}, {0, 0}},
+      {"odd plane 13x11 with padding (2, 1)", {5, 12, 13, 11}, {9, 12, 5, 5}, {2, 1}},
+      {"40 images of 8x8: several chunks", {40, 8, 8, 8}, {8, 8, 5, 5}, {2, 2}},
+  };
+  const int saved_threads = get_num_threads();
+  uint64_t seed = 950;
+  for (const Case& c : cases) {
+    const ops::cpu::winograd::Problem p{c.input[0], c.input[1], c.input[2], c.input[3], c.weight[0], 5,
+                                        c.padding[0], c.padding[1], c.input[2] + 2 * c.padding[0] - 4,
+                                        c.input[3] + 2 * c.padding[1] - 4};
+    REQUIRE(ops::cpu::winograd::tile_for(p) == (std::string(ops::cpu::gemm_kernel_name()) == "avx2-fma" ? 4 : 0));
+    for (int threads : {1, 2}) {
+      INFO(c.name << ", " << threads << " threads");
+      set_num_threads(threads);
+      Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32).set_requires_grad(true);
+      Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32).set_requires_grad(true);
+      Tensor y = conv2d(x, w, Tensor(), {.padding = c.padding});
+      Tensor dy = random_tensor(y.sizes(), seed + 2, -1, 1, DType::f32);
+      y.backward(dy);
+      const DirectConv expected = direct_conv(x.detach(), w.detach(), dy, {.padding = c.padding});
+      CHECK(max_relative_difference(y, expected.y) < 2e-5);
+      CHECK(max_relative_difference(x.grad(), expected.dx) < 2e-5);
+      CHECK(max_relative_difference(w.grad(), expected.dw) < 2e-5);
     }
     seed += 3;
   }

@@ -1,0 +1,702 @@
+// Winograd F(m x m, r x r) convolution on the CPU; see winograd.h.
+//
+// A chunk of images is processed at a time (its buffers stay near L2): the
+// input tiles are gathered as P[r][s][c][t] (tile element, channel, tile),
+// transformed along r and then s into V[ξ][ν][c][t], multiplied by the
+// transformed weight U[ξ][ν][o][c] in α² GEMMs into M[ξ][ν][o][t], and
+// transformed back along ν and ξ into the tiles' outputs. Every transform is a
+// small matrix applied to rows that are contiguous in the tile index, so the
+// arithmetic runs 8 tiles per AVX2 instruction.
+#include "ops/cpu/winograd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/simd.h"
+
+namespace loom::ops::cpu::winograd {
+namespace {
+
+constexpr int kMaxAlpha = 8;
+
+// The matrices of F(m, r), α = m + r - 1, by Toom-Cook over the points 0, 1,
+// -1, 2, -2, 1/2, -1/2 (the first α - 1 of them) and infinity. G carries the
+// Lagrange denominators, so Bᵀ holds the (integer, for α <= 6) coefficients
+// of the node polynomials. Row-major; the transposes are kept too, since
+// every transform and its adjoint is applied as "matrix times rows".
+struct Transforms {
+  int m = 0, r = 0, alpha = 0;
+  float at[kMaxAlpha * kMaxAlpha] = {};  // Aᵀ: m x α
+  float a[kMaxAlpha * kMaxAlpha] = {};   // A: α x m
+  float g[kMaxAlpha * kMaxAlpha] = {};   // G: α x r
+  float gt[kMaxAlpha * kMaxAlpha] = {};  // Gᵀ: r x α
+  float bt[kMaxAlpha * kMaxAlpha] = {};  // Bᵀ: α x α
+  float b[kMaxAlpha * kMaxAlpha] = {};   // B: α x α
+};
+
+constexpr Transforms make_transforms(int m, int r) {
+  const double points[kMaxAlpha - 1] = {0, 1, -1, 2, -2, 0.5, -0.5};
+  const int alpha = m + r - 1, finite = alpha - 1;
+  double at[kMaxAlpha][kMaxAlpha] = {}, g[kMaxAlpha][kMaxAlpha] = {}, bt[kMaxAlpha][kMaxAlpha] = {};
+  // Coefficients (ascending powers) of the product of (x - points[l]) over l != skip.
+  auto node_polynomial = [&](int skip, double* coefficients) {
+    std::fill(coefficients, coefficients + kMaxAlpha, 0.0);
+    coefficients[0] = 1;
+    int degree = 0;
+    for (int l = 0; l < finite; ++l) {
+      if (l == skip) continue;
+      ++degree;
+      for (int k = degree; k >= 0; --k) coefficients[k] = (k > 0 ? coefficients[k - 1] : 0.0) - points[l] * coefficients[k];
+    }
+  };
+  for (int j = 0; j < finite; ++j) {
+    const double p = points[j];
+    double power = 1, denominator = 1;
+    for (int l = 0; l < finite; ++l) {
+      if (l != j) denominator *= p - points[l];
+    }
+    for (int i = 0; i < std::max(m, r); ++i, power *= p) {
+      if (i < m) at[i][j] = power;
+      if (i < r) g[j][i] = power / denominator;
+    }
+    node_polynomial(j, bt[j]);
+  }
+  at[m - 1][alpha - 1] = 1;
+  g[alpha - 1][r - 1] = 1;
+  node_polynomial(-1, bt[alpha - 1]);
+  Transforms t{};
+  t.m = m;
+  t.r = r;
+  t.alpha = alpha;
+  for (int i = 0; i < alpha; ++i) {
+    for (int j = 0; j < alpha; ++j) {
+      if (i < m) t.at[i * alpha + j] = static_cast<float>(at[i][j]);
+      if (i < m) t.a[j * m + i] = static_cast<float>(at[i][j]);
+      if (j < r) t.g[i * r + j] = static_cast<float>(g[i][j]);
+      if (j < r) t.gt[j * alpha + i] = static_cast<float>(g[i][j]);
+      t.bt[i * alpha + j] = static_cast<float>(bt[i][j]);
+      t.b[j * alpha + i] = static_cast<float>(bt[i][j]);
+    }
+  }
+  return t;
+}
+
+const Transforms& transforms(int m, int r) {
+  // Every F(m, r) with r in {3, 5} and α <= 8, built once.
+  static const std::vector<Transforms> table = [] {
+    std::vector<Transforms> all;
+    for (int r : {3, 5}) {
+      for (int m = 2; m + r - 1 <= kMaxAlpha; ++m) all.push_back(make_transforms(m, r));
+    }
+    return all;
+  }();
+  for (const Transforms& t : table) {
+    if (t.m == m && t.r == r) return t;
+  }
+  LOOM_FAIL("winograd: no F(", m, ", ", r, ") transform (r must be 3 or 5, m + r - 1 at most ", kMaxAlpha, ")");
+}
+
+// out[i * out_stride + l] = sum_j mat[i * in_rows + j] * in[j * in_stride + l]
+// for l < length: the matrix applied to `in_rows` rows, zeros skipped.
+struct Terms {
+  int count[kMaxAlpha];
+  int index[kMaxAlpha][kMaxAlpha];
+  float coefficient[kMaxAlpha][kMaxAlpha];
+};
+
+Terms nonzero_terms(const float* mat, int out_rows, int in_rows) {
+  Terms terms{};
+  for (int i = 0; i < out_rows; ++i) {
+    terms.count[i] = 0;
+    for (int j = 0; j < in_rows; ++j) {
+      const float value = mat[i * in_rows + j];
+      if (value == 0.0f) continue;
+      terms.index[i][terms.count[i]] = j;
+      terms.coefficient[i][terms.count[i]++] = value;
+    }
+  }
+  return terms;
+}
+
+void apply_rows_scalar(const Terms& terms, int out_rows, const float* in, int64_t in_stride, float* out,
+                       int64_t out_stride, int64_t begin, int64_t end) {
+  for (int64_t l = begin; l < end; ++l) {
+    for (int i = 0; i < out_rows; ++i) {
+      float sum = 0;
+      for (int q = 0; q < terms.count[i]; ++q) sum += terms.coefficient[i][q] * in[terms.index[i][q] * in_stride + l];
+      out[i * out_stride + l] = sum;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void apply_rows_avx2(const Terms& terms, int out_rows, int in_rows,
+                                                          const float* in, int64_t in_stride, float* out,
+                                                          int64_t out_stride, int64_t length) {
+  int64_t l = 0;
+  for (; l + 8 <= length; l += 8) {
+    __m256 x[kMaxAlpha];
+    for (int j = 0; j < in_rows; ++j) x[j] = _mm256_loadu_ps(in + j * in_stride + l);
+    for (int i = 0; i < out_rows; ++i) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int q = 0; q < terms.count[i]; ++q) {
+        sum = _mm256_fmadd_ps(_mm256_set1_ps(terms.coefficient[i][q]), x[terms.index[i][q]], sum);
+      }
+      _mm256_storeu_ps(out + i * out_stride + l, sum);
+    }
+  }
+  apply_rows_scalar(terms, out_rows, in, in_stride, out, out_stride, l, length);
+}
+#endif
+
+void apply_rows(const float* mat, int out_rows, int in_rows, const float* in, int64_t in_stride, float* out,
+                int64_t out_stride, int64_t length) {
+  const Terms terms = nonzero_terms(mat, out_rows, in_rows);
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return apply_rows_avx2(terms, out_rows, in_rows, in, in_stride, out, out_stride, length);
+#endif
+  apply_rows_scalar(terms, out_rows, in, in_stride, out, out_stride, 0, length);
+}
+
+// The hot transforms (Bᵀ, B, Aᵀ, A) compiled for each F(m, r): the matrix is
+// a compile-time constant, so zero coefficients cost nothing, ±1 are an add or
+// a subtract, and the input rows stay in registers.
+template <int M, int R>
+struct Fixed {
+  static constexpr Transforms value = make_transforms(M, R);
+};
+enum class Which { bt, b, at, a };
+
+template <class F, Which W>
+constexpr const float* fixed_matrix() {
+  if constexpr (W == Which::bt) return F::value.bt;
+  if constexpr (W == Which::b) return F::value.b;
+  if constexpr (W == Which::at) return F::value.at;
+  if constexpr (W == Which::a) return F::value.a;
+}
+
+using RowsFn = void (*)(const float* in, int64_t in_stride, float* out, int64_t out_stride, int64_t length);
+struct FastRows {
+  RowsFn bt = nullptr, b = nullptr, at = nullptr, a = nullptr;
+};
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+template <int N, class Fn>
+inline __attribute__((always_inline)) void unroll(Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (fn(std::integral_constant<int, I>{}), ...); }
+  (std::make_integer_sequence<int, N>{});
+}
+
+template <class F, Which W, int Out, int In>
+void apply_rows_fixed(const float* in, int64_t in_stride, float* out, int64_t out_stride, int64_t length) {
+  constexpr const float* mat = fixed_matrix<F, W>();
+  int64_t l = 0;
+  for (; l + 8 <= length; l += 8) {
+    __m256 x[In];
+    unroll<In>([&](auto j) __attribute__((always_inline)) { x[j] = _mm256_loadu_ps(in + j * in_stride + l); });
+    unroll<Out>([&](auto i) __attribute__((always_inline)) {
+      __m256 sum = _mm256_setzero_ps();
+      unroll<In>([&](auto j) __attribute__((always_inline)) {
+        constexpr float c = mat[i * In + j];
+        if constexpr (c == 1.0f) {
+          sum = _mm256_add_ps(sum, x[j]);
+        } else if constexpr (c == -1.0f) {
+          sum = _mm256_sub_ps(sum, x[j]);
+        } else if constexpr (c != 0.0f) {
+          sum = _mm256_fmadd_ps(_mm256_set1_ps(c), x[j], sum);
+        }
+      });
+      _mm256_storeu_ps(out + i * out_stride + l, sum);
+    });
+  }
+  for (; l < length; ++l) {
+    for (int i = 0; i < Out; ++i) {
+      float sum = 0;
+      for (int j = 0; j < In; ++j) sum += mat[i * In + j] * in[j * in_stride + l];
+      out[i * out_stride + l] = sum;
+    }
+  }
+}
+#pragma GCC pop_options
+
+template <int M, int R>
+FastRows fast_rows_of() {
+  using F = Fixed<M, R>;
+  constexpr int A = M + R - 1;
+  return {&apply_rows_fixed<F, Which::bt, A, A>, &apply_rows_fixed<F, Which::b, A, A>,
+          &apply_rows_fixed<F, Which::at, M, A>, &apply_rows_fixed<F, Which::a, A, M>};
+}
+#endif
+
+// The compiled transforms of F(m, r), or none (no AVX2: the generic apply_rows).
+FastRows fast_rows(int m, int r) {
+#if defined(__x86_64__)
+  if (!cpu_has_avx2()) return {};
+  if (r == 3) {
+    switch (m) {
+      case 2: return fast_rows_of<2, 3>();
+      case 3: return fast_rows_of<3, 3>();
+      case 4: return fast_rows_of<4, 3>();
+      case 5: return fast_rows_of<5, 3>();
+      case 6: return fast_rows_of<6, 3>();
+    }
+  }
+  if (r == 5) {
+    switch (m) {
+      case 2: return fast_rows_of<2, 5>();
+      case 3: return fast_rows_of<3, 5>();
+      case 4: return fast_rows_of<4, 5>();
+    }
+  }
+#endif
+  return {};
+}
+
+// Applies transform W of t (Bᵀ, B: α x α; Aᵀ: m x α; A: α x m) to rows of
+// `length` values.
+void transform_rows(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out, int64_t out_stride,
+                    int64_t length) {
+  static const std::vector<FastRows> table = [] {
+    std::vector<FastRows> all(kMaxAlpha * kMaxAlpha);
+    for (int r : {3, 5}) {
+      for (int m = 2; m + r - 1 <= kMaxAlpha; ++m) all[m * kMaxAlpha + r] = fast_rows(m, r);
+    }
+    return all;
+  }();
+  const FastRows& fast = table[t.m * kMaxAlpha + t.r];
+  switch (w) {
+    case Which::bt:
+      if (fast.bt) return fast.bt(in, in_stride, out, out_stride, length);
+      return apply_rows(t.bt, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
+    case Which::b:
+      if (fast.b) return fast.b(in, in_stride, out, out_stride, length);
+      return apply_rows(t.b, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
+    case Which::at:
+      if (fast.at) return fast.at(in, in_stride, out, out_stride, length);
+      return apply_rows(t.at, t.m, t.alpha, in, in_stride, out, out_stride, length);
+    case Which::a:
+      if (fast.a) return fast.a(in, in_stride, out, out_stride, length);
+      return apply_rows(t.a, t.alpha, t.m, in, in_stride, out, out_stride, length);
+  }
+}
+
+// transform_rows over `segments` runs of rows, `ld` floats apart: the layout
+// of the chunk buffers below, [row][channel][ld] with `length` tiles in each.
+void transform_segments(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out,
+                        int64_t out_stride, int64_t segments, int64_t ld, int64_t length) {
+  for (int64_t k = 0; k < segments; ++k) transform_rows(t, w, in + k * ld, in_stride, out + k * ld, out_stride, length);
+}
+
+// Per-thread buffers that keep their capacity between calls.
+float* scratch(int slot, int64_t elements) {
+  thread_local std::vector<float> buffers[6];
+  std::vector<float>& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
+  return buffer.data();
+}
+
+struct Tiling {
+  int64_t rows, cols, per_image;  // tiles per output plane: ceil(Ho / m) x ceil(Wo / m)
+};
+Tiling tiling(const Problem& p, int m) {
+  const int64_t rows = (p.out_h + m - 1) / m, cols = (p.out_w + m - 1) / m;
+  return {rows, cols, rows * cols};
+}
+
+// U[ξ][ν][o][c] = sum over (ki, kj) of G[ξ][ki] w[o][c][ki][kj] G[ν][kj], into slot 5.
+const float* transform_weight(const float* weight, const Problem& p, const Transforms& t) {
+  const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
+  std::vector<float> taps(static_cast<size_t>(r * r * oc)), half(static_cast<size_t>(alpha * r * oc));
+  for (int64_t i = 0; i < oc; ++i) {
+    for (int64_t k = 0; k < r * r; ++k) taps[k * oc + i] = weight[i * r * r + k];  // [ki][kj][o][c]
+  }
+  apply_rows(t.g, t.alpha, t.r, taps.data(), r * oc, half.data(), r * oc, r * oc);  // ki -> ξ
+  float* u = scratch(5, alpha * alpha * oc);
+  for (int64_t xi = 0; xi < alpha; ++xi) {
+    apply_rows(t.g, t.alpha, t.r, half.data() + xi * r * oc, oc, u + xi * alpha * oc, oc, oc);  // kj -> ν
+  }
+  return u;
+}
+
+// The adjoint: dw[o][c][ki][kj] = sum over (ξ, ν) of G[ξ][ki] dU[ξ][ν][o][c] G[ν][kj].
+void inverse_transform_weight(const float* du, const Problem& p, const Transforms& t, float* grad_weight) {
+  const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
+  std::vector<float> half(static_cast<size_t>(r * alpha * oc)), taps(static_cast<size_t>(r * r * oc));
+  apply_rows(t.gt, t.r, t.alpha, du, alpha * oc, half.data(), alpha * oc, alpha * oc);  // ξ -> ki
+  for (int64_t ki = 0; ki < r; ++ki) {
+    apply_rows(t.gt, t.r, t.alpha, half.data() + ki * alpha * oc, oc, taps.data() + ki * r * oc, oc, oc);  // ν -> kj
+  }
+  for (int64_t i = 0; i < oc; ++i) {
+    for (int64_t k = 0; k < r * r; ++k) grad_weight[i * r * r + k] = taps[k * oc + i];
+  }
+}
+
+// The tiles of one row of tiles and one plane row: dst[s][tw] = row[tw * m + s]
+// for s < width and tw < tiles, where row holds tiles * m + width - m values
+// (zeros where the tiles reach past the plane). For m = 4, the common case,
+// 4 x 4 blocks of the row are transposed in registers.
+void split_row(const float* row, int64_t tiles, int m, int width, float* const* dst) {
+  int64_t tw = 0;
+#if defined(__x86_64__)
+  if (m == 4 && width <= 8) {
+    for (; tw + 4 <= tiles; tw += 4) {
+      const float* block = row + 4 * tw;
+      __m128 c0 = _mm_loadu_ps(block), c1 = _mm_loadu_ps(block + 4), c2 = _mm_loadu_ps(block + 8);
+      __m128 c3 = _mm_loadu_ps(block + 12);
+      __m128 d0 = c1, d1 = c2, d2 = c3, d3 = width > 4 ? _mm_loadu_ps(block + 16) : _mm_setzero_ps();
+      _MM_TRANSPOSE4_PS(c0, c1, c2, c3);
+      _MM_TRANSPOSE4_PS(d0, d1, d2, d3);
+      const __m128 columns[8] = {c0, c1, c2, c3, d0, d1, d2, d3};
+      for (int s = 0; s < width; ++s) _mm_storeu_ps(dst[s] + tw, columns[s]);
+    }
+  }
+#endif
+  for (; tw < tiles; ++tw) {
+    for (int s = 0; s < width; ++s) dst[s][tw] = row[tw * m + s];
+  }
+}
+
+// The adjoint of split_row: row[tw * m + s] += src[s][tw].
+void merge_row(const float* const* src, int64_t tiles, int m, int width, float* row) {
+  int64_t tw = 0;
+#if defined(__x86_64__)
+  if (m == 4 && width <= 8) {
+    for (; tw + 4 <= tiles; tw += 4) {
+      float* block = row + 4 * tw;
+      __m128 c0 = _mm_loadu_ps(src[0] + tw), c1 = _mm_loadu_ps(src[1] + tw), c2 = _mm_loadu_ps(src[2] + tw);
+      __m128 c3 = _mm_loadu_ps(src[3] + tw);
+      _MM_TRANSPOSE4_PS(c0, c1, c2, c3);
+      const __m128 first[4] = {c0, c1, c2, c3};
+      for (int k = 0; k < 4; ++k) _mm_storeu_ps(block + 4 * k, _mm_add_ps(_mm_loadu_ps(block + 4 * k), first[k]));
+      if (width <= 4) continue;
+      __m128 d[4];
+      for (int s = 4; s < 8; ++s) d[s - 4] = s < width ? _mm_loadu_ps(src[s] + tw) : _mm_setzero_ps();
+      _MM_TRANSPOSE4_PS(d[0], d[1], d[2], d[3]);
+      for (int k = 0; k < 4; ++k) {
+        _mm_storeu_ps(block + 4 * (k + 1), _mm_add_ps(_mm_loadu_ps(block + 4 * (k + 1)), d[k]));
+      }
+    }
+  }
+#endif
+  for (; tw < tiles; ++tw) {
+    for (int s = 0; s < width; ++s) row[tw * m + s] += src[s][tw];
+  }
+}
+
+// Planes are tiled through a zero-padded copy, `rows` x `cols`, holding the
+// plane at (top, left): every tile row then reads (or writes) whole rows of
+// the copy, with no bounds to check.
+struct Padded {
+  int64_t rows, cols, top, left;
+};
+float* padded_buffer(const Padded& layout) {
+  thread_local std::vector<float> buffer;
+  const int64_t size = layout.rows * layout.cols;
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(static_cast<size_t>(size));
+  return buffer.data();
+}
+// The columns [x0, x1) and rows [y0, y1) of a height x width plane inside the copy.
+struct Overlap {
+  int64_t y0, y1, x0, x1;
+};
+Overlap overlap(const Padded& layout, int64_t height, int64_t width) {
+  const int64_t y0 = std::clamp<int64_t>(-layout.top, 0, height), x0 = std::clamp<int64_t>(-layout.left, 0, width);
+  return {y0, std::clamp<int64_t>(layout.rows - layout.top, y0, height), x0,
+          std::clamp<int64_t>(layout.cols - layout.left, x0, width)};
+}
+void pad_plane(const float* plane, int64_t height, int64_t width, const Padded& layout, float fill, float* out) {
+  std::fill(out, out + layout.rows * layout.cols, fill);
+  const Overlap o = overlap(layout, height, width);
+  for (int64_t y = o.y0; y < o.y1; ++y) {
+    const float* src = plane + y * width;
+    float* dst = out + (y + layout.top) * layout.cols + layout.left;
+    for (int64_t x = o.x0; x < o.x1; ++x) dst[x] = src[x];
+  }
+}
+// The plane's part of the copy back into it (zero where the copy does not reach).
+void unpad_plane(const float* padded, const Padded& layout, int64_t height, int64_t width, float* plane) {
+  const Overlap o = overlap(layout, height, width);
+  std::fill(plane, plane + height * width, 0.0f);
+  for (int64_t y = o.y0; y < o.y1; ++y) {
+    const float* src = padded + (y + layout.top) * layout.cols + layout.left;
+    float* dst = plane + y * width;
+    for (int64_t x = o.x0; x < o.x1; ++x) dst[x] = src[x];
+  }
+}
+
+// The padded copy of an input plane that covers every input tile.
+Padded input_layout(const Problem& p, const Transforms& t) {
+  const Tiling tl = tiling(p, t.m);
+  return {(tl.rows - 1) * t.m + t.alpha, tl.cols * t.m + t.alpha, p.pad_h, p.pad_w};
+}
+// ... and of an output plane: whole tiles.
+Padded output_layout(const Problem& p, const Transforms& t) {
+  const Tiling tl = tiling(p, t.m);
+  return {tl.rows * t.m, tl.cols * t.m, 0, 0};
+}
+
+// A chunk of images n0 .. n0+images, their `tiles` tiles in each buffer
+// row, rows `ld` floats apart. ld is odd: with a power-of-two row length (128
+// tiles) the rows a transform reads or split_row writes at once would be a
+// multiple of 4 KiB apart and fight over the same few L1 sets.
+struct Chunk {
+  int64_t n0, images, tiles, ld;
+};
+
+// P[r][s][c][t]: the α x α input tile of output tile t (zero in the padding
+// and past the image).
+void gather_input(const float* input, const Problem& p, const Transforms& t, const Chunk& k, float* patches) {
+  const Tiling tl = tiling(p, t.m);
+  const Padded layout = input_layout(p, t);
+  const int64_t alpha = t.alpha, c_count = p.channels;
+  float* copy = padded_buffer(layout);
+  float* dst[kMaxAlpha];
+  for (int64_t i = 0; i < k.images; ++i) {
+    for (int64_t c = 0; c < c_count; ++c) {
+      pad_plane(input + ((k.n0 + i) * c_count + c) * p.height * p.width, p.height, p.width, layout, 0.0f, copy);
+      for (int64_t th = 0; th < tl.rows; ++th) {
+        for (int64_t r = 0; r < alpha; ++r) {
+          for (int64_t s = 0; s < alpha; ++s) {
+            dst[s] = patches + ((r * alpha + s) * c_count + c) * k.ld + i * tl.per_image + th * tl.cols;
+          }
+          split_row(copy + (th * t.m + r) * layout.cols, tl.cols, t.m, t.alpha, dst);
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of gather_input: the chunk's grad_input from its tiles' gradients.
+void scatter_input(const float* patches, const Problem& p, const Transforms& t, const Chunk& k, float* grad_input) {
+  const Tiling tl = tiling(p, t.m);
+  const Padded layout = input_layout(p, t);
+  const int64_t alpha = t.alpha, c_count = p.channels;
+  float* copy = padded_buffer(layout);
+  const float* src[kMaxAlpha];
+  for (int64_t i = 0; i < k.images; ++i) {
+    for (int64_t c = 0; c < c_count; ++c) {
+      std::fill(copy, copy + layout.rows * layout.cols, 0.0f);
+      for (int64_t th = 0; th < tl.rows; ++th) {
+        for (int64_t r = 0; r < alpha; ++r) {
+          for (int64_t s = 0; s < alpha; ++s) {
+            src[s] = patches + ((r * alpha + s) * c_count + c) * k.ld + i * tl.per_image + th * tl.cols;
+          }
+          merge_row(src, tl.cols, t.m, t.alpha, copy + (th * t.m + r) * layout.cols);
+        }
+      }
+      unpad_plane(copy, layout, p.height, p.width, grad_input + ((k.n0 + i) * c_count + c) * p.height * p.width);
+    }
+  }
+}
+
+// The output planes from the tiles' outputs Y[a][b][o][t], plus the bias.
+void scatter_output(const float* tiles_y, const float* bias, const Problem& p, const Transforms& t, const Chunk& k,
+                    float* output) {
+  const Tiling tl = tiling(p, t.m);
+  const Padded layout = output_layout(p, t);
+  const int64_t m = t.m, o_count = p.out_channels;
+  float* copy = padded_buffer(layout);
+  const float* src[kMaxAlpha];
+  for (int64_t i = 0; i < k.images; ++i) {
+    for (int64_t o = 0; o < o_count; ++o) {
+      std::fill(copy, copy + layout.rows * layout.cols, bias != nullptr ? bias[o] : 0.0f);
+      for (int64_t th = 0; th < tl.rows; ++th) {
+        for (int64_t a = 0; a < m; ++a) {
+          for (int64_t b = 0; b < m; ++b) {
+            src[b] = tiles_y + ((a * m + b) * o_count + o) * k.ld + i * tl.per_image + th * tl.cols;
+          }
+          merge_row(src, tl.cols, t.m, t.m, copy + (th * m + a) * layout.cols);
+        }
+      }
+      unpad_plane(copy, layout, p.out_h, p.out_w, output + ((k.n0 + i) * o_count + o) * p.out_h * p.out_w);
+    }
+  }
+}
+
+// V[ξ][ν][c][t] of the chunk, in slot 0 (slot 1 is scratch).
+float* transformed_input(const float* input, const Problem& p, const Transforms& t, const Chunk& k) {
+  const int64_t alpha = t.alpha, ct = p.channels * k.ld;
+  float* v = scratch(0, alpha * alpha * ct);
+  float* half = scratch(1, alpha * alpha * ct);
+  gather_input(input, p, t, k, v);
+  transform_segments(t, Which::bt, v, alpha * ct, half, alpha * ct, alpha * p.channels, k.ld, k.tiles);  // r -> ξ
+  for (int64_t xi = 0; xi < alpha; ++xi) {
+    transform_segments(t, Which::bt, half + xi * alpha * ct, ct, v + xi * alpha * ct, ct, p.channels, k.ld,
+                       k.tiles);  // s -> ν
+  }
+  return v;
+}
+
+// dM[ξ][ν][o][t]: the adjoint of the output transform applied to the chunk's
+// output gradient tiles, in slot 2 (slots 3 and 4 are scratch).
+float* transformed_grad_output(const float* grad_output, const Problem& p, const Transforms& t, const Chunk& k) {
+  const Tiling tl = tiling(p, t.m);
+  const int64_t alpha = t.alpha, m = t.m, o_count = p.out_channels, ot = o_count * k.ld;
+  float* tiles_dy = scratch(4, m * m * ot);  // [a][b][o][t]
+  const Padded layout = output_layout(p, t);
+  float* copy = padded_buffer(layout);
+  float* dst[kMaxAlpha];
+  for (int64_t i = 0; i < k.images; ++i) {
+    for (int64_t o = 0; o < o_count; ++o) {
+      pad_plane(grad_output + ((k.n0 + i) * o_count + o) * p.out_h * p.out_w, p.out_h, p.out_w, layout, 0.0f, copy);
+      for (int64_t th = 0; th < tl.rows; ++th) {
+        for (int64_t a = 0; a < m; ++a) {
+          for (int64_t b = 0; b < m; ++b) {
+            dst[b] = tiles_dy + ((a * m + b) * o_count + o) * k.ld + i * tl.per_image + th * tl.cols;
+          }
+          split_row(copy + (th * m + a) * layout.cols, tl.cols, t.m, t.m, dst);
+        }
+      }
+    }
+  }
+  float* half = scratch(3, alpha * m * ot);
+  transform_segments(t, Which::a, tiles_dy, m * ot, half, m * ot, m * o_count, k.ld, k.tiles);  // a -> ξ
+  float* dm = scratch(2, alpha * alpha * ot);
+  for (int64_t xi = 0; xi < alpha; ++xi) {
+    transform_segments(t, Which::a, half + xi * m * ot, ot, dm + xi * alpha * ot, ot, o_count, k.ld, k.tiles);  // b -> ν
+  }
+  return dm;
+}
+
+// Images per chunk and how the chunks are spread over the threads.
+struct Plan {
+  int64_t fold, groups, tasks;
+};
+constexpr int64_t kTargetTiles = 128;
+
+Plan plan(const Problem& p, int m) {
+  const int64_t batch = std::max<int64_t>(1, p.batch), per_image = tiling(p, m).per_image;
+  int64_t fold = std::clamp<int64_t>(kTargetTiles / per_image, 1, batch);
+  int64_t groups = (batch + fold - 1) / fold;
+  const int64_t threads = in_parallel_region() ? 1 : get_num_threads();
+  const int64_t tasks = std::min(threads, groups);
+  if (tasks > 1) {
+    // Whole chunks per thread: 3 chunks on 2 threads become 4 smaller ones.
+    const int64_t per_task = (groups + tasks - 1) / tasks;
+    fold = (batch + per_task * tasks - 1) / (per_task * tasks);
+    groups = (batch + fold - 1) / fold;
+  }
+  return {fold, groups, tasks};
+}
+
+// fn(task, chunk) for every chunk, the chunks of a task in order.
+template <class Fn>
+void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
+  const int64_t per_image = tiling(p, m).per_image;
+  auto run_task = [&](int64_t task) {
+    const int64_t first = plan.groups * task / plan.tasks, last = plan.groups * (task + 1) / plan.tasks;
+    for (int64_t group = first; group < last; ++group) {
+      const int64_t n0 = group * plan.fold;
+      if (n0 >= p.batch) continue;
+      const int64_t images = std::min(plan.fold, p.batch - n0), tiles = images * per_image;
+      fn(task, Chunk{n0, images, tiles, tiles | 1});
+    }
+  };
+  if (plan.tasks == 1) return run_task(0);
+  parallel_for(0, plan.tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) run_task(task);
+  });
+}
+
+}  // namespace
+
+int tile_for(const Problem& p) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("LOOM_CPU_WINOGRAD");
+    if (value == nullptr || std::string(value) == "1") return true;
+    if (std::string(value) == "0") return false;
+    LOOM_FAIL("LOOM_CPU_WINOGRAD must be 0 (im2col + GEMM for every convolution) or 1 (Winograd where it pays, the "
+              "default), not '", value, "'");
+  }();
+  if (!enabled || std::string(gemm_kernel_name()) != "avx2-fma") return 0;
+  // 5x5 kernels on planes of at least 8x8 with enough channels for the GEMMs to dominate.
+  if (p.kernel != 5 || p.channels < 8 || p.out_channels < 8 || p.out_h < 8 || p.out_w < 8) return 0;
+  return 4;
+}
+
+void forward(const float* input, const float* weight, const float* bias, const Problem& p, int m, float* output) {
+  const Transforms& t = transforms(m, static_cast<int>(p.kernel));
+  const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
+  const float* u = transform_weight(weight, p, t);
+  for_each_chunk(p, m, plan(p, m), [&](int64_t, const Chunk& k) {
+    const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
+    const float* v = transformed_input(input, p, t, k);
+    float* product = scratch(2, alpha * alpha * ot);  // M[ξ][ν][o][t]
+    for (int64_t e = 0; e < alpha * alpha; ++e) {
+      gemm(Transpose::no, Transpose::no, o_count, k.tiles, c_count, 1.0f, u + e * o_count * c_count, c_count,
+           v + e * ct, k.ld, 0.0f, product + e * ot, k.ld);
+    }
+    float* half = scratch(3, alpha * m * ot);
+    for (int64_t xi = 0; xi < alpha; ++xi) {
+      transform_segments(t, Which::at, product + xi * alpha * ot, ot, half + xi * m * ot, ot, o_count, k.ld,
+                         k.tiles);  // ν -> b
+    }
+    float* y = scratch(4, m * m * ot);  // Y[a][b][o][t]
+    transform_segments(t, Which::at, half, m * ot, y, m * ot, m * o_count, k.ld, k.tiles);  // ξ -> a
+    scatter_output(y, bias, p, t, k, output);
+  });
+}
+
+void backward_input(const float* grad_output, const float* weight, const Problem& p, int m, float* grad_input) {
+  const Transforms& t = transforms(m, static_cast<int>(p.kernel));
+  const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
+  const float* u = transform_weight(weight, p, t);
+  for_each_chunk(p, m, plan(p, m), [&](int64_t, const Chunk& k) {
+    const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
+    const float* dm = transformed_grad_output(grad_output, p, t, k);
+    float* dv = scratch(0, alpha * alpha * ct);  // dV[ξ][ν][c][t] = Uᵀ dM
+    for (int64_t e = 0; e < alpha * alpha; ++e) {
+      gemm(Transpose::yes, Transpose::no, c_count, k.tiles, o_count, 1.0f, u + e * o_count * c_count, c_count,
+           dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
+    }
+    float* half = scratch(1, alpha * alpha * ct);
+    for (int64_t xi = 0; xi < alpha; ++xi) {
+      transform_segments(t, Which::b, dv + xi * alpha * ct, ct, half + xi * alpha * ct, ct, c_count, k.ld,
+                         k.tiles);  // ν -> s
+    }
+    float* dp = dv;  // dP[r][s][c][t]; dV is consumed
+    transform_segments(t, Which::b, half, alpha * ct, dp, alpha * ct, alpha * c_count, k.ld, k.tiles);  // ξ -> r
+    scatter_input(dp, p, t, k, grad_input);
+  });
+}
+
+void backward_weight(const float* grad_output, const float* input, const Problem& p, int m, float* grad_weight) {
+  const Transforms& t = transforms(m, static_cast<int>(p.kernel));
+  const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
+  const int64_t size = alpha * alpha * o_count * c_count;
+  const Plan chunks = plan(p, m);
+  // dU[ξ][ν][o][c] per task, summed in task order afterwards (the same sum
+  // whatever the timing).
+  std::vector<float> partials(static_cast<size_t>(chunks.tasks * size), 0.0f);
+  for_each_chunk(p, m, chunks, [&](int64_t task, const Chunk& k) {
+    const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
+    const float* v = transformed_input(input, p, t, k);
+    const float* dm = transformed_grad_output(grad_output, p, t, k);
+    float* du = partials.data() + task * size;
+    for (int64_t e = 0; e < alpha * alpha; ++e) {
+      gemm(Transpose::no, Transpose::yes, o_count, c_count, k.tiles, 1.0f, dm + e * ot, k.ld, v + e * ct, k.ld, 1.0f,
+           du + e * o_count * c_count, c_count);
+    }
+  });
+  for (int64_t task = 1; task < chunks.tasks; ++task) {
+    const float* partial = partials.data() + task * size;
+    for (int64_t i = 0; i < size; ++i) partials[i] += partial[i];
+  }
+  inverse_transform_weight(partials.data(), p, t, grad_weight);
+}
+
+}  // namespace loom::ops::cpu::winograd
