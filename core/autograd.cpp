@@ -185,8 +185,11 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       const Edge& edge = node.next_edges[i];
       auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.node.get());
       if (accumulator == nullptr) continue;
-      const TensorImpl& leaf = *accumulator->variable().impl();
+      const Tensor& variable = accumulator->variable();
+      const TensorImpl& leaf = *variable.impl();
       if (!leaf.grad_destination.defined() || leaf.grad.defined()) continue;
+      // Checked when set; the leaf may have changed since (Module::to).
+      if (!fits_result(leaf.grad_destination, leaf.sizes, leaf.dtype, variable.device())) continue;
       auto slot = pending.find(accumulator);
       if (slot != pending.end() && slot->second.grads.at(0).defined()) continue;
       // The same leaf twice among this node's inputs: offer it to the first only.
