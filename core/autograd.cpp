@@ -29,6 +29,11 @@ void accumulate(Tensor& total, Tensor&& gradient) {
 Node::Node(std::string name, uint32_t num_outputs)
     : sequence_nr_(g_next_sequence_nr.fetch_add(1)), name_(std::move(name)), num_outputs_(num_outputs) {}
 
+const Tensor& Node::gradient_destination(size_t i) const {
+  static const Tensor none;
+  return i < gradient_destinations_.size() ? gradient_destinations_[i] : none;
+}
+
 FunctionNode::FunctionNode(std::string name, uint32_t num_outputs, BackwardFunction backward)
     : Node(std::move(name), num_outputs), backward_(std::move(backward)) {}
 
@@ -52,7 +57,13 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   TensorImpl& impl = *variable_.impl();
   LOOM_CHECK(gradient.sizes() == impl.sizes, "gradient of shape ", shape_str(gradient.sizes()),
              " for a parameter of shape ", shape_str(impl.sizes));
-  if (!impl.grad.defined()) {
+  const Tensor& destination = impl.grad_destination;
+  if (!impl.grad.defined() && destination.defined() && gradient.raw_data() == destination.raw_data() &&
+      gradient.sizes() == destination.sizes() && gradient.strides() == destination.strides() &&
+      gradient.dtype() == destination.dtype() && gradient.device() == destination.device()) {
+    // The op wrote straight into the destination (Node::gradient_destination).
+    impl.grad = destination;
+  } else if (!impl.grad.defined()) {
     // Keep the incoming tensor when nobody else can see it; otherwise copy.
     if (gradient.dtype() != impl.dtype) gradient = gradient.to(impl.dtype);
     if (!gradient.is_contiguous() || gradient.storage().use_count() > 1 || gradient.impl_ptr().use_count() > 1) {
@@ -64,6 +75,21 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   }
   for (auto& hook : impl.post_accumulate_grad_hooks) hook(variable_);
   return {};
+}
+
+bool fits_result(const Tensor& t, const Shape& sizes, DType dtype, Device device) {
+  return t.defined() && t.sizes() == sizes && t.dtype() == dtype && t.device() == device && t.is_contiguous();
+}
+
+Tensor gradient_to_destination(const Node& node, size_t i, const Tensor& gradient, DType dtype) {
+  const Tensor& destination = node.gradient_destination(i);
+  if (!gradient.defined() || !gradient.device().is_cpu() ||
+      !fits_result(destination, gradient.sizes(), dtype, gradient.device()))
+    return gradient.to(dtype);
+  NoGradGuard no_grad;
+  Tensor written = destination;
+  written.copy_(gradient);
+  return written;
 }
 
 bool grad_mode_enabled() { return t_grad_mode; }
@@ -152,6 +178,28 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
       later_first);
 
+  // Decided when `node` is about to run (not in advance): a leaf whose .grad is
+  // undefined and which has no gradient pending from another node yet.
+  auto offer_gradient_destinations = [&](Node& node) {
+    for (size_t i = 0; i < node.next_edges.size(); ++i) {
+      const Edge& edge = node.next_edges[i];
+      auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.node.get());
+      if (accumulator == nullptr) continue;
+      const Tensor& variable = accumulator->variable();
+      const TensorImpl& leaf = *variable.impl();
+      if (!leaf.grad_destination.defined() || leaf.grad.defined()) continue;
+      // Checked when set; the leaf may have changed since (Module::to).
+      if (!fits_result(leaf.grad_destination, leaf.sizes, leaf.dtype, variable.device())) continue;
+      auto slot = pending.find(accumulator);
+      if (slot != pending.end() && slot->second.grads.at(0).defined()) continue;
+      // The same leaf twice among this node's inputs: offer it to the first only.
+      bool earlier = false;
+      for (size_t j = 0; j < i && !earlier; ++j) earlier = node.next_edges[j].node == edge.node;
+      if (earlier) continue;
+      if (node.gradient_destinations_.empty()) node.gradient_destinations_.resize(node.next_edges.size());
+      node.gradient_destinations_[i] = leaf.grad_destination;
+    }
+  };
   auto deliver = [&](const Edge& edge, Tensor&& gradient) {
     Pending& slot = pending[edge.node.get()];
     if (!slot.node) {
@@ -180,6 +228,11 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     // A node that received no gradient at all passes none on.
     TensorList input_grads;
     if (any_gradient) {
+      offer_gradient_destinations(*node);
+      struct ClearDestinations {
+        Node& node;
+        ~ClearDestinations() { node.gradient_destinations_.clear(); }
+      } clear_destinations{*node};
       // The scope reads the shape and keeps no reference (no copy of grads[0]
       // here either): AccumulateGrad takes over a gradient only when nothing
       // else holds it.

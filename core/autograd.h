@@ -41,6 +41,13 @@ class Node {
   // visits layers in reverse forward order.
   uint64_t sequence_nr() const { return sequence_nr_; }
   bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+  // Where apply() may write the gradient for input `i` instead of allocating
+  // it, or an undefined tensor. Defined only during apply(), when input `i` is
+  // a leaf with a grad destination (Tensor::grad_destination), an undefined
+  // .grad and no gradient from another node yet in this pass. An op that
+  // fills it (its whole extent) returns it as that input's gradient; an op that
+  // can't ignores it (AccumulateGrad then stores or copies as usual).
+  const Tensor& gradient_destination(size_t i) const;
 
   std::vector<Edge> next_edges;
 
@@ -48,8 +55,10 @@ class Node {
   uint64_t sequence_nr_;
 
  private:
+  friend void run_backward(const TensorList& roots, const TensorList& root_grads, bool retain_graph);
   std::string name_;
   uint32_t num_outputs_;
+  TensorList gradient_destinations_;  // set by the engine around apply(); empty otherwise
 };
 
 // Backward of an op as a closure over exactly what it saved.
@@ -66,6 +75,8 @@ class FunctionNode final : public Node {
 };
 
 // Sums gradients into a leaf's .grad, then runs its post-accumulate hooks.
+// A gradient that is exactly the variable's grad destination (the op wrote it
+// there) becomes .grad as it is, without a copy.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(Tensor variable);
@@ -75,6 +86,17 @@ class AccumulateGrad final : public Node {
  private:
   Tensor variable_;
 };
+
+// Whether `t` can hold a result of `sizes` and `dtype` on `device` in place:
+// defined, contiguous, of exactly that geometry.
+bool fits_result(const Tensor& t, const Shape& sizes, DType dtype, Device device);
+
+// `gradient`, converted to `dtype`, as the gradient for input `i` of `node`:
+// copied into the gradient destination offered for that input when it fits
+// (CPU only for now; the CUDA paths have not run on a GPU yet), else
+// gradient.to(dtype). For small gradients (biases, batch-norm parameters) and
+// dtype conversions, where the copy replaces an allocation.
+Tensor gradient_to_destination(const Node& node, size_t i, const Tensor& gradient, DType dtype);
 
 // Grad mode is per thread; ops record a graph only while it is on.
 bool grad_mode_enabled();

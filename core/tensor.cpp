@@ -343,8 +343,10 @@ Tensor Tensor::to(DType target) const {
   Tensor out = copy_to_new(*this, target, device());
   DType source = dtype();
   if (is_floating(source) && is_floating(target)) {
-    record("to_dtype", {*this}, {&out}, [source](const TensorList& g, const Node&) {
-      return TensorList{g[0].to(source)};
+    // Backward converts into the source's gradient destination when offered
+    // (autocast's casts of fp32 parameters).
+    record("to_dtype", {*this}, {&out}, [source](const TensorList& g, const Node& node) {
+      return TensorList{gradient_to_destination(node, 0, g[0], source)};
     });
   }
   return out;
@@ -617,6 +619,23 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
     seed = Tensor::ones(sizes(), dtype(), device());
   }
   run_backward({*this}, {seed}, retain_graph);
+}
+
+const Tensor& Tensor::grad_destination() const {
+  check_defined("grad_destination()");
+  return impl_->grad_destination;
+}
+void Tensor::set_grad_destination(const Tensor& destination) {
+  check_defined("set_grad_destination");
+  if (destination.defined()) {
+    LOOM_CHECK(destination.sizes() == sizes() && destination.dtype() == dtype() && destination.device() == device(),
+               "set_grad_destination: destination ", destination.str(), " for tensor ", str(),
+               "; it must have the tensor's shape, dtype and device");
+    LOOM_CHECK(destination.is_contiguous(), "set_grad_destination: destination ", destination.str(),
+               " is not contiguous");
+    LOOM_CHECK(!destination.requires_grad(), "set_grad_destination: the destination must not require grad");
+  }
+  impl_->grad_destination = destination;
 }
 
 void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {

@@ -367,6 +367,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                                       contiguous_strides(parameter.tensor.sizes()), offset);
       if (parameter.tensor.grad().defined()) parameter.grad_view.copy_(parameter.tensor.grad());
       parameter.tensor.set_grad(parameter.grad_view);
+      // Backward computes the gradient straight into the bucket where the op
+      // producing it can (zero_grad(set_to_none) leaves .grad undefined every step).
+      parameter.tensor.set_grad_destination(parameter.grad_view);
       offset += parameter.tensor.numel();
     }
     bucket.parameters = std::move(members);
@@ -388,6 +391,11 @@ DistributedDataParallel::~DistributedDataParallel() {
   if (reducer_) {
     std::lock_guard lock(reducer_->mutex);
     reducer_->wait_launched();
+    // The buckets stop being where gradients go (unless someone else set a destination since).
+    for (Reducer::Parameter& parameter : reducer_->parameters) {
+      if (parameter.tensor.grad_destination().is_same(parameter.grad_view))
+        parameter.tensor.set_grad_destination(Tensor());
+    }
   }
 }
 

@@ -102,8 +102,12 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                       ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps))
                       : cpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps, cpu_relu);
            }
-           return TensorList{dx, node.needs_input_grad(1) ? row(sums, 1).to(weight_dtype) : Tensor(),
-                             node.needs_input_grad(2) ? row(sums, 0).to(bias_dtype) : Tensor()};
+           // The (C) parameter gradients convert from f64 into their gradient destinations when offered.
+           return TensorList{dx,
+                             node.needs_input_grad(1) ? gradient_to_destination(node, 1, row(sums, 1), weight_dtype)
+                                                      : Tensor(),
+                             node.needs_input_grad(2) ? gradient_to_destination(node, 2, row(sums, 0), bias_dtype)
+                                                      : Tensor()};
          });
   return out;
 }

@@ -60,12 +60,15 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
              dx = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_input(dy, w, x.sizes(), params))
                               : cpu::conv2d_backward_input(dy, w, x.sizes(), params);
            }
+           // The weight gradient is computed straight into its gradient destination
+           // (a DDP bucket) on the CPU; the small bias gradient is copied there.
            if (node.needs_input_grad(1)) {
              dw = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_weight(dy, x, w.sizes(), params))
-                              : cpu::conv2d_backward_weight(dy, x, w.sizes(), params);
+                              : cpu::conv2d_backward_weight(dy, x, w.sizes(), params, node.gradient_destination(1));
            }
            if (node.needs_input_grad(2)) {
-             db = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_bias(dy)) : cpu::conv2d_backward_bias(dy);
+             db = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_bias(dy))
+                              : gradient_to_destination(node, 2, cpu::conv2d_backward_bias(dy), dy.dtype());
            }
            return TensorList{dx, dw, db};
          });

@@ -44,8 +44,11 @@ namespace ops::cpu {
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
                              const Conv2dParams& params);
+// `out`, when defined and fitting (weight_sizes, grad_output's dtype,
+// contiguous), receives the weight gradient and is returned (a gradient
+// destination, Node::gradient_destination); otherwise it is allocated.
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
-                              const Conv2dParams& params);
+                              const Conv2dParams& params, const Tensor& out = Tensor());
 Tensor conv2d_backward_bias(const Tensor& grad_output);  // (O)
 }  // namespace ops::cpu
 

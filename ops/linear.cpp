@@ -32,6 +32,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                                                           grads[0], grads[1], grads[2]),
                                Tensor()));
            } else {
+             // Weight and bias gradients straight into their gradient destinations (DDP buckets).
+             grads[1] = node.gradient_destination(1);
+             grads[2] = node.gradient_destination(2);
              ops::cpu::linear_backward(g[0], x, w, node.needs_input_grad(0), node.needs_input_grad(1),
                                        node.needs_input_grad(2), grads[0], grads[1], grads[2]);
            }

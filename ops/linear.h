@@ -12,7 +12,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 
 namespace ops::cpu {
 Tensor linear_forward(const Tensor& input, const Tensor& weight, const Tensor& bias);
-// Any of the outputs may be skipped (want_* false → undefined).
+// Any of the outputs may be skipped (want_* false → undefined). A grad_weight
+// or grad_bias defined on entry that fits (the weight's dtype, contiguous) is
+// written into and returned (a gradient destination); otherwise allocated.
 void linear_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight, bool want_input,
                      bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias);
 }  // namespace ops::cpu

@@ -534,13 +534,19 @@ Tensor conv2d_backward_input(const Tensor& grad_output_in, const Tensor& weight_
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_in, const Shape& weight_sizes,
-                              const Conv2dParams& params) {
+                              const Conv2dParams& params, const Tensor& out) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
   const Geometry g = make_geometry(input.sizes(), weight_sizes, params);
-  Tensor grad_weight = Tensor::empty(weight_sizes, grad_output.dtype());
+  const bool into_out = fits_result(out, weight_sizes, grad_output_in.dtype(), Device::cpu());
+  Tensor grad_weight =
+      into_out && out.dtype() == grad_output.dtype() ? out : Tensor::empty(weight_sizes, grad_output.dtype());
   visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
     backward_weight(grad_output.data<T>(), input.data<T>(), g, grad_weight.data<T>());
   });
+  if (into_out && !grad_weight.is_same(out)) {  // computed in f32 for an f16 / bf16 `out`
+    Tensor written = out;
+    return written.copy_(grad_weight);
+  }
   return grad_weight.to(grad_output_in.dtype());
 }
 

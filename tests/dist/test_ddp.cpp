@@ -3,10 +3,13 @@
 // on the whole batch: same parameters after several SGD steps, gradients
 // averaged when backward() returns (end-of-backward callback), no_sync
 // accumulation, unused parameters, buffer broadcast, fp16 / bf16 compression,
-// bucket all-reduces overlapping backward, and the errors.
+// bucket all-reduces overlapping backward, gradients computed straight into
+// the buckets (no copy), and the errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "core/autograd.h"
@@ -128,6 +131,56 @@ std::vector<std::pair<std::string, Shape>> resnet18_parameter_shapes() {
   return shapes;
 }
 
+
+// conv -> batch norm -> relu -> linear in f64, initialised from `seed`: every
+// op whose backward writes parameter gradients into their buckets.
+std::shared_ptr<nn::Module> tiny_conv_model(uint64_t seed) {
+  manual_seed(seed);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(1, 2, 3), std::make_shared<nn::BatchNorm2d>(2), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(2 * 4 * 4, 3)});
+  model->to(DType::f64);
+  return model;
+}
+
+// Images [first, first + count) of a fixed (8, 1, 6, 6) set.
+Tensor images(int64_t first, int64_t count) {
+  std::vector<double> values;
+  for (int64_t i = first * 36; i < (first + count) * 36; ++i) values.push_back(std::sin(0.41 * static_cast<double>(i)));
+  return Tensor::from_vector_as(values, {count, 1, 6, 6}, DType::f64);
+}
+
+// Registers, ahead of DDP's own hooks, a hook recording per parameter whether
+// autograd left .grad as the parameter's grad destination (the bucket view):
+// then the backward op wrote it in place and DDP had nothing to copy.
+std::shared_ptr<std::vector<int>> watch_gradients_in_place(nn::Module& model) {
+  auto in_place = std::make_shared<std::vector<int>>();
+  auto parameters = model.parameters();
+  in_place->assign(parameters.size(), -1);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    parameters[i].register_post_accumulate_grad_hook([in_place, i](Tensor& parameter) {
+      (*in_place)[i] = parameter.grad_destination().defined() && parameter.grad().is_same(parameter.grad_destination());
+    });
+  }
+  return in_place;
+}
+
+// Every parameter's .grad lies in its bucket: the parameters of a bucket share
+// one storage, back to back in bucket order.
+void expect_gradients_in_buckets(const DistributedDataParallel& ddp, nn::Module& model) {
+  std::map<std::string, Tensor> by_name;
+  for (auto& [name, parameter] : model.named_parameters()) by_name[name] = parameter;
+  for (const auto& bucket : ddp.bucket_parameter_names()) {
+    const Tensor first = by_name.at(bucket.front()).grad();
+    const char* next = static_cast<const char*>(first.raw_data());
+    for (const std::string& name : bucket) {
+      const Tensor grad = by_name.at(name).grad();
+      expect(grad.storage() == first.storage(), "'", name, "'s gradient is not in its bucket");
+      expect(grad.raw_data() == next, "'", name, "'s gradient is not where its bucket puts it");
+      next += grad.nbytes();
+    }
+  }
+}
 }  // namespace
 
 TEST_SUITE("ddp") {
@@ -216,6 +269,36 @@ TEST_SUITE("ddp") {
     CHECK(contains(twice, "parameter '2."));  // the last layer's gradients arrive first
   }
 
+  TEST_CASE("world of one: backward writes the gradients into the buckets, no copy") {
+    auto group = world_of_one();
+    auto model = tiny_conv_model(11);
+    auto in_place = watch_gradients_in_place(*model);
+    auto reference = tiny_conv_model(11);
+    {
+      DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
+      for (auto& [name, parameter] : model->named_parameters())
+        CHECK_MESSAGE(parameter.grad_destination().defined(), name);
+      for (int step = 0; step < 2; ++step) {
+        model->zero_grad(true);  // PyTorch 2's default: .grad undefined at every backward
+        reference->zero_grad(true);
+        std::fill(in_place->begin(), in_place->end(), -1);
+        mse(ddp.forward(images(0, 4)), targets(0, 4)).backward();
+        mse(reference->forward(images(0, 4)), targets(0, 4)).backward();
+        for (size_t i = 0; i < in_place->size(); ++i) CHECK_MESSAGE((*in_place)[i] == 1, "parameter ", i);
+        expect_gradients_in_buckets(ddp, *model);
+        expect_close(model->named_parameters(), reference->named_parameters(), "in-place gradients", true);
+      }
+      // Accumulation without zero_grad adds in the buckets.
+      mse(ddp.forward(images(4, 4)), targets(4, 4)).backward();
+      mse(reference->forward(images(4, 4)), targets(4, 4)).backward();
+      expect_gradients_in_buckets(ddp, *model);
+      expect_close(model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
+    }
+    // Without DDP the buckets are no longer where gradients go.
+    for (auto& [name, parameter] : model->named_parameters())
+      CHECK_MESSAGE(!parameter.grad_destination().defined(), name);
+  }
+
   TEST_CASE("world of one: unused parameters") {
     auto group = world_of_one();
     auto strict_model = std::make_shared<TwoHeads>();
@@ -281,6 +364,36 @@ LOOM_DIST_SCENARIO("ddp_no_sync") {
   for (int64_t m = 0; m < 2 * world; ++m) mse(reference->forward(inputs(m * micro, micro)), targets(m * micro, micro)).backward();
   for (auto& [name, parameter] : reference->named_parameters()) parameter.mutable_grad().mul_(1.0 / world);
   expect_close(model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
+  group->barrier()->wait();
+}
+
+// Gradients computed straight into the buckets on 2 ranks: no copy into the
+// buckets, and .grad holds the average of each rank's gradient (batch norm
+// normalises per rank, so the reference runs each rank's share separately).
+LOOM_DIST_SCENARIO("ddp_in_place") {
+  auto group = group_from_environment();
+  int rank = group->rank(), world = group->size();
+  auto model = tiny_conv_model(300);
+  auto in_place = watch_gradients_in_place(*model);
+  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
+  const int64_t share = kSamples / world;
+  auto reference = tiny_conv_model(300);
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad(true);
+    reference->zero_grad(true);
+    std::fill(in_place->begin(), in_place->end(), -1);
+    mse(ddp.forward(images(rank * share, share)), targets(rank * share, share)).backward();
+    for (size_t i = 0; i < in_place->size(); ++i)
+      expect((*in_place)[i] == 1, "rank ", rank, ": parameter ", i, "'s gradient was not computed in its bucket");
+    expect_gradients_in_buckets(ddp, *model);
+    for (int r = 0; r < world; ++r)
+      mse(reference->forward(images(r * share, share)), targets(r * share, share)).backward();
+    for (auto& [name, parameter] : reference->named_parameters()) parameter.mutable_grad().mul_(1.0 / world);
+    expect_close(model->named_parameters(), reference->named_parameters(), str("averaged gradients, rank ", rank),
+                 true);
+    sgd_step(*model, 0.1);
+    sgd_step(*reference, 0.1);
+  }
   group->barrier()->wait();
 }
 
@@ -448,6 +561,7 @@ LOOM_DIST_SCENARIO("ddp_overlap") {
 TEST_SUITE("ddp") {
   TEST_CASE("2 ranks equal 1 process on the whole batch") { expect_all_ok(spawn_ranks("ddp_equivalence", 2)); }
   TEST_CASE("4 ranks equal 1 process on the whole batch") { expect_all_ok(spawn_ranks("ddp_equivalence", 4)); }
+  TEST_CASE("2 ranks: gradients computed in the buckets") { expect_all_ok(spawn_ranks("ddp_in_place", 2)); }
   TEST_CASE("no_sync accumulates, then one reduction") { expect_all_ok(spawn_ranks("ddp_no_sync", 2)); }
   TEST_CASE("no_sync over 2 micro-batches equals one batch of twice the size") {
     expect_all_ok(spawn_ranks("ddp_no_sync_double_batch", 2));

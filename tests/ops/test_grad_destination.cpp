@@ -1,0 +1,216 @@
+// Gradient destinations (Tensor::grad_destination): backward computes a leaf's
+// gradient straight into the given memory for conv2d, linear and batch_norm
+// parameters, with the values it computes without one (f32 and f64);
+// accumulation without zeroing, a parameter used twice, retain_graph, dtype
+// casts and ops that ignore destinations still give the right sums.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/batch_norm.h"
+#include "ops/conv2d.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+
+using namespace loom;
+
+namespace {
+
+Tensor values(const Shape& sizes, DType dtype, double phase) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(sizes)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i) + phase);
+  return Tensor::from_vector_as(v, sizes, dtype);
+}
+
+Tensor leaf(const Shape& sizes, DType dtype, double phase) {
+  Tensor t = values(sizes, dtype, phase);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// Weights the loss so that every output element gets a different gradient.
+Tensor weighted_sum(const Tensor& y) { return sum(y * values(y.sizes(), y.dtype(), 0.5)); }
+
+void check_close(const Tensor& actual, const Tensor& expected, double scale, const std::string& what) {
+  REQUIRE(actual.defined());
+  const double tolerance = actual.dtype() == DType::f64 ? 1e-12 : 1e-5;
+  std::vector<double> a = actual.to_vector<double>(), b = expected.to_vector<double>();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(what, "[", i, "]");
+    CHECK(std::abs(a[i] - scale * b[i]) <= tolerance * (1 + std::abs(scale * b[i])));
+  }
+}
+
+using Loss = std::function<Tensor(const std::vector<Tensor>& parameters)>;
+
+// Parameters of `shapes` get destinations: consecutive slices of one buffer,
+// the first at an odd offset (DDP's bucket views sit anywhere). Backward must
+// leave each .grad as exactly its destination, equal to the gradient computed
+// without destinations; a second backward without zeroing adds in place.
+void check_written_in_place(const std::vector<Shape>& shapes, DType dtype, const Loss& loss) {
+  int64_t total = 3;
+  for (const Shape& s : shapes) total += shape_numel(s);
+  const Tensor buffer = Tensor::full({total}, 7.0, dtype);  // stale values, as in a bucket
+  std::vector<Tensor> plain, placed, destinations;
+  int64_t offset = 3;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    plain.push_back(leaf(shapes[k], dtype, static_cast<double>(k)));
+    placed.push_back(leaf(shapes[k], dtype, static_cast<double>(k)));
+    destinations.push_back(make_view(buffer, shapes[k], contiguous_strides(shapes[k]), offset));
+    offset += shape_numel(shapes[k]);
+    placed[k].set_grad_destination(destinations[k]);
+  }
+  loss(plain).backward();
+  loss(placed).backward();
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    INFO("parameter ", k, " of shape ", shape_str(shapes[k]));
+    CHECK(placed[k].grad().is_same(destinations[k]));
+    CHECK(placed[k].grad().raw_data() == destinations[k].raw_data());
+    check_close(placed[k].grad(), plain[k].grad(), 1.0, "gradient");
+  }
+  // Accumulation (no zero_grad): .grad is defined, nothing is offered, it sums in place.
+  loss(placed).backward();
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    INFO("parameter ", k, " of shape ", shape_str(shapes[k]));
+    CHECK(placed[k].grad().is_same(destinations[k]));
+    check_close(placed[k].grad(), plain[k].grad(), 2.0, "accumulated gradient");
+  }
+  // set_to_none again: the next backward overwrites the stale sums.
+  for (Tensor& p : placed) p.set_grad(Tensor());
+  loss(placed).backward();
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    CHECK(placed[k].grad().is_same(destinations[k]));
+    check_close(placed[k].grad(), plain[k].grad(), 1.0, "gradient after set_to_none");
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("grad destination") {
+  TEST_CASE("conv2d weight and bias gradients are written into their destinations") {
+    for (DType dtype : {DType::f32, DType::f64}) {
+      CAPTURE(dtype_name(dtype));
+      const Tensor x = values({2, 3, 6, 5}, dtype, 1.1);
+      check_written_in_place({{4, 3, 3, 3}, {4}}, dtype, [&](const std::vector<Tensor>& p) {
+        return weighted_sum(conv2d(x, p[0], p[1], Conv2dParams{.padding = {1, 1}}));
+      });
+    }
+  }
+
+  TEST_CASE("linear weight and bias gradients are written into their destinations") {
+    for (DType dtype : {DType::f32, DType::f64}) {
+      CAPTURE(dtype_name(dtype));
+      const Tensor x = values({5, 7}, dtype, 0.3);
+      check_written_in_place({{3, 7}, {3}}, dtype,
+                             [&](const std::vector<Tensor>& p) { return weighted_sum(linear(x, p[0], p[1])); });
+    }
+  }
+
+  TEST_CASE("batch_norm weight and bias gradients are written into their destinations") {
+    for (DType dtype : {DType::f32, DType::f64}) {
+      CAPTURE(dtype_name(dtype));
+      const Tensor x = values({4, 3, 2, 2}, dtype, 0.7);
+      check_written_in_place({{3}, {3}}, dtype, [&](const std::vector<Tensor>& p) {
+        return weighted_sum(batch_norm(x, p[0], p[1], Tensor(), Tensor(), true, 0.1, 1e-5));
+      });
+    }
+  }
+
+  TEST_CASE("a conv -> batch_norm -> linear chain with the input gradient too") {
+    const Tensor x = values({2, 2, 4, 4}, DType::f64, 0.2);
+    check_written_in_place({{3, 2, 3, 3}, {3}, {3}, {3}, {5, 12}, {5}}, DType::f64,
+                           [&](const std::vector<Tensor>& p) {
+                             Tensor h = conv2d(x, p[0], p[1]);
+                             h = batch_norm(h, p[2], p[3], Tensor(), Tensor(), true, 0.1, 1e-5, Activation::relu);
+                             return weighted_sum(linear(h.reshape({2, 12}), p[4], p[5]));
+                           });
+  }
+
+  TEST_CASE("a parameter used twice gets the right sum and keeps its destination memory") {
+    const Tensor x = values({4, 5}, DType::f64, 0.9);
+    Tensor w = leaf({5, 5}, DType::f64, 0.0), reference = leaf({5, 5}, DType::f64, 0.0);
+    Tensor destination = Tensor::zeros({5, 5}, DType::f64);
+    w.set_grad_destination(destination);
+    // y = W (W x): the first node to run writes the destination; the second
+    // gets no offer (a gradient is already pending) and the engine sums.
+    weighted_sum(linear(linear(x, w), w)).backward();
+    weighted_sum(linear(linear(x, reference), reference)).backward();
+    check_close(w.grad(), reference.grad(), 1.0, "shared parameter");
+    // Elementwise w * w: one node, the same leaf twice.
+    Tensor v = leaf({6}, DType::f64, 0.4), v_reference = leaf({6}, DType::f64, 0.4);
+    v.set_grad_destination(Tensor::zeros({6}, DType::f64));
+    weighted_sum(v * v).backward();
+    weighted_sum(v_reference * v_reference).backward();
+    check_close(v.grad(), v_reference.grad(), 1.0, "w * w");
+  }
+
+  TEST_CASE("retain_graph: the second backward adds into the destination") {
+    const Tensor x = values({5, 7}, DType::f64, 0.3);
+    Tensor w = leaf({3, 7}, DType::f64, 0.0), reference = leaf({3, 7}, DType::f64, 0.0);
+    Tensor destination = Tensor::zeros({3, 7}, DType::f64);
+    w.set_grad_destination(destination);
+    Tensor loss = weighted_sum(linear(x, w));
+    loss.backward(Tensor(), true);
+    loss.backward();
+    weighted_sum(linear(x, reference)).backward();
+    CHECK(w.grad().is_same(destination));
+    check_close(w.grad(), reference.grad(), 2.0, "retained graph");
+  }
+
+  TEST_CASE("ops without destination support, casts and zero_grad(set_to_none=false)") {
+    // mul's backward ignores the offer: AccumulateGrad stores a fresh tensor.
+    Tensor w = leaf({6}, DType::f64, 0.0);
+    Tensor destination = Tensor::zeros({6}, DType::f64);
+    w.set_grad_destination(destination);
+    const Tensor c = values({6}, DType::f64, 1.0);
+    sum(w * c).backward();
+    CHECK_FALSE(w.grad().raw_data() == destination.raw_data());
+    check_close(w.grad(), c, 1.0, "mul");
+
+    // A cast (autocast's f32 -> f16 of a parameter) converts into the destination.
+    Tensor master = leaf({3, 7}, DType::f64, 0.0), reference = leaf({3, 7}, DType::f64, 0.0);
+    Tensor master_destination = Tensor::zeros({3, 7}, DType::f64);
+    master.set_grad_destination(master_destination);
+    const Tensor x = values({5, 7}, DType::f32, 0.3);
+    weighted_sum(linear(x, master.to(DType::f32))).backward();
+    weighted_sum(linear(x, reference.to(DType::f32))).backward();
+    CHECK(master.grad().is_same(master_destination));
+    check_close(master.grad(), reference.grad(), 1.0, "through a cast");
+
+    // zero_grad(set_to_none=false): .grad stays defined and is summed into.
+    master.mutable_grad().zero_();
+    weighted_sum(linear(x, master.to(DType::f32))).backward();
+    CHECK(master.grad().is_same(master_destination));
+    check_close(master.grad(), reference.grad(), 1.0, "after zeroing in place");
+  }
+
+  TEST_CASE("f16 parameters: conv2d computes in f32 and converts into the destination") {
+    const Tensor x = values({2, 3, 5, 5}, DType::f16, 1.1);
+    Tensor w = leaf({4, 3, 3, 3}, DType::f16, 0.0), reference = leaf({4, 3, 3, 3}, DType::f16, 0.0);
+    Tensor destination = Tensor::zeros({4, 3, 3, 3}, DType::f16);
+    w.set_grad_destination(destination);
+    sum(conv2d(x, w)).backward();
+    sum(conv2d(x, reference)).backward();
+    CHECK(w.grad().is_same(destination));
+    std::vector<double> a = w.grad().to_vector<double>(), b = reference.grad().to_vector<double>();
+    CHECK(a == b);
+  }
+
+  TEST_CASE("destinations must match the tensor, and can be cleared") {
+    Tensor w = leaf({3, 4}, DType::f32, 0.0);
+    CHECK_THROWS_WITH_AS(w.set_grad_destination(Tensor::zeros({4, 3}, DType::f32)),
+                         doctest::Contains("must have the tensor's shape, dtype and device"), Error);
+    CHECK_THROWS_AS(w.set_grad_destination(Tensor::zeros({3, 4}, DType::f64)), Error);
+    CHECK_THROWS_WITH_AS(w.set_grad_destination(Tensor::zeros({4, 3}, DType::f32).transpose(0, 1)),
+                         doctest::Contains("not contiguous"), Error);
+    Tensor destination = Tensor::zeros({3, 4}, DType::f32);
+    w.set_grad_destination(destination);
+    CHECK(w.grad_destination().is_same(destination));
+    w.set_grad_destination(Tensor());
+    CHECK_FALSE(w.grad_destination().defined());
+  }
+}
