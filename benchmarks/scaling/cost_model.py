@@ -8,6 +8,7 @@ Units: seconds, bytes, bytes per second. Standard library only (CI runs it).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 
 MiB = 1 << 20
@@ -207,6 +208,7 @@ class Profile:
     parameter_ready_s: list[float]
     batch_per_device: int
     buffer_bytes: int = 0
+    step_samples_s: list[float] = field(default_factory=list)  # measured step times, for straggler_s
     name: str = ""
     source: str = ""  # "measured ..." or "assumption ..."
     extra: dict = field(default_factory=dict)
@@ -224,7 +226,8 @@ class Profile:
         scaling moves the batch); gradient sizes stay."""
         f = batch_per_device / self.batch_per_device
         return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       parameter_ready_s=[r * f for r in self.parameter_ready_s], batch_per_device=batch_per_device)
+                       parameter_ready_s=[r * f for r in self.parameter_ready_s], batch_per_device=batch_per_device,
+                       step_samples_s=[t * f for t in self.step_samples_s])
 
     @staticmethod
     def from_json(d: dict) -> "Profile":
@@ -234,6 +237,7 @@ class Profile:
                        optimizer_s=d["optimizer_ms"] * ms, parameter_bytes=[int(p["bytes"]) for p in params],
                        parameter_ready_s=[p["ready_ms"] * ms for p in params],
                        batch_per_device=int(d["batch_per_device"]), buffer_bytes=int(d.get("buffer_bytes", 0)),
+                       step_samples_s=[t * ms for t in d.get("step_samples_ms", [])],
                        name=d.get("model", ""), source=d.get("source", ""), extra=d)
 
 
@@ -253,15 +257,37 @@ class Prediction:
                 "buckets": self.buckets}
 
 
+def expected_max(samples: list[float], n: int) -> float:
+    """E[max of n independent draws] from the empirical distribution of
+    `samples`: sum over the sorted values x_(i) of x_(i) * ((i/m)^n - ((i-1)/m)^n)."""
+    xs = sorted(samples)
+    m = len(xs)
+    return sum(x * ((i / m) ** n - ((i - 1) / m) ** n) for i, x in enumerate(xs, 1))
+
+
+def straggler_s(step_samples_s: list[float], world: int) -> float:
+    """What meeting the slowest of `world` ranks in every all-reduce adds to
+    the median step, when each rank's step varies as `step_samples_s` (one
+    device's step times, seconds) and the ranks vary independently:
+    E[max of world draws] - median. Zero at world 1 or without samples."""
+    if world <= 1 or not step_samples_s:
+        return 0.0
+    return max(0.0, expected_max(step_samples_s, world) - statistics.median(step_samples_s))
+
+
 def predict_step(profile: Profile, world: int, allreduce_time, first_bucket_bytes_cap: int = MiB,
                  bucket_bytes_cap: int = 25 * MiB) -> Prediction:
     """Step time of `profile` at `world` devices; `allreduce_time(n, bytes)` gives
     one all-reduce's seconds (e.g. a ring_allreduce_time / cluster_allreduce_time
-    partial). At world 1 DDP runs no collective."""
+    partial). At world 1 DDP runs no collective. With the profile's
+    `step_samples_s` (its device's measured step times), the wait for the
+    slowest rank is added (straggler_s); without them (the GPU presets) it is
+    taken as zero."""
     buckets = profile.buckets(first_bucket_bytes_cap, bucket_bytes_cap)
     comm = [allreduce_time(world, b.nbytes) if world > 1 else 0.0 for b in buckets]
     schedule = overlap_schedule(buckets, comm, profile.backward_s)
     sync = allreduce_time(world, profile.buffer_bytes) if world > 1 and profile.buffer_bytes else 0.0
+    sync += straggler_s(profile.step_samples_s, world)
     return Prediction(world, step_time(profile.forward_s, profile.backward_s, profile.optimizer_s, schedule, sync),
                       schedule.comm_s, schedule.exposed_s, schedule.hidden_share, len(buckets))
 

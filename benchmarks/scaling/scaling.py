@@ -188,10 +188,13 @@ def world1_profile(runs: list[dict], model: str, batch: int, source: str) -> cm.
                 shares.append([r / backward for r in ready])
     ready = [statistics.median(col) * ddp["backward_ms"] for col in zip(*shares)]
     params = [{"name": p["name"], "bytes": p["bytes"], "ready_ms": r} for p, r in zip(first["parameters"], ready)]
+    # Every step's compute (DDP's step without communication at world 1): how
+    # much a rank's step varies, for the cost model's wait for the slowest rank.
+    samples = [s["step_ms"] for s in pooled(runs)]
     return cm.Profile.from_json({"forward_ms": ddp["forward_ms"], "backward_ms": ddp["backward_ms"],
                                  "optimizer_ms": ddp["optimizer_ms"], "parameters": params,
                                  "batch_per_device": batch, "buffer_bytes": first["buffer_bytes"],
-                                 "model": model, "source": source})
+                                 "step_samples_ms": samples, "model": model, "source": source})
 
 
 def own_compute_prediction(steps: list[dict], world: int, link: cm.Link) -> float:
@@ -346,6 +349,7 @@ def measure(args) -> dict:
                         pred = cm.predict_step(side, w, ring)
                         point["predicted_side_by_side_step_ms"] = pred.step_s * 1e3
                         point["side_by_side_prediction_error"] = pred.step_s * 1e3 / s["step_ms"] - 1
+                        point["predicted_straggler_ms"] = cm.straggler_s(side.step_samples_s, w) * 1e3
                         point["side_by_side_compute_ms"] = side.compute_s * 1e3
                         # What DDP itself costs once the machine's sharing is taken out: the
                         # step of world-1 copies side by side over the world-w step.
@@ -563,7 +567,7 @@ def write_csv(path, rows, columns):
 POINT_COLUMNS = ["model", "mode", "world", "batch_per_rank", "global_batch", "step_ms", "step_ms_iqr", "images_per_s",
                  "efficiency", "efficiency_paired", "epoch_s", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "hidden_share",
                  "exposed_comm_ms", "predicted_step_ms", "prediction_error", "predicted_side_by_side_step_ms",
-                 "side_by_side_prediction_error", "side_by_side_compute_ms", "side_by_side_step_ms",
+                 "side_by_side_prediction_error", "predicted_straggler_ms", "side_by_side_compute_ms", "side_by_side_step_ms",
                  "efficiency_vs_side_by_side", "predicted_from_own_compute_ms",
                  "own_compute_prediction_error", "torch_matched_images_per_s", "torch_matched_efficiency",
                  "torch_matched_efficiency_paired", "loom_over_torch_matched", "torch_tutorial_images_per_s",
@@ -720,7 +724,8 @@ def summary_lines(report) -> list[str]:
             s += f"  predicted {p['predicted_step_ms']:.2f} ms ({100 * p['prediction_error']:+.1f}%)"
         if "predicted_side_by_side_step_ms" in p:
             s += (f" / side-by-side profile {p['predicted_side_by_side_step_ms']:.2f} ms "
-                  f"({100 * p['side_by_side_prediction_error']:+.1f}%)")
+                  f"({100 * p['side_by_side_prediction_error']:+.1f}%"
+                  f"{', of it straggler %.2f ms' % p['predicted_straggler_ms'] if 'predicted_straggler_ms' in p else ''})")
         if "loom_over_torch_matched" in p:
             s += f"  torch eff {p['torch_matched_efficiency']:.3f}"
             if "torch_matched_efficiency_paired" in p:

@@ -42,6 +42,7 @@ def write(d, files):
             f.write(data)
 good = {"train-images-idx3-ubyte": images(10), "train-labels-idx1-ubyte": labels(10),
         "t10k-images-idx3-ubyte": images(5), "t10k-labels-idx1-ubyte": labels(5)}
+write(f"{work}/good", good)
 write(f"{work}/truncated", {**good, "train-images-idx3-ubyte": images(10)[:-100]})
 write(f"{work}/magic", {**good, "train-images-idx3-ubyte": struct.pack(">I", 1234) + images(10)[4:]})
 write(f"{work}/count", {**good, "train-labels-idx1-ubyte": labels(9)})
@@ -65,6 +66,13 @@ expect_error "unknown flag" "--frobnicate" --frobnicate
 expect_error "negative epoch count" "--epochs: must be a whole number >= 0, got '-1'" --epochs -1
 expect_error "non-numeric batch size" "--batch-size: 'ten' is not a whole number" --batch-size ten
 expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"
+# An environment variable with a value it does not take (read at the first 5x5 convolution).
+bin_without_env=$bin
+bin=$work/with-env.sh
+printf '#!/bin/sh\nLOOM_CPU_WINOGRAD=yes exec "%s" "$@"\n' "$bin_without_env" >"$bin"
+chmod +x "$bin"
+expect_error "LOOM_CPU_WINOGRAD neither 0 nor 1" "LOOM_CPU_WINOGRAD must be 0" --data "$work/good" --epochs 1
+bin=$bin_without_env
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures bad-input case(s) failed"

@@ -131,6 +131,25 @@ class Projection(unittest.TestCase):
         self.assertAlmostEqual(rows[1]["efficiency"], 16 / 17, places=12)
         self.assertAlmostEqual(rows[1]["images_per_s"], 64 / 17e-3, places=6)
 
+    def test_expected_max_by_hand(self):
+        # Two draws from {1, 2}: (1,1) (1,2) (2,1) (2,2) -> maxima 1, 2, 2, 2: mean 1.75.
+        self.assertAlmostEqual(cm.expected_max([2.0, 1.0], 2), 1.75, places=12)
+        # One draw is the mean; three draws from {0, 0, 3}: 1 - (2/3)^3 = 19/27 of them see the 3.
+        self.assertAlmostEqual(cm.expected_max([0.0, 0.0, 3.0], 1), 1.0, places=12)
+        self.assertAlmostEqual(cm.expected_max([0.0, 0.0, 3.0], 3), 3 * 19 / 27, places=12)
+
+    def test_straggler_adds_the_expected_wait_for_the_slowest_rank(self):
+        # Steps of 15 or 17 ms (median 16): the slower of two ranks is 17 ms in 3 of 4 pairs: 16.5, +0.5 ms.
+        profile = self.profile()
+        profile.step_samples_s = [15 * MS, 17 * MS]
+        self.assertAlmostEqual(cm.straggler_s(profile.step_samples_s, 2), 0.5 * MS, places=12)
+        self.assertEqual(cm.straggler_s(profile.step_samples_s, 1), 0.0)
+        free = lambda n, b: 0.0  # noqa: E731
+        self.assertAlmostEqual(cm.predict_step(profile, 2, free).step_s, 16.5 * MS, places=12)
+        self.assertAlmostEqual(cm.predict_step(profile, 1, free).step_s, 16 * MS, places=12)
+        # Strong scaling halves the batch and the samples with it.
+        self.assertAlmostEqual(cm.straggler_s(profile.scaled(16).step_samples_s, 2), 0.25 * MS, places=12)
+
     def test_strong_scaling_scales_compute_with_the_batch(self):
         link = cm.Link(0, 1e12)
         ring = lambda n, b: cm.ring_allreduce_time(n, b, link)  # noqa: E731
