@@ -225,15 +225,4 @@ std::chrono::milliseconds collective_timeout_from_environment(std::chrono::milli
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
 }
 
-std::chrono::microseconds collective_spin_from_environment(const EnvironmentLookup& environment) {
-  auto text = environment("LOOM_COLLECTIVE_SPIN_US");
-  if (!text) return std::chrono::microseconds(20000);
-  char* end = nullptr;
-  errno = 0;
-  const long long us = std::strtoll(text->c_str(), &end, 10);
-  if (text->empty() || *end != '\0' || errno != 0 || us < 0 || us > 10'000'000)
-    LOOM_FAIL("LOOM_COLLECTIVE_SPIN_US='", *text, "' is not a whole number of microseconds from 0 to 10000000");
-  return std::chrono::microseconds(us);
-}
-
 }  // namespace loom::dist

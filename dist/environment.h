@@ -70,13 +70,4 @@ LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides = 
 std::chrono::milliseconds collective_timeout_from_environment(
     std::chrono::milliseconds fallback, const EnvironmentLookup& environment = process_environment());
 
-// How long Work::wait() keeps its thread on the CPU (yielding it to any other
-// runnable thread) before it sleeps: LOOM_COLLECTIVE_SPIN_US microseconds,
-// default 20000; 0 sleeps at once. A thread that sleeps through a short
-// collective leaves its core idle, and on a virtual machine waking it again
-// can take milliseconds (measured: 116 KB all-reduces between two processes,
-// median 0.4 ms, slowest 8 ms; with the spin the slowest was 0.4 ms). Throws
-// loom::Error naming the variable when it is not a whole number in [0, 10^7].
-std::chrono::microseconds collective_spin_from_environment(const EnvironmentLookup& environment = process_environment());
-
 }  // namespace loom::dist

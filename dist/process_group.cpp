@@ -2,8 +2,6 @@
 // store -> backend process group, kept as the default group.
 #include "dist/process_group.h"
 
-#include <sched.h>
-
 #include <cstdlib>
 
 #include "core/error.h"
@@ -28,13 +26,6 @@ const char* reduce_op_name(ReduceOp op) {
 Work::Work(std::string description) : description_(std::move(description)), enqueue_time_(Clock::now()) {}
 
 void Work::wait() {
-  // Spin first (collective_spin_from_environment): yielding keeps this core
-  // awake for the communication threads instead of leaving it to go idle.
-  static const std::chrono::microseconds spin = collective_spin_from_environment();
-  if (spin.count() > 0 && !completed_flag_.load(std::memory_order_acquire)) {
-    const Clock::time_point until = Clock::now() + spin;
-    while (!completed_flag_.load(std::memory_order_acquire) && Clock::now() < until) sched_yield();
-  }
   std::unique_lock lock(mutex_);
   finished_.wait(lock, [&] { return completed_; });
   if (error_) std::rethrow_exception(error_);
@@ -96,7 +87,6 @@ void Work::finish(std::exception_ptr error) {
     end_time_ = Clock::now();
     error_ = std::move(error);
     completed_ = true;
-    completed_flag_.store(true, std::memory_order_release);
   }
   finished_.notify_all();
 }

@@ -3,7 +3,6 @@
 // environment and a rendezvous store, and keeps it as the default group.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -75,7 +74,6 @@ class Work {
   Clock::time_point start_time_{};
   Clock::time_point end_time_{};
   bool completed_ = false;
-  std::atomic<bool> completed_flag_{false};  // completed_, readable without the mutex (wait's spin)
   std::exception_ptr error_;
 };
 

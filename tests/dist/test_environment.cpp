@@ -192,19 +192,4 @@ TEST_SUITE("environment") {
     port.master_port = 70000;
     CHECK(contains(error_for({}, port), "master_port argument 70000 is out of range"));
   }
-
-  TEST_CASE("LOOM_COLLECTIVE_TIMEOUT and LOOM_COLLECTIVE_SPIN_US: defaults, values, errors naming the variable") {
-    using std::chrono::microseconds, std::chrono::milliseconds;
-    CHECK(collective_timeout_from_environment(milliseconds(7), variables({})) == milliseconds(7));
-    CHECK(collective_timeout_from_environment(milliseconds(7), variables({{"LOOM_COLLECTIVE_TIMEOUT", "2.5"}})) ==
-          milliseconds(2500));
-    CHECK(collective_spin_from_environment(variables({})) == microseconds(20000));
-    CHECK(collective_spin_from_environment(variables({{"LOOM_COLLECTIVE_SPIN_US", "0"}})) == microseconds(0));
-    CHECK(collective_spin_from_environment(variables({{"LOOM_COLLECTIVE_SPIN_US", "500"}})) == microseconds(500));
-    for (const char* bad : {"", "-1", "2ms", "1.5", "10000001", "99999999999999999999"}) {
-      const std::string expected = std::string("LOOM_COLLECTIVE_SPIN_US='") + bad + "' is not a whole number";
-      CHECK_THROWS_WITH_AS(collective_spin_from_environment(variables({{"LOOM_COLLECTIVE_SPIN_US", bad}})),
-                           doctest::Contains(expected.c_str()), loom::Error);
-    }
-  }
 }
