@@ -177,7 +177,7 @@ template <int M, int R>
 struct Fixed {
   static constexpr Transforms value = make_transforms(M, R);
 };
-enum class Which { bt, b, at, a };
+enum class Which { bt, b, at, a };  // also the index into FastRows::of
 
 template <class F, Which W>
 constexpr const float* fixed_matrix() {
@@ -189,7 +189,7 @@ constexpr const float* fixed_matrix() {
 
 using RowsFn = void (*)(const float* in, int64_t in_stride, float* out, int64_t out_stride, int64_t length);
 struct FastRows {
-  RowsFn bt = nullptr, b = nullptr, at = nullptr, a = nullptr;
+  RowsFn of[4] = {};  // indexed by Which
 };
 
 #if defined(__x86_64__)
@@ -237,8 +237,8 @@ template <int M, int R>
 FastRows fast_rows_of() {
   using F = Fixed<M, R>;
   constexpr int A = M + R - 1;
-  return {&apply_rows_fixed<F, Which::bt, A, A>, &apply_rows_fixed<F, Which::b, A, A>,
-          &apply_rows_fixed<F, Which::at, M, A>, &apply_rows_fixed<F, Which::a, A, M>};
+  return {{&apply_rows_fixed<F, Which::bt, A, A>, &apply_rows_fixed<F, Which::b, A, A>,
+           &apply_rows_fixed<F, Which::at, M, A>, &apply_rows_fixed<F, Which::a, A, M>}};
 }
 #endif
 
@@ -277,20 +277,14 @@ void transform_rows(const Transforms& t, Which w, const float* in, int64_t in_st
     }
     return all;
   }();
-  const FastRows& fast = table[t.m * kMaxAlpha + t.r];
+  if (const RowsFn fast = table[t.m * kMaxAlpha + t.r].of[static_cast<int>(w)]) {
+    return fast(in, in_stride, out, out_stride, length);
+  }
   switch (w) {
-    case Which::bt:
-      if (fast.bt) return fast.bt(in, in_stride, out, out_stride, length);
-      return apply_rows(t.bt, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
-    case Which::b:
-      if (fast.b) return fast.b(in, in_stride, out, out_stride, length);
-      return apply_rows(t.b, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
-    case Which::at:
-      if (fast.at) return fast.at(in, in_stride, out, out_stride, length);
-      return apply_rows(t.at, t.m, t.alpha, in, in_stride, out, out_stride, length);
-    case Which::a:
-      if (fast.a) return fast.a(in, in_stride, out, out_stride, length);
-      return apply_rows(t.a, t.alpha, t.m, in, in_stride, out, out_stride, length);
+    case Which::bt: return apply_rows(t.bt, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
+    case Which::b: return apply_rows(t.b, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
+    case Which::at: return apply_rows(t.at, t.m, t.alpha, in, in_stride, out, out_stride, length);
+    case Which::a: return apply_rows(t.a, t.alpha, t.m, in, in_stride, out, out_stride, length);
   }
 }
 
@@ -457,72 +451,85 @@ struct Chunk {
   int64_t n0, images, tiles, ld;
 };
 
-// P[r][s][c][t]: the α x α input tile of output tile t (zero in the padding
-// and past the image).
-void gather_input(const float* input, const Problem& p, const Transforms& t, const Chunk& k, float* patches) {
+// out[x'][y'][c][t] = sum over (x, y) of W[x'][x] W[y'][y] in[x][y][c][t]:
+// transform W of t along both tile dimensions of a chunk buffer, `channels`
+// rows of ld per tile element, in_span x in_span elements in, out_span x
+// out_span out; `half` holds out_span x in_span of them in between (out may
+// be in).
+void transform_2d(const Transforms& t, Which w, int64_t in_span, int64_t out_span, int64_t channels, const Chunk& k,
+                  const float* in, float* half, float* out) {
+  const int64_t plane = channels * k.ld;
+  transform_segments(t, w, in, in_span * plane, half, in_span * plane, in_span * channels, k.ld, k.tiles);  // x -> x'
+  for (int64_t x = 0; x < out_span; ++x) {
+    transform_segments(t, w, half + x * in_span * plane, plane, out + x * out_span * plane, plane, channels, k.ld,
+                       k.tiles);  // y -> y'
+  }
+}
+
+// The planes of a chunk, `channels` per image, `height` x `width` each, and
+// how they are cut into tiles: `span` rows and columns per tile (α for the
+// input, m for the output), through padded copies laid out as `layout`.
+// Tile element (row, col) of channel c and tile t lives at
+// tiles[((row * span + col) * channels + c) * k.ld + t].
+struct Planes {
+  int64_t channels, height, width;
+  Padded layout;
+  int span;
+};
+Planes input_planes(const Problem& p, const Transforms& t) {
+  return {p.channels, p.height, p.width, input_layout(p, t), t.alpha};
+}
+Planes output_planes(const Problem& p, const Transforms& t) {
+  return {p.out_channels, p.out_h, p.out_w, output_layout(p, t), t.m};
+}
+
+// The tiles of the chunk's planes (the first at `planes`; zero in the padding
+// and past the plane): P[r][s][c][t] of the input, dY[a][b][o][t] of the
+// output gradient.
+void tiles_of(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
+              float* tiles) {
   const Tiling tl = tiling(p, t.m);
-  const Padded layout = input_layout(p, t);
-  const int64_t alpha = t.alpha, c_count = p.channels;
-  float* copy = padded_buffer(layout);
+  const int64_t span = shape.span, channels = shape.channels;
+  float* copy = padded_buffer(shape.layout);
   float* dst[kMaxAlpha];
   for (int64_t i = 0; i < k.images; ++i) {
-    for (int64_t c = 0; c < c_count; ++c) {
-      pad_plane(input + ((k.n0 + i) * c_count + c) * p.height * p.width, p.height, p.width, layout, 0.0f, copy);
+    for (int64_t c = 0; c < channels; ++c) {
+      pad_plane(planes + (i * channels + c) * shape.height * shape.width, shape.height, shape.width, shape.layout,
+                0.0f, copy);
       for (int64_t th = 0; th < tl.rows; ++th) {
-        for (int64_t r = 0; r < alpha; ++r) {
-          for (int64_t s = 0; s < alpha; ++s) {
-            dst[s] = patches + ((r * alpha + s) * c_count + c) * k.ld + i * tl.per_image + th * tl.cols;
+        for (int64_t row = 0; row < span; ++row) {
+          for (int64_t col = 0; col < span; ++col) {
+            dst[col] = tiles + ((row * span + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
           }
-          split_row(copy + (th * t.m + r) * layout.cols, tl.cols, t.m, t.alpha, dst);
+          split_row(copy + (th * t.m + row) * shape.layout.cols, tl.cols, t.m, shape.span, dst);
         }
       }
     }
   }
 }
 
-// The adjoint of gather_input: the chunk's grad_input from its tiles' gradients.
-void scatter_input(const float* patches, const Problem& p, const Transforms& t, const Chunk& k, float* grad_input) {
+// The adjoint of tiles_of: each plane is the sum of what its tiles hold over
+// it, plus fill[c] (when fill is not null). The input gradient from
+// dP[r][s][c][t]; the output, with the bias, from Y[a][b][o][t] (whose tiles
+// do not overlap).
+void planes_of(const float* tiles, const float* fill, const Planes& shape, const Problem& p, const Transforms& t,
+               const Chunk& k, float* planes) {
   const Tiling tl = tiling(p, t.m);
-  const Padded layout = input_layout(p, t);
-  const int64_t alpha = t.alpha, c_count = p.channels;
-  float* copy = padded_buffer(layout);
+  const int64_t span = shape.span, channels = shape.channels;
+  float* copy = padded_buffer(shape.layout);
   const float* src[kMaxAlpha];
   for (int64_t i = 0; i < k.images; ++i) {
-    for (int64_t c = 0; c < c_count; ++c) {
-      std::fill(copy, copy + layout.rows * layout.cols, 0.0f);
+    for (int64_t c = 0; c < channels; ++c) {
+      std::fill(copy, copy + shape.layout.rows * shape.layout.cols, fill != nullptr ? fill[c] : 0.0f);
       for (int64_t th = 0; th < tl.rows; ++th) {
-        for (int64_t r = 0; r < alpha; ++r) {
-          for (int64_t s = 0; s < alpha; ++s) {
-            src[s] = patches + ((r * alpha + s) * c_count + c) * k.ld + i * tl.per_image + th * tl.cols;
+        for (int64_t row = 0; row < span; ++row) {
+          for (int64_t col = 0; col < span; ++col) {
+            src[col] = tiles + ((row * span + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
           }
-          merge_row(src, tl.cols, t.m, t.alpha, copy + (th * t.m + r) * layout.cols);
+          merge_row(src, tl.cols, t.m, shape.span, copy + (th * t.m + row) * shape.layout.cols);
         }
       }
-      unpad_plane(copy, layout, p.height, p.width, grad_input + ((k.n0 + i) * c_count + c) * p.height * p.width);
-    }
-  }
-}
-
-// The output planes from the tiles' outputs Y[a][b][o][t], plus the bias.
-void scatter_output(const float* tiles_y, const float* bias, const Problem& p, const Transforms& t, const Chunk& k,
-                    float* output) {
-  const Tiling tl = tiling(p, t.m);
-  const Padded layout = output_layout(p, t);
-  const int64_t m = t.m, o_count = p.out_channels;
-  float* copy = padded_buffer(layout);
-  const float* src[kMaxAlpha];
-  for (int64_t i = 0; i < k.images; ++i) {
-    for (int64_t o = 0; o < o_count; ++o) {
-      std::fill(copy, copy + layout.rows * layout.cols, bias != nullptr ? bias[o] : 0.0f);
-      for (int64_t th = 0; th < tl.rows; ++th) {
-        for (int64_t a = 0; a < m; ++a) {
-          for (int64_t b = 0; b < m; ++b) {
-            src[b] = tiles_y + ((a * m + b) * o_count + o) * k.ld + i * tl.per_image + th * tl.cols;
-          }
-          merge_row(src, tl.cols, t.m, t.m, copy + (th * m + a) * layout.cols);
-        }
-      }
-      unpad_plane(copy, layout, p.out_h, p.out_w, output + ((k.n0 + i) * o_count + o) * p.out_h * p.out_w);
+      unpad_plane(copy, shape.layout, shape.height, shape.width, planes + (i * channels + c) * shape.height * shape.width);
     }
   }
 }
@@ -532,43 +539,19 @@ float* transformed_input(const float* input, const Problem& p, const Transforms&
   const int64_t alpha = t.alpha, ct = p.channels * k.ld;
   float* v = scratch(0, alpha * alpha * ct);
   float* half = scratch(1, alpha * alpha * ct);
-  gather_input(input, p, t, k, v);
-  transform_segments(t, Which::bt, v, alpha * ct, half, alpha * ct, alpha * p.channels, k.ld, k.tiles);  // r -> ξ
-  for (int64_t xi = 0; xi < alpha; ++xi) {
-    transform_segments(t, Which::bt, half + xi * alpha * ct, ct, v + xi * alpha * ct, ct, p.channels, k.ld,
-                       k.tiles);  // s -> ν
-  }
+  tiles_of(input + k.n0 * p.channels * p.height * p.width, input_planes(p, t), p, t, k, v);
+  transform_2d(t, Which::bt, alpha, alpha, p.channels, k, v, half, v);  // P[r][s] -> V[ξ][ν]
   return v;
 }
 
 // dM[ξ][ν][o][t]: the adjoint of the output transform applied to the chunk's
 // output gradient tiles, in slot 2 (slots 3 and 4 are scratch).
 float* transformed_grad_output(const float* grad_output, const Problem& p, const Transforms& t, const Chunk& k) {
-  const Tiling tl = tiling(p, t.m);
   const int64_t alpha = t.alpha, m = t.m, o_count = p.out_channels, ot = o_count * k.ld;
   float* tiles_dy = scratch(4, m * m * ot);  // [a][b][o][t]
-  const Padded layout = output_layout(p, t);
-  float* copy = padded_buffer(layout);
-  float* dst[kMaxAlpha];
-  for (int64_t i = 0; i < k.images; ++i) {
-    for (int64_t o = 0; o < o_count; ++o) {
-      pad_plane(grad_output + ((k.n0 + i) * o_count + o) * p.out_h * p.out_w, p.out_h, p.out_w, layout, 0.0f, copy);
-      for (int64_t th = 0; th < tl.rows; ++th) {
-        for (int64_t a = 0; a < m; ++a) {
-          for (int64_t b = 0; b < m; ++b) {
-            dst[b] = tiles_dy + ((a * m + b) * o_count + o) * k.ld + i * tl.per_image + th * tl.cols;
-          }
-          split_row(copy + (th * m + a) * layout.cols, tl.cols, t.m, t.m, dst);
-        }
-      }
-    }
-  }
-  float* half = scratch(3, alpha * m * ot);
-  transform_segments(t, Which::a, tiles_dy, m * ot, half, m * ot, m * o_count, k.ld, k.tiles);  // a -> ξ
+  tiles_of(grad_output + k.n0 * o_count * p.out_h * p.out_w, output_planes(p, t), p, t, k, tiles_dy);
   float* dm = scratch(2, alpha * alpha * ot);
-  for (int64_t xi = 0; xi < alpha; ++xi) {
-    transform_segments(t, Which::a, half + xi * m * ot, ot, dm + xi * alpha * ot, ot, o_count, k.ld, k.tiles);  // b -> ν
-  }
+  transform_2d(t, Which::a, m, alpha, o_count, k, tiles_dy, scratch(3, alpha * m * ot), dm);  // dY[a][b] -> dM[ξ][ν]
   return dm;
 }
 
@@ -640,14 +623,9 @@ void forward(const float* input, const float* weight, const float* bias, const P
       gemm(Transpose::no, Transpose::no, o_count, k.tiles, c_count, 1.0f, u + e * o_count * c_count, c_count,
            v + e * ct, k.ld, 0.0f, product + e * ot, k.ld);
     }
-    float* half = scratch(3, alpha * m * ot);
-    for (int64_t xi = 0; xi < alpha; ++xi) {
-      transform_segments(t, Which::at, product + xi * alpha * ot, ot, half + xi * m * ot, ot, o_count, k.ld,
-                         k.tiles);  // ν -> b
-    }
     float* y = scratch(4, m * m * ot);  // Y[a][b][o][t]
-    transform_segments(t, Which::at, half, m * ot, y, m * ot, m * o_count, k.ld, k.tiles);  // ξ -> a
-    scatter_output(y, bias, p, t, k, output);
+    transform_2d(t, Which::at, alpha, m, o_count, k, product, scratch(3, alpha * m * ot), y);
+    planes_of(y, bias, output_planes(p, t), p, t, k, output + k.n0 * o_count * p.out_h * p.out_w);
   });
 }
 
@@ -663,14 +641,9 @@ void backward_input(const float* grad_output, const float* weight, const Problem
       gemm(Transpose::yes, Transpose::no, c_count, k.tiles, o_count, 1.0f, u + e * o_count * c_count, c_count,
            dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
     }
-    float* half = scratch(1, alpha * alpha * ct);
-    for (int64_t xi = 0; xi < alpha; ++xi) {
-      transform_segments(t, Which::b, dv + xi * alpha * ct, ct, half + xi * alpha * ct, ct, c_count, k.ld,
-                         k.tiles);  // ν -> s
-    }
     float* dp = dv;  // dP[r][s][c][t]; dV is consumed
-    transform_segments(t, Which::b, half, alpha * ct, dp, alpha * ct, alpha * c_count, k.ld, k.tiles);  // ξ -> r
-    scatter_input(dp, p, t, k, grad_input);
+    transform_2d(t, Which::b, alpha, alpha, c_count, k, dv, scratch(1, alpha * alpha * ct), dp);
+    planes_of(dp, nullptr, input_planes(p, t), p, t, k, grad_input + k.n0 * c_count * p.height * p.width);
   });
 }
 
