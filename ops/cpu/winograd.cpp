@@ -4,7 +4,7 @@
 // input tiles are gathered as P[r][s][c][t] (tile element, channel, tile),
 // transformed along r and then s into V[ξ][ν][c][t], multiplied by the
 // transformed weight U[ξ][ν][o][c] in α² GEMMs into M[ξ][ν][o][t], and
-// transformed back along ν and ξ into the tiles' outputs. Every transform is a
+// transformed back along ξ and ν into the tiles' outputs. Every transform is a
 // small matrix applied to rows that are contiguous in the tile index, so the
 // arithmetic runs 8 tiles per AVX2 instruction.
 #include "ops/cpu/winograd.h"
@@ -340,9 +340,10 @@ void inverse_transform_weight(const float* du, const Problem& p, const Transform
 }
 
 // The tiles of one row of tiles and one plane row: dst[s][tw] = row[tw * m + s]
-// for s < width and tw < tiles, where row holds tiles * m + width - m values
-// (zeros where the tiles reach past the plane). For m = 4, the common case,
-// 4 x 4 blocks of the row are transposed in registers.
+// for s < width and tw < tiles (zeros in row where the tiles reach past the
+// plane). For m = 4, the common case, 4 x 4 blocks of the row are transposed
+// in registers, reading row up to tiles * m + 4 values when width > 4 (the
+// padded copies below are that long).
 void split_row(const float* row, int64_t tiles, int m, int width, float* const* dst) {
   int64_t tw = 0;
 #if defined(__x86_64__)
