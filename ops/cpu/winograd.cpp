@@ -560,11 +560,15 @@ float* transformed_grad_output(const float* grad_output, const Problem& p, const
 struct Plan {
   int64_t fold, groups, tasks;
 };
-constexpr int64_t kTargetTiles = 128;
+// About 128 tiles per chunk, fewer (down to 16) when the channels would make
+// a chunk buffer (α² x channels x tiles floats) larger than 8 MiB.
+constexpr int64_t kTargetTiles = 128, kMinTiles = 16, kChunkBufferFloats = int64_t{1} << 21;
 
 Plan plan(const Problem& p, int m) {
   const int64_t batch = std::max<int64_t>(1, p.batch), per_image = tiling(p, m).per_image;
-  int64_t fold = std::clamp<int64_t>(kTargetTiles / per_image, 1, batch);
+  const int64_t alpha = m + p.kernel - 1, widest = std::max<int64_t>(1, std::max(p.channels, p.out_channels));
+  const int64_t target = std::clamp<int64_t>(kChunkBufferFloats / (alpha * alpha * widest), kMinTiles, kTargetTiles);
+  int64_t fold = std::clamp<int64_t>(target / per_image, 1, batch);
   int64_t groups = (batch + fold - 1) / fold;
   const int64_t threads = in_parallel_region() ? 1 : get_num_threads();
   const int64_t tasks = std::min(threads, groups);
