@@ -1,6 +1,8 @@
-#include "core/profiler.h"
 #include "ops/conv2d.h"
 
+#include <tuple>
+
+#include "core/profiler.h"
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 
@@ -56,13 +58,15 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
            // Kernels take tensors of one dtype; a gradient that arrives in another is converted.
            const Tensor dy = g[0].to(x.dtype());
            Tensor dx, dw, db;
-           if (node.needs_input_grad(0)) {
+           // The weight gradient is computed straight into its gradient destination
+           // (a DDP bucket) on the CPU; the small bias gradient is copied there.
+           if (node.needs_input_grad(0) && node.needs_input_grad(1) && !on_cuda(dy)) {
+             std::tie(dx, dw) = cpu::conv2d_backward_input_weight(dy, x, w, params, node.gradient_destination(1));
+           } else if (node.needs_input_grad(0)) {
              dx = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_input(dy, w, x.sizes(), params))
                               : cpu::conv2d_backward_input(dy, w, x.sizes(), params);
            }
-           // The weight gradient is computed straight into its gradient destination
-           // (a DDP bucket) on the CPU; the small bias gradient is copied there.
-           if (node.needs_input_grad(1)) {
+           if (node.needs_input_grad(1) && !dw.defined()) {
              dw = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_weight(dy, x, w.sizes(), params))
                               : cpu::conv2d_backward_weight(dy, x, w.sizes(), params, node.gradient_destination(1));
            }

@@ -16,6 +16,8 @@
 #include <array>
 #include <cstdint>
 
+#include <utility>
+
 #include "core/tensor.h"
 
 namespace loom {
@@ -49,6 +51,12 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, co
 // destination, Node::gradient_destination); otherwise it is allocated.
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
                               const Conv2dParams& params, const Tensor& out = Tensor());
+// Both gradients at once: {grad_input, grad_weight}, the weight's into `out`
+// as above. Where conv2d uses Winograd (f32) the output gradient's tiles are
+// transformed once for the two; elsewhere the two functions above run.
+std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
+                                                       const Tensor& weight, const Conv2dParams& params,
+                                                       const Tensor& out = Tensor());
 Tensor conv2d_backward_bias(const Tensor& grad_output);  // (O)
 }  // namespace ops::cpu
 

@@ -550,6 +550,27 @@ Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_
   return grad_weight.to(grad_output_in.dtype());
 }
 
+std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
+                                                       const Tensor& weight, const Conv2dParams& params,
+                                                       const Tensor& weight_out) {
+  const Geometry g = make_geometry(input.sizes(), weight.sizes(), params);
+  const bool f32 = grad_output.dtype() == DType::f32 && input.dtype() == DType::f32 && weight.dtype() == DType::f32;
+  const int m = f32 ? winograd_tile<float>(g) : 0;
+  if (m == 0) {
+    return {conv2d_backward_input(grad_output, weight, input.sizes(), params),
+            conv2d_backward_weight(grad_output, input, weight.sizes(), params, weight_out)};
+  }
+  const Tensor dy = cpu_compute_input(grad_output), x = cpu_compute_input(input), w = cpu_compute_input(weight);
+  Tensor dx = Tensor::empty(input.sizes(), DType::f32);
+  Tensor dw = fits_result(weight_out, weight.sizes(), DType::f32, Device::cpu()) ? weight_out
+                                                                                 : Tensor::empty(weight.sizes(), DType::f32);
+  // Counted as the two direct convolutions' FLOPs, as when they run apart.
+  profiler::add_flops(4.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * g.output_plane()));
+  winograd::backward(dy.data<float>(), x.data<float>(), w.data<float>(), winograd_problem(g), m, dx.data<float>(),
+                     dw.data<float>());
+  return {dx, dw};
+}
+
 Tensor conv2d_backward_bias(const Tensor& grad_output_in) {
   const Tensor grad_output = cpu_compute_input(grad_output_in);
   const int64_t batch = grad_output.size(0), channels = grad_output.size(1);

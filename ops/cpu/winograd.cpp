@@ -634,47 +634,52 @@ void forward(const float* input, const float* weight, const float* bias, const P
   });
 }
 
-void backward_input(const float* grad_output, const float* weight, const Problem& p, int m, float* grad_input) {
-  const Transforms& t = transforms(m, static_cast<int>(p.kernel));
-  const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
-  const float* u = transform_weight(weight, p, t);
-  for_each_chunk(p, m, plan(p, m), [&](int64_t, const Chunk& k) {
-    const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
-    const float* dm = transformed_grad_output(grad_output, p, t, k);
-    float* dv = scratch(0, alpha * alpha * ct);  // dV[ξ][ν][c][t] = Uᵀ dM
-    for (int64_t e = 0; e < alpha * alpha; ++e) {
-      gemm(Transpose::yes, Transpose::no, c_count, k.tiles, o_count, 1.0f, u + e * o_count * c_count, c_count,
-           dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
-    }
-    float* dp = dv;  // dP[r][s][c][t]; dV is consumed
-    transform_2d(t, Which::b, alpha, alpha, c_count, k, dv, scratch(1, alpha * alpha * ct), dp);
-    planes_of(dp, nullptr, input_planes(p, t), p, t, k, grad_input + k.n0 * c_count * p.height * p.width);
-  });
-}
-
-void backward_weight(const float* grad_output, const float* input, const Problem& p, int m, float* grad_weight) {
+void backward(const float* grad_output, const float* input, const float* weight, const Problem& p, int m,
+              float* grad_input, float* grad_weight) {
   const Transforms& t = transforms(m, static_cast<int>(p.kernel));
   const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
   const int64_t size = alpha * alpha * o_count * c_count;
+  const float* u = grad_input != nullptr ? transform_weight(weight, p, t) : nullptr;
   const Plan chunks = plan(p, m);
   // dU[ξ][ν][o][c] per task, summed in task order afterwards (the same sum
   // whatever the timing).
-  std::vector<float> partials(static_cast<size_t>(chunks.tasks * size), 0.0f);
+  std::vector<float> partials(grad_weight != nullptr ? static_cast<size_t>(chunks.tasks * size) : 0, 0.0f);
   for_each_chunk(p, m, chunks, [&](int64_t task, const Chunk& k) {
     const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
-    const float* v = transformed_input(input, p, t, k);
-    const float* dm = transformed_grad_output(grad_output, p, t, k);
-    float* du = partials.data() + task * size;
-    for (int64_t e = 0; e < alpha * alpha; ++e) {
-      gemm(Transpose::no, Transpose::yes, o_count, c_count, k.tiles, 1.0f, dm + e * ot, k.ld, v + e * ct, k.ld, 1.0f,
-           du + e * o_count * c_count, c_count);
+    const float* dm = transformed_grad_output(grad_output, p, t, k);  // slot 2, for both gradients
+    if (grad_input != nullptr) {
+      float* dv = scratch(0, alpha * alpha * ct);  // dV[ξ][ν][c][t] = Uᵀ dM
+      for (int64_t e = 0; e < alpha * alpha; ++e) {
+        gemm(Transpose::yes, Transpose::no, c_count, k.tiles, o_count, 1.0f, u + e * o_count * c_count, c_count,
+             dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
+      }
+      float* dp = dv;  // dP[r][s][c][t]; dV is consumed
+      transform_2d(t, Which::b, alpha, alpha, c_count, k, dv, scratch(1, alpha * alpha * ct), dp);
+      planes_of(dp, nullptr, input_planes(p, t), p, t, k, grad_input + k.n0 * c_count * p.height * p.width);
+    }
+    if (grad_weight != nullptr) {
+      const float* v = transformed_input(input, p, t, k);  // slots 0 and 1, free again here
+      float* du = partials.data() + task * size;
+      for (int64_t e = 0; e < alpha * alpha; ++e) {
+        gemm(Transpose::no, Transpose::yes, o_count, c_count, k.tiles, 1.0f, dm + e * ot, k.ld, v + e * ct, k.ld,
+             1.0f, du + e * o_count * c_count, c_count);
+      }
     }
   });
+  if (grad_weight == nullptr) return;
   for (int64_t task = 1; task < chunks.tasks; ++task) {
     const float* partial = partials.data() + task * size;
     for (int64_t i = 0; i < size; ++i) partials[i] += partial[i];
   }
   inverse_transform_weight(partials.data(), p, t, grad_weight);
+}
+
+void backward_input(const float* grad_output, const float* weight, const Problem& p, int m, float* grad_input) {
+  backward(grad_output, nullptr, weight, p, m, grad_input, nullptr);
+}
+
+void backward_weight(const float* grad_output, const float* input, const Problem& p, int m, float* grad_weight) {
+  backward(grad_output, input, nullptr, p, m, nullptr, grad_weight);
 }
 
 }  // namespace loom::ops::cpu::winograd

@@ -26,6 +26,10 @@ int tile_for(const Problem& p);
 
 // output (N, O, Ho, Wo) = conv(input, weight) + bias (may be null).
 void forward(const float* input, const float* weight, const float* bias, const Problem& p, int m, float* output);
+// Both gradients, grad_output's tiles transformed once for the two (either
+// output may be null: that gradient is skipped, and its input may be null).
+void backward(const float* grad_output, const float* input, const float* weight, const Problem& p, int m,
+              float* grad_input, float* grad_weight);
 // grad_input (N, C, H, W) from grad_output (N, O, Ho, Wo).
 void backward_input(const float* grad_output, const float* weight, const Problem& p, int m, float* grad_input);
 // grad_weight (O, C, r, r) from grad_output and input.

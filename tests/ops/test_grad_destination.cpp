@@ -101,6 +101,16 @@ TEST_SUITE("grad destination") {
     }
   }
 
+  TEST_CASE("conv2d on the Winograd path with the input gradient too: both gradients in one backward call") {
+    // f32, 5x5, 8 channels in and out, 8x8 planes: conv2d uses Winograd where the CPU has AVX2, and with the
+    // input needing a gradient the backward computes both at once (conv2d_backward_input_weight).
+    Tensor x = leaf({3, 8, 8, 8}, DType::f32, 1.3);
+    check_written_in_place({{8, 8, 5, 5}, {8}}, DType::f32, [&](const std::vector<Tensor>& p) {
+      return weighted_sum(conv2d(x, p[0], p[1], Conv2dParams{.padding = {2, 2}}));
+    });
+    REQUIRE(x.grad().defined());
+  }
+
   TEST_CASE("linear weight and bias gradients are written into their destinations") {
     for (DType dtype : {DType::f32, DType::f64}) {
       CAPTURE(dtype_name(dtype));
