@@ -21,6 +21,7 @@
 #include "ops/elementwise.h"
 #include "ops/loss.h"
 #include "tests/dist/multiprocess.h"
+#include "tests/dist/tiny_mlp.h"
 
 using namespace loom;
 using namespace loom::dist;
@@ -28,56 +29,6 @@ using namespace loom::dist::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-constexpr int64_t kSamples = 8;
-
-// A (6 -> 5 -> 3) MLP in f64, initialised from `seed`.
-std::shared_ptr<nn::Module> tiny_model(uint64_t seed) {
-  manual_seed(seed);
-  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(6, 5), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(5, 3)});
-  model->to(DType::f64);
-  return model;
-}
-
-// Rows [first, first + count) of a fixed (8, 6) input set and (8, 3) target set.
-Tensor inputs(int64_t first, int64_t count) {
-  std::vector<double> values;
-  for (int64_t row = first; row < first + count; ++row)
-    for (int64_t col = 0; col < 6; ++col) values.push_back(std::sin(0.7 * static_cast<double>(row) + 1.3 * col));
-  return Tensor::from_vector_as(values, {count, 6}, DType::f64);
-}
-Tensor targets(int64_t first, int64_t count) {
-  std::vector<double> values;
-  for (int64_t row = first; row < first + count; ++row)
-    for (int64_t col = 0; col < 3; ++col) values.push_back(std::cos(0.3 * static_cast<double>(row) - col));
-  return Tensor::from_vector_as(values, {count, 3}, DType::f64);
-}
-
-Tensor mse(const Tensor& output, const Tensor& target) {
-  Tensor difference = output - target;
-  return mean(difference * difference);
-}
-
-void sgd_step(nn::Module& model, double learning_rate) {
-  NoGradGuard no_grad;
-  for (auto& [name, parameter] : model.named_parameters()) parameter.add_(parameter.grad(), -learning_rate);
-  model.zero_grad();
-}
-
-void expect_close(const nn::NamedTensors& actual, const nn::NamedTensors& expected, const std::string& what,
-                  bool gradients = false) {
-  expect(actual.size() == expected.size(), what, ": ", actual.size(), " tensors vs ", expected.size());
-  for (size_t k = 0; k < actual.size(); ++k) {
-    Tensor a = gradients ? actual[k].second.grad() : actual[k].second;
-    Tensor b = gradients ? expected[k].second.grad() : expected[k].second;
-    expect(a.defined() && b.defined(), what, ": '", actual[k].first, "' has no value");
-    std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-    for (size_t i = 0; i < x.size(); ++i)
-      expect(std::abs(x[i] - y[i]) <= 1e-10 * (1 + std::abs(y[i])), what, ": '", actual[k].first, "'[", i, "] is ",
-             x[i], ", expected ", y[i]);
-  }
-}
 
 std::shared_ptr<ProcessGroup> group_from_environment() {
   return init_process_group({.init_method = "env://", .timeout = 20s});
