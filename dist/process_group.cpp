@@ -230,6 +230,66 @@ Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset) {
   return make_view(buffer, shape, contiguous_strides(shape), buffer.offset() + offset);
 }
 
+void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const TensorCheck& check) {
+  LOOM_CHECK(!tensors.empty(), "all_reduce: no tensors given");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check("all_reduce", tensors[i], str("tensor ", i));
+    LOOM_CHECK(op != ReduceOp::avg || is_floating(tensors[i].dtype()), "all_reduce: avg needs floating-point tensors; tensor ",
+               i, " is ", tensors[i].str(), " (reduce with sum and divide instead)");
+  }
+}
+
+void check_broadcast(const Tensor& tensor, int root, int size, const TensorCheck& check) {
+  check("broadcast", tensor, "the tensor");
+  LOOM_CHECK(root >= 0 && root < size, "broadcast: root ", root, " is not a rank of this group of ", size);
+}
+
+void check_all_gather_into(const Tensor& output, const Tensor& input, int size, const TensorCheck& check) {
+  check("all_gather", input, "the input");
+  check("all_gather", output, "the output");
+  LOOM_CHECK(output.dtype() == input.dtype(), "all_gather: output is ", output.str(), " but input is ", input.str(),
+             "; the dtypes must match");
+  LOOM_CHECK(output.numel() == input.numel() * size, "all_gather: output ", output.str(), " must hold ", size, " x ",
+             input.numel(), " = ", input.numel() * size, " elements (one input per rank)");
+}
+
+void check_all_gather(const std::vector<Tensor>& outputs, const Tensor& input, int size, const TensorCheck& check) {
+  check("all_gather", input, "the input");
+  LOOM_CHECK(static_cast<int>(outputs.size()) == size, "all_gather: got ", outputs.size(),
+             " outputs; expected one per rank (", size, ")");
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    check("all_gather", outputs[r], str("output ", r));
+    LOOM_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].numel() == input.numel(), "all_gather: output ", r,
+               " is ", outputs[r].str(), "; expected the input's dtype and size, ", input.str());
+  }
+}
+
+void check_reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op, int size,
+                               const TensorCheck& check) {
+  check("reduce_scatter", input, "the input");
+  check("reduce_scatter", output, "the output");
+  LOOM_CHECK(output.dtype() == input.dtype(), "reduce_scatter: output is ", output.str(), " but input is ",
+             input.str(), "; the dtypes must match");
+  LOOM_CHECK(input.numel() == output.numel() * size, "reduce_scatter: input ", input.str(), " must hold ", size, " x ",
+             output.numel(), " = ", output.numel() * size, " elements (one output per rank)");
+  LOOM_CHECK(op != ReduceOp::avg || is_floating(input.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
+             input.str());
+}
+
+void check_reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op, int size,
+                          const TensorCheck& check) {
+  check("reduce_scatter", output, "the output");
+  LOOM_CHECK(static_cast<int>(inputs.size()) == size, "reduce_scatter: got ", inputs.size(),
+             " inputs; expected one per rank (", size, ")");
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    check("reduce_scatter", inputs[r], str("input ", r));
+    LOOM_CHECK(inputs[r].dtype() == output.dtype() && inputs[r].numel() == output.numel(), "reduce_scatter: input ",
+               r, " is ", inputs[r].str(), "; expected the output's dtype and size, ", output.str());
+  }
+  LOOM_CHECK(op != ReduceOp::avg || is_floating(output.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
+             output.str());
+}
+
 }  // namespace detail
 
 }  // namespace loom::dist

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -168,6 +169,21 @@ std::string summarize(const std::vector<Tensor>& tensors);
 // A contiguous view of `shape` into flat `buffer`, starting `offset` elements
 // after the buffer's own offset.
 Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset);
+
+// The argument checks every backend makes before it queues a collective:
+// each tensor goes through the backend's `check` (device and dtype rules,
+// naming the collective and the tensor's role: "the input", "output 2"),
+// then the sizes, dtypes, root and reduce op the collective needs for a group
+// of `size` ranks. Each throws loom::Error naming what is wrong.
+using TensorCheck = std::function<void(const char* collective, const Tensor& tensor, const std::string& role)>;
+void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const TensorCheck& check);
+void check_broadcast(const Tensor& tensor, int root, int size, const TensorCheck& check);
+void check_all_gather_into(const Tensor& output, const Tensor& input, int size, const TensorCheck& check);
+void check_all_gather(const std::vector<Tensor>& outputs, const Tensor& input, int size, const TensorCheck& check);
+void check_reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op, int size,
+                               const TensorCheck& check);
+void check_reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op, int size,
+                          const TensorCheck& check);
 }  // namespace detail
 
 }  // namespace loom::dist

@@ -417,43 +417,25 @@ void ProcessGroupGloo::set_timeout(Milliseconds timeout) {
 Milliseconds ProcessGroupGloo::timeout() const { return impl_->timeout.load(); }
 
 WorkHandle ProcessGroupGloo::all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
-  LOOM_CHECK(!tensors.empty(), "all_reduce: no tensors given");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    check_cpu_tensor("all_reduce", tensors[i], str("tensor ", i));
-    LOOM_CHECK(op != ReduceOp::avg || is_floating(tensors[i].dtype()), "all_reduce: avg needs floating-point tensors; tensor ",
-               i, " is ", tensors[i].str(), " (reduce with sum and divide instead)");
-  }
+  detail::check_all_reduce(tensors, op, check_cpu_tensor);
   return impl_->enqueue("all_reduce", str(summarize(tensors), ", ", reduce_op_name(op)),
                         [impl = impl_.get(), tensors, op] { impl->all_reduce(tensors, op); });
 }
 
 WorkHandle ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
-  check_cpu_tensor("broadcast", tensor, "the tensor");
-  LOOM_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of this group of ", size());
+  detail::check_broadcast(tensor, root, size(), check_cpu_tensor);
   return impl_->enqueue("broadcast", str(summarize({tensor}), ", root ", root),
                         [impl = impl_.get(), tensor, root] { impl->broadcast(tensor, root); });
 }
 
 WorkHandle ProcessGroupGloo::all_gather_into(const Tensor& output, const Tensor& input) {
-  check_cpu_tensor("all_gather", input, "the input");
-  check_cpu_tensor("all_gather", output, "the output");
-  LOOM_CHECK(output.dtype() == input.dtype(), "all_gather: output is ", output.str(), " but input is ", input.str(),
-             "; the dtypes must match");
-  LOOM_CHECK(output.numel() == input.numel() * size(), "all_gather: output ", output.str(), " must hold ", size(),
-             " x ", input.numel(), " = ", input.numel() * size(), " elements (one input per rank)");
+  detail::check_all_gather_into(output, input, size(), check_cpu_tensor);
   return impl_->enqueue("all_gather", summarize({input}),
                         [impl = impl_.get(), output, input] { impl->all_gather_into(output, input); });
 }
 
 WorkHandle ProcessGroupGloo::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  check_cpu_tensor("all_gather", input, "the input");
-  LOOM_CHECK(static_cast<int>(outputs.size()) == size(), "all_gather: got ", outputs.size(),
-             " outputs; expected one per rank (", size(), ")");
-  for (size_t r = 0; r < outputs.size(); ++r) {
-    check_cpu_tensor("all_gather", outputs[r], str("output ", r));
-    LOOM_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].numel() == input.numel(), "all_gather: output ", r,
-               " is ", outputs[r].str(), "; expected the input's dtype and size, ", input.str());
-  }
+  detail::check_all_gather(outputs, input, size(), check_cpu_tensor);
   return impl_->enqueue("all_gather", summarize({input}), [impl = impl_.get(), outputs, input, world = size()] {
     Tensor flat = Tensor::empty({input.numel() * world}, input.dtype());
     impl->all_gather_into(flat, input);
@@ -462,29 +444,13 @@ WorkHandle ProcessGroupGloo::all_gather(const std::vector<Tensor>& outputs, cons
 }
 
 WorkHandle ProcessGroupGloo::reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op) {
-  check_cpu_tensor("reduce_scatter", input, "the input");
-  check_cpu_tensor("reduce_scatter", output, "the output");
-  LOOM_CHECK(output.dtype() == input.dtype(), "reduce_scatter: output is ", output.str(), " but input is ",
-             input.str(), "; the dtypes must match");
-  LOOM_CHECK(input.numel() == output.numel() * size(), "reduce_scatter: input ", input.str(), " must hold ", size(),
-             " x ", output.numel(), " = ", output.numel() * size(), " elements (one output per rank)");
-  LOOM_CHECK(op != ReduceOp::avg || is_floating(input.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
-             input.str());
+  detail::check_reduce_scatter_from(output, input, op, size(), check_cpu_tensor);
   return impl_->enqueue("reduce_scatter", str(summarize({input}), ", ", reduce_op_name(op)),
                         [impl = impl_.get(), output, input, op] { impl->reduce_scatter_from(output, input, op); });
 }
 
 WorkHandle ProcessGroupGloo::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
-  check_cpu_tensor("reduce_scatter", output, "the output");
-  LOOM_CHECK(static_cast<int>(inputs.size()) == size(), "reduce_scatter: got ", inputs.size(),
-             " inputs; expected one per rank (", size(), ")");
-  for (size_t r = 0; r < inputs.size(); ++r) {
-    check_cpu_tensor("reduce_scatter", inputs[r], str("input ", r));
-    LOOM_CHECK(inputs[r].dtype() == output.dtype() && inputs[r].numel() == output.numel(), "reduce_scatter: input ",
-               r, " is ", inputs[r].str(), "; expected the output's dtype and size, ", output.str());
-  }
-  LOOM_CHECK(op != ReduceOp::avg || is_floating(output.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
-             output.str());
+  detail::check_reduce_scatter(output, inputs, op, size(), check_cpu_tensor);
   return impl_->enqueue("reduce_scatter", str(summarize(inputs), ", ", reduce_op_name(op)),
                         [impl = impl_.get(), output, inputs, op, world = size()] {
                           Tensor flat = Tensor::empty({output.numel() * world}, output.dtype());

@@ -235,17 +235,17 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   const char* backend_name() const override { return "nccl"; }
+  // check_nccl_tensor for this rank's device, for the shared argument checks (detail::check_*).
+  detail::TensorCheck tensor_check() const {
+    return [device = device_index()](const char* collective, const Tensor& tensor, const std::string& role) {
+      check_nccl_tensor(collective, tensor, role, device);
+    };
+  }
   Device device() const override { return Device::cuda(communicator_->device); }
 
   using ProcessGroup::all_reduce;
   WorkHandle all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) override {
-    LOOM_CHECK(!tensors.empty(), "all_reduce: no tensors given");
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      check_nccl_tensor("all_reduce", tensors[i], str("tensor ", i), device_index());
-      LOOM_CHECK(op != ReduceOp::avg || is_floating(tensors[i].dtype()),
-                 "all_reduce: avg needs floating-point tensors; tensor ", i, " is ", tensors[i].str(),
-                 " (reduce with sum and divide instead)");
-    }
+    detail::check_all_reduce(tensors, op, tensor_check());
     Collective collective("all_reduce", str(summarize(tensors), ", ", reduce_op_name(op)), device_index());
     std::vector<Tensor> buffers;
     for (const Tensor& t : tensors) buffers.push_back(collective.stage(t, t.is_contiguous(), /*copy_in=*/true));
@@ -260,8 +260,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   WorkHandle broadcast(const Tensor& tensor, int root) override {
-    check_nccl_tensor("broadcast", tensor, "the tensor", device_index());
-    LOOM_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of this group of ", size());
+    detail::check_broadcast(tensor, root, size(), tensor_check());
     Collective collective("broadcast", str(summarize({tensor}), ", root ", root), device_index());
     Tensor buffer = collective.stage(tensor, tensor.is_contiguous(), /*copy_in=*/rank() == root);
     collective.launch = [buffer, root](ncclComm_t comm, cudaStream_t stream) {
@@ -273,12 +272,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   WorkHandle all_gather_into(const Tensor& output, const Tensor& input) override {
-    check_nccl_tensor("all_gather", input, "the input", device_index());
-    check_nccl_tensor("all_gather", output, "the output", device_index());
-    LOOM_CHECK(output.dtype() == input.dtype(), "all_gather: output is ", output.str(), " but input is ", input.str(),
-               "; the dtypes must match");
-    LOOM_CHECK(output.numel() == input.numel() * size(), "all_gather: output ", output.str(), " must hold ", size(),
-               " x ", input.numel(), " = ", input.numel() * size(), " elements (one input per rank)");
+    detail::check_all_gather_into(output, input, size(), tensor_check());
     Collective collective("all_gather", summarize({input}), device_index());
     Tensor source = collective.stage(input, input.is_contiguous(), /*copy_in=*/true);
     Tensor target = collective.stage(output, output.is_contiguous(), /*copy_in=*/false);
@@ -291,14 +285,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   WorkHandle all_gather(const std::vector<Tensor>& outputs, const Tensor& input) override {
-    check_nccl_tensor("all_gather", input, "the input", device_index());
-    LOOM_CHECK(static_cast<int>(outputs.size()) == size(), "all_gather: got ", outputs.size(),
-               " outputs; expected one per rank (", size(), ")");
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      check_nccl_tensor("all_gather", outputs[r], str("output ", r), device_index());
-      LOOM_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].numel() == input.numel(), "all_gather: output ", r,
-                 " is ", outputs[r].str(), "; expected the input's dtype and size, ", input.str());
-    }
+    detail::check_all_gather(outputs, input, size(), tensor_check());
     Collective collective("all_gather", summarize({input}), device_index());
     Tensor source = collective.stage(input, input.is_contiguous(), /*copy_in=*/true);
     Tensor flat = collective.scratch({input.numel() * size()}, input.dtype());
@@ -312,14 +299,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   WorkHandle reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op) override {
-    check_nccl_tensor("reduce_scatter", input, "the input", device_index());
-    check_nccl_tensor("reduce_scatter", output, "the output", device_index());
-    LOOM_CHECK(output.dtype() == input.dtype(), "reduce_scatter: output is ", output.str(), " but input is ",
-               input.str(), "; the dtypes must match");
-    LOOM_CHECK(input.numel() == output.numel() * size(), "reduce_scatter: input ", input.str(), " must hold ", size(),
-               " x ", output.numel(), " = ", output.numel() * size(), " elements (one output per rank)");
-    LOOM_CHECK(op != ReduceOp::avg || is_floating(input.dtype()), "reduce_scatter: avg needs floating-point tensors; got ",
-               input.str());
+    detail::check_reduce_scatter_from(output, input, op, size(), tensor_check());
     Collective collective("reduce_scatter", str(summarize({input}), ", ", reduce_op_name(op)), device_index());
     Tensor source = collective.stage(input, input.is_contiguous(), /*copy_in=*/true);
     Tensor target = collective.stage(output, output.is_contiguous(), /*copy_in=*/false);
@@ -332,16 +312,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) override {
-    check_nccl_tensor("reduce_scatter", output, "the output", device_index());
-    LOOM_CHECK(static_cast<int>(inputs.size()) == size(), "reduce_scatter: got ", inputs.size(),
-               " inputs; expected one per rank (", size(), ")");
-    for (size_t r = 0; r < inputs.size(); ++r) {
-      check_nccl_tensor("reduce_scatter", inputs[r], str("input ", r), device_index());
-      LOOM_CHECK(inputs[r].dtype() == output.dtype() && inputs[r].numel() == output.numel(), "reduce_scatter: input ",
-                 r, " is ", inputs[r].str(), "; expected the output's dtype and size, ", output.str());
-    }
-    LOOM_CHECK(op != ReduceOp::avg || is_floating(output.dtype()),
-               "reduce_scatter: avg needs floating-point tensors; got ", output.str());
+    detail::check_reduce_scatter(output, inputs, op, size(), tensor_check());
     Collective collective("reduce_scatter", str(summarize(inputs), ", ", reduce_op_name(op)), device_index());
     Tensor flat = collective.scratch({output.numel() * size()}, output.dtype());
     for (int r = 0; r < size(); ++r) view_into(flat, inputs[r].sizes(), r * output.numel()).copy_(inputs[r]);
