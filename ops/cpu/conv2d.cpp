@@ -57,6 +57,13 @@ Geometry make_geometry(const Shape& input, const Shape& weight, const Conv2dPara
   return g;
 }
 
+// FLOPs of the GEMMs over `rows` column-matrix rows (C x taps) for the whole
+// batch; with every tap counted, the direct convolution's (what the profiler
+// reports for Winograd too, so GFLOP/s compare).
+double conv_flops(const Geometry& g, int64_t rows) {
+  return 2.0 * static_cast<double>(g.batch * g.out_channels * rows * g.output_plane());
+}
+
 // The Winograd description of g; kernel 0 (never used) unless the kernel is
 // square with unit stride and dilation.
 winograd::Problem winograd_problem(const Geometry& g) {
@@ -65,8 +72,7 @@ winograd::Problem winograd_problem(const Geometry& g) {
           g.params.padding[0], g.params.padding[1], g.out_h, g.out_w};
 }
 
-// The Winograd tile for f32 problems where conv2d uses it, else 0. FLOPs are
-// counted as the direct convolution's either way (GFLOP/s are comparable).
+// The Winograd tile for f32 problems where conv2d uses it, else 0.
 template <class T>
 int winograd_tile(const Geometry& g) {
   if constexpr (std::is_same_v<T, float>) {
@@ -412,14 +418,14 @@ template <class T>
 void forward(const T* input, const T* weight, const T* bias, const Geometry& g, T* output) {
   const int64_t plane = g.output_plane(), output_size = g.out_channels * plane;
   if (const int m = winograd_tile<T>(g)) {
-    profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * plane));
+    profiler::add_flops(conv_flops(g, g.col_rows()));
     if constexpr (std::is_same_v<T, float>) winograd::forward(input, weight, bias, winograd_problem(g), m, output);
     return;
   }
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
-  profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
+  profiler::add_flops(conv_flops(g, k));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* col = group_columns(input, g, taps, n0, images);
@@ -438,14 +444,14 @@ template <class T>
 void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
   const int64_t plane = g.output_plane(), image_size = g.channels * g.input_plane();
   if (const int m = winograd_tile<T>(g)) {
-    profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * plane));
+    profiler::add_flops(conv_flops(g, g.col_rows()));
     if constexpr (std::is_same_v<T, float>) winograd::backward_input(grad_output, weight, winograd_problem(g), m, grad_input);
     return;
   }
   const Taps taps = make_taps(g);
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
-  profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
+  profiler::add_flops(conv_flops(g, k));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* dy = group_grad_output(grad_output, g, n0, images);  // (O, G*Ho*Wo)
@@ -464,7 +470,7 @@ template <class T>
 void backward_weight(const T* grad_output, const T* input, const Geometry& g, T* full_grad_weight) {
   const int64_t plane = g.output_plane();
   if (const int m = winograd_tile<T>(g)) {
-    profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * plane));
+    profiler::add_flops(conv_flops(g, g.col_rows()));
     if constexpr (std::is_same_v<T, float>) {
       winograd::backward_weight(grad_output, input, winograd_problem(g), m, full_grad_weight);
     }
@@ -475,7 +481,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   const int64_t k = taps.col_rows(g);
   // With taps left out, the GEMMs produce (O, C*active), spread out at the end.
   T* grad_weight = taps.all_active() ? full_grad_weight : scratch<T>(3, g.out_channels * k);
-  profiler::add_flops(2.0 * static_cast<double>(g.batch * g.out_channels * k * plane));
+  profiler::add_flops(conv_flops(g, k));
   // Task 0 accumulates into grad_weight itself, the others into partials that
   // are added afterwards in task order (the same sum whatever the timing).
   const int64_t size = g.out_channels * k;
@@ -565,7 +571,7 @@ std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output
   Tensor dw = fits_result(weight_out, weight.sizes(), DType::f32, Device::cpu()) ? weight_out
                                                                                  : Tensor::empty(weight.sizes(), DType::f32);
   // Counted as the two direct convolutions' FLOPs, as when they run apart.
-  profiler::add_flops(4.0 * static_cast<double>(g.batch * g.out_channels * g.col_rows() * g.output_plane()));
+  profiler::add_flops(2 * conv_flops(g, g.col_rows()));
   winograd::backward(dy.data<float>(), x.data<float>(), w.data<float>(), winograd_problem(g), m, dx.data<float>(),
                      dw.data<float>());
   return {dx, dw};
