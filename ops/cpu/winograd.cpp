@@ -109,75 +109,27 @@ const Transforms& transforms(int m, int r) {
 }
 
 // out[i * out_stride + l] = sum_j mat[i * in_rows + j] * in[j * in_stride + l]
-// for l < length: the matrix applied to `in_rows` rows, zeros skipped.
-struct Terms {
-  int count[kMaxAlpha];
-  int index[kMaxAlpha][kMaxAlpha];
-  float coefficient[kMaxAlpha][kMaxAlpha];
-};
-
-Terms nonzero_terms(const float* mat, int out_rows, int in_rows) {
-  Terms terms{};
+// for l < length: the matrix applied to `in_rows` rows. The portable
+// fallback of the compiled kernels below (CPUs without AVX2).
+void apply_rows(const float* mat, int out_rows, int in_rows, const float* in, int64_t in_stride, float* out,
+                int64_t out_stride, int64_t length) {
   for (int i = 0; i < out_rows; ++i) {
-    terms.count[i] = 0;
-    for (int j = 0; j < in_rows; ++j) {
-      const float value = mat[i * in_rows + j];
-      if (value == 0.0f) continue;
-      terms.index[i][terms.count[i]] = j;
-      terms.coefficient[i][terms.count[i]++] = value;
-    }
-  }
-  return terms;
-}
-
-void apply_rows_scalar(const Terms& terms, int out_rows, const float* in, int64_t in_stride, float* out,
-                       int64_t out_stride, int64_t begin, int64_t end) {
-  for (int64_t l = begin; l < end; ++l) {
-    for (int i = 0; i < out_rows; ++i) {
+    for (int64_t l = 0; l < length; ++l) {
       float sum = 0;
-      for (int q = 0; q < terms.count[i]; ++q) sum += terms.coefficient[i][q] * in[terms.index[i][q] * in_stride + l];
+      for (int j = 0; j < in_rows; ++j) sum += mat[i * in_rows + j] * in[j * in_stride + l];
       out[i * out_stride + l] = sum;
     }
   }
 }
 
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void apply_rows_avx2(const Terms& terms, int out_rows, int in_rows,
-                                                          const float* in, int64_t in_stride, float* out,
-                                                          int64_t out_stride, int64_t length) {
-  int64_t l = 0;
-  for (; l + 8 <= length; l += 8) {
-    __m256 x[kMaxAlpha];
-    for (int j = 0; j < in_rows; ++j) x[j] = _mm256_loadu_ps(in + j * in_stride + l);
-    for (int i = 0; i < out_rows; ++i) {
-      __m256 sum = _mm256_setzero_ps();
-      for (int q = 0; q < terms.count[i]; ++q) {
-        sum = _mm256_fmadd_ps(_mm256_set1_ps(terms.coefficient[i][q]), x[terms.index[i][q]], sum);
-      }
-      _mm256_storeu_ps(out + i * out_stride + l, sum);
-    }
-  }
-  apply_rows_scalar(terms, out_rows, in, in_stride, out, out_stride, l, length);
-}
-#endif
-
-void apply_rows(const float* mat, int out_rows, int in_rows, const float* in, int64_t in_stride, float* out,
-                int64_t out_stride, int64_t length) {
-  const Terms terms = nonzero_terms(mat, out_rows, in_rows);
-#if defined(__x86_64__)
-  if (cpu_has_avx2()) return apply_rows_avx2(terms, out_rows, in_rows, in, in_stride, out, out_stride, length);
-#endif
-  apply_rows_scalar(terms, out_rows, in, in_stride, out, out_stride, 0, length);
-}
-
-// The hot transforms (Bᵀ, B, Aᵀ, A) compiled for each F(m, r): the matrix is
-// a compile-time constant, so zero coefficients cost nothing, ±1 are an add or
-// a subtract, and the input rows stay in registers.
+// The transforms compiled for each F(m, r): the matrix is a compile-time
+// constant, so zero coefficients cost nothing, ±1 are an add or a subtract,
+// and the input rows stay in registers.
 template <int M, int R>
 struct Fixed {
   static constexpr Transforms value = make_transforms(M, R);
 };
-enum class Which { bt, b, at, a };  // also the index into FastRows::of
+enum class Which { bt, b, at, a, g, gt };  // also the index into FastRows::of
 
 template <class F, Which W>
 constexpr const float* fixed_matrix() {
@@ -185,11 +137,13 @@ constexpr const float* fixed_matrix() {
   if constexpr (W == Which::b) return F::value.b;
   if constexpr (W == Which::at) return F::value.at;
   if constexpr (W == Which::a) return F::value.a;
+  if constexpr (W == Which::g) return F::value.g;
+  if constexpr (W == Which::gt) return F::value.gt;
 }
 
 using RowsFn = void (*)(const float* in, int64_t in_stride, float* out, int64_t out_stride, int64_t length);
 struct FastRows {
-  RowsFn of[4] = {};  // indexed by Which
+  RowsFn of[6] = {};  // indexed by Which
 };
 
 #if defined(__x86_64__)
@@ -238,7 +192,8 @@ FastRows fast_rows_of() {
   using F = Fixed<M, R>;
   constexpr int A = M + R - 1;
   return {{&apply_rows_fixed<F, Which::bt, A, A>, &apply_rows_fixed<F, Which::b, A, A>,
-           &apply_rows_fixed<F, Which::at, M, A>, &apply_rows_fixed<F, Which::a, A, M>}};
+           &apply_rows_fixed<F, Which::at, M, A>, &apply_rows_fixed<F, Which::a, A, M>,
+           &apply_rows_fixed<F, Which::g, A, R>, &apply_rows_fixed<F, Which::gt, R, A>}};
 }
 #endif
 
@@ -266,8 +221,8 @@ FastRows fast_rows(int m, int r) {
   return {};
 }
 
-// Applies transform W of t (Bᵀ, B: α x α; Aᵀ: m x α; A: α x m) to rows of
-// `length` values.
+// Applies transform W of t (Bᵀ, B: α x α; Aᵀ: m x α; A: α x m; G: α x r;
+// Gᵀ: r x α) to rows of `length` values.
 void transform_rows(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out, int64_t out_stride,
                     int64_t length) {
   static const std::vector<FastRows> table = [] {
@@ -285,6 +240,8 @@ void transform_rows(const Transforms& t, Which w, const float* in, int64_t in_st
     case Which::b: return apply_rows(t.b, t.alpha, t.alpha, in, in_stride, out, out_stride, length);
     case Which::at: return apply_rows(t.at, t.m, t.alpha, in, in_stride, out, out_stride, length);
     case Which::a: return apply_rows(t.a, t.alpha, t.m, in, in_stride, out, out_stride, length);
+    case Which::g: return apply_rows(t.g, t.alpha, t.r, in, in_stride, out, out_stride, length);
+    case Which::gt: return apply_rows(t.gt, t.r, t.alpha, in, in_stride, out, out_stride, length);
   }
 }
 
@@ -318,10 +275,10 @@ const float* transform_weight(const float* weight, const Problem& p, const Trans
   for (int64_t i = 0; i < oc; ++i) {
     for (int64_t k = 0; k < r * r; ++k) taps[k * oc + i] = weight[i * r * r + k];  // [ki][kj][o][c]
   }
-  apply_rows(t.g, t.alpha, t.r, taps.data(), r * oc, half.data(), r * oc, r * oc);  // ki -> ξ
+  transform_rows(t, Which::g, taps.data(), r * oc, half.data(), r * oc, r * oc);  // ki -> ξ
   float* u = scratch(5, alpha * alpha * oc);
   for (int64_t xi = 0; xi < alpha; ++xi) {
-    apply_rows(t.g, t.alpha, t.r, half.data() + xi * r * oc, oc, u + xi * alpha * oc, oc, oc);  // kj -> ν
+    transform_rows(t, Which::g, half.data() + xi * r * oc, oc, u + xi * alpha * oc, oc, oc);  // kj -> ν
   }
   return u;
 }
@@ -330,9 +287,9 @@ const float* transform_weight(const float* weight, const Problem& p, const Trans
 void inverse_transform_weight(const float* du, const Problem& p, const Transforms& t, float* grad_weight) {
   const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
   std::vector<float> half(static_cast<size_t>(r * alpha * oc)), taps(static_cast<size_t>(r * r * oc));
-  apply_rows(t.gt, t.r, t.alpha, du, alpha * oc, half.data(), alpha * oc, alpha * oc);  // ξ -> ki
+  transform_rows(t, Which::gt, du, alpha * oc, half.data(), alpha * oc, alpha * oc);  // ξ -> ki
   for (int64_t ki = 0; ki < r; ++ki) {
-    apply_rows(t.gt, t.r, t.alpha, half.data() + ki * alpha * oc, oc, taps.data() + ki * r * oc, oc, oc);  // ν -> kj
+    transform_rows(t, Which::gt, half.data() + ki * alpha * oc, oc, taps.data() + ki * r * oc, oc, oc);  // ν -> kj
   }
   for (int64_t i = 0; i < oc; ++i) {
     for (int64_t k = 0; k < r * r; ++k) grad_weight[i * r * r + k] = taps[k * oc + i];
@@ -603,14 +560,16 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
 }  // namespace
 
 int tile_for(const Problem& p) {
+  // Read once: the variable, and whether the GEMM and the transforms have their AVX2/FMA kernels here.
   static const bool enabled = [] {
     const char* value = std::getenv("LOOM_CPU_WINOGRAD");
-    if (value == nullptr || std::string(value) == "1") return true;
-    if (std::string(value) == "0") return false;
-    LOOM_FAIL("LOOM_CPU_WINOGRAD must be 0 (im2col + GEMM for every convolution) or 1 (Winograd where it pays, the "
-              "default), not '", value, "'");
+    if (value != nullptr && std::string(value) != "0" && std::string(value) != "1") {
+      LOOM_FAIL("LOOM_CPU_WINOGRAD must be 0 (im2col + GEMM for every convolution) or 1 (Winograd where it pays, the "
+                "default), not '", value, "'");
+    }
+    return (value == nullptr || std::string(value) == "1") && std::string(gemm_kernel_name()) == "avx2-fma";
   }();
-  if (!enabled || std::string(gemm_kernel_name()) != "avx2-fma") return 0;
+  if (!enabled) return 0;
   // 5x5 kernels on planes of at least 8x8 with enough channels for the GEMMs to dominate.
   if (p.kernel != 5 || p.channels < 8 || p.out_channels < 8 || p.out_h < 8 || p.out_w < 8) return 0;
   return 4;
