@@ -223,27 +223,33 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
 // kernel sizes called directly, and conv2d's f32 dispatch on the shapes it
 // picks Winograd for (ragged tiles, padding 0 and uneven padding, chunks of
 // images spread over threads), all against the f64 direct loops.
+namespace {
+struct WinogradCase {
+  const char* name;
+  Shape input, weight;  // square kernels, stride 1
+  Size2 padding;
+  ops::cpu::winograd::Problem problem() const {
+    const int64_t r = weight[2];
+    return {input[0], input[1], input[2], input[3], weight[0], r, padding[0], padding[1],
+            input[2] + 2 * padding[0] - r + 1, input[3] + 2 * padding[1] - r + 1};
+  }
+};
+}  // namespace
+
 TEST_CASE("Winograd convolution matches direct loops for every tile size") {
-  struct Case {
-    const char* name;
-    Shape input, weight;
-    Size2 padding;
-  };
-  const Case cases[] = {
+  const WinogradCase cases[] = {
       {"5x5, padding 2, 14x14 (the ConvNet's second conv)", {3, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
       {"5x5, padding (1, 3), 13x11: ragged tiles", {2, 9, 13, 11}, {10, 9, 5, 5}, {1, 3}},
       {"3x3, padding 1, 9x10", {2, 8, 9, 10}, {11, 8, 3, 3}, {1, 1}},
       {"3x3, no padding, 12x7", {3, 5, 12, 7}, {4, 5, 3, 3}, {0, 0}},
   };
   uint64_t seed = 900;
-  for (const Case& c : cases) {
+  for (const WinogradCase& c : cases) {
     const int64_t r = c.weight[2];
     Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32);
     Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32);
     Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
-    const ops::cpu::winograd::Problem p{c.input[0], c.input[1], c.input[2], c.input[3], c.weight[0], r,
-                                        c.padding[0], c.padding[1], c.input[2] + 2 * c.padding[0] - r + 1,
-                                        c.input[3] + 2 * c.padding[1] - r + 1};
+    const ops::cpu::winograd::Problem p = c.problem();
     Tensor dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
     const DirectConv expected = direct_conv(x, w, dy, {.padding = c.padding});
     std::vector<double> expected_y = expected.y;
@@ -266,12 +272,7 @@ TEST_CASE("Winograd convolution matches direct loops for every tile size") {
 }
 
 TEST_CASE("conv2d uses Winograd for 5x5 f32 convolutions with enough channels, and matches direct loops") {
-  struct Case {
-    const char* name;
-    Shape input, weight;
-    Size2 padding;
-  };
-  const Case cases[] = {
+  const WinogradCase cases[] = {
       {"the ConvNet's second conv, batch 20", {20, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
       {"no padding, 12x12 -> 8x8", {3, 8, 12, 12}, {8, 8, 5, 5}, {0, 0}},
       {"odd plane 13x11 with padding (2, 1)", {5, 12, 13, 11}, {9, 12, 5, 5}, {2, 1}},
@@ -279,11 +280,9 @@ TEST_CASE("conv2d uses Winograd for 5x5 f32 convolutions with enough channels, a
   };
   const int saved_threads = get_num_threads();
   uint64_t seed = 950;
-  for (const Case& c : cases) {
-    const ops::cpu::winograd::Problem p{c.input[0], c.input[1], c.input[2], c.input[3], c.weight[0], 5,
-                                        c.padding[0], c.padding[1], c.input[2] + 2 * c.padding[0] - 4,
-                                        c.input[3] + 2 * c.padding[1] - 4};
-    REQUIRE(ops::cpu::winograd::tile_for(p) == (std::string(ops::cpu::gemm_kernel_name()) == "avx2-fma" ? 4 : 0));
+  for (const WinogradCase& c : cases) {
+    const bool avx2 = std::string(ops::cpu::gemm_kernel_name()) == "avx2-fma";
+    REQUIRE(ops::cpu::winograd::tile_for(c.problem()) == (avx2 ? 4 : 0));
     for (int threads : {1, 2}) {
       INFO(c.name << ", " << threads << " threads");
       set_num_threads(threads);
