@@ -178,7 +178,8 @@ def world1_profile(runs: list[dict], model: str, batch: int, source: str) -> cm.
     """The cost model's input from world-1 runs with --compare-bare: DDP's
     phase medians, and each parameter's gradient-ready time: its median
     share of the bare model's backward (timed by hooks) times DDP's backward."""
-    ddp = tl.summarize_steps(pooled(runs))
+    steps = pooled(runs)
+    ddp = tl.summarize_steps(steps)
     first = runs[0]["docs"][0]
     shares = []
     for run in runs:
@@ -190,7 +191,7 @@ def world1_profile(runs: list[dict], model: str, batch: int, source: str) -> cm.
     params = [{"name": p["name"], "bytes": p["bytes"], "ready_ms": r} for p, r in zip(first["parameters"], ready)]
     # Every step's compute (DDP's step without communication at world 1): how
     # much a rank's step varies, for the cost model's wait for the slowest rank.
-    samples = [s["step_ms"] for s in pooled(runs)]
+    samples = [s["step_ms"] for s in steps]
     return cm.Profile.from_json({"forward_ms": ddp["forward_ms"], "backward_ms": ddp["backward_ms"],
                                  "optimizer_ms": ddp["optimizer_ms"], "parameters": params,
                                  "batch_per_device": batch, "buffer_bytes": first["buffer_bytes"],
