@@ -146,7 +146,9 @@ int run(const Flags& flags, int argc, char** argv) {
     set_num_threads(1);  // several ranks share this machine's cores
   }
   const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
-  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "gloo";
+  // auto: nccl for CUDA devices; for the CPU, init_process_group picks shm when
+  // every rank is on this host, gloo otherwise.
+  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
 
   const fs::path dir = resolve_data_dir(flags.data);
   data::TrainTestSplit split = data::load_mnist(dir);
@@ -203,7 +205,7 @@ int run(const Flags& flags, int argc, char** argv) {
   const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
   if (leader && world > 1) {
     std::printf("Distributed: %d processes (%s), backend %s, batch %lld per process%s\n", world,
-                spawned ? "spawned by train_mnist -g" : dist::launcher_name(launcher), backend.c_str(),
+                spawned ? "spawned by train_mnist -g" : dist::launcher_name(launcher), group->backend_name(),
                 static_cast<long long>(flags.batch_size), flags.sync_bn ? ", SyncBatchNorm" : "");
   }
   if (leader && !spawned && launcher != dist::Launcher::none &&
@@ -319,7 +321,7 @@ int main(int argc, char** argv) {
   app.add_option("-n,--nodes", flags.nodes, "number of nodes (spawning mode, without a launcher)")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("-g,--gpus", flags.gpus, "processes per node to spawn: GPUs, or CPU processes with --device cpu")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("--nr", flags.node_rank, "rank of this node, 0 .. nodes-1 (also -nr)")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("--backend", flags.backend, "nccl, gloo or auto (nccl for CUDA devices, gloo for the CPU)")->capture_default_str()->check(CLI::IsMember({"auto", "nccl", "gloo"}));
+  app.add_option("--backend", flags.backend, "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, else gloo)")->capture_default_str()->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
   app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
   app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other processes before the run fails (0 = LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")->capture_default_str()->check(apps::at_least(0));
   try {

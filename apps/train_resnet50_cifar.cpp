@@ -172,7 +172,9 @@ int run(const Flags& flags) {
   const int rank = launch.rank, world = launch.world_size;
   // --device cuda / auto: this rank's GPU (cuda:LOCAL_RANK), the one its NCCL group drives.
   const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
-  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "gloo";
+  // auto: nccl for CUDA devices; for the CPU, init_process_group picks shm when
+  // every rank is on this host, gloo otherwise.
+  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
   check_backend(backend, device);
   const nn::ResNetStem stem = nn::parse_resnet_stem(flags.stem);
 
@@ -269,7 +271,7 @@ int run(const Flags& flags) {
                 static_cast<long long>(batch_per_rank));
     if (world > 1) {
       std::printf("Distributed: %d processes (%s), backend %s%s\n", world, dist::launcher_name(launch.launcher),
-                  backend.c_str(), flags.sync_bn ? ", SyncBatchNorm" : "");
+                  group->backend_name(), flags.sync_bn ? ", SyncBatchNorm" : "");
     } else if (flags.sync_bn) {
       std::printf("note: --sync-bn with one process: SyncBatchNorm computes what BatchNorm2d does\n");
     }
@@ -427,9 +429,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", flags.seed, "initialisation, shuffling and augmentation seed")->capture_default_str();
   app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  app.add_option("--backend", flags.backend, "nccl, gloo or auto (nccl for CUDA devices, gloo for the CPU)")
+  app.add_option("--backend", flags.backend, "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, else gloo)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "nccl", "gloo"}));
+      ->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
   app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
   app.add_option("--max-steps", flags.max_steps, "end each epoch after this many steps (0 = full epochs)")
       ->capture_default_str()

@@ -51,8 +51,11 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& param
 CommunicationHook allreduce_hook() {
   return [](ProcessGroup& group, const Tensor& bucket) -> BucketReduction {
     if (group.size() == 1) return {};
-    Tensor(bucket).mul_(1.0 / group.size());  // the sum of pre-divided gradients is their average
-    return {group.all_reduce(bucket, ReduceOp::sum), nullptr, bucket.nbytes()};
+    // The average of the ranks' gradients. Each backend divides where it is
+    // cheapest and safe: gloo scales the inputs first (as PyTorch's DDP
+    // pre-divides), shm divides the float accumulator, nccl uses ncclAvg; so
+    // no extra pass over the bucket.
+    return {group.all_reduce(bucket, ReduceOp::avg), nullptr, bucket.nbytes()};
   };
 }
 

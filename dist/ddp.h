@@ -38,8 +38,9 @@ struct BucketReduction {
 };
 using CommunicationHook = std::function<BucketReduction(ProcessGroup& group, const Tensor& bucket)>;
 
-// The default hook: divides the bucket by the world size, then all-reduces
-// it with sum.
+// The default hook: all-reduces the bucket with avg (gloo divides the inputs
+// before summing, as PyTorch's DDP does; shm and nccl divide inside the
+// reduction).
 CommunicationHook allreduce_hook();
 // Compression (PyTorch's fp16_compress_hook / bf16_compress_hook): divides
 // the bucket by the world size in its own dtype, casts it to `wire_dtype`

@@ -8,6 +8,7 @@
 #include "dist/environment.h"
 #include "dist/process_group_gloo.h"
 #include "dist/process_group_nccl.h"
+#include "dist/process_group_shm.h"
 
 namespace loom::dist {
 
@@ -131,9 +132,10 @@ std::pair<std::string, int> parse_host_port(const std::string& init_method, cons
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
-  if (options.backend != "gloo" && options.backend != "nccl")
+  if (options.backend != "gloo" && options.backend != "shm" && options.backend != "auto" && options.backend != "nccl")
     LOOM_FAIL("init_process_group: unknown backend '", options.backend,
-              "'; expected \"gloo\" (CPU tensors) or \"nccl\" (CUDA tensors)");
+              "'; expected \"gloo\" or \"shm\" (CPU tensors), \"auto\" (shm when every rank is on this host, "
+              "else gloo) or \"nccl\" (CUDA tensors)");
   if (options.backend == "nccl") require_nccl();  // fails here, before any rendezvous, with the reason
 
   LaunchOverrides overrides;
@@ -176,11 +178,21 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   auto group_store = std::make_shared<PrefixStore>(options.group_name, store);
   std::shared_ptr<ProcessGroup> group;
-  if (options.backend == "gloo") {
+  auto make_gloo = [&] {
     GlooOptions gloo;
     gloo.timeout = options.timeout;
     if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
-    group = std::make_shared<ProcessGroupGloo>(group_store, rank, world_size, gloo);
+    return std::make_shared<ProcessGroupGloo>(group_store, rank, world_size, gloo);
+  };
+  if (options.backend == "gloo") {
+    group = make_gloo();
+  } else if (options.backend == "shm") {
+    group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions{.timeout = options.timeout});
+  } else if (options.backend == "auto") {
+    // Every rank reads the same verdicts, so all of them pick the same backend.
+    std::string why_not;
+    group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions{.timeout = options.timeout}, &why_not);
+    if (!group) group = make_gloo();
   } else {
     group = make_process_group_nccl(group_store, rank, world_size,
                                     NcclOptions{.timeout = options.timeout, .device_index = options.device_index});

@@ -135,7 +135,10 @@ class ProcessGroup {
 };
 
 struct InitOptions {
-  std::string backend = "gloo";  // "gloo" (CPU tensors) or "nccl" (CUDA tensors)
+  // "gloo" (CPU tensors, over TCP), "shm" (CPU tensors, every rank on this
+  // host: shared memory), "auto" (shm when every rank can map one segment,
+  // else gloo) or "nccl" (CUDA tensors).
+  std::string backend = "gloo";
   // "env://" (MASTER_ADDR / MASTER_PORT and friends), "tcp://host:port", or
   // "file:///shared/path"; ignored when `store` is given.
   std::string init_method = "env://";

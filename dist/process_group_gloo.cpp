@@ -78,7 +78,7 @@ gloo::AllreduceOptions::Func reduce_function(DType dtype, ReduceOp op) {
     using P = Promoted<T>;
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg:  // sum, then scaled by 1 / size
+      case ReduceOp::avg:  // the inputs were scaled by 1 / size
         return [](void* o, const void* a, const void* b, size_t n) {
           reduce_elements<T>(o, a, b, n, [](P x, P y) { return static_cast<P>(x + y); });
         };
@@ -302,6 +302,9 @@ struct ProcessGroupGloo::Impl {
 
   void all_reduce_buffer(const Tensor& buffer, ReduceOp op) {
     if (buffer.numel() == 0) return;
+    // avg: scaled before the sum, as DDP's pre-division does, so 16-bit sums
+    // of large gradients do not overflow on the way.
+    if (op == ReduceOp::avg) Tensor(buffer).mul_(1.0 / size);
     visit_dtype(buffer.dtype(), [&]<class T>() {
       gloo::AllreduceOptions options(context);
       options.setOutput<T>(static_cast<T*>(buffer.raw_data()), static_cast<size_t>(buffer.numel()));
@@ -310,7 +313,6 @@ struct ProcessGroupGloo::Impl {
       options.setTimeout(timeout.load());
       gloo::allreduce(options);
     });
-    if (op == ReduceOp::avg) Tensor(buffer).mul_(1.0 / size);
   }
 
   // Reduces each tensor in place; tensors of one dtype share one gloo call.

@@ -27,7 +27,7 @@ int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, c
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const Device device = device_name == "cuda" ? Device::cuda(launch.local_rank) : parse_device(device_name);
   auto group = dist::init_process_group(
-      {.backend = backend != "auto" ? backend : device.is_cuda() ? "nccl" : "gloo",
+      {.backend = backend != "auto" ? backend : device.is_cuda() ? "nccl" : "auto",
        .init_method = "env://",
        .timeout = std::chrono::minutes(5)});
   const int world = group->size(), rank = group->rank();
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed all-reduces per size")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--backend", backend, "gloo, nccl or auto")->capture_default_str();
+  app.add_option("--backend", backend, "gloo, shm, nccl or auto (nccl for CUDA; shm for CPU ranks on one host, else gloo)")->capture_default_str();
   app.add_option("--device", device, "cpu, cuda (the local rank's GPU) or cuda:N")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

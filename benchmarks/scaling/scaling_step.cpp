@@ -243,7 +243,9 @@ int run(const Flags& flags) {
   const Device device = flags.device == "cpu" ? Device::cpu()
                         : flags.device == "cuda" ? Device::cuda(launch.local_rank)
                                                  : parse_device(flags.device);
-  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "gloo";
+  // auto: nccl for CUDA devices; for the CPU, init_process_group picks shm when
+  // every rank is on this host, gloo otherwise.
+  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
   const auto timeout = std::chrono::duration_cast<dist::Milliseconds>(std::chrono::duration<double>(flags.timeout_s));
   auto group = dist::init_process_group({.backend = backend, .init_method = "env://", .timeout = timeout});
   const int world = group->size(), rank = group->rank();
@@ -330,7 +332,7 @@ int run(const Flags& flags) {
               {"batch_per_rank", flags.batch_size},
               {"threads", flags.threads},
               {"device", device.str()},
-              {"backend", backend},
+              {"backend", group->backend_name()},
               {"data", flags.model == "convnet" && flags.data != "synthetic" ? "fashion-mnist" : "synthetic"},
               {"image_size", flags.model == "convnet" ? 28 : flags.image_size},
               {"first_bucket_bytes_cap", options.first_bucket_bytes_cap},
@@ -395,7 +397,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--device", flags.device, "cpu, cuda (the local rank's GPU) or cuda:N")->capture_default_str();
-  app.add_option("--backend", flags.backend, "gloo, nccl or auto")->capture_default_str();
+  app.add_option("--backend", flags.backend, "gloo, shm, nccl or auto (nccl for CUDA; shm for CPU ranks on one host, else gloo)")->capture_default_str();
   app.add_option("--output", flags.output, "JSON file per rank ('{rank}' is replaced); default: rank 0 to stdout");
   app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other ranks")
       ->capture_default_str()

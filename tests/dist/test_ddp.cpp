@@ -30,9 +30,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// LOOM_TEST_BACKEND's group (gloo when unset).
 std::shared_ptr<ProcessGroup> group_from_environment() {
-  return init_process_group({.init_method = "env://", .timeout = 20s});
+  const char* backend = std::getenv("LOOM_TEST_BACKEND");
+  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = 20s});
 }
+
+const SpawnOptions kOnShm{.environment = {{"LOOM_TEST_BACKEND", "shm"}}};
 
 // A ProcessGroupGloo of one rank, for in-process tests.
 std::shared_ptr<ProcessGroup> world_of_one() {
@@ -521,5 +525,17 @@ TEST_SUITE("ddp") {
   TEST_CASE("the first bucket's all-reduce starts before backward ends") { expect_all_ok(spawn_ranks("ddp_overlap", 2)); }
   TEST_CASE("find_unused_parameters across ranks") { expect_all_ok(spawn_ranks("ddp_unused", 2)); }
   TEST_CASE("buffers are broadcast from rank 0") { expect_all_ok(spawn_ranks("ddp_buffers", 2)); }
+  // The same scenarios over shared memory: collectives that finish inside the
+  // backward hooks, before the call returns.
+  TEST_CASE("shm: 2 and 4 ranks equal 1 process on the whole batch") {
+    expect_all_ok(spawn_ranks("ddp_equivalence", 2, kOnShm));
+    expect_all_ok(spawn_ranks("ddp_equivalence", 4, kOnShm));
+  }
+  TEST_CASE("shm: gradients computed in the buckets; no_sync; unused parameters; buffers") {
+    for (const char* scenario : {"ddp_in_place", "ddp_no_sync", "ddp_unused", "ddp_buffers", "ddp_compress_hook"}) {
+      CAPTURE(scenario);
+      expect_all_ok(spawn_ranks(scenario, 2, kOnShm));
+    }
+  }
   TEST_CASE("different models on different ranks are rejected") { expect_all_ok(spawn_ranks("ddp_mismatch", 2)); }
 }

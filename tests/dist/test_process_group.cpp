@@ -1,6 +1,7 @@
-// ProcessGroupGloo collectives across 1, 2 and 4 real processes on loopback,
-// checked against hand-computed values; init methods; and failures: a dead or
-// stalled peer must produce an error within the timeout, never a hang.
+// ProcessGroupGloo and ProcessGroupShm collectives across 1 to 4 real
+// processes on loopback, checked against hand-computed values; init methods;
+// and failures: a dead or stalled peer must produce an error within the
+// timeout, never a hang.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "dist/process_group.h"
 #include "dist/process_group_gloo.h"
 #include "dist/process_group_nccl.h"
+#include "dist/process_group_shm.h"
 #include "tests/dist/multiprocess.h"
 
 using namespace loom;
@@ -55,8 +57,24 @@ void expect_values(const Tensor& tensor, const std::function<double(int64_t)>& e
   }
 }
 
+// The group a scenario runs on: LOOM_TEST_BACKEND's (gloo when unset). With
+// LOOM_TEST_SHM_CHUNK the shm group is built directly with rounds of that many
+// bytes, so every collective takes several rounds.
 std::shared_ptr<ProcessGroup> init_from_environment(Milliseconds timeout = 20s) {
-  return init_process_group({.backend = "gloo", .init_method = "env://", .timeout = timeout});
+  if (const char* chunk = std::getenv("LOOM_TEST_SHM_CHUNK")) {
+    int rank = env_int("RANK");
+    auto store = std::make_shared<TCPStore>("127.0.0.1", env_int("MASTER_PORT"),
+                                            TCPStoreOptions{.is_server = rank == 0, .timeout = timeout});
+    return std::make_shared<ProcessGroupShm>(store, rank, env_int("WORLD_SIZE"),
+                                             ShmOptions{.timeout = timeout, .chunk_bytes = std::stoul(chunk)});
+  }
+  const char* backend = std::getenv("LOOM_TEST_BACKEND");
+  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
+}
+
+SpawnOptions on_shm(std::chrono::milliseconds deadline, std::map<std::string, std::string> environment = {}) {
+  environment["LOOM_TEST_BACKEND"] = "shm";
+  return {.deadline = deadline, .environment = std::move(environment)};
 }
 
 }  // namespace
@@ -237,9 +255,80 @@ LOOM_DIST_SCENARIO("stalled_peer") {
   expect(waited >= 1.4 && waited < 4.0, "the error took ", waited, " s");
 }
 
+// backend "auto" picks shm for ranks on one host; ranks that call different
+// collectives both get an error naming the two calls instead of exchanging
+// garbage.
+LOOM_DIST_SCENARIO("shm_auto_and_mismatch") {
+  auto group = init_process_group({.backend = "auto", .init_method = "env://", .timeout = 20s});
+  expect(std::string(group->backend_name()) == "shm", "backend auto picked ", group->backend_name());
+  Tensor tensor = Tensor::full({3}, group->rank() + 1.0, DType::f32);
+  group->all_reduce(tensor)->wait();
+  expect_values(tensor, [&](int64_t) { return 3.0; }, "all_reduce on the auto backend");
+  std::string message = error_of([&] {
+    if (group->rank() == 0) {
+      group->all_reduce(Tensor::zeros({10}, DType::f32))->wait();
+    } else {
+      group->broadcast(Tensor::zeros({4}, DType::f64), 1)->wait();
+    }
+  });
+  std::cout << "rank " << group->rank() << ": " << message << "\n";
+  expect(contains(message, "the ranks called different collectives"), "mismatch not reported: ", message);
+  expect(contains(message, group->rank() == 0 ? "this rank called all_reduce #1 of 40 bytes of f32, rank 1 called "
+                                                "broadcast #1 of 32 bytes of f64"
+                                              : "this rank called broadcast #1 of 32 bytes of f64, rank 0 called "
+                                                "all_reduce #1 of 40 bytes of f32"),
+         "mismatch message does not name both calls: ", message);
+  destroy_process_group();
+}
+
 TEST_SUITE("process_group") {
   TEST_CASE("collectives, 2 ranks") { expect_all_ok(spawn_ranks("collectives", 2, {.deadline = 40s})); }
   TEST_CASE("collectives, 4 ranks") { expect_all_ok(spawn_ranks("collectives", 4, {.deadline = 40s})); }
+
+  TEST_CASE("shm: collectives, 2 ranks") { expect_all_ok(spawn_ranks("collectives", 2, on_shm(40s))); }
+  TEST_CASE("shm: collectives, 4 ranks") { expect_all_ok(spawn_ranks("collectives", 4, on_shm(40s))); }
+  TEST_CASE("shm: collectives, 3 ranks in rounds of 4 KiB") {
+    expect_all_ok(spawn_ranks("collectives", 3, on_shm(60s, {{"LOOM_TEST_SHM_CHUNK", "4096"}})));
+  }
+  TEST_CASE("shm: auto picks it on one host; different collectives on different ranks are an error") {
+    expect_all_ok(spawn_ranks("shm_auto_and_mismatch", 2, {.deadline = 20s}));
+  }
+
+  TEST_CASE("shm: a world of one, in process") {
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    ProcessGroupShm group(store, 0, 1, {.timeout = 5s});
+    CHECK(group.chunk_bytes() == (size_t{1} << 20));
+    Tensor tensor = Tensor::full({4}, 3.0, DType::f32);
+    group.all_reduce(tensor, ReduceOp::avg)->wait();
+    CHECK(tensor.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
+    Tensor gathered = Tensor::zeros({4}, DType::f32);
+    group.all_gather_into(gathered, tensor)->wait();
+    CHECK(gathered.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
+    group.barrier()->wait();
+    CHECK(contains(error_of([&] { group.all_reduce(Tensor::zeros({4}, DType::i64), ReduceOp::avg); }),
+                   "avg needs floating-point tensors"));
+    CHECK(contains(error_of([&] { group.broadcast(tensor, 2); }), "broadcast: root 2 is not a rank"));
+    CHECK(contains(error_of([&] { ProcessGroupShm(store, 0, 1, {.timeout = 5s, .chunk_bytes = 100}); }),
+                   "chunk_bytes 100 must be a multiple of 64"));
+  }
+
+  TEST_CASE("shm: a rank that cannot map rank 0's segment makes every rank give up, naming it") {
+    // Rank 1 of 2, in process: rank 0 "published" a segment this process cannot open.
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    store->set("shm/segment", str("/loom-test-absent-", ::getpid(), " 7"));
+    store->set("shm/status/0", "ok");
+    std::string why;
+    CHECK(ProcessGroupShm::try_create(store, 1, 2, {.timeout = 5s}, &why) == nullptr);
+    CHECK(contains(why, "not every rank can map one shared-memory segment; rank 1: cannot open rank 0's segment"));
+    CHECK(contains(why, "another host or in another IPC namespace"));
+    std::string thrown = error_of([&] { ProcessGroupShm(store, 1, 2, {.timeout = 5s}); });
+    CHECK(contains(thrown, "Use the gloo backend for ranks on several hosts"));
+    // And a rank that can map it gives up too when another rank reports it cannot.
+    auto store2 = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    store2->set("shm/status/1", "cannot open it");
+    CHECK(ProcessGroupShm::try_create(store2, 0, 2, {.timeout = 5s}, &why) == nullptr);
+    CHECK(contains(why, "rank 1: cannot open it"));
+  }
 
   TEST_CASE("init_method tcp:// and file://") {
     expect_all_ok(spawn_ranks("init_methods", 2, {.deadline = 20s, .environment = {{"LOOM_TEST_INIT_METHOD", "tcp"}}}));
@@ -331,6 +420,19 @@ TEST_SUITE("failures") {
 
   TEST_CASE("a stalled peer fails the collective at the timeout") {
     auto results = spawn_ranks("stalled_peer", 2, {.deadline = 20s});
+    expect_all_ok(results);
+    MESSAGE(results[0].output);
+  }
+
+  TEST_CASE("shm: a dead peer fails the collective within the timeout") {
+    auto results = spawn_ranks("dead_peer", 2, on_shm(20s));
+    CHECK_MESSAGE(results[0].ok(), results[0].describe());
+    CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
+    MESSAGE(results[0].output);
+  }
+
+  TEST_CASE("shm: a stalled peer fails the collective at the timeout") {
+    auto results = spawn_ranks("stalled_peer", 2, on_shm(20s));
     expect_all_ok(results);
     MESSAGE(results[0].output);
   }

@@ -34,6 +34,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// LOOM_TEST_BACKEND's group (gloo when unset).
+std::shared_ptr<ProcessGroup> group_from_environment(Milliseconds timeout) {
+  const char* backend = std::getenv("LOOM_TEST_BACKEND");
+  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
+}
+
 // A block whose forward calls its batch norm through a typed member, as
 // torchvision-style ResNet blocks do.
 class MemberBatchNorm : public nn::Module {
@@ -255,7 +261,7 @@ TEST_SUITE("sync_batch_norm") {
 // Rank 0 holds rows [0, 2), rank 1 rows [2, 6) of one batch: SyncBatchNorm on
 // each equals BatchNorm2d on all 6 rows.
 LOOM_DIST_SCENARIO("sync_bn_uneven_shares") {
-  auto group = init_process_group({.init_method = "env://", .timeout = 20s});
+  auto group = group_from_environment(20s);
   const int rank = group->rank();
   const int64_t first = rank == 0 ? 0 : 2, count = rank == 0 ? 2 : 4;
   auto sync = make_batch_norm<SyncBatchNorm>(group);
@@ -286,7 +292,7 @@ LOOM_DIST_SCENARIO("sync_bn_uneven_shares") {
 // input gradient, running stats and summed parameter gradients are the whole
 // batch's too. The inherited, rank-local BatchNorm2d::forward_relu fails this.
 LOOM_DIST_SCENARIO("sync_bn_forward_relu") {
-  auto group = init_process_group({.init_method = "env://", .timeout = 20s});
+  auto group = group_from_environment(20s);
   const int rank = group->rank();
   const int64_t first = rank == 0 ? 0 : 2, count = rank == 0 ? 2 : 4;
   auto sync = make_batch_norm<SyncBatchNorm>(group);
@@ -327,7 +333,7 @@ LOOM_DIST_SCENARIO("sync_bn_forward_relu") {
 // step, ends with the parameters and statistics of one process stepping on
 // the same 100 images (DistributedSampler deals the epoch's permutation out).
 LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
-  auto group = init_process_group({.init_method = "env://", .timeout = 30s});
+  auto group = group_from_environment(30s);
   const int rank = group->rank(), world = group->size();
   constexpr int kSteps = 3;
   constexpr int64_t kGlobalBatch = 100;
@@ -359,7 +365,7 @@ LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
 // layer4's batch norms see one value per channel and image, so a rank-local
 // one would give clearly different statistics.
 LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
-  auto group = init_process_group({.init_method = "env://", .timeout = 30s});
+  auto group = group_from_environment(30s);
   const int rank = group->rank(), world = group->size();
   constexpr int kSteps = 3;
   constexpr int64_t kGlobalBatch = 8, kSide = 8;
@@ -417,7 +423,7 @@ LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
 }
 
 LOOM_DIST_SCENARIO("accuracy_all_reduce") {
-  auto group = init_process_group({.init_method = "env://", .timeout = 20s});
+  auto group = group_from_environment(20s);
   const int rank = group->rank(), world = group->size();
   ShardSampler shard(10, world, rank);
   AccuracyCounts mine{.correct = rank + 1, .total = shard.size()};
@@ -435,6 +441,10 @@ TEST_SUITE("sync_batch_norm") {
   }
   TEST_CASE("ConvNet + SyncBatchNorm + DDP, 2 x 50 images, equals 1 process x 100 images") {
     expect_all_ok(spawn_ranks("sync_bn_convnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
+  }
+  TEST_CASE("shm: ConvNet + SyncBatchNorm + DDP, 2 x 50 images, equals 1 process x 100 images") {
+    expect_all_ok(spawn_ranks("sync_bn_convnet_equivalence", 2,
+                              {.deadline = std::chrono::seconds(50), .environment = {{"LOOM_TEST_BACKEND", "shm"}}}));
   }
   TEST_CASE("ResNet-18 (CIFAR stem) + SyncBatchNorm + DDP, 2 x 4 images, equals 1 process x 8 images") {
     expect_all_ok(spawn_ranks("sync_bn_resnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
