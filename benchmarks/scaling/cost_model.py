@@ -149,6 +149,7 @@ class Schedule:
     starts: list[float]
     dones: list[float]
     backward_s: float
+    blocking: bool = False  # collectives ran on the compute thread (backward_s includes them)
 
     @property
     def comm_end_s(self) -> float:
@@ -169,6 +170,8 @@ class Schedule:
         total = self.comm_s
         if total <= 0:
             return None
+        if self.blocking:
+            return 0.0
         hidden = sum(max(0.0, min(d, self.backward_s) - s) for s, d in zip(self.starts, self.dones))
         return hidden / total
 
@@ -185,6 +188,21 @@ def overlap_schedule(buckets: list[Bucket], comm_times_s: list[float], backward_
         starts.append(start)
         dones.append(previous_done)
     return Schedule(starts, dones, backward_s)
+
+
+def blocking_schedule(buckets: list[Bucket], comm_times_s: list[float], backward_s: float) -> Schedule:
+    """Buckets all-reduced on the compute thread as they become ready (the shm
+    backend): each collective delays the rest of backward, so bucket i starts
+    at its ready time plus the collectives before it, and backward ends that
+    much later. Nothing is hidden. Times are from backward start."""
+    starts, dones = [], []
+    delay = 0.0
+    for bucket, comm in zip(buckets, comm_times_s, strict=True):
+        start = max(bucket.ready_s + delay, dones[-1] if dones else 0.0)
+        delay = start + comm - bucket.ready_s
+        starts.append(start)
+        dones.append(start + comm)
+    return Schedule(starts, dones, backward_s + sum(comm_times_s), blocking=True)
 
 
 def step_time(forward_s: float, backward_s: float, optimizer_s: float, schedule: Schedule, sync_s: float = 0.0) -> float:
@@ -276,19 +294,20 @@ def straggler_s(step_samples_s: list[float], world: int) -> float:
 
 
 def predict_step(profile: Profile, world: int, allreduce_time, first_bucket_bytes_cap: int = MiB,
-                 bucket_bytes_cap: int = 25 * MiB) -> Prediction:
+                 bucket_bytes_cap: int = 25 * MiB, blocking: bool = False) -> Prediction:
     """Step time of `profile` at `world` devices; `allreduce_time(n, bytes)` gives
     one all-reduce's seconds (e.g. a ring_allreduce_time / cluster_allreduce_time
     partial). At world 1 DDP runs no collective. With the profile's
     `step_samples_s` (its device's measured step times), the wait for the
     slowest rank is added (straggler_s); without them (the GPU presets) it is
-    taken as zero."""
+    taken as zero. `blocking`: the collectives run on the compute thread
+    (blocking_schedule, the shm backend) instead of beside backward."""
     buckets = profile.buckets(first_bucket_bytes_cap, bucket_bytes_cap)
     comm = [allreduce_time(world, b.nbytes) if world > 1 else 0.0 for b in buckets]
-    schedule = overlap_schedule(buckets, comm, profile.backward_s)
+    schedule = (blocking_schedule if blocking else overlap_schedule)(buckets, comm, profile.backward_s)
     sync = allreduce_time(world, profile.buffer_bytes) if world > 1 and profile.buffer_bytes else 0.0
     sync += straggler_s(profile.step_samples_s, world)
-    return Prediction(world, step_time(profile.forward_s, profile.backward_s, profile.optimizer_s, schedule, sync),
+    return Prediction(world, step_time(profile.forward_s, schedule.backward_s, profile.optimizer_s, schedule, sync),
                       schedule.comm_s, schedule.exposed_s, schedule.hidden_share, len(buckets))
 
 

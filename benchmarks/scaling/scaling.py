@@ -107,7 +107,7 @@ class Runner:
         cmd = [os.path.join(self.args.bin, "scaling_step"), "--model", c.model,
                "--batch-size", str(c.batch), "--steps", str(a.steps[c.model]), "--warmup", str(a.warmup[c.model]),
                "--threads", str(a.threads), "--bucket-mb", str(c.cap), "--device", a.device,
-               "--image-size", str(a.image_size), "--output", path,
+               "--image-size", str(a.image_size), "--backend", a.backend, "--output", path,
                "--block", str(a.block or max(2, a.steps[c.model] // 6))]
         if a.data:
             cmd += ["--data", a.data]
@@ -127,7 +127,7 @@ class Runner:
         a = self.args
         cmd = [os.path.join(self.args.bin, "allreduce_timing"), "--sizes",
                ",".join(str(s) for s in a.allreduce_sizes), "--iterations", str(a.allreduce_iterations),
-               "--device", a.device]
+               "--device", a.device, "--backend", a.backend]
         out = launch(cmd, world, 1, a.timeout)
         return json.loads(out[0].strip().splitlines()[-1])
 
@@ -326,7 +326,8 @@ def measure(args) -> dict:
                 rates = [w * c.batch / statistics.median(st["step_ms"] for st in pooled([r])) * 1e3 for r in runs[c]]
                 if w == 1:
                     base_rate, base_rates = rate, rates
-                point = {"model": model, "mode": mode, "world": w, "batch_per_rank": c.batch,
+                point = {"model": model, "mode": mode, "world": w, "backend": runs[c][0]["docs"][0]["backend"],
+                         "batch_per_rank": c.batch,
                          "global_batch": w * c.batch,
                          **{k: s[k] for k in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
                                               "hidden_share", "exposed_comm_ms", "steps")},
@@ -338,16 +339,21 @@ def measure(args) -> dict:
                     paired = [r / (w * b) for r, b in zip(rates, base_rates)]
                     point["efficiency_per_repeat"] = paired
                     point["efficiency_paired"] = statistics.median(paired)
+                # shm runs each collective on the compute thread, inside backward's hooks:
+                # none of it is hidden, all of it delays the step.
+                blocking = point["backend"] == "shm"
+                if blocking and w > 1:
+                    point["hidden_share"], point["exposed_comm_ms"] = 0.0, point["comm_ms"]
                 if ring and w > 1:
                     alone = profiles.get((model, c.batch)) or nearest_profile(profiles, model, c.batch)
                     if alone:
-                        pred = cm.predict_step(alone, w, ring)
+                        pred = cm.predict_step(alone, w, ring, blocking=blocking)
                         point["predicted_step_ms"] = pred.step_s * 1e3
                         point["prediction_error"] = pred.step_s * 1e3 / s["step_ms"] - 1
                         point["predicted_comm_ms"] = pred.comm_s * 1e3
                     side = side_profiles.get((model, c.batch, w))
                     if side:
-                        pred = cm.predict_step(side, w, ring)
+                        pred = cm.predict_step(side, w, ring, blocking=blocking)
                         point["predicted_side_by_side_step_ms"] = pred.step_s * 1e3
                         point["side_by_side_prediction_error"] = pred.step_s * 1e3 / s["step_ms"] - 1
                         point["predicted_straggler_ms"] = cm.straggler_s(side.step_samples_s, w) * 1e3
@@ -357,8 +363,9 @@ def measure(args) -> dict:
                         side_step = tl.summarize_steps(pooled(runs[Config(model, 1, c.batch, 25, True, w)]))["step_ms"]
                         point["side_by_side_step_ms"] = side_step
                         point["efficiency_vs_side_by_side"] = side_step / s["step_ms"]
-                    point["predicted_from_own_compute_ms"] = own_compute_prediction(steps, w, link)
-                    point["own_compute_prediction_error"] = point["predicted_from_own_compute_ms"] / s["step_ms"] - 1
+                    if not blocking:  # with shm the point's own backward already holds its collectives
+                        point["predicted_from_own_compute_ms"] = own_compute_prediction(steps, w, link)
+                        point["own_compute_prediction_error"] = point["predicted_from_own_compute_ms"] / s["step_ms"] - 1
                 if c.compare_bare:
                     overheads.append({"model": model, "batch": c.batch, **overhead_of(runs[c])})
                 points.append(point)
@@ -380,11 +387,12 @@ def measure(args) -> dict:
             s = tl.summarize_steps(pooled(runs[c]))
             row = {"model": model, "world": top, "bucket_cap_mib": cap, "step_ms": s["step_ms"],
                    "comm_ms": s["comm_ms"], "hidden_share": s["hidden_share"], "exposed_comm_ms": s["exposed_comm_ms"],
-                   "buckets": len(runs[c][0]["docs"][0]["buckets"])}
+                   "buckets": len(runs[c][0]["docs"][0]["buckets"]), "backend": runs[c][0]["docs"][0]["backend"]}
             for label, profile in (("predicted_step_ms", profiles.get((model, batch))),
                                    ("predicted_side_by_side_step_ms", side_profiles.get((model, batch, top)))):
                 if ring and profile:
-                    row[label] = cm.predict_step(profile, top, ring, cm.MiB, int(cap * cm.MiB)).step_s * 1e3
+                    row[label] = cm.predict_step(profile, top, ring, cm.MiB, int(cap * cm.MiB),
+                                                 blocking=row["backend"] == "shm").step_s * 1e3
             sweep.append(row)
     report["bucket_sweep"] = sweep
     report["profiles"] = [profile_json(p) for p in list(profiles.values()) + list(side_profiles.values())]
@@ -565,7 +573,7 @@ def write_csv(path, rows, columns):
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
-POINT_COLUMNS = ["model", "mode", "world", "batch_per_rank", "global_batch", "step_ms", "step_ms_iqr", "images_per_s",
+POINT_COLUMNS = ["model", "mode", "world", "backend", "batch_per_rank", "global_batch", "step_ms", "step_ms_iqr", "images_per_s",
                  "efficiency", "efficiency_paired", "epoch_s", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "hidden_share",
                  "exposed_comm_ms", "predicted_step_ms", "prediction_error", "predicted_side_by_side_step_ms",
                  "side_by_side_prediction_error", "predicted_straggler_ms", "side_by_side_compute_ms", "side_by_side_step_ms",
@@ -789,6 +797,8 @@ def main(argv=None) -> int:
                    help="steps per interleaved DDP / bare block at world 1 (default: a sixth of --steps, at least 2)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (one rank per GPU, NCCL)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "shm", "nccl"],
+                   help="process group (auto: nccl on GPUs; shm for CPU ranks on one host)")
     p.add_argument("--data", default=None, help="Fashion-MNIST directory for the ConvNet, or 'synthetic'")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--sweep-models", default=None, help="models for the bucket sweep at the largest world")

@@ -110,6 +110,19 @@ class Overlap(unittest.TestCase):
         self.assertEqual([round(x / MS, 9) for x in s.dones], [6, 7])
 
 
+    def test_blocking_collectives_delay_backward(self):
+        # The same buckets, all-reduced on the compute thread: bucket 0 at 3 -> 7, so backward
+        # resumes 4 ms late; bucket 1 is ready at 6 + 4 = 10 -> 11; bucket 2 at 10 + 5 = 15 -> 17.
+        # Backward ends at 10 + 7 = 17; step = 5 + 17 + 1 = 23 ms; nothing hidden.
+        buckets = [cm.Bucket(3 * MS, 0), cm.Bucket(6 * MS, 0), cm.Bucket(10 * MS, 0)]
+        s = cm.blocking_schedule(buckets, [4 * MS, 1 * MS, 2 * MS], 10 * MS)
+        self.assertEqual([round(x / MS, 9) for x in s.starts], [3, 10, 15])
+        self.assertEqual([round(x / MS, 9) for x in s.dones], [7, 11, 17])
+        self.assertAlmostEqual(cm.step_time(5 * MS, 10 * MS, 1 * MS, s), 23 * MS, places=12)
+        self.assertEqual(s.exposed_s, 0)
+        self.assertEqual(s.hidden_share, 0.0)
+
+
 class Projection(unittest.TestCase):
     def profile(self):
         # Two parameters of 1 MB: ready at 4 and 10 ms of a 10 ms backward; forward 5, optimizer 1.
