@@ -358,7 +358,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     const Tensor& first = trainable[members.front()];
     int64_t numel = 0;
     for (size_t index : members) numel += trainable[index].numel();
-    bucket.buffer = Tensor::zeros({numel}, first.dtype(), first.device());
+    // In memory the group reduces fastest in (shm: mapped by every rank).
+    bucket.buffer = group_->new_buffer(numel, first.dtype(), first.device());
     bucket.timing.bucket = reducer.buckets.size();
     bucket.timing.bytes = bucket.buffer.nbytes();
     bucket.timing.parameters = members.size();

@@ -207,6 +207,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   return group;
 }
 
+Tensor ProcessGroup::new_buffer(int64_t numel, DType dtype, Device device) {
+  return Tensor::zeros({numel}, dtype, device);
+}
+
 std::shared_ptr<ProcessGroup> default_process_group() {
   std::lock_guard lock(default_group_mutex);
   LOOM_CHECK(default_group != nullptr, "no default process group: call loom::dist::init_process_group() first");

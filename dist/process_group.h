@@ -125,6 +125,14 @@ class ProcessGroup {
   // Completes once every rank has entered the barrier.
   virtual WorkHandle barrier() = 0;
 
+  // A zero-filled flat tensor of `numel` elements for this group's
+  // collectives to work on in place, as DDP's gradient buckets do. Every rank
+  // calls it in the same order with the same numel, dtype and device (it may
+  // be a collective). The shm backend hands out memory every rank maps, so an
+  // all_reduce of one contiguous tensor inside it reduces straight between
+  // the ranks' buffers, without copies; the others return Tensor::zeros.
+  virtual Tensor new_buffer(int64_t numel, DType dtype, Device device);
+
   // Timeout of collectives enqueued from now on.
   virtual void set_timeout(Milliseconds timeout) = 0;
   virtual Milliseconds timeout() const = 0;

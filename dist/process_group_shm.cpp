@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <type_traits>
@@ -31,6 +32,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/storage.h"
 
 namespace loom::dist {
 
@@ -53,10 +55,10 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
                   std::atomic<int32_t>::is_always_lock_free,
               "shared-memory barriers need lock-free atomics");
 
-enum class Kind : uint32_t { all_reduce, broadcast, all_gather, reduce_scatter, barrier };
+enum class Kind : uint32_t { all_reduce, broadcast, all_gather, reduce_scatter, barrier, new_buffer };
 const char* kind_name(uint32_t kind) {
-  static const char* names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
-  return kind < 5 ? names[kind] : "?";
+  static const char* names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "new_buffer"};
+  return kind < 6 ? names[kind] : "?";
 }
 
 // What a rank's collective was, compared across ranks at its first barrier.
@@ -66,6 +68,8 @@ struct Signature {
   int32_t root = -1;  // broadcast root, reduce op for reductions, -1 otherwise
   uint64_t bytes = 0;
   int32_t dtype = -1;
+  int64_t buffer = -1;  // all_reduce in place in new_buffer memory: which buffer, at which byte
+  uint64_t offset = 0;
   bool operator==(const Signature&) const = default;
 };
 
@@ -248,6 +252,37 @@ std::string errno_text() { return std::strerror(errno); }
 
 int32_t dtype_code(const Tensor& tensor) { return static_cast<int32_t>(tensor.dtype()); }
 
+// Where an all_reduce's tensor lies in new_buffer memory: each rank's mapping
+// of that buffer, and the byte offset in it.
+struct InBuffer {
+  int64_t id = -1;
+  std::vector<std::byte*> ranks;
+  size_t offset = 0;
+};
+
+// The buffers new_buffer handed out and are still alive. A buffer's own
+// mapping belongs to its tensor's storage; the peers' mappings are unmapped
+// when that storage dies, or with the group.
+struct BufferRegistry {
+  struct Buffer {
+    int64_t id;
+    size_t bytes;
+    std::vector<std::byte*> ranks;  // every rank's buffer as mapped here; [rank] is this rank's own
+    size_t mapped;
+  };
+  std::mutex mutex;
+  std::vector<Buffer> buffers;
+  int rank = 0;
+
+  void unmap_peers(const Buffer& buffer) const {
+    for (size_t r = 0; r < buffer.ranks.size(); ++r)
+      if (static_cast<int>(r) != rank && buffer.ranks[r] != nullptr) ::munmap(buffer.ranks[r], buffer.mapped);
+  }
+  ~BufferRegistry() {
+    for (const Buffer& buffer : buffers) unmap_peers(buffer);
+  }
+};
+
 }  // namespace
 
 struct ProcessGroupShm::Impl {
@@ -265,6 +300,8 @@ struct ProcessGroupShm::Impl {
   std::byte* data = nullptr;
   size_t chunk = 0;
   std::vector<char> watchable;  // whether this rank can see rank r's process
+  std::shared_ptr<BufferRegistry> buffers = std::make_shared<BufferRegistry>();
+  int64_t next_buffer = 0;  // under `mutex`
 
   std::mutex mutex;          // one collective at a time; guards everything below
   uint64_t epoch = 0;        // barriers passed
@@ -372,6 +409,7 @@ struct ProcessGroupShm::Impl {
       auto describe = [](const Signature& s) {
         std::string text = str(kind_name(s.kind), " #", s.sequence, " of ", s.bytes, " bytes");
         if (s.dtype >= 0) text += str(" of ", dtype_name(static_cast<DType>(s.dtype)));
+        if (s.buffer >= 0) text += str(" in shared buffer ", s.buffer, " at byte ", s.offset);
         return text;
       };
       throw Error(str("the ranks called different collectives: this rank called ", describe(current), ", rank ", r,
@@ -384,7 +422,7 @@ struct ProcessGroupShm::Impl {
 
   // `dtype`: the first tensor's, or -1; `root`: broadcast's root, the reduce op, or -1.
   WorkHandle run(Kind kind, const std::string& details, int32_t dtype, uint64_t bytes, int root,
-                 const std::function<void()>& body) {
+                 const std::function<void()>& body, const InBuffer* in_buffer = nullptr) {
     std::lock_guard lock(mutex);
     const char* name = kind_name(static_cast<uint32_t>(kind));
     auto work = std::make_shared<Work>(str(name, " #", sequence, " (", details, ")"));
@@ -393,7 +431,9 @@ struct ProcessGroupShm::Impl {
                         .kind = static_cast<uint32_t>(kind),
                         .root = root,
                         .bytes = bytes,
-                        .dtype = dtype};
+                        .dtype = dtype,
+                        .buffer = in_buffer ? in_buffer->id : -1,
+                        .offset = in_buffer ? in_buffer->offset : 0};
     ++sequence;
     if (!first_failure.empty()) {
       work->finish(std::make_exception_ptr(Error(str(prefix(), work->description(),
@@ -437,6 +477,127 @@ struct ProcessGroupShm::Impl {
   }
 
   // ---- collectives (under `mutex`) ----
+
+  // `numel` elements at the same place in every rank's new_buffer memory: rank
+  // p reduces the p-th share straight from every rank's buffer and writes the
+  // result into all of them, a block at a time while it is in cache.
+  void all_reduce_in_buffer(const InBuffer& where, int64_t numel, DType dtype, ReduceOp op) {
+    const size_t element = element_size(dtype);
+    const size_t count = static_cast<size_t>(numel);
+    const size_t block = std::max<size_t>(1, (64 << 10) / element);
+    std::vector<const std::byte*> sources(static_cast<size_t>(size));
+    arrive_and_wait();  // every rank's data is in place
+    const size_t begin = count * rank / size, end = count * (rank + 1) / size;
+    for (size_t b = begin; b < end; b += block) {
+      const size_t n = std::min(block, end - b);
+      const size_t at = where.offset + b * element;
+      for (int r = 0; r < size; ++r) sources[r] = where.ranks[r] + at;
+      std::byte* mine = where.ranks[rank] + at;
+      reduce_bytes(dtype, mine, sources, n, op, size);
+      for (int r = 0; r < size; ++r)
+        if (r != rank) std::memcpy(where.ranks[r] + at, mine, n * element);
+    }
+    arrive_and_wait();  // every share is in every buffer
+  }
+
+  // Where `tensor` lies in new_buffer memory, if it does.
+  std::optional<InBuffer> locate(const Tensor& tensor) const {
+    const auto* data = static_cast<const std::byte*>(tensor.raw_data());
+    std::lock_guard lock(buffers->mutex);
+    for (const auto& buffer : buffers->buffers) {
+      const std::byte* mine = buffer.ranks[rank];
+      if (data >= mine && data + tensor.nbytes() <= mine + buffer.bytes)
+        return InBuffer{buffer.id, buffer.ranks, static_cast<size_t>(data - mine)};
+    }
+    return std::nullopt;
+  }
+
+  // Creates this rank's segment of `bytes`, maps every rank's; returns this
+  // rank's buffer as a tensor that unmaps them when it dies.
+  Tensor new_buffer(int64_t numel, DType dtype) {
+    const size_t bytes = static_cast<size_t>(numel) * element_size(dtype);
+    const size_t mapped = round_up(std::max<size_t>(bytes, 1), 4096);
+    Tensor result;
+    WorkHandle work = run(Kind::new_buffer, str(dtype_name(dtype), "[", numel, "]"), static_cast<int32_t>(dtype), bytes,
+                          -1, [&] {
+      arrive_and_wait();  // every rank asks for the same buffer (the signatures match)
+      const int64_t id = next_buffer++;
+      BufferRegistry::Buffer buffer{id, bytes, std::vector<std::byte*>(static_cast<size_t>(size), nullptr), mapped};
+      const std::string own = str("/loom-", ::getpid(), "-", random_hex(), "-b", id);
+      struct Cleanup {  // on failure: what was mapped, and this rank's name
+        BufferRegistry::Buffer* buffer;
+        const std::string& own;
+        ~Cleanup() {
+          if (buffer == nullptr) return;
+          for (std::byte* base : buffer->ranks)
+            if (base != nullptr) ::munmap(base, buffer->mapped);
+          ::shm_unlink(own.c_str());
+        }
+      } cleanup{&buffer, own};
+      const std::string key = str("shm/buffer/", id, "/");
+      int fd = ::shm_open(own.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      std::string why;
+      if (fd < 0) {
+        why = str("cannot create /dev/shm", own, ": ", errno_text());
+      } else {
+        int reserved = ::ftruncate(fd, static_cast<off_t>(mapped)) == 0
+                           ? ::posix_fallocate(fd, 0, static_cast<off_t>(mapped))
+                           : errno;
+        void* address = reserved == 0 ? ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+        if (reserved != 0) {
+          why = str("cannot reserve ", mapped, " bytes in /dev/shm: ", std::strerror(reserved));
+        } else if (address == MAP_FAILED) {
+          why = str("cannot map /dev/shm", own, ": ", errno_text());
+        } else {
+          buffer.ranks[rank] = static_cast<std::byte*>(address);
+        }
+        ::close(fd);
+      }
+      store->set(key + std::to_string(rank), why.empty() ? own : "error " + why);
+      if (!why.empty()) throw Error(why);
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        std::string name = store->get_string(key + std::to_string(r), timeout.load());
+        if (name.rfind("error ", 0) == 0) throw Error(str("rank ", r, " could not create its buffer: ", name.substr(6)));
+        int peer = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+        if (peer < 0) throw Error(str("cannot open rank ", r, "'s buffer /dev/shm", name, ": ", errno_text()));
+        void* address = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, peer, 0);
+        ::close(peer);
+        if (address == MAP_FAILED) throw Error(str("cannot map rank ", r, "'s buffer /dev/shm", name, ": ", errno_text()));
+        buffer.ranks[r] = static_cast<std::byte*>(address);
+      }
+      arrive_and_wait();  // every rank has mapped every buffer: the names can go
+      ::shm_unlink(own.c_str());
+      cleanup.buffer = nullptr;
+
+      std::byte* mine = buffer.ranks[rank];
+      {
+        std::lock_guard lock(buffers->mutex);
+        buffers->rank = rank;
+        buffers->buffers.push_back(buffer);
+      }
+      std::weak_ptr<BufferRegistry> registry = buffers;
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = std::make_shared<Storage>(mine, bytes, Device::cpu(), [registry, mine, mapped](void*) {
+        if (auto alive = registry.lock()) {
+          std::lock_guard lock(alive->mutex);
+          auto& all = alive->buffers;
+          auto it = std::find_if(all.begin(), all.end(), [&](const auto& b) { return b.ranks[alive->rank] == mine; });
+          if (it != all.end()) {
+            alive->unmap_peers(*it);
+            all.erase(it);
+          }
+        }
+        ::munmap(mine, mapped);
+      });
+      impl->sizes = {numel};
+      impl->strides = contiguous_strides(impl->sizes);
+      impl->dtype = dtype;
+      result = Tensor(std::move(impl));
+    });
+    work->wait();
+    return result;
+  }
 
   // Reduces `spans` (elements of `dtype`) across ranks in place.
   void all_reduce(const Spans& spans, DType dtype, ReduceOp op) {
@@ -662,6 +823,15 @@ size_t ProcessGroupShm::chunk_bytes() const { return impl_->chunk; }
 
 WorkHandle ProcessGroupShm::all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
   detail::check_all_reduce(tensors, op, check_cpu_tensor);
+  if (tensors.size() == 1 && tensors[0].is_contiguous() && tensors[0].numel() > 0) {
+    if (std::optional<InBuffer> where = impl_->locate(tensors[0])) {
+      const Tensor& tensor = tensors[0];
+      return impl_->run(
+          Kind::all_reduce, str(summarize(tensors), ", ", reduce_op_name(op), ", in shared buffer ", where->id),
+          dtype_code(tensor), tensor.nbytes(), static_cast<int>(op),
+          [&] { impl_->all_reduce_in_buffer(*where, tensor.numel(), tensor.dtype(), op); }, &*where);
+    }
+  }
   uint64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.nbytes();
   return impl_->run(Kind::all_reduce, str(summarize(tensors), ", ", reduce_op_name(op)), dtype_code(tensors[0]), bytes,
@@ -748,6 +918,12 @@ WorkHandle ProcessGroupShm::reduce_scatter(const Tensor& output, const std::vect
                       impl_->reduce_scatter(spans, {{target.data(), target.bytes()}}, output.dtype(), op);
                       target.finish();
                     });
+}
+
+Tensor ProcessGroupShm::new_buffer(int64_t numel, DType dtype, Device device) {
+  LOOM_CHECK(numel >= 0, "new_buffer: numel must not be negative, got ", numel);
+  if (size() == 1 || !device.is_cpu()) return ProcessGroup::new_buffer(numel, dtype, device);
+  return impl_->new_buffer(numel, dtype);
 }
 
 WorkHandle ProcessGroupShm::barrier() {

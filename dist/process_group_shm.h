@@ -69,6 +69,13 @@ class ProcessGroupShm final : public ProcessGroup {
                             ReduceOp op = ReduceOp::sum) override;
   WorkHandle reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) override;
   WorkHandle barrier() override;
+  // CPU memory in a segment of this rank's that every rank maps (a
+  // collective); an all_reduce of one contiguous tensor inside it, at the same
+  // place on every rank, reads the ranks' buffers directly: rank p reduces the
+  // p-th share and writes it into every rank's buffer, two barriers and no
+  // copies (about 2 bytes of memory traffic per byte reduced instead of 5.5).
+  // Other devices, and a world of one, get Tensor::zeros.
+  Tensor new_buffer(int64_t numel, DType dtype, Device device) override;
 
   void set_timeout(Milliseconds timeout) override;
   Milliseconds timeout() const override;

@@ -182,6 +182,35 @@ LOOM_DIST_SCENARIO("collectives") {
     expect_values(input, [&](int64_t i) { return input_value(rank, i); }, "reduce_scatter leaves its input alone");
   }
 
+  // new_buffer memory (shm: mapped by every rank, reduced without copies): the
+  // whole buffer, a view at the same place on every rank, several blocks.
+  {
+    const bool shared = std::string(group->backend_name()) == "shm" && world > 1;
+    Tensor buffer = group->new_buffer(1001, DType::f32, Device::cpu());
+    expect(buffer.numel() == 1001 && buffer.dtype() == DType::f32 && buffer.is_contiguous(), "new_buffer gave ",
+           buffer.str());
+    expect_values(buffer, [](int64_t) { return 0.0; }, "new_buffer starts zeroed");
+    buffer.copy_(rank_tensor(rank, 1001, DType::f32));
+    auto work = group->all_reduce(buffer, ReduceOp::avg);
+    work->wait();
+    expect(!shared || contains(work->description(), "in shared buffer"), "not reduced in place: ", work->description());
+    expect_values(buffer, [&](int64_t i) { return expected_reduction(ReduceOp::avg, world, i); }, "new_buffer avg");
+    Tensor middle = buffer.slice(0, 17, 317);
+    middle.copy_(rank_tensor(rank, 300, DType::f32));
+    group->all_reduce(middle, ReduceOp::max)->wait();
+    expect_values(middle, [&](int64_t i) { return expected_reduction(ReduceOp::max, world, i); }, "new_buffer view");
+    expect_values(buffer.slice(0, 0, 17), [&](int64_t i) { return expected_reduction(ReduceOp::avg, world, i); },
+                  "new_buffer outside the view");
+    Tensor big = group->new_buffer(1 << 20, DType::f64, Device::cpu());
+    big.copy_(rank_tensor(rank, 1 << 20, DType::f64));
+    group->all_reduce(big, ReduceOp::sum)->wait();
+    expect_values(big, [&](int64_t i) { return expected_reduction(ReduceOp::sum, world, i); }, "new_buffer f64[1M]");
+    buffer = Tensor();  // the first buffer goes; the second still works
+    big.copy_(rank_tensor(rank, 1 << 20, DType::f64));
+    group->all_reduce(big, ReduceOp::min)->wait();
+    expect_values(big, [&](int64_t i) { return expected_reduction(ReduceOp::min, world, i); }, "after a buffer died");
+  }
+
   // barrier: nobody passes before the last rank arrives.
   {
     if (rank == world - 1) std::this_thread::sleep_for(300ms);
@@ -281,6 +310,22 @@ LOOM_DIST_SCENARIO("shm_auto_and_mismatch") {
   destroy_process_group();
 }
 
+// Views of new_buffer memory at different places on different ranks are
+// different collectives: both ranks are told.
+LOOM_DIST_SCENARIO("shm_buffer_mismatch") {
+  auto group = init_from_environment();
+  Tensor buffer = group->new_buffer(8, DType::f32, Device::cpu());
+  const int64_t start = group->rank() == 0 ? 0 : 4;
+  std::string message = error_of([&] { group->all_reduce(buffer.slice(0, start, start + 4))->wait(); });
+  std::cout << "rank " << group->rank() << ": " << message << "\n";
+  expect(contains(message, group->rank() == 0 ? "this rank called all_reduce #1 of 16 bytes of f32 in shared buffer 0 "
+                                                "at byte 0, rank 1 called all_reduce #1 of 16 bytes of f32 in shared "
+                                                "buffer 0 at byte 16"
+                                              : "this rank called all_reduce #1 of 16 bytes of f32 in shared buffer 0 "
+                                                "at byte 16, rank 0 called"),
+         "mismatch not reported: ", message);
+}
+
 TEST_SUITE("process_group") {
   TEST_CASE("collectives, 2 ranks") { expect_all_ok(spawn_ranks("collectives", 2, {.deadline = 40s})); }
   TEST_CASE("collectives, 4 ranks") { expect_all_ok(spawn_ranks("collectives", 4, {.deadline = 40s})); }
@@ -292,6 +337,10 @@ TEST_SUITE("process_group") {
   }
   TEST_CASE("shm: auto picks it on one host; different collectives on different ranks are an error") {
     expect_all_ok(spawn_ranks("shm_auto_and_mismatch", 2, {.deadline = 20s}));
+  }
+
+  TEST_CASE("shm: views of shared buffers at different places are an error") {
+    expect_all_ok(spawn_ranks("shm_buffer_mismatch", 2, on_shm(20s)));
   }
 
   TEST_CASE("shm: a world of one, in process") {
