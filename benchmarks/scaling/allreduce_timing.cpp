@@ -22,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, const std::string& backend,
-        const std::string& device_name) {
+        const std::string& device_name, bool plain_buffers) {
   set_num_threads(1);
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const Device device = device_name == "cuda" ? Device::cuda(launch.local_rank) : parse_device(device_name);
@@ -36,7 +36,13 @@ int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, c
   for (int64_t bytes : sizes) {
     const int64_t count = std::max<int64_t>(1, bytes / 4);
     // Check: every element becomes 1 + 2 + ... + world.
-    Tensor check = Tensor::full({count}, rank + 1.0, DType::f32, device);
+    // Buffers from the group, as DDP's buckets are (shm: reduced in place
+    // between the ranks' memory), unless --plain-buffers.
+    auto buffer_of = [&](double value) {
+      if (plain_buffers) return Tensor::full({count}, value, DType::f32, device);
+      return group->new_buffer(count, DType::f32, device).fill_(value);
+    };
+    Tensor check = buffer_of(rank + 1.0);
     group->all_reduce(check)->wait();
     const std::vector<float> values = check.to_vector<float>();
     const float expected = world * (world + 1) / 2.0f;
@@ -45,7 +51,7 @@ int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, c
                  values[i], ", expected ", expected);
     }
     // Time back-to-back all-reduces with sum, as DDP issues them.
-    Tensor buffer = Tensor::full({count}, 1e-3, DType::f32, device);
+    Tensor buffer = buffer_of(1e-3);
     std::vector<double> ms;
     group->barrier()->wait();
     for (int64_t i = 0; i < warmup + iterations; ++i) {
@@ -67,7 +73,8 @@ int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, c
   }
   if (rank == 0) {
     nlohmann::json out = {{"program", "loom allreduce_timing"}, {"world", world},
-                          {"backend", group->backend_name()}, {"device", device.str()}, {"sizes", rows}};
+                          {"backend", group->backend_name()}, {"device", device.str()},
+                          {"buffers", plain_buffers ? "plain" : "group"}, {"sizes", rows}};
     std::printf("%s\n", out.dump().c_str());
   }
   group->barrier()->wait();
@@ -82,6 +89,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes{4096, 65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   int64_t iterations = 20, warmup = 3;
   std::string backend = "auto", device = "cpu";
+  bool plain_buffers = false;
   app.add_option("--sizes", sizes, "message sizes in bytes (f32 elements)")->delimiter(',')->capture_default_str();
   app.add_option("--iterations", iterations, "timed all-reduces per size")
       ->capture_default_str()
@@ -89,9 +97,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed all-reduces per size")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--backend", backend, "gloo, shm, nccl or auto (nccl for CUDA; shm for CPU ranks on one host, else gloo)")->capture_default_str();
   app.add_option("--device", device, "cpu, cuda (the local rank's GPU) or cuda:N")->capture_default_str();
+  app.add_flag("--plain-buffers", plain_buffers,
+               "reduce ordinary tensors, not the group's new_buffer memory DDP's buckets use (shm: the copying path)");
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(sizes, iterations, warmup, backend, device);
+    return run(sizes, iterations, warmup, backend, device, plain_buffers);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_timing: %s\n", e.what());
     return 1;

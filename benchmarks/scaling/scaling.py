@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Data-parallel scaling benchmark driver. Runs scaling_step at world sizes
-1, 2, 4, ... (CPU processes with Gloo, one thread each, or GPUs with NCCL) in
+1, 2, 4, ... (CPU processes over shared memory or Gloo, one thread each, or GPUs with NCCL) in
 weak scaling (fixed batch per rank) and strong scaling (fixed global batch);
 measures DDP against the bare model at world 1, a bucket-size sweep at the
 largest world, all-reduce times for the alpha-beta fit, PyTorch DDP in the
@@ -607,6 +607,16 @@ def write_outputs(report, out, stem, plot: bool, work: str):
     return files
 
 
+def ranks_label(report) -> str:
+    """"CPU processes, shm, 1 thread each" or "GPUs, nccl": what a rank was in the measured points."""
+    backends = sorted({p.get("backend", "gloo") for p in report["points"]})
+    config = report.get("config", {})
+    if config.get("device", "cpu") != "cpu":
+        return f"GPUs, {'/'.join(backends)}"
+    threads = config.get("threads", 1)
+    return f"CPU processes, {'/'.join(backends)}, {threads} thread{'s' if threads != 1 else ''} each"
+
+
 def make_plot(report, png, work) -> bool:
     """Three panels with gnuplot: this machine's measured and predicted points,
     the H200 ResNet-50 projection, and the bucket sweep."""
@@ -671,7 +681,7 @@ def make_plot(report, png, work) -> bool:
          "set key outside bottom center horizontal maxcols 3 font ',8'"]
     g += [f"set title \"This machine: {m['cores']} cores, {m['cpu'][:40]}, {m['date'][:10]}\\n"
           f"load average {load}; points measured, solid line predicted\"",
-          "set xlabel 'ranks (CPU processes, Gloo, 1 thread each)'", "set ylabel 'images/s'", "set logscale y",
+          f"set xlabel 'ranks ({ranks_label(report)})'", "set ylabel 'images/s'", "set logscale y",
           "set xrange [0.8:*]"]
     plots = []
     for colour, (model, f) in enumerate(series, start=1):
