@@ -39,7 +39,8 @@ chmod +x "$work/bin/scontrol" "$work/bin/srun"
   MASTER_PORT=$(free_port) LOOM=$work/build timeout 90 bash "$script" --data "$work/data" --max-steps 8 \
   --log-interval 4 >"$work/out" 2>"$work/err") || { cat "$work/out" "$work/err"; fail "the sbatch script failed"; }
 cat "$work/out"
-grep -q '^Distributed: 2 processes (SLURM (srun)), backend gloo, batch 100 per process, SyncBatchNorm$' "$work/out" ||
+# --backend auto picks shm: both tasks run on this host, whatever the node list says.
+grep -q '^Distributed: 2 processes (SLURM (srun)), backend shm, batch 100 per process, SyncBatchNorm$' "$work/out" ||
   fail "not a world of 2 started by SLURM"
 [[ $(grep -c '^Test accuracy: .*/500)$' "$work/out") == 1 ]] || fail "expected one accuracy line over all 500 test images"
 [[ $(grep -c "^Epoch \\[" "$work/out") == 2 ]] || fail "expected 2 loss lines, from rank 0 only"
