@@ -198,7 +198,9 @@ struct Span {
 };
 using Spans = std::vector<Span>;
 
-void copy_from_spans(const Spans& spans, size_t offset, size_t bytes, std::byte* destination) {
+// Calls fn(piece, n) for the pieces of `spans` covering bytes [offset, offset + bytes).
+template <class Fn>
+void for_each_piece(const Spans& spans, size_t offset, size_t bytes, Fn&& fn) {
   for (const Span& span : spans) {
     if (bytes == 0) return;
     if (offset >= span.bytes) {
@@ -206,26 +208,24 @@ void copy_from_spans(const Spans& spans, size_t offset, size_t bytes, std::byte*
       continue;
     }
     size_t n = std::min(bytes, span.bytes - offset);
-    std::memcpy(destination, span.data + offset, n);
-    destination += n;
+    fn(span.data + offset, n);
     bytes -= n;
     offset = 0;
   }
 }
 
+void copy_from_spans(const Spans& spans, size_t offset, size_t bytes, std::byte* destination) {
+  for_each_piece(spans, offset, bytes, [&](const std::byte* piece, size_t n) {
+    std::memcpy(destination, piece, n);
+    destination += n;
+  });
+}
+
 void copy_to_spans(const std::byte* source, const Spans& spans, size_t offset, size_t bytes) {
-  for (const Span& span : spans) {
-    if (bytes == 0) return;
-    if (offset >= span.bytes) {
-      offset -= span.bytes;
-      continue;
-    }
-    size_t n = std::min(bytes, span.bytes - offset);
-    std::memcpy(span.data + offset, source, n);
+  for_each_piece(spans, offset, bytes, [&](std::byte* piece, size_t n) {
+    std::memcpy(piece, source, n);
     source += n;
-    bytes -= n;
-    offset = 0;
-  }
+  });
 }
 
 size_t total_bytes(const Spans& spans) {

@@ -72,6 +72,24 @@ std::shared_ptr<ProcessGroup> init_from_environment(Milliseconds timeout = 20s) 
   return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
 }
 
+// In a group of one rank the collectives are copies; misuse is reported when
+// the collective is called.
+void check_world_of_one(ProcessGroup& group) {
+  Tensor tensor = Tensor::full({4}, 3.0, DType::f32);
+  group.all_reduce(tensor, ReduceOp::avg)->wait();
+  CHECK(tensor.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
+  Tensor gathered = Tensor::zeros({4}, DType::f32);
+  group.all_gather_into(gathered, tensor)->wait();
+  CHECK(gathered.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
+  group.barrier()->wait();
+  Tensor ints = Tensor::zeros({4}, DType::i64);
+  CHECK(contains(error_of([&] { group.all_reduce(ints, ReduceOp::avg); }), "avg needs floating-point tensors"));
+  CHECK(contains(error_of([&] { group.broadcast(ints, 3); }), "broadcast: root 3 is not a rank"));
+  Tensor small = Tensor::zeros({3}, DType::i64);
+  CHECK(contains(error_of([&] { group.all_gather_into(small, ints); }), "must hold 1 x 4 = 4 elements"));
+  CHECK(contains(error_of([&] { group.all_reduce(Tensor()); }), "undefined tensor"));
+}
+
 SpawnOptions on_shm(std::chrono::milliseconds deadline, std::map<std::string, std::string> environment = {}) {
   environment["LOOM_TEST_BACKEND"] = "shm";
   return {.deadline = deadline, .environment = std::move(environment)};
@@ -347,16 +365,7 @@ TEST_SUITE("process_group") {
     auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
     ProcessGroupShm group(store, 0, 1, {.timeout = 5s});
     CHECK(group.chunk_bytes() == (size_t{1} << 20));
-    Tensor tensor = Tensor::full({4}, 3.0, DType::f32);
-    group.all_reduce(tensor, ReduceOp::avg)->wait();
-    CHECK(tensor.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
-    Tensor gathered = Tensor::zeros({4}, DType::f32);
-    group.all_gather_into(gathered, tensor)->wait();
-    CHECK(gathered.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
-    group.barrier()->wait();
-    CHECK(contains(error_of([&] { group.all_reduce(Tensor::zeros({4}, DType::i64), ReduceOp::avg); }),
-                   "avg needs floating-point tensors"));
-    CHECK(contains(error_of([&] { group.broadcast(tensor, 2); }), "broadcast: root 2 is not a rank"));
+    check_world_of_one(group);
     CHECK(contains(error_of([&] { ProcessGroupShm(store, 0, 1, {.timeout = 5s, .chunk_bytes = 100}); }),
                    "chunk_bytes 100 must be a multiple of 64"));
   }
@@ -388,28 +397,12 @@ TEST_SUITE("process_group") {
     std::filesystem::remove(path);
   }
 
-  TEST_CASE("a world of one, in process") {
+  TEST_CASE("a world of one, in process; misuse is reported when the collective is called") {
     auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
     ProcessGroupGloo group(store, 0, 1, {.timeout = 5s});
-    Tensor tensor = Tensor::full({4}, 3.0, DType::f32);
-    group.all_reduce(tensor, ReduceOp::avg)->wait();
-    CHECK(tensor.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
-    Tensor gathered = Tensor::zeros({4}, DType::f32);
-    group.all_gather_into(gathered, tensor)->wait();
-    CHECK(gathered.to_vector<float>() == std::vector<float>{3, 3, 3, 3});
-    group.barrier()->wait();
+    check_world_of_one(group);
   }
 
-  TEST_CASE("misuse is reported when the collective is called") {
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
-    ProcessGroupGloo group(store, 0, 1, {.timeout = 5s});
-    Tensor ints = Tensor::zeros({4}, DType::i64);
-    CHECK(contains(error_of([&] { group.all_reduce(ints, ReduceOp::avg); }), "avg needs floating-point tensors"));
-    CHECK(contains(error_of([&] { group.broadcast(ints, 3); }), "broadcast: root 3 is not a rank"));
-    Tensor small = Tensor::zeros({3}, DType::i64);
-    CHECK(contains(error_of([&] { group.all_gather_into(small, ints); }), "must hold 1 x 4 = 4 elements"));
-    CHECK(contains(error_of([&] { group.all_reduce(Tensor()); }), "undefined tensor"));
-  }
 
   TEST_CASE("init_process_group: nccl, unknown backends and init methods") {
     // Where nccl cannot work, it says why before any rendezvous.
