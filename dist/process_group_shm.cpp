@@ -346,7 +346,8 @@ struct ProcessGroupShm::Impl {
       if (s.sequence != UINT64_MAX && (last == nullptr || s.sequence > last->sequence)) last = &s;
     std::string where = last ? str("its last collective was ", kind_name(last->kind), " #", last->sequence)
                              : std::string("it has called no collective");
-    return str("peer rank ", r, " (pid ", state.pid.load(), ") is alive but has not reached it; ", where);
+    return str("peer rank ", r, " (pid ", state.pid.load(), ")", watchable[r] ? " is alive but" : "",
+               " has not reached it; ", where);
   }
 
   void arrive_and_wait() {
