@@ -2,6 +2,7 @@
 // store -> backend process group, kept as the default group.
 #include "dist/process_group.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -192,7 +193,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     // Every rank reads the same verdicts, so all of them pick the same backend.
     std::string why_not;
     group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions{.timeout = options.timeout}, &why_not);
-    if (!group) group = make_gloo();
+    if (!group) {
+      if (rank == 0) std::fprintf(stderr, "init_process_group: backend auto uses gloo (%s)\n", why_not.c_str());
+      group = make_gloo();
+    }
   } else {
     group = make_process_group_nccl(group_store, rank, world_size,
                                     NcclOptions{.timeout = options.timeout, .device_index = options.device_index});
