@@ -176,6 +176,11 @@ std::vector<RankResult> spawn_ranks(const std::string& scenario, int world, cons
   return results;
 }
 
+std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout) {
+  const char* backend = std::getenv("LOOM_TEST_BACKEND");
+  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
+}
+
 int env_int(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) throw Error(str("test: ", name, " is not set"));

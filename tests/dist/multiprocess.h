@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/process_group.h"
 
 namespace loom::dist::testing {
 
@@ -90,5 +91,9 @@ inline void expect_all_ok(const std::vector<RankResult>& results) {
 
 int env_int(const char* name);
 std::string env_string(const char* name);
+
+// init_process_group over env:// on LOOM_TEST_BACKEND's backend (gloo when
+// unset); spawning with LOOM_TEST_BACKEND=shm runs a scenario over shm.
+std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout);
 
 }  // namespace loom::dist::testing

@@ -30,11 +30,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// LOOM_TEST_BACKEND's group (gloo when unset).
-std::shared_ptr<ProcessGroup> group_from_environment() {
-  const char* backend = std::getenv("LOOM_TEST_BACKEND");
-  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = 20s});
-}
+std::shared_ptr<ProcessGroup> group_from_environment() { return testing::group_from_environment(20s); }
 
 const SpawnOptions kOnShm{.environment = {{"LOOM_TEST_BACKEND", "shm"}}};
 

@@ -68,8 +68,7 @@ std::shared_ptr<ProcessGroup> init_from_environment(Milliseconds timeout = 20s) 
     return std::make_shared<ProcessGroupShm>(store, rank, env_int("WORLD_SIZE"),
                                              ShmOptions{.timeout = timeout, .chunk_bytes = std::stoul(chunk)});
   }
-  const char* backend = std::getenv("LOOM_TEST_BACKEND");
-  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
+  return group_from_environment(timeout);
 }
 
 // In a group of one rank the collectives are copies; misuse is reported when

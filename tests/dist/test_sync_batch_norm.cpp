@@ -34,12 +34,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// LOOM_TEST_BACKEND's group (gloo when unset).
-std::shared_ptr<ProcessGroup> group_from_environment(Milliseconds timeout) {
-  const char* backend = std::getenv("LOOM_TEST_BACKEND");
-  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
-}
-
 // A block whose forward calls its batch norm through a typed member, as
 // torchvision-style ResNet blocks do.
 class MemberBatchNorm : public nn::Module {
