@@ -320,13 +320,16 @@ def measure(args) -> dict:
                 if c not in runs:
                     continue
                 steps = pooled(runs[c])
-                s = tl.summarize_steps(steps)
+                backend = runs[c][0]["docs"][0]["backend"]
+                # shm runs each collective on the compute thread, inside backward's hooks.
+                blocking = backend == "shm"
+                s = tl.summarize_steps(steps, blocking)
                 rate = w * c.batch / s["step_ms"] * 1e3
                 # Per repeat: world 1 and world w ran minutes apart at most, under much the same load.
                 rates = [w * c.batch / statistics.median(st["step_ms"] for st in pooled([r])) * 1e3 for r in runs[c]]
                 if w == 1:
                     base_rate, base_rates = rate, rates
-                point = {"model": model, "mode": mode, "world": w, "backend": runs[c][0]["docs"][0]["backend"],
+                point = {"model": model, "mode": mode, "world": w, "backend": backend,
                          "batch_per_rank": c.batch,
                          "global_batch": w * c.batch,
                          **{k: s[k] for k in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
@@ -339,11 +342,6 @@ def measure(args) -> dict:
                     paired = [r / (w * b) for r, b in zip(rates, base_rates)]
                     point["efficiency_per_repeat"] = paired
                     point["efficiency_paired"] = statistics.median(paired)
-                # shm runs each collective on the compute thread, inside backward's hooks:
-                # none of it is hidden, all of it delays the step.
-                blocking = point["backend"] == "shm"
-                if blocking and w > 1:
-                    point["hidden_share"], point["exposed_comm_ms"] = 0.0, point["comm_ms"]
                 if ring and w > 1:
                     alone = profiles.get((model, c.batch)) or nearest_profile(profiles, model, c.batch)
                     if alone:
@@ -384,15 +382,16 @@ def measure(args) -> dict:
         batch = args.weak_batch[model]
         for cap in args.bucket_caps:
             c = Config(model, top, batch, cap)
-            s = tl.summarize_steps(pooled(runs[c]))
+            backend = runs[c][0]["docs"][0]["backend"]
+            s = tl.summarize_steps(pooled(runs[c]), blocking=backend == "shm")
             row = {"model": model, "world": top, "bucket_cap_mib": cap, "step_ms": s["step_ms"],
                    "comm_ms": s["comm_ms"], "hidden_share": s["hidden_share"], "exposed_comm_ms": s["exposed_comm_ms"],
-                   "buckets": len(runs[c][0]["docs"][0]["buckets"]), "backend": runs[c][0]["docs"][0]["backend"]}
+                   "buckets": len(runs[c][0]["docs"][0]["buckets"]), "backend": backend}
             for label, profile in (("predicted_step_ms", profiles.get((model, batch))),
                                    ("predicted_side_by_side_step_ms", side_profiles.get((model, batch, top)))):
                 if ring and profile:
                     row[label] = cm.predict_step(profile, top, ring, cm.MiB, int(cap * cm.MiB),
-                                                 blocking=row["backend"] == "shm").step_s * 1e3
+                                                 blocking=backend == "shm").step_s * 1e3
             sweep.append(row)
     report["bucket_sweep"] = sweep
     report["profiles"] = [profile_json(p) for p in list(profiles.values()) + list(side_profiles.values())]

@@ -31,14 +31,19 @@ def bucket_intervals(step: dict) -> list[tuple[float, float]]:
     return intervals
 
 
-def communication(step: dict) -> dict:
+def communication(step: dict, blocking: bool = False) -> dict:
     """comm_ms: total time collectives ran; hidden_ms: the part before backward
     ended; hidden_share = hidden / comm (None without communication);
-    exposed_ms: time from backward end until every bucket was reduced."""
+    exposed_ms: time from backward end until every bucket was reduced.
+    `blocking`: the collectives ran on the compute thread (the shm backend),
+    so backward waited for each of them: none of it is hidden, all of it is
+    exposed, though it lies before backward's end."""
     intervals = bucket_intervals(step)
     backward_start = step["backward_start_ms"]
     backward_end = step["backward_end_ms"]
     comm = sum(d - s for s, d in intervals)
+    if blocking:
+        return {"comm_ms": comm, "hidden_ms": 0.0, "hidden_share": 0.0 if comm > 0 else None, "exposed_ms": comm}
     hidden = sum(max(0.0, min(d, backward_end) - max(s, backward_start)) for s, d in intervals)
     reduced = step.get("reduced_ms")
     exposed = max(0.0, reduced - backward_end) if reduced is not None else 0.0
@@ -51,10 +56,11 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def summarize_steps(steps: list[dict]) -> dict:
-    """Medians over steps of the step phases and the communication figures.
-    hidden_share is the median step's share (robust to one slow step)."""
-    comms = [communication(s) for s in steps]
+def summarize_steps(steps: list[dict], blocking: bool = False) -> dict:
+    """Medians over steps of the step phases and the communication figures
+    (`blocking` as for communication). hidden_share is the median step's share
+    (robust to one slow step)."""
+    comms = [communication(s, blocking) for s in steps]
     return {
         "step_ms": median([s["step_ms"] for s in steps]),
         "forward_ms": median([s["forward_ms"] for s in steps]),

@@ -34,6 +34,14 @@ class Communication(unittest.TestCase):
         s["buckets"][1]["launched_ms"] = 25.0  # launched while bucket 0 was still running (until 30)
         self.assertEqual(tl.bucket_intervals(s), [(21.0, 30.0), (30.0, 58.0)])
 
+    def test_blocking_collectives_are_all_exposed(self):
+        # On the compute thread (shm), the same 22 ms delayed backward: none hidden, all exposed.
+        c = tl.communication(step(), blocking=True)
+        self.assertAlmostEqual(c["comm_ms"], 22.0)
+        self.assertEqual(c["hidden_share"], 0.0)
+        self.assertAlmostEqual(c["exposed_ms"], 22.0)
+        self.assertAlmostEqual(tl.summarize_steps([step()], blocking=True)["exposed_comm_ms"], 22.0)
+
     def test_world_one_has_no_communication(self):
         s = step(buckets=[{"bytes": 100, "ready_ms": 49.0, "launched_ms": 49.0, "started_ms": None, "done_ms": None}],
                  reduced_ms=50.0)
