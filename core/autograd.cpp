@@ -58,9 +58,8 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   LOOM_CHECK(gradient.sizes() == impl.sizes, "gradient of shape ", shape_str(gradient.sizes()),
              " for a parameter of shape ", shape_str(impl.sizes));
   const Tensor& destination = impl.grad_destination;
-  if (!impl.grad.defined() && destination.defined() && gradient.raw_data() == destination.raw_data() &&
-      gradient.sizes() == destination.sizes() && gradient.strides() == destination.strides() &&
-      gradient.dtype() == destination.dtype() && gradient.device() == destination.device()) {
+  if (!impl.grad.defined() && fits_result(destination, gradient.sizes(), gradient.dtype(), gradient.device()) &&
+      gradient.is_contiguous() && gradient.raw_data() == destination.raw_data()) {
     // The op wrote straight into the destination (Node::gradient_destination).
     impl.grad = destination;
   } else if (!impl.grad.defined()) {

@@ -2,6 +2,7 @@
 // store -> backend process group, kept as the default group.
 #include "dist/process_group.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -248,6 +249,19 @@ std::string summarize(const std::vector<Tensor>& tensors) {
 
 Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset) {
   return make_view(buffer, shape, contiguous_strides(shape), buffer.offset() + offset);
+}
+
+std::vector<std::vector<Tensor>> by_dtype(const std::vector<Tensor>& tensors) {
+  std::vector<std::vector<Tensor>> groups;
+  for (const Tensor& t : tensors) {
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g[0].dtype() == t.dtype(); });
+    if (group == groups.end()) {
+      groups.push_back({t});
+    } else {
+      group->push_back(t);
+    }
+  }
+  return groups;
 }
 
 void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const TensorCheck& check) {

@@ -180,6 +180,10 @@ std::string summarize(const std::vector<Tensor>& tensors);
 // A contiguous view of `shape` into flat `buffer`, starting `offset` elements
 // after the buffer's own offset.
 Tensor view_into(const Tensor& buffer, const Shape& shape, int64_t offset);
+// The tensors of a coalesced collective grouped by dtype, the groups in the
+// order their dtypes first appear and the tensors in their given order (what
+// every backend reduces as one stream per dtype).
+std::vector<std::vector<Tensor>> by_dtype(const std::vector<Tensor>& tensors);
 
 // The argument checks every backend makes before it queues a collective:
 // each tensor goes through the backend's `check` (device and dtype rules,

@@ -317,22 +317,14 @@ struct ProcessGroupGloo::Impl {
 
   // Reduces each tensor in place; tensors of one dtype share one gloo call.
   void all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
-    std::vector<DType> dtypes;
-    for (const auto& t : tensors)
-      if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) dtypes.push_back(t.dtype());
-    for (DType dtype : dtypes) {
-      std::vector<Tensor> group;
-      int64_t total = 0;
-      for (const auto& t : tensors) {
-        if (t.dtype() != dtype) continue;
-        group.push_back(t);
-        total += t.numel();
-      }
+    for (const std::vector<Tensor>& group : detail::by_dtype(tensors)) {
       if (group.size() == 1 && group[0].is_contiguous()) {
         all_reduce_buffer(group[0], op);
         continue;
       }
-      Tensor buffer = Tensor::empty({total}, dtype);
+      int64_t total = 0;
+      for (const auto& t : group) total += t.numel();
+      Tensor buffer = Tensor::empty({total}, group[0].dtype());
       int64_t offset = 0;
       for (const auto& t : group) {
         copy_cpu(view_into(buffer, t.sizes(), offset), t);

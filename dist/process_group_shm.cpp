@@ -838,19 +838,14 @@ WorkHandle ProcessGroupShm::all_reduce(const std::vector<Tensor>& tensors, Reduc
   return impl_->run(Kind::all_reduce, str(summarize(tensors), ", ", reduce_op_name(op)), dtype_code(tensors[0]), bytes,
                     static_cast<int>(op), [&] {
                       // Tensors of one dtype are reduced as one stream, in the order given.
-                      std::vector<DType> dtypes;
-                      for (const auto& t : tensors)
-                        if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end())
-                          dtypes.push_back(t.dtype());
-                      for (DType dtype : dtypes) {
+                      for (const std::vector<Tensor>& group : detail::by_dtype(tensors)) {
                         std::vector<Staged> staged;
                         Spans spans;
-                        for (const auto& t : tensors) {
-                          if (t.dtype() != dtype) continue;
+                        for (const auto& t : group) {
                           staged.emplace_back(t, true);
                           spans.push_back({staged.back().data(), staged.back().bytes()});
                         }
-                        impl_->all_reduce(spans, dtype, op);
+                        impl_->all_reduce(spans, group[0].dtype(), op);
                         for (const auto& s : staged) s.finish();
                       }
                     });

@@ -181,6 +181,11 @@ std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds t
   return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
 }
 
+SpawnOptions on_shm(std::chrono::milliseconds deadline, std::map<std::string, std::string> environment) {
+  environment["LOOM_TEST_BACKEND"] = "shm";
+  return {.deadline = deadline, .environment = std::move(environment)};
+}
+
 int env_int(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) throw Error(str("test: ", name, " is not set"));

@@ -95,5 +95,8 @@ std::string env_string(const char* name);
 // init_process_group over env:// on LOOM_TEST_BACKEND's backend (gloo when
 // unset); spawning with LOOM_TEST_BACKEND=shm runs a scenario over shm.
 std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout);
+// SpawnOptions that run the scenario's group_from_environment on shm.
+SpawnOptions on_shm(std::chrono::milliseconds deadline = std::chrono::seconds(30),
+                    std::map<std::string, std::string> environment = {});
 
 }  // namespace loom::dist::testing

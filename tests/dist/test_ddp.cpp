@@ -32,8 +32,6 @@ namespace {
 
 std::shared_ptr<ProcessGroup> group_from_environment() { return testing::group_from_environment(20s); }
 
-const SpawnOptions kOnShm{.environment = {{"LOOM_TEST_BACKEND", "shm"}}};
-
 // A ProcessGroupGloo of one rank, for in-process tests.
 std::shared_ptr<ProcessGroup> world_of_one() {
   auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
@@ -81,7 +79,6 @@ std::vector<std::pair<std::string, Shape>> resnet18_parameter_shapes() {
   shapes.push_back({"fc.bias", {1000}});
   return shapes;
 }
-
 
 // conv -> batch norm -> relu -> linear in f64, initialised from `seed`: every
 // op whose backward writes parameter gradients into their buckets.
@@ -524,13 +521,13 @@ TEST_SUITE("ddp") {
   // The same scenarios over shared memory: collectives that finish inside the
   // backward hooks, before the call returns.
   TEST_CASE("shm: 2 and 4 ranks equal 1 process on the whole batch") {
-    expect_all_ok(spawn_ranks("ddp_equivalence", 2, kOnShm));
-    expect_all_ok(spawn_ranks("ddp_equivalence", 4, kOnShm));
+    expect_all_ok(spawn_ranks("ddp_equivalence", 2, on_shm()));
+    expect_all_ok(spawn_ranks("ddp_equivalence", 4, on_shm()));
   }
   TEST_CASE("shm: gradients computed in the buckets; no_sync; unused parameters; buffers") {
     for (const char* scenario : {"ddp_in_place", "ddp_no_sync", "ddp_unused", "ddp_buffers", "ddp_compress_hook"}) {
       CAPTURE(scenario);
-      expect_all_ok(spawn_ranks(scenario, 2, kOnShm));
+      expect_all_ok(spawn_ranks(scenario, 2, on_shm()));
     }
   }
   TEST_CASE("different models on different ranks are rejected") { expect_all_ok(spawn_ranks("ddp_mismatch", 2)); }

@@ -89,11 +89,6 @@ void check_world_of_one(ProcessGroup& group) {
   CHECK(contains(error_of([&] { group.all_reduce(Tensor()); }), "undefined tensor"));
 }
 
-SpawnOptions on_shm(std::chrono::milliseconds deadline, std::map<std::string, std::string> environment = {}) {
-  environment["LOOM_TEST_BACKEND"] = "shm";
-  return {.deadline = deadline, .environment = std::move(environment)};
-}
-
 }  // namespace
 
 // Every collective, every dtype, sizes 1 / odd / 1M, against hand-computed values.
@@ -401,7 +396,6 @@ TEST_SUITE("process_group") {
     ProcessGroupGloo group(store, 0, 1, {.timeout = 5s});
     check_world_of_one(group);
   }
-
 
   TEST_CASE("init_process_group: nccl, unknown backends and init methods") {
     // Where nccl cannot work, it says why before any rendezvous.

@@ -438,7 +438,7 @@ TEST_SUITE("sync_batch_norm") {
   }
   TEST_CASE("shm: ConvNet + SyncBatchNorm + DDP, 2 x 50 images, equals 1 process x 100 images") {
     expect_all_ok(spawn_ranks("sync_bn_convnet_equivalence", 2,
-                              {.deadline = std::chrono::seconds(50), .environment = {{"LOOM_TEST_BACKEND", "shm"}}}));
+                              on_shm(std::chrono::seconds(50))));
   }
   TEST_CASE("ResNet-18 (CIFAR stem) + SyncBatchNorm + DDP, 2 x 4 images, equals 1 process x 8 images") {
     expect_all_ok(spawn_ranks("sync_bn_resnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
