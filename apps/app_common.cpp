@@ -18,7 +18,8 @@ Device training_device(const std::string& name, int local_rank, int device_count
 
 Device resolve_training_device(const std::string& name, int local_rank) {
   const Device device = training_device(name, local_rank, name == "cpu" ? 0 : cuda::device_count());
-  if (device.is_cuda()) cuda::require_device(device.index);
+  // The current device for the whole process (torch.cuda.set_device(local_rank)): ops launch on it.
+  if (device.is_cuda()) cuda::set_device(device.index);
   return device;
 }
 

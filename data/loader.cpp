@@ -126,22 +126,22 @@ Tensor copy_to_device(const Tensor& host, Device device, cuda::StreamView stream
 // read it.
 class DeviceStaging {
  public:
-  explicit DeviceStaging(Device device) : device_(device), stream_(check_device(device)) {}
+  explicit DeviceStaging(Device device) : device_(device), stream_(cuda::pooled_stream(check_device(device))) {}
 
   void stage(Batch& batch) const {
     cuda::DeviceGuard device_guard(device_.index);
-    cuda::StreamGuard stream_guard(stream_.view());
-    batch.images = copy_to_device(batch.images, device_, stream_.view());
-    batch.labels = copy_to_device(batch.labels, device_, stream_.view());
+    cuda::StreamGuard stream_guard(stream_);
+    batch.images = copy_to_device(batch.images, device_, stream_);
+    batch.labels = copy_to_device(batch.labels, device_, stream_);
     auto copied = std::make_shared<cuda::Event>(device_.index);
-    copied->record(stream_.view());
+    copied->record(stream_);
     batch.copied = std::move(copied);
   }
 
   void hand_over(const Batch& batch) const {
     const cuda::StreamView compute = cuda::current_stream(device_.index);
     if (batch.copied) compute.wait(*batch.copied);
-    if (compute == stream_.view()) return;
+    if (compute == stream_) return;
     for (const Tensor* tensor : {&batch.images, &batch.labels}) {
       if (tensor->defined() && tensor->device() == device_) {
         cuda::record_stream(tensor->storage()->data(), device_.index, compute);
@@ -156,7 +156,7 @@ class DeviceStaging {
   }
 
   Device device_;
-  cuda::Stream stream_;
+  cuda::StreamView stream_;  // pooled: it outlives the batches copied on it
 };
 
 // What every epoch shares and nothing mutates.

@@ -29,7 +29,8 @@ namespace {
 using detail::summarize;
 using detail::view_into;
 
-static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "loom needs NCCL 2.10 or newer (ncclAvg, ncclBfloat16)");
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0),
+              "loom needs NCCL 2.14 or newer (ncclAvg, ncclBfloat16, ncclGetLastError, ncclInProgress)");
 
 ncclDataType_t nccl_dtype(DType dtype) {
   switch (dtype) {
@@ -162,7 +163,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
         store_(store),
         communicator_(std::make_shared<Communicator>()),
         timeout_(options.timeout),
-        stream_(select_device(options.device_index), cuda::StreamPriority::high) {
+        stream_(cuda::pooled_stream(select_device(options.device_index), cuda::StreamPriority::high)) {
     LOOM_CHECK(store != nullptr, "ProcessGroupNCCL: the rendezvous store is null");
     LOOM_CHECK(options.timeout.count() > 0, "ProcessGroupNCCL: timeout must be positive, got ", options.timeout.count(),
                " ms");
@@ -196,7 +197,15 @@ class ProcessGroupNCCL final : public ProcessGroup {
                   " ranks): ", error.what());
       }
     }
-    watchdog_ = std::thread([this] { run_watchdog(); });
+    watchdog_ = std::thread([this, device = c.device] {
+      // Its event queries would otherwise create a context on GPU 0 (the
+      // thread's default device): hundreds of MiB there for every rank.
+      try {
+        cuda::set_device(device);
+      } catch (const std::exception&) {
+      }
+      run_watchdog();
+    });
   }
 
   // Waits (at most the timeout) for pending collectives, fails those that
@@ -380,7 +389,9 @@ class ProcessGroupNCCL final : public ProcessGroup {
   static int select_device(int requested) {
     require_nccl();
     int device = requested >= 0 ? requested : cuda::local_rank_device();
-    cuda::require_device(device);
+    // One rank per GPU: from here on this rank's GPU is the calling thread's
+    // current device (as torch.cuda.set_device), so the model's kernels run there.
+    cuda::set_device(device);
     return device;
   }
 
@@ -514,7 +525,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   std::shared_ptr<Store> store_;  // kept for the group's lifetime, as the Gloo group keeps its own
   std::shared_ptr<Communicator> communicator_;
   std::atomic<Milliseconds> timeout_;
-  cuda::Stream stream_;  // the group's NCCL stream, high priority
+  cuda::StreamView stream_;  // the group's NCCL stream, high priority; pooled: it outlives the tensors used on it
   std::atomic<uint64_t> sequence_{0};
 
   std::mutex pending_mutex_;

@@ -10,6 +10,9 @@ namespace loom::cuda::detail {
 // Throws the loom::Error described above. `code` is the library's status value.
 [[noreturn]] void throw_library_error(const char* library, const char* call, const char* file, int line, long long code,
                                       const char* message);
+// cuDNN's status name and, from cuDNN 9, its own account of the calling
+// thread's last error (cudnnGetLastErrorString); valid until the thread's next call.
+const char* cudnn_error_text(int status);
 }  // namespace loom::cuda::detail
 
 // cudaGetLastError() clears the error the call left, so that it is not
@@ -44,7 +47,7 @@ namespace loom::cuda::detail {
     if (loom_status_ != CUDNN_STATUS_SUCCESS) {                                                               \
       ::loom::cuda::detail::throw_library_error("cuDNN", #call, __FILE__, __LINE__,                           \
                                                 static_cast<long long>(loom_status_),                         \
-                                                cudnnGetErrorString(loom_status_));                           \
+                                                ::loom::cuda::detail::cudnn_error_text(loom_status_));        \
     }                                                                                                         \
   } while (0)
 

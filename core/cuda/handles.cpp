@@ -9,6 +9,7 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -119,6 +120,19 @@ CublasHandleType cublas_handle(StreamView stream) {
   }
   return slot.owner->get();
 }
+
+namespace detail {
+const char* cudnn_error_text(int status) {
+  thread_local std::string text;
+  text = cudnnGetErrorString(static_cast<cudnnStatus_t>(status));
+#if CUDNN_MAJOR >= 9
+  char detail[1024] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  if (detail[0] != '\0') text += std::string(": ") + detail;
+#endif
+  return text.c_str();
+}
+}  // namespace detail
 
 CudnnHandleType cudnn_handle(StreamView stream) {
   thread_local Borrowed<CudnnHandle> borrowed;

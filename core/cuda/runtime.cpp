@@ -95,9 +95,17 @@ int current_device() {
   return device;
 }
 
+namespace {
+// Whether the calling thread has left CUDA's implicit device 0: by
+// set_device, or by a DeviceGuard that changed its device (whose device then
+// stays the thread's own; see stream.h).
+thread_local bool t_device_chosen = false;
+}  // namespace
+
 void set_device(int index) {
   require_device(index);
   LOOM_CHECK_CUDA(cudaSetDevice(index));
+  t_device_chosen = true;
 }
 
 int local_rank_device() {
@@ -150,6 +158,23 @@ void set_current_stream(StreamView stream) {
   streams[stream.device()] = stream.handle();
 }
 
+StreamView pooled_stream(int device, StreamPriority priority) {
+  require_device(device);
+  struct Pool {
+    std::vector<Stream> streams;  // never destroyed (see stream.h)
+    int next = 0;
+  };
+  static std::mutex mutex;
+  static auto* pools = new std::map<std::pair<int, StreamPriority>, Pool>;  // outlives static destructors
+  std::lock_guard lock(mutex);
+  Pool& pool = (*pools)[{device, priority}];
+  if (static_cast<int>(pool.streams.size()) < kPooledStreams) {
+    pool.streams.emplace_back(device, priority);
+    return pool.streams.back().view();
+  }
+  return pool.streams[pool.next++ % kPooledStreams].view();
+}
+
 StreamGuard::StreamGuard(StreamView stream) : previous_(current_stream(stream.device())) { set_current_stream(stream); }
 StreamGuard::~StreamGuard() {
   auto& streams = thread_streams();
@@ -158,11 +183,14 @@ StreamGuard::~StreamGuard() {
 
 DeviceGuard::DeviceGuard(int device) {
   LOOM_CHECK_CUDA(cudaGetDevice(&previous_));
-  if (previous_ != device) LOOM_CHECK_CUDA(cudaSetDevice(device));
+  if (previous_ == device) return;
+  LOOM_CHECK_CUDA(cudaSetDevice(device));
+  if (!t_device_chosen) previous_ = -1;  // the implicit device 0 is not restored: see stream.h
+  t_device_chosen = true;
 }
 DeviceGuard::~DeviceGuard() {
   int now = -1;
-  if (cudaGetDevice(&now) == cudaSuccess && now != previous_ && previous_ >= 0) cudaSetDevice(previous_);
+  if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
 }
 
 void StreamView::synchronize() const {

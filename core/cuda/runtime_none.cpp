@@ -39,6 +39,7 @@ void Event::synchronize() const {}
 float Event::elapsed_ms(const Event&) const { no_cuda(); }
 StreamView current_stream(int device) { return {device, nullptr}; }
 void set_current_stream(StreamView) { no_cuda(); }
+StreamView pooled_stream(int, StreamPriority) { no_cuda(); }
 StreamGuard::StreamGuard(StreamView) { no_cuda(); }
 StreamGuard::~StreamGuard() = default;
 DeviceGuard::DeviceGuard(int) { no_cuda(); }

@@ -104,6 +104,16 @@ StreamView current_stream(int device);
 // Makes `stream` the calling thread's current stream of stream.device().
 void set_current_stream(StreamView stream);
 
+// A stream of `device` from a pool that lives until the process exits: for
+// library code's side streams (a process group's, a data loader's copies).
+// Memory used on a stream is recorded by its handle (record_stream) and freed
+// after an event on it, so such streams must outlive every tensor that
+// touched them -- an owned Stream destroyed earlier would leave the caching
+// allocator a dead (or recycled) handle. Handed out round-robin, kPooledStreams
+// per device and priority, created on first use.
+constexpr int kPooledStreams = 4;
+StreamView pooled_stream(int device, StreamPriority priority = StreamPriority::normal);
+
 // Makes `stream` current for its device for the guard's lifetime.
 class StreamGuard {
  public:
@@ -117,7 +127,11 @@ class StreamGuard {
 };
 
 // Makes `device` the calling thread's CUDA device (cudaSetDevice) for the
-// guard's lifetime; the previous device is restored after.
+// guard's lifetime; the previous device is restored after -- unless the
+// thread was still on CUDA's implicit device 0 (no set_device, no guard that
+// changed its device before): restoring that would create a context on GPU 0,
+// hundreds of MiB there for every rank of a multi-GPU node (what PyTorch's
+// MaybeSetDevice avoids), so such a thread keeps the guard's device as its own.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

@@ -271,7 +271,7 @@ static __global__ void backward_apply_kernel(const T* dy, const T* x, T* dx, Bac
 }  // namespace
 
 Tensor batch_norm_stats(const Tensor& input_in) {
-  check_cuda("batch_norm", input_in);
+  const auto device_guard = on_device_of("batch_norm", input_in);
   const Layout layout = layout_for(input_in);
   const Tensor x = in_layout(input_in, layout);
   return channel_sums<false>(x, Tensor(), channel_layout(x, layout), {}, {}, 0.0);
@@ -279,7 +279,7 @@ Tensor batch_norm_stats(const Tensor& input_in) {
 
 Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum) {
-  check_cuda("batch_norm", stats_in);
+  const auto device_guard = on_device_of("batch_norm", stats_in);
   LOOM_CHECK(count > 0, "batch_norm: statistics over ", count, " elements per channel");
   const Tensor stats = contiguous_input(stats_in.dtype() == DType::f64 ? stats_in : stats_in.to(DType::f64));
   const int64_t channels = stats.size(1);
@@ -302,7 +302,7 @@ Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tens
 
 Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
                         const Tensor& bias, double eps) {
-  check_cuda("batch_norm", input_in);
+  const auto device_guard = on_device_of("batch_norm", input_in);
   const Layout layout = layout_for(input_in);
   const Tensor x = in_layout(input_in, layout);
   const ChannelLayout l = channel_layout(x, layout);
@@ -327,7 +327,7 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
 
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
                                   const Tensor& var, double eps) {
-  check_cuda("batch_norm backward", input_in);
+  const auto device_guard = on_device_of("batch_norm backward", input_in);
   const Layout layout = layout_for(input_in);
   const Tensor x = in_layout(input_in, layout);
   const Tensor dy = in_layout(grad_output.dtype() == x.dtype() ? grad_output : grad_output.to(x.dtype()), layout);
@@ -337,7 +337,7 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
                                  double eps) {
-  check_cuda("batch_norm backward", grad_output);
+  const auto device_guard = on_device_of("batch_norm backward", grad_output);
   const bool training = grad_sums.defined();
   LOOM_CHECK(!training || count > 0, "batch_norm backward: sums over ", count, " elements per channel");
   // dx follows the input's memory order; in eval mode the input is not read.

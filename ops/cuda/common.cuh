@@ -133,6 +133,16 @@ inline void check_cuda(const char* op, const Tensor& t) {
              t.defined() ? t.str() : "an undefined tensor");
 }
 
+// What every entry point opens with: checks that `t` lives on CUDA and makes
+// its device the current one until the guard dies. Kernel launches, cuBLAS and
+// cuDNN run on the current device, so without it a rank training on cuda:1
+// from a thread whose current device is 0 would launch on the wrong GPU.
+//   const auto device_guard = on_device_of("relu", x);
+[[nodiscard]] inline ::loom::cuda::DeviceGuard on_device_of(const char* op, const Tensor& t) {
+  check_cuda(op, t);
+  return ::loom::cuda::DeviceGuard(t.device().index);
+}
+
 // The memory order of a 4-d (N, C, H, W) tensor: NCHW (contiguous) or NHWC
 // (channels-last strides). Other layouts are made contiguous by the caller.
 enum class Layout { nchw, nhwc };

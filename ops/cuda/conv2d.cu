@@ -14,6 +14,7 @@
 #include <climits>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "core/cuda/cudnn_descriptors.h"
 #include "core/cuda/handles.h"
@@ -50,6 +51,8 @@ void describe_tensor(const lc::CudnnTensorDescriptor& d, DType dtype, const Shap
   const int n = as_int(sizes[0], "batch"), c = as_int(sizes[1], "channels"), h = as_int(sizes[2], "height"),
             w = as_int(sizes[3], "width");
   const int dims[4] = {n, c, h, w};
+  // The legacy API takes int strides and no tensor of 2^31 elements or more.
+  as_int(sizes[0] * sizes[1] * sizes[2] * sizes[3], "number of elements");
   int s[4];
   if (layout == Layout::nhwc) {
     s[0] = h * w * c, s[1] = 1, s[2] = w * c, s[3] = c;
@@ -113,22 +116,41 @@ struct Choice {
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 };
 
+// Keyed by (pass, device, timed search or heuristic, problem).
+using CacheKey = std::tuple<Pass, int, bool, std::array<int64_t, 16>>;
 std::mutex g_cache_mutex;
-std::map<std::pair<Pass, std::array<int64_t, 16>>, Choice> g_cache;
+std::map<CacheKey, Choice> g_cache;
 
 // Largest workspace handed to the timing search.
 constexpr size_t kSearchWorkspaceCap = size_t{1} << 30;
 
-// Picks the first usable result (they come fastest first).
+// Whether a workspace of `bytes` can be had on `device` now (the block goes
+// back to the caching allocator, which hands it out again for the run).
+bool workspace_available(size_t bytes, int device) {
+  if (bytes == 0) return true;
+  try {
+    lc::DeviceBuffer probe(bytes, device);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Picks the first usable result (they come fastest first). The timed search
+// only returns algorithms whose workspace it could provide; cuDNN's heuristic
+// ranks them regardless of memory, so with `check_workspace` one whose
+// workspace cannot be allocated is passed over for the next (as PyTorch does).
 template <class Perf>
-Choice first_usable(const Problem& problem, const Perf* results, int count, const char* pass) {
+Choice first_usable(const Problem& problem, const Perf* results, int count, const char* pass, int device,
+                    bool check_workspace) {
   for (int i = 0; i < count; ++i) {
-    if (results[i].status == CUDNN_STATUS_SUCCESS && problem.allowed(results[i].mathType)) {
+    if (results[i].status == CUDNN_STATUS_SUCCESS && problem.allowed(results[i].mathType) &&
+        (!check_workspace || workspace_available(results[i].memory, device))) {
       return {static_cast<int>(results[i].algo), results[i].memory, results[i].mathType};
     }
   }
   LOOM_FAIL("conv2d: cuDNN found no usable ", pass, " algorithm for this problem (dtype ", dtype_name(problem.dtype),
-            ")");
+            check_workspace ? "; or none whose workspace fits in the GPU's free memory" : "", ")");
 }
 
 // Scratch for the timing search: as large as the hungriest candidate needs
@@ -152,13 +174,13 @@ struct Buffers {
 };
 
 Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device) {
-  const auto key = std::make_pair(pass, problem.key);
+  const bool benchmark = lc::conv_algorithm_search() == lc::ConvAlgorithmSearch::benchmark;
+  const CacheKey key{pass, device, benchmark, problem.key};
   {
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     auto it = g_cache.find(key);
     if (it != g_cache.end()) return it->second;
   }
-  const bool benchmark = lc::conv_algorithm_search() == lc::ConvAlgorithmSearch::benchmark;
   Choice choice;
   int returned = 0;
   if (pass == Pass::forward) {
@@ -182,7 +204,7 @@ Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buf
                                                               problem.conv.get(), problem.y.get(),
                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results));
     }
-    choice = first_usable(problem, results, returned, "forward");
+    choice = first_usable(problem, results, returned, "forward", device, !benchmark);
   } else if (pass == Pass::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     if (benchmark) {
@@ -205,7 +227,7 @@ Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buf
           handle, problem.w.get(), problem.y.get(), problem.conv.get(), problem.x.get(),
           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results));
     }
-    choice = first_usable(problem, results, returned, "backward-data");
+    choice = first_usable(problem, results, returned, "backward-data", device, !benchmark);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     if (benchmark) {
@@ -228,7 +250,7 @@ Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buf
           handle, problem.x.get(), problem.y.get(), problem.conv.get(), problem.w.get(),
           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results));
     }
-    choice = first_usable(problem, results, returned, "backward-filter");
+    choice = first_usable(problem, results, returned, "backward-filter", device, !benchmark);
   }
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, choice);
@@ -259,25 +281,29 @@ static __global__ void add_bias_kernel(T* y, const T* bias, int64_t n, int64_t c
 
 Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
                       const Conv2dParams& params) {
-  check_cuda("conv2d", input_in);
+  const auto device_guard = on_device_of("conv2d", input_in);
   const Layout layout = layout_of(input_in);
   const Tensor x = in_layout(input_in, layout), w = in_layout(weight_in, layout);
   const Size2 out_hw = conv2d_output_size({x.size(2), x.size(3)}, {w.size(2), w.size(3)}, params);
   const Shape out_sizes{x.size(0), w.size(0), out_hw[0], out_hw[1]};
   Tensor y = empty_4d(out_sizes, x.dtype(), x.device(), layout);
   if (y.numel() == 0) return y;
-  if (x.size(1) == 0) return y.zero_();
-  const int device = x.device().index;
-  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
-  const Problem problem(x.dtype(), layout, x.sizes(), w.sizes(), out_sizes, params);
-  const Choice choice = choose(Pass::forward, problem, handle, {x.raw_data(), w.raw_data(), y.raw_data()}, device);
-  problem.set_math_for_run(choice.math);
-  lc::DeviceBuffer workspace(choice.workspace, device);
-  const Scaling s(x.dtype());
-  LOOM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), problem.x.get(), x.raw_data(), problem.w.get(),
-                                           w.raw_data(), problem.conv.get(),
-                                           static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm), workspace.data(),
-                                           workspace.size(), s.zero(), problem.y.get(), y.raw_data()));
+  if (x.size(1) == 0) {
+    y.zero_();  // no input channels: the output is the bias alone, as on the CPU
+  } else {
+    const int device = x.device().index;
+    cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
+    const Problem problem(x.dtype(), layout, x.sizes(), w.sizes(), out_sizes, params);
+    const Choice choice = choose(Pass::forward, problem, handle, {x.raw_data(), w.raw_data(), y.raw_data()}, device);
+    problem.set_math_for_run(choice.math);
+    lc::DeviceBuffer workspace(choice.workspace, device);
+    const Scaling s(x.dtype());
+    LOOM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), problem.x.get(), x.raw_data(), problem.w.get(),
+                                             w.raw_data(), problem.conv.get(),
+                                             static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm),
+                                             workspace.data(), workspace.size(), s.zero(), problem.y.get(),
+                                             y.raw_data()));
+  }
   if (bias_in.defined()) {
     const Tensor b = contiguous_input(bias_in);
     visit_float(y.dtype(), "conv2d", [&]<class T>() {
@@ -291,7 +317,7 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
 
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in, const Shape& input_sizes,
                              const Conv2dParams& params) {
-  check_cuda("conv2d backward", grad_output);
+  const auto device_guard = on_device_of("conv2d backward", grad_output);
   const Layout layout = layout_of(grad_output);
   const Tensor dy = in_layout(grad_output, layout), w = in_layout(weight_in, layout);
   Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
@@ -315,7 +341,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in,
 
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input_in, const Shape& weight_sizes,
                               const Conv2dParams& params) {
-  check_cuda("conv2d backward", grad_output);
+  const auto device_guard = on_device_of("conv2d backward", grad_output);
   const Layout layout = layout_of(input_in);
   const Tensor x = in_layout(input_in, layout), dy = in_layout(grad_output, layout);
   Tensor dw = empty_4d(weight_sizes, dy.dtype(), dy.device(), layout);
@@ -338,7 +364,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input_in,
 }
 
 Tensor conv2d_backward_bias(const Tensor& grad_output) {
-  check_cuda("conv2d backward", grad_output);
+  const auto device_guard = on_device_of("conv2d backward", grad_output);
   // Row 0 of batch norm's per-channel (sum, sum of squares), accumulated in f64.
   const Tensor sums = batch_norm_stats(grad_output);
   NoGradGuard no_grad;

@@ -108,7 +108,7 @@ Tensor dense_input(const Tensor& x) { return is_dense(x) ? x : contiguous_input(
 }  // namespace
 
 Tensor binary(cpu::Binary op, const Tensor& a, const Tensor& b) {
-  check_cuda("elementwise op", a);
+  const auto device_guard = on_device_of("elementwise op", a);
   check_cuda("elementwise op", b);
   LOOM_CHECK(a.sizes() == b.sizes() && a.dtype() == b.dtype(), "elementwise op: ", a.str(), " and ", b.str(),
              " differ in shape or dtype");
@@ -120,7 +120,7 @@ Tensor binary(cpu::Binary op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor affine(const Tensor& x_in, double factor, double offset) {
-  check_cuda("affine", x_in);
+  const auto device_guard = on_device_of("affine", x_in);
   const Tensor x = dense_input(x_in);
   Tensor out = empty_like_dense(x, x.dtype());
   visit_float(x.dtype(), "affine", [&]<class T>() {
@@ -132,7 +132,7 @@ Tensor affine(const Tensor& x_in, double factor, double offset) {
 }
 
 Tensor relu_forward(const Tensor& x_in) {
-  check_cuda("relu", x_in);
+  const auto device_guard = on_device_of("relu", x_in);
   const Tensor x = dense_input(x_in);
   Tensor out = empty_like_dense(x, x.dtype());
   visit_float(x.dtype(), "relu", [&]<class T>() {
@@ -144,7 +144,7 @@ Tensor relu_forward(const Tensor& x_in) {
 }
 
 Tensor relu_backward(const Tensor& grad_in, const Tensor& output_in) {
-  check_cuda("relu backward", grad_in);
+  const auto device_guard = on_device_of("relu backward", grad_in);
   check_cuda("relu backward", output_in);
   // The gradient may arrive in another dtype or memory order than the output.
   const Tensor grad = grad_in.dtype() == output_in.dtype() ? grad_in : grad_in.to(output_in.dtype());
@@ -158,7 +158,7 @@ Tensor relu_backward(const Tensor& grad_in, const Tensor& output_in) {
 }
 
 Tensor sum_all(const Tensor& x_in) {
-  check_cuda("sum", x_in);
+  const auto device_guard = on_device_of("sum", x_in);
   const Tensor x = dense_input(x_in);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   visit_float(x.dtype(), "sum", [&]<class T>() {
@@ -168,7 +168,7 @@ Tensor sum_all(const Tensor& x_in) {
 }
 
 Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor) {
-  check_cuda("broadcast", g);
+  const auto device_guard = on_device_of("broadcast", g);
   LOOM_CHECK(g.numel() == 1, "broadcast: expected a one-element gradient, got ", g.str());
   Tensor out = Tensor::empty(sizes, g.dtype(), g.device());
   visit_float(g.dtype(), "broadcast", [&]<class T>() {

@@ -83,14 +83,16 @@ void gemm(const Tensor& like, cublasOperation_t op_a, cublasOperation_t op_b, in
 }  // namespace
 
 Tensor linear_forward(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in) {
-  check_cuda("linear", input_in);
+  const auto device_guard = on_device_of("linear", input_in);
   const Tensor x = contiguous_input(input_in), w = contiguous_input(weight_in);
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   Tensor y = Tensor::empty({n, out}, x.dtype(), x.device());
   if (n == 0 || out == 0) return y;
-  if (in == 0) return y.zero_();
-  // yᵀ (out, N) = op_T(W') · x'
-  gemm(x, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, w.raw_data(), in, x.raw_data(), in, y.raw_data(), out);
+  if (in == 0) {
+    y.zero_();  // no input features: the output is the bias alone, as on the CPU
+  } else {      // yᵀ (out, N) = op_T(W') · x'
+    gemm(x, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, w.raw_data(), in, x.raw_data(), in, y.raw_data(), out);
+  }
   if (bias_in.defined()) {
     const Tensor b = contiguous_input(bias_in);
     visit_float(x.dtype(), "linear", [&]<class T>() {
@@ -103,7 +105,7 @@ Tensor linear_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
 
 void linear_backward(const Tensor& grad_in, const Tensor& input_in, const Tensor& weight_in, bool want_input,
                      bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias) {
-  check_cuda("linear backward", grad_in);
+  const auto device_guard = on_device_of("linear backward", grad_in);
   const Tensor x = contiguous_input(input_in), w = contiguous_input(weight_in);
   const Tensor dy = contiguous_input(grad_in.dtype() == x.dtype() ? grad_in : grad_in.to(x.dtype()));
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);

@@ -169,16 +169,19 @@ static __global__ void argmax_kernel(const T* x, int64_t* out, int64_t rows, int
   }
 }
 
-void check_targets(const char* op, const Tensor& scores, const Tensor& targets) {
+// Checks the scores and targets of a loss entry point; the guard makes the
+// scores' device current for the call (as on_device_of).
+[[nodiscard]] ::loom::cuda::DeviceGuard check_targets(const char* op, const Tensor& scores, const Tensor& targets) {
   check_cuda(op, scores);
   LOOM_CHECK(targets.defined() && targets.device() == scores.device() && targets.dtype() == DType::i64, op,
              ": targets must be an i64 tensor on ", scores.device().str());
+  return ::loom::cuda::DeviceGuard(scores.device().index);
 }
 
 }  // namespace
 
 Tensor log_softmax_forward(const Tensor& logits_in) {
-  check_cuda("log_softmax", logits_in);
+  const auto device_guard = on_device_of("log_softmax", logits_in);
   const Tensor x = contiguous_input(logits_in);
   const int64_t rows = x.size(0), cols = x.size(1);
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
@@ -191,7 +194,7 @@ Tensor log_softmax_forward(const Tensor& logits_in) {
 }
 
 Tensor log_softmax_backward(const Tensor& grad_in, const Tensor& output_in) {
-  check_cuda("log_softmax backward", output_in);
+  const auto device_guard = on_device_of("log_softmax backward", output_in);
   const Tensor y = contiguous_input(output_in);
   const Tensor g = contiguous_input(grad_in.dtype() == y.dtype() ? grad_in : grad_in.to(y.dtype()));
   const int64_t rows = y.size(0), cols = y.size(1);
@@ -206,7 +209,7 @@ Tensor log_softmax_backward(const Tensor& grad_in, const Tensor& output_in) {
 }
 
 Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& targets_in) {
-  check_targets("nll_loss", log_probs_in, targets_in);
+  const auto device_guard = check_targets("nll_loss", log_probs_in, targets_in);
   const Tensor lp = contiguous_input(log_probs_in), t = contiguous_input(targets_in);
   const int64_t rows = lp.size(0), cols = lp.size(1);
   Tensor out = Tensor::empty({}, lp.dtype(), lp.device());
@@ -225,7 +228,7 @@ Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& targets_in) {
 }
 
 Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& targets_in) {
-  check_targets("nll_loss backward", log_probs, targets_in);
+  const auto device_guard = check_targets("nll_loss backward", log_probs, targets_in);
   check_cuda("nll_loss backward", grad);
   const Tensor t = contiguous_input(targets_in);
   const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
@@ -240,7 +243,7 @@ Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tens
 }
 
 Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, Tensor& probabilities) {
-  check_targets("cross_entropy", logits_in, targets_in);
+  const auto device_guard = check_targets("cross_entropy", logits_in, targets_in);
   const Tensor x = contiguous_input(logits_in), t = contiguous_input(targets_in);
   const int64_t rows = x.size(0), cols = x.size(1);
   LOOM_CHECK(cols > 0, "cross_entropy: scores ", x.str(), " have no classes");
@@ -262,7 +265,7 @@ Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, 
 }
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets_in) {
-  check_targets("cross_entropy backward", probabilities, targets_in);
+  const auto device_guard = check_targets("cross_entropy backward", probabilities, targets_in);
   check_cuda("cross_entropy backward", grad);
   const Tensor t = contiguous_input(targets_in);
   const int64_t rows = probabilities.size(0), cols = probabilities.size(1);
@@ -282,12 +285,12 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, c
 }
 
 Tensor argmax(const Tensor& x_in) {
-  check_cuda("argmax", x_in);
+  const auto device_guard = on_device_of("argmax", x_in);
   const Tensor x = contiguous_input(x_in);
   const int64_t rows = x.size(0), cols = x.size(1);
   Tensor out = Tensor::empty({rows}, DType::i64, x.device());
   if (rows == 0) return out;
-  LOOM_CHECK(cols > 0, "argmax: scores ", x.str(), " have no columns");
+  if (cols == 0) return out.zero_();  // as on the CPU
   visit_float(x.dtype(), "argmax", [&]<class T>() {
     argmax_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(x.data<T>(), out.data<int64_t>(), rows, cols);
     LOOM_CHECK_LAUNCH();

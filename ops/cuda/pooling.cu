@@ -156,7 +156,7 @@ int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t paddi
 }  // namespace
 
 Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
-  check_cuda("max_pool2d", input_in);
+  const auto device_guard = on_device_of("max_pool2d", input_in);
   const Layout layout = layout_of(input_in);
   const Tensor x = in_layout(input_in, layout);
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), pooled_size(x.size(2), kernel[0], stride[0], padding[0]),
@@ -176,7 +176,7 @@ Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Si
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices_in, const Shape& input_sizes) {
-  check_cuda("max_pool2d backward", grad_output);
+  const auto device_guard = on_device_of("max_pool2d backward", grad_output);
   const Layout layout = layout_of(indices_in);
   const Tensor index = in_layout(indices_in, layout);
   const Tensor dy = in_layout(grad_output, layout);
@@ -198,7 +198,7 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices_in, 
 }
 
 Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
-  check_cuda("adaptive_avg_pool2d", input_in);
+  const auto device_guard = on_device_of("adaptive_avg_pool2d", input_in);
   const Layout layout = layout_of(input_in);
   const Tensor x = in_layout(input_in, layout);
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
@@ -214,7 +214,7 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
-  check_cuda("adaptive_avg_pool2d backward", grad_output);
+  const auto device_guard = on_device_of("adaptive_avg_pool2d backward", grad_output);
   const Layout layout = layout_of(grad_output);
   const Tensor dy = in_layout(grad_output, layout);
   const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};

@@ -179,6 +179,7 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
     if (use_momentum) check_update_tensor("momentum buffer", momentum_buffers[i], params[i]);
   }
   for (const auto& batch : batches(params)) {
+    const ::loom::cuda::DeviceGuard device_guard(params[batch.front()].device().index);  // launch on its GPU
     SgdList list{};
     const int64_t blocks = plan_chunks(params, batch, list.chunks);
     for (size_t k = 0; k < batch.size(); ++k) {
@@ -211,6 +212,7 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
     check_update_tensor("exp_avg_sq", exp_avg_sqs[i], params[i]);
   }
   for (const auto& batch : batches(params)) {
+    const ::loom::cuda::DeviceGuard device_guard(params[batch.front()].device().index);  // launch on its GPU
     AdamList list{};
     const int64_t blocks = plan_chunks(params, batch, list.chunks);
     for (size_t k = 0; k < batch.size(); ++k) {
@@ -257,6 +259,7 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
   std::vector<std::pair<int, ::loom::cuda::DeviceBuffer>> flags;  // (device, int flag)
   for (auto& [key, indices] : groups) {
     const int device = std::get<0>(key);
+    const ::loom::cuda::DeviceGuard device_guard(device);  // the memset and kernels run on the current device
     auto flag = std::find_if(flags.begin(), flags.end(), [&](const auto& f) { return f.first == device; });
     if (flag == flags.end()) {
       flags.emplace_back(device, ::loom::cuda::DeviceBuffer(sizeof(int), device));

@@ -7,7 +7,9 @@
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <initializer_list>
 
+#include "core/cuda/runtime.h"
 #include "ops/batch_norm.h"
 #include "ops/conv2d.h"
 #include "ops/elementwise.h"
@@ -98,7 +100,9 @@ TEST_CASE("linear") {
     bool bias;
   };
   for (DType dtype : kFloatTypes) {
-    for (const Case& c : {Case{7, 13, 5, true}, Case{64, 300, 10, false}, Case{1, 1, 1, true}, Case{100, 1568, 10, true}}) {
+    // {4, 0, 3}: no input features, the output is the bias.
+    for (const Case& c : {Case{7, 13, 5, true}, Case{64, 300, 10, false}, Case{1, 1, 1, true}, Case{100, 1568, 10, true},
+                          Case{4, 0, 3, true}}) {
       const Tensor x = leaf({c.n, c.in}, 11, dtype), w = leaf({c.out, c.in}, 12, dtype);
       const Tensor b = c.bias ? leaf({c.out}, 13, dtype) : Tensor();
       Tolerance tol = tolerance_for(dtype);
@@ -108,7 +112,9 @@ TEST_CASE("linear") {
   }
 }
 
-TEST_CASE("conv2d forward, backward-data, backward-filter, bias") {
+// Every conv2d case for `dtypes` in both memory orders, within `tol` (the
+// dtype's tolerance when null).
+void check_conv2d_cases(std::initializer_list<DType> dtypes, const Tolerance* tol = nullptr) {
   struct Case {
     Shape input, weight;
     Conv2dParams params;
@@ -121,8 +127,9 @@ TEST_CASE("conv2d forward, backward-data, backward-filter, bias") {
       {{2, 8, 6, 5}, {16, 8, 1, 1}, {}, true},
       {{4, 1, 28, 28}, {16, 1, 5, 5}, {.stride = {1, 1}, .padding = {2, 2}}, true},
       {{2, 3, 8, 7}, {4, 3, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}}, true},
+      {{2, 0, 5, 5}, {3, 0, 3, 3}, {.stride = {1, 1}, .padding = {1, 1}}, true},  // no input channels: the bias
   };
-  for (DType dtype : kFloatTypes) {
+  for (DType dtype : dtypes) {
     for (const Case& c : cases) {
       for (bool channels_last : {false, true}) {
         if (channels_last && dtype == DType::f64) continue;  // cuDNN's f64 kernels are NCHW
@@ -131,9 +138,44 @@ TEST_CASE("conv2d forward, backward-data, backward-filter, bias") {
         const Conv2dParams params = c.params;
         check_op(label("conv2d", dtype, c.input) + " w" + shape_str(c.weight), {x, w, b},
                  [params](const TensorList& t) { return TensorList{conv2d(t[0], t[1], t[2], params)}; },
-                 tolerance_for(dtype), channels_last);
+                 tol ? *tol : tolerance_for(dtype), channels_last);
       }
     }
+  }
+}
+
+// Sets the CUDA math settings for a scope, and puts the defaults back.
+struct MathSettings {
+  MathSettings(cuda::ConvAlgorithmSearch search, bool tf32) {
+    cuda::set_conv_algorithm_search(search);
+    cuda::set_allow_tf32(tf32);
+  }
+  ~MathSettings() {
+    cuda::set_conv_algorithm_search(cuda::ConvAlgorithmSearch::benchmark);
+    cuda::set_allow_tf32(false);
+  }
+};
+
+TEST_CASE("conv2d forward, backward-data, backward-filter, bias") {
+  check_conv2d_cases({DType::f32, DType::f64, DType::f16, DType::bf16});
+}
+
+TEST_CASE("conv2d with cuDNN's heuristic algorithm choice (cudnnGet) and with TF32") {
+  SUBCASE("heuristic") {
+    MathSettings settings(cuda::ConvAlgorithmSearch::heuristic, false);
+    check_conv2d_cases({DType::f32, DType::f16, DType::bf16});
+  }
+  SUBCASE("TF32 (10 mantissa bits, as f16: f16's tolerance)") {
+    const Tolerance tf32 = tolerance_for(DType::f16);
+    for (auto search : {cuda::ConvAlgorithmSearch::benchmark, cuda::ConvAlgorithmSearch::heuristic}) {
+      MathSettings settings(search, true);
+      check_conv2d_cases({DType::f32}, &tf32);
+    }
+    MathSettings settings(cuda::ConvAlgorithmSearch::benchmark, true);
+    const Tensor x = leaf({64, 300}, 11, DType::f32), w = leaf({10, 300}, 12, DType::f32);
+    const Tensor b = leaf({10}, 13, DType::f32);
+    check_op("linear with TF32", {x, w, b}, [](const TensorList& t) { return TensorList{linear(t[0], t[1], t[2])}; },
+             tf32);
   }
 }
 
@@ -234,6 +276,8 @@ TEST_CASE("log_softmax, nll_loss, cross_entropy, argmax") {
                tol);
       CHECK(count_correct(to_gpu(x), targets.to(kCuda)) == count_correct(x, targets));
     }
+    const Tensor no_columns = random_cpu({3, 0}, 53, dtype);  // argmax says 0 on both backends
+    check_close(argmax(to_gpu(no_columns)), argmax(no_columns), 0.0, "argmax of (3, 0)");
   }
 }
 
