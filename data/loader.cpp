@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -255,6 +256,10 @@ class DataLoader::EpochRun {
   };
 
   Batch build(int64_t number) const {
+    // Pinned host memory (cudaHostAlloc) needs a context on the calling
+    // thread's device: the loader's, not a new worker thread's implicit GPU 0.
+    std::optional<cuda::DeviceGuard> device_guard;
+    if (plan_->staging) device_guard.emplace(plan_->options.device().index);
     const int64_t batch_size = plan_->options.batch_size();
     const int64_t begin = number * batch_size;
     const int64_t count = std::min<int64_t>(batch_size, static_cast<int64_t>(order_.size()) - begin);

@@ -110,7 +110,18 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 
 bool GradScaler::unscale(const std::vector<Tensor>& gradients, const std::vector<Tensor>& destinations) const {
   if (!enabled()) {
-    static_cast<void>(unscale_and_check(gradients, destinations, 1.0));
+    // Nothing to look for: a converting copy. (unscale_and_check reads its
+    // flag back, which on CUDA would stop the host every step at bf16 and O3.)
+    LOOM_CHECK(gradients.size() == destinations.size(), "unscale: ", gradients.size(), " gradients but ",
+               destinations.size(), " destinations");
+    NoGradGuard no_grad;
+    for (size_t k = 0; k < gradients.size(); ++k) {
+      const Tensor& gradient = gradients[k];
+      if (!gradient.defined() || gradient.is_same(destinations[k])) continue;
+      LOOM_CHECK(destinations[k].defined() && destinations[k].numel() == gradient.numel(), "unscale: destination ",
+                 k, " (", destinations[k].str(), ") does not match gradient ", gradient.str());
+      Tensor(destinations[k]).copy_(gradient);
+    }
     return false;
   }
   return unscale_and_check(gradients, destinations, 1.0 / scale_);

@@ -49,7 +49,9 @@ void MasterWeights::copy_to_model() {
 
 nn::NamedTensors MasterWeights::state() const {
   nn::NamedTensors out;
-  for (size_t i = 0; i < masters_.size(); ++i) out.emplace_back(names_[i], masters_[i].detach());
+  // Before the first step the masters are not filled yet: they are the model.
+  for (size_t i = 0; i < masters_.size(); ++i)
+    out.emplace_back(names_[i], initialized_ ? masters_[i].detach() : parameters_[i].detach().to(DType::f32));
   return out;
 }
 

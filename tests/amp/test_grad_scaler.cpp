@@ -97,6 +97,9 @@ TEST_SUITE("grad_scaler") {
     Tensor out = Tensor::zeros({2});
     CHECK_FALSE(scaler.unscale({g}, {out}));
     CHECK(out.to_vector<float>()[0] == 1.0f);
+    Tensor half = Tensor::from_vector<float>({1.5f, -0.25f}, {2}).to(DType::f16);
+    CHECK_FALSE(scaler.unscale({half, Tensor()}, {out, Tensor::zeros({1})}));  // converted into f32; undefined skipped
+    CHECK(out.to_vector<float>() == std::vector<float>{1.5f, -0.25f});
     scaler.update(true);
     CHECK(scaler.get_scale() == 1.0);
     CHECK(scaler.skipped_steps() == 0);

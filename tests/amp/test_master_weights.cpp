@@ -226,6 +226,23 @@ TEST_SUITE("master_weights") {
     }
   }
 
+  TEST_CASE("amp state saved before the first step holds the model, not the unfilled masters") {
+    for (amp::OptLevel level : {amp::OptLevel::O2, amp::OptLevel::bf16}) {
+      manual_seed(8);
+      nn::ConvNet model;
+      auto optimizer = amp::initialize(model, sgd(0.1, 0.9), level);
+      const optim::MasterWeights* masters = optimizer->master_weights();
+      REQUIRE(masters != nullptr);
+      const nn::NamedTensors state = masters->state();
+      REQUIRE(state.size() == masters->model_parameters().size());
+      for (size_t i = 0; i < state.size(); ++i) {
+        const Tensor& parameter = masters->model_parameters()[i];
+        CHECK(state[i].second.dtype() == DType::f32);
+        CHECK_MESSAGE(state[i].second.to_vector<float>() == parameter.to(DType::f32).to_vector<float>(), state[i].first);
+      }
+    }
+  }
+
   TEST_CASE("O1: f32 weights, f16 convolutions, gradients unscaled in place match f32 ones") {
     manual_seed(6);
     nn::ConvNet reference;
