@@ -108,7 +108,7 @@ build_ok=0
 if step configure 300 cmake -S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" "${hints[@]}" "${prefix_args[@]}"; then
   # The NCCL process group's test (gpu.nccl) exists when CMake found NCCL.
-  if grep -q "^NCCL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt"; then
+  if grep -q "gpu\.nccl" "$build/tests/gpu/CTestTestfile.cmake" 2>/dev/null; then
     targets+=(test_gpu_nccl)
   else
     echo "gpu-check: CMake did not find NCCL: no NCCL process group, gpu.nccl not built"
@@ -150,9 +150,13 @@ if (( build_ok )); then
   step test_caching_allocator 120 "$build/tests/gpu/test_caching_allocator" > "$out/test_caching_allocator.log" 2>&1
   allocator_rc=$?
   tail -3 "$out/test_caching_allocator.log"
-  step gpu_tests 420 ctest --test-dir "$build" -L gpu -V --timeout 300 --output-junit "$out/ctest-gpu.xml" \
+  step gpu_tests 420 ctest --test-dir "$build" -L gpu -V --output-junit "$out/ctest-gpu.xml" \
     > "$out/ctest-gpu.log" 2>&1
   gpu_rc=$?
+  if grep -q "skipped: no CUDA device visible" "$out/ctest-gpu.log"; then
+    echo "gpu-check: nvidia-smi sees a GPU but the CUDA runtime reports none; the gpu suites skipped (a failure here)"
+    gpu_rc=1
+  fi
   grep -E "test cases:|assertions:|Status:|Test +#|tests passed|skipped:|ERROR|FAILED|CHECK.*is NOT correct" "$out/ctest-gpu.log" | head -80
   (( allocator_rc == 0 && gpu_rc == 0 )) && tests_ok=1
 

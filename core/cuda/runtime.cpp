@@ -52,17 +52,28 @@ void throw_library_error(const char* library, const char* call, const char* file
 
 bool built_with_cuda() { return true; }
 
-int device_count() {
-  static const int count = [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+namespace {
+struct DeviceCount {
+  int count = 0;
+  std::string error;
+};
+const DeviceCount& query_device_count() {
+  static const DeviceCount result = [] {
+    DeviceCount r;
+    const cudaError_t status = cudaGetDeviceCount(&r.count);
+    if (status != cudaSuccess) {
       cudaGetLastError();  // clear the "no driver" / "no device" error
-      return 0;
+      r.count = 0;
+      r.error = std::string(cudaGetErrorString(status)) + " (CUDA error " + std::to_string(static_cast<int>(status)) + ")";
     }
-    return n;
+    return r;
   }();
-  return count;
+  return result;
 }
+}  // namespace
+
+int device_count() { return query_device_count().count; }
+std::string device_count_error() { return query_device_count().error; }
 
 void require_device(int index) {
   const int count = device_count();

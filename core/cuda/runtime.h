@@ -22,6 +22,9 @@ namespace loom::cuda {
 bool built_with_cuda();
 // Number of visible CUDA devices; 0 without a GPU, a driver, or CUDA support.
 int device_count();
+// Why device_count() is 0 when the CUDA runtime said so by an error
+// (cudaGetDeviceCount's message, e.g. a driver older than the runtime); empty otherwise.
+std::string device_count_error();
 // Throws a one-line loom::Error unless device `index` can be used, saying why
 // ("loom was built without CUDA", "no CUDA device is visible", ...).
 void require_device(int index);

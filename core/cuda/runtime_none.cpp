@@ -13,6 +13,7 @@ namespace {
 
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
+std::string device_count_error() { return {}; }
 void require_device(int) { no_cuda(); }
 std::string device_name(int) { no_cuda(); }
 int compute_capability(int) { no_cuda(); }

@@ -1,7 +1,9 @@
 // CUDA kernels of max_pool2d and adaptive_avg_pool2d (ops/pooling.h), for
 // NCHW and channels-last (NHWC) tensors; outputs keep the input's memory
-// order. One thread per output element forward; backward gathers, one thread
-// per input element, so no atomics are needed and results are deterministic.
+// order. One thread per output element forward. adaptive_avg_pool2d's backward
+// gathers, one thread per input element (deterministic); max_pool2d's scatters
+// each gradient to its argmax with atomicAdd, so where windows overlap the
+// order of the additions, and the last bits of a sum, may vary.
 #include "ops/cuda/common.cuh"
 #include "ops/pooling.h"
 

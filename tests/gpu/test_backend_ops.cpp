@@ -144,16 +144,19 @@ void check_conv2d_cases(std::initializer_list<DType> dtypes, const Tolerance* to
   }
 }
 
-// Sets the CUDA math settings for a scope, and puts the defaults back.
+// Sets the CUDA math settings for a scope, and puts the previous ones back.
 struct MathSettings {
-  MathSettings(cuda::ConvAlgorithmSearch search, bool tf32) {
+  MathSettings(cuda::ConvAlgorithmSearch search, bool tf32)
+      : previous_search(cuda::conv_algorithm_search()), previous_tf32(cuda::allow_tf32()) {
     cuda::set_conv_algorithm_search(search);
     cuda::set_allow_tf32(tf32);
   }
   ~MathSettings() {
-    cuda::set_conv_algorithm_search(cuda::ConvAlgorithmSearch::benchmark);
-    cuda::set_allow_tf32(false);
+    cuda::set_conv_algorithm_search(previous_search);
+    cuda::set_allow_tf32(previous_tf32);
   }
+  cuda::ConvAlgorithmSearch previous_search;
+  bool previous_tf32;
 };
 
 TEST_CASE("conv2d forward, backward-data, backward-filter, bias") {
@@ -165,8 +168,11 @@ TEST_CASE("conv2d with cuDNN's heuristic algorithm choice (cudnnGet) and with TF
     MathSettings settings(cuda::ConvAlgorithmSearch::heuristic, false);
     check_conv2d_cases({DType::f32, DType::f16, DType::bf16});
   }
-  SUBCASE("TF32 (10 mantissa bits, as f16: f16's tolerance)") {
-    const Tolerance tf32 = tolerance_for(DType::f16);
+  SUBCASE("TF32") {
+    // Inputs read with 10 mantissa bits (as f16) and products accumulated in
+    // f32; cuDNN's Winograd algorithms amplify the input rounding several
+    // times, so twice f16's tolerance.
+    const Tolerance tf32{1e-2, 2e-2};
     for (auto search : {cuda::ConvAlgorithmSearch::benchmark, cuda::ConvAlgorithmSearch::heuristic}) {
       MathSettings settings(search, true);
       check_conv2d_cases({DType::f32}, &tf32);

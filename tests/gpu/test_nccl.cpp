@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "core/autograd.h"
@@ -331,8 +332,10 @@ int main(int argc, char** argv) {
   int scenario_exit = run_scenario_if_requested(argc, argv);
   if (scenario_exit >= 0) return scenario_exit;
   if (cuda::device_count() == 0) {
-    std::printf("skipped: no CUDA device visible%s\n",
-                cuda::built_with_cuda() ? "" : " (this build of loom has no CUDA backend)");
+    const std::string why = cuda::device_count_error();
+    std::printf("skipped: no CUDA device visible%s%s%s\n",
+                cuda::built_with_cuda() ? "" : " (this build of loom has no CUDA backend)",
+                why.empty() ? "" : "; the CUDA runtime says: ", why.c_str());
     return 77;
   }
   if (!nccl_available()) {
