@@ -256,7 +256,10 @@ int run(const Flags& flags, int argc, char** argv) {
     if (flags.max_steps > 0 && steps >= flags.max_steps) break;
   }
   train_loader.stop();
-  if (group) group->barrier()->wait();  // the time is the slowest rank's
+  // The time is the slowest rank's, queued GPU work included (an NCCL
+  // barrier only orders the stream: the device synchronisation waits for it).
+  if (group) group->barrier()->wait();
+  if (device.is_cuda()) cuda::synchronize(device.index);
   const auto elapsed = std::chrono::steady_clock::now() - start;
   if (flags.verbose && device.is_cuda()) std::printf("CUDA memory: %s\n", cuda::memory_summary(device.index).c_str());
   const double seconds = std::chrono::duration<double>(elapsed).count();

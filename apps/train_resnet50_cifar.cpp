@@ -364,6 +364,7 @@ int run(const Flags& flags) {
       std::fflush(stdout);
     }
   }
+  if (device.is_cuda()) cuda::synchronize(device.index);  // the queued steps count too
   const auto elapsed = Clock::now() - start;
   if (leader) std::printf(">>> Training complete in: %s\n", apps::format_duration(elapsed).c_str());
   if (leader && amp_optimizer->scaler().enabled()) {
