@@ -4,12 +4,16 @@
 # cuDNN / cuBLAS / NCCL (the CUDA toolkit's, or the nvidia-* wheels of a
 # Python site-packages, e.g. PyTorch's), builds only what the check needs,
 # runs the `gpu` tests, ConvNet training on the GPU, loom's ConvNet benchmark
-# and (when PyTorch is importable) its PyTorch peer on the same GPU, and
-# writes OUTDIR/summary.json and OUTDIR/gpu-check.log.
+# and (when PyTorch is importable) its PyTorch peer on the same GPU, then
+# (time permitting) ResNet-50's world-1 DDP profile on the GPU with the
+# cluster projection from it (OUTDIR/scaling/), and writes
+# OUTDIR/summary.json and OUTDIR/gpu-check.log.
 #   scripts/gpu-check.sh OUTDIR
 # Environment: LOOM_GPU_BUILD (build directory, default build-gpu),
 # LOOM_GPU_JOBS (default nproc), LOOM_GPU_STEPS (benchmark steps, default 500),
-# LOOM_GPU_BUILD_TIMEOUT (seconds, default 420: enough for 16 cores).
+# LOOM_GPU_BUILD_TIMEOUT (seconds, default 420: enough for 16 cores),
+# LOOM_GPU_PROFILE_BEFORE (seconds into the run after which the last step,
+# ResNet-50's profile and projection, is left out; default 450).
 # C++ dependencies the machine lacks come from .deps (scripts/gpu-deps.sh).
 # Exit status 0 when the build, every gpu test and every benchmark succeeded.
 set -uo pipefail
@@ -103,7 +107,7 @@ if [[ -f $build/CMakeCache.txt ]]; then
   grep -q "CMAKE_CUDA_ARCHITECTURES:STRING=$arch\$" "$build/CMakeCache.txt" &&
     grep -q "CMAKE_GENERATOR:INTERNAL=$want_generator\$" "$build/CMakeCache.txt" || rm -rf "$build"
 fi
-targets=(test_gpu test_caching_allocator convnet_throughput train_mnist)
+targets=(test_gpu test_caching_allocator convnet_throughput train_mnist scaling_step allreduce_timing)
 build_ok=0
 if step configure 300 cmake -S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" "${hints[@]}" "${prefix_args[@]}"; then
@@ -180,6 +184,19 @@ else
   echo "gpu-check: PyTorch with CUDA is not importable: no peer figures"
 fi
 cat "$out/bench.jsonl" 2>/dev/null
+
+# ---- ResNet-50's world-1 profile on this GPU, and the cluster projection from it ----
+# (the scaling benchmark's projection otherwise rests on an assumed profile);
+# only while time is left, as it comes last.
+if (( build_ok )) && (( $(date +%s) - t_start < ${LOOM_GPU_PROFILE_BEFORE:-450} )); then
+  step scaling_resnet50_profile 150 python3 "$repo/benchmarks/scaling/scaling.py" --device cuda --build "$build" \
+    --models resnet50 --worlds 1 --image-size 224 --weak-batch resnet50=128 --steps resnet50=10 \
+    --warmup resnet50=3 --repeats 1 --no-peer --no-plot --project-measured resnet50 --out "$out/scaling" \
+    --work "$build/scaling-work" --stem scaling-resnet50-gpu > "$out/scaling-resnet50.log" 2>&1
+  grep -v "^  " "$out/scaling-resnet50.log" | tail -12
+else
+  echo "gpu-check: no time left for ResNet-50's GPU profile (or no build)"
+fi
 
 # ---- summary ----
 python3 - "$out" "$gpu_name" "$cap" "$build_ok" "$tests_ok" "$bench_ok" "$(( $(date +%s) - t_start ))" <<'PY'

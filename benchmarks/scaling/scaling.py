@@ -472,14 +472,15 @@ def attach_peer_ratios(report):
 
 # --- projections ---------------------------------------------------------------------------------
 
-def projections(args) -> dict:
-    """ResNet-50 on H200 (an assumed profile) from 1 to 512 GPUs on each preset
-    cluster, weak scaling at the profile's batch; and the bucket-cap sweep."""
-    assumed = read_json(args.assumption)
+def projections(args, measured: dict | None = None) -> dict:
+    """ResNet-50 on H200 (an assumed profile, or `measured`: a profile_json of
+    this run) from 1 to 512 GPUs on each preset cluster, weak scaling at the
+    profile's batch; and the bucket-cap sweep."""
+    assumed = measured or read_json(args.assumption)
     profile = cm.Profile.from_json(assumed)
     worlds = cm.powers_of_two(1, args.project_to)
-    out = {"profile": {k: assumed[k] for k in ("model", "source", "batch_per_device", "forward_ms", "backward_ms",
-                                                 "optimizer_ms", "assumption")},
+    out = {"profile": {k: assumed.get(k, "") for k in ("model", "source", "batch_per_device", "forward_ms",
+                                                         "backward_ms", "optimizer_ms", "assumption")},
            "bucket_caps": {"first_mib": args.first_bucket_mb, "cap_mib": 25}, "clusters": {}}
     for name in args.clusters:
         cluster = cluster_from_args(args, name)
@@ -541,10 +542,14 @@ def validate_report(report: dict) -> list[str]:
     for o in report.get("ddp_overhead_world1", []):
         if not (o.get("ddp_step_ms", 0) > 0 and o.get("bare_step_ms", 0) > 0):
             problems.append(f"DDP overhead entry without positive step times: {o}")
-    for name, c in report.get("projection", {}).get("clusters", {}).items():
-        for row in c["weak_scaling"]:
-            if not (row["step_ms"] > 0 and 0 < row["efficiency"] <= 1.5):
-                problems.append(f"projection {name} world {row['world']}: {row}")
+    wanted = report.get("config", {}).get("project_measured")
+    if wanted and "projection_measured" not in report:
+        problems.append(f"--project-measured {wanted}: no projection from a measured profile")
+    for key in ("projection", "projection_measured"):
+        for name, c in report.get(key, {}).get("clusters", {}).items():
+            for row in c["weak_scaling"]:
+                if not (row["step_ms"] > 0 and 0 < row["efficiency"] <= 1.5):
+                    problems.append(f"{key} {name} world {row['world']}: {row}")
     return problems
 
 
@@ -760,10 +765,12 @@ def summary_lines(report) -> list[str]:
                      + (f", predicted {r['predicted_step_ms']:.2f} (alone)" if "predicted_step_ms" in r else "")
                      + (f" / {r['predicted_side_by_side_step_ms']:.2f} (side-by-side profile)"
                         if "predicted_side_by_side_step_ms" in r else ""))
-    for name, c in report["projection"]["clusters"].items():
-        eff = {r["world"]: r["efficiency"] for r in c["weak_scaling"]}
-        lines.append(f"projection {name}: efficiency " + ", ".join(f"{w}: {eff[w]:.3f}" for w in sorted(eff) if w > 1)
-                     + f"; best bucket cap at 8 GPUs {c['bucket_sweep']['8']['best_cap_mib']} MiB")
+    for key, label in (("projection", "projection"), ("projection_measured", "projection from the measured profile")):
+        for name, c in report.get(key, {}).get("clusters", {}).items():
+            eff = {r["world"]: r["efficiency"] for r in c["weak_scaling"]}
+            lines.append(f"{label} {name}: efficiency "
+                         + ", ".join(f"{w}: {eff[w]:.3f}" for w in sorted(eff) if w > 1)
+                         + f"; best bucket cap at 8 GPUs {c['bucket_sweep']['8']['best_cap_mib']} MiB")
     return lines
 
 
@@ -833,6 +840,9 @@ def main(argv=None) -> int:
     g.add_argument("--inter-alpha-us", type=float, default=None)
     g.add_argument("--inter-bandwidth-gbs", type=float, default=None)
     p.add_argument("--project-only", action="store_true", help="only the projection from --assumption (no runs)")
+    p.add_argument("--project-measured", metavar="MODEL", default=None,
+                   help="also project the clusters from MODEL's world-1 profile measured in this run (e.g. resnet50 "
+                        "on one GPU: --device cuda --models resnet50 --worlds 1 --image-size 224)")
     p.add_argument("--replot", metavar="REPORT_JSON", help="redraw the PNG (and CSV) of an earlier report, no runs")
     a = p.parse_args(argv)
 
@@ -897,6 +907,13 @@ def main(argv=None) -> int:
             return 2
     report = measure(a)
     report["projection"] = projections(a)
+    if a.project_measured:
+        alone = [p for p in report["profiles"] if p["model"] == a.project_measured and p["source"].endswith("alone")]
+        if alone:  # the cluster projection from this device's own world-1 profile
+            report["projection_measured"] = projections(a, {**alone[0], "source": f"{alone[0]['source']} on {a.device}"})
+        else:
+            log(f"scaling: --project-measured {a.project_measured}: no world-1 profile of it was measured "
+                f"(--models must hold it, with world 1)")
     problems = validate_report(report)
     report["problems"] = problems
     files = write_outputs(report, a.out, a.stem, a.plot, a.work)

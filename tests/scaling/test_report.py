@@ -34,6 +34,15 @@ class ReportChecks(unittest.TestCase):
         self.assertTrue(any("efficiency 1.7" in p for p in problems))
         self.assertTrue(any("missing key load_before" in p for p in problems))
 
+    def test_a_requested_measured_projection_must_be_there_and_sound(self):
+        r = self.report()
+        r["config"] = {"project_measured": "convnet"}
+        self.assertEqual(len(scaling.validate_report(r)), 1)
+        r["projection_measured"] = copy.deepcopy(r["projection"])
+        self.assertEqual(scaling.validate_report(r), [])
+        r["projection_measured"]["clusters"]["x"]["weak_scaling"][0]["efficiency"] = 0
+        self.assertEqual(len(scaling.validate_report(r)), 1)
+
     def test_buckets_must_match_ddp(self):
         r = copy.deepcopy(self.report())
         r["bucket_checks"] = [{"what": "resnet18 cap 5", "ddp": [["fc.bias"]], "model": [["fc.bias", "fc.weight"]]}]
