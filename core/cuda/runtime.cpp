@@ -64,7 +64,8 @@ const DeviceCount& query_device_count() {
     if (status != cudaSuccess) {
       cudaGetLastError();  // clear the "no driver" / "no device" error
       r.count = 0;
-      r.error = std::string(cudaGetErrorString(status)) + " (CUDA error " + std::to_string(static_cast<int>(status)) + ")";
+      r.error = std::string(cudaGetErrorString(status)) + " (CUDA error " +
+                std::to_string(static_cast<int>(status)) + ")";
     }
     return r;
   }();
