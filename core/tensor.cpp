@@ -625,6 +625,24 @@ const Tensor& Tensor::grad_destination() const {
   check_defined("grad_destination()");
   return impl_->grad_destination;
 }
+void Tensor::set_data(const Tensor& source) {
+  check_defined("set_data");
+  LOOM_CHECK(source.defined(), "set_data: the source of ", str(), " is undefined");
+  LOOM_CHECK(impl_->grad_fn == nullptr, "set_data: ", str(), " is not a leaf (it was computed by ",
+             impl_->grad_fn->name(), ")");
+  const TensorImpl& from = *source.impl_;
+  impl_->storage = from.storage;
+  impl_->sizes = from.sizes;
+  impl_->strides = from.strides;
+  impl_->offset = from.offset;
+  impl_->dtype = from.dtype;
+  auto fits = [this](const Tensor& t) {
+    return t.defined() && t.sizes() == sizes() && t.dtype() == dtype() && t.device() == device();
+  };
+  if (!fits(impl_->grad)) impl_->grad = Tensor();
+  if (!fits(impl_->grad_destination)) impl_->grad_destination = Tensor();
+}
+
 void Tensor::set_grad_destination(const Tensor& destination) {
   check_defined("set_grad_destination");
   if (destination.defined()) {

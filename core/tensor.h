@@ -116,6 +116,12 @@ class Tensor {
   // the leaf's shape, dtype and device and be contiguous; undefined clears it.
   const Tensor& grad_destination() const;
   void set_grad_destination(const Tensor& destination);
+  // Gives this tensor -- every handle to it -- `source`'s data: its storage,
+  // geometry, dtype and device (PyTorch's `t.data = source`), so an optimizer
+  // or module holding this tensor sees the new data. Autograd identity stays
+  // (requires_grad, hooks); a gradient or gradient destination that no longer
+  // fits the new shape, dtype or device is dropped. For leaves only.
+  void set_data(const Tensor& source);
 
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }

@@ -149,19 +149,20 @@ void Module::zero_grad(bool set_to_none) {
 }
 
 namespace {
-// A converted copy of `t` that keeps being a leaf parameter when it was one.
-Tensor converted(const Tensor& t, Device device, DType dtype) {
+// Converts `t` in place (Tensor::set_data: every handle to it, e.g. an
+// optimizer's, sees the converted data, as with PyTorch's module.to()); its
+// gradient is converted with it.
+void convert(Tensor& t, Device device, DType dtype) {
+  if (!t.defined() || (t.device() == device && t.dtype() == dtype)) return;
   NoGradGuard no_grad;
-  Tensor out = t.to(device).to(dtype);
-  if (out.is_same(t)) return t;
-  out = out.detach();
-  if (t.requires_grad()) out.set_requires_grad(true);
-  return out;
+  const Tensor grad = t.grad();
+  t.set_data(t.to(device).to(dtype));
+  if (grad.defined()) t.set_grad(grad.to(device).to(dtype));
 }
 }  // namespace
 
 void Module::to(Device device) {
-  for (auto& [name, slot] : all_tensor_slots(true, true)) *slot = converted(*slot, device, slot->dtype());
+  for (auto& [name, slot] : all_tensor_slots(true, true)) convert(*slot, device, slot->dtype());
 }
 
 void Module::to(DType dtype, const std::vector<std::string>& keep) {
@@ -172,7 +173,7 @@ void Module::to(DType dtype, const std::vector<std::string>& keep) {
     if (kept) continue;
     for (auto* list : {&module->parameters_, &module->buffers_}) {
       for (auto& [name, slot] : *list) {
-        if (slot->defined() && is_floating(slot->dtype())) *slot = converted(*slot, slot->device(), dtype);
+        if (slot->defined() && is_floating(slot->dtype())) convert(*slot, slot->device(), dtype);
       }
     }
   }

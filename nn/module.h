@@ -52,10 +52,13 @@ class Module {
   // bucket views back), or zeroes them in place with set_to_none = false.
   void zero_grad(bool set_to_none = true);
 
-  // Moves every parameter and buffer (keeping requires_grad; parameters stay leaves).
+  // Moves every parameter and buffer (and gradient) in place: the tensors stay
+  // the same objects, so handles taken before (an optimizer's) see the moved
+  // data, as with PyTorch's module.to(). (DDP must still wrap the model after.)
   void to(Device device);
-  // Converts floating-point parameters and buffers to `dtype`; modules listed in
-  // `keep` (by type name, e.g. "BatchNorm2d") keep theirs (apex O2 keeps BN in f32).
+  // Converts floating-point parameters and buffers to `dtype`, in place as
+  // to(Device); modules listed in `keep` (by type name, e.g. "BatchNorm2d")
+  // keep theirs (apex O2 keeps BN in f32).
   void to(DType dtype, const std::vector<std::string>& keep = {});
 
   // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm), and

@@ -143,3 +143,34 @@ TEST_CASE("zero_grad drops gradients by default; set_to_none = false keeps their
   model.zero_grad();
   CHECK_FALSE(w.grad().defined());
 }
+
+TEST_CASE("to() converts in place: handles taken before see the new dtype, values and gradients") {
+  manual_seed(7);
+  nn::ConvNet model;
+  Tensor x = loom::testing::random_tensor({2, 1, 28, 28}, 13, -1, 1, DType::f32);
+  cross_entropy(model(x), Tensor::from_vector<int64_t>({1, 2}, {2})).backward();
+  Tensor w = model.fc->weight;  // what an optimizer built before the conversion holds
+  Tensor mean = model.state_dict()[4].second;  // layer1.1.running_mean, a buffer
+  const std::vector<float> values = w.to_vector<float>(), grads = w.grad().to_vector<float>();
+  model.to(DType::f64);
+  CHECK(w.is_same(model.fc->weight));
+  CHECK(w.dtype() == DType::f64);
+  CHECK(w.requires_grad());
+  CHECK(w.is_leaf());
+  CHECK(mean.dtype() == DType::f64);
+  const std::vector<double> now = w.to_vector<double>(), now_grads = w.grad().to_vector<double>();
+  REQUIRE(now.size() == values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    CHECK(now[i] == static_cast<double>(values[i]));
+    CHECK(now_grads[i] == static_cast<double>(grads[i]));
+  }
+  // Training goes on in the new dtype through the same handles.
+  model.zero_grad();
+  cross_entropy(model(x.to(DType::f64)), Tensor::from_vector<int64_t>({1, 2}, {2})).backward();
+  CHECK(w.grad().dtype() == DType::f64);
+  // Batch norm kept by name keeps its dtype.
+  model.to(DType::f32, {"BatchNorm2d"});
+  CHECK(w.dtype() == DType::f32);
+  CHECK(mean.dtype() == DType::f64);
+  CHECK(model.state_dict()[4].second.is_same(mean));
+}
