@@ -31,7 +31,10 @@ void reset() {
 Scope::Scope(const char* name, const Tensor& shape_of) : active_(enabled()) {
   if (!active_) return;
   key_ = name;
-  if (shape_of.defined()) key_ += " " + shape_str(shape_of.sizes());
+  if (shape_of.defined()) {
+    key_ += ' ';  // (not " " + string: GCC 12 warns a false -Wrestrict on that)
+    key_ += shape_str(shape_of.sizes());
+  }
   parent_ = t_innermost;
   t_innermost = this;
   start_ = std::chrono::steady_clock::now();
