@@ -31,6 +31,7 @@
 #include "ops/elementwise.h"
 #include "tests/dist/multiprocess.h"
 #include "tests/dist/tiny_mlp.h"
+#include "tests/gpu/no_gpu.h"
 
 using namespace loom;
 using namespace loom::dist;
@@ -331,13 +332,7 @@ TEST_SUITE("nccl") {
 int main(int argc, char** argv) {
   int scenario_exit = run_scenario_if_requested(argc, argv);
   if (scenario_exit >= 0) return scenario_exit;
-  if (cuda::device_count() == 0) {
-    const std::string why = cuda::device_count_error();
-    std::printf("skipped: no CUDA device visible%s%s%s\n",
-                cuda::built_with_cuda() ? "" : " (this build of loom has no CUDA backend)",
-                why.empty() ? "" : "; the CUDA runtime says: ", why.c_str());
-    return 77;
-  }
+  if (gpu_testing::skip_without_gpu()) return 77;
   if (!nccl_available()) {
     std::printf("skipped: this build of loom has no NCCL (configure with NCCL_ROOT pointing at NCCL)\n");
     return 77;
