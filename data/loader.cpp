@@ -129,8 +129,8 @@ class DeviceStaging {
  public:
   explicit DeviceStaging(Device device) : device_(device), stream_(cuda::pooled_stream(check_device(device))) {}
 
+  // Runs on the loader's device: EpochRun::build() holds the device guard.
   void stage(Batch& batch) const {
-    cuda::DeviceGuard device_guard(device_.index);
     cuda::StreamGuard stream_guard(stream_);
     batch.images = copy_to_device(batch.images, device_, stream_);
     batch.labels = copy_to_device(batch.labels, device_, stream_);
