@@ -109,7 +109,6 @@ class Overlap(unittest.TestCase):
         s = cm.overlap_schedule([cm.Bucket(5 * MS, 0), cm.Bucket(2 * MS, 0)], [1 * MS, 1 * MS], 6 * MS)
         self.assertEqual([round(x / MS, 9) for x in s.dones], [6, 7])
 
-
     def test_blocking_collectives_delay_backward(self):
         # The same buckets, all-reduced on the compute thread: bucket 0 at 3 -> 7, so backward
         # resumes 4 ms late; bucket 1 is ready at 6 + 4 = 10 -> 11; bucket 2 at 10 + 5 = 15 -> 17.
