@@ -1,6 +1,6 @@
 // DistributedDataParallel: wraps a module so that, during backward, gradients
 // are averaged across the ranks of a process group in buckets that overlap
-// the rest of backward (PyTorch's reducer, see ARCHITECTURE.md).
+// the rest of backward (PyTorch's reducer; its contract is in docs/ARCHITECTURE.md).
 #pragma once
 
 #include <chrono>
