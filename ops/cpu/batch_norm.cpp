@@ -29,10 +29,11 @@ constexpr int64_t kChannelBlock = 64;
 // dy, or 0 where the fused ReLU's output x * a + b (computed exactly as the
 // forward computed it) is not positive. `Masked` is a template argument so the
 // unmasked loops stay free of the test.
+// x is read only when Masked: without a fused ReLU the caller may pass no input.
 template <bool Masked, class T>
-T masked(T dy, T x, T a, T b) {
+T masked(T dy, const T* x, int64_t i, T a, T b) {
   if constexpr (Masked) {
-    return x * a + b > T(0) ? dy : T(0);
+    return x[i] * a + b > T(0) ? dy : T(0);
   } else {
     return dy;
   }
@@ -168,7 +169,7 @@ __attribute__((target("avx2"))) void backward_row_sums_avx2(const float* dy, con
   _mm256_store_ps(lanes_g, _mm256_add_ps(g_sum0, g_sum1));
   _mm256_store_ps(lanes_gx, _mm256_add_ps(gx_sum0, gx_sum1));
   for (; i < n; ++i) {
-    const float g = masked<Masked>(dy[i], x[i], a, b);
+    const float g = masked<Masked>(dy[i], x, i, a, b);
     lanes_g[0] += g;
     lanes_gx[0] += g * (x[i] - mean);
   }
@@ -286,7 +287,7 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
         const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
         if (l.inner < kLanes) {  // 1x1 and 2x2 planes: straight into f64
           for (int64_t s = 0; s < l.inner; ++s) {
-            const T g = masked<Masked>(dy[offset + s], x[offset + s], a, b);
+            const T g = masked<Masked>(dy[offset + s], x, offset + s, a, b);
             sum_dy += static_cast<double>(g);
             sum_dy_xmu += static_cast<double>(g * (x[offset + s] - mc));
           }
@@ -304,13 +305,13 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
         int64_t s = 0;
         for (; s + kLanes <= l.inner; s += kLanes) {
           for (int lane = 0; lane < kLanes; ++lane) {
-            const T g = masked<Masked>(dy[offset + s + lane], x[offset + s + lane], a, b);
+            const T g = masked<Masked>(dy[offset + s + lane], x, offset + s + lane, a, b);
             lane_dy[lane] += g;
             lane_dy_xmu[lane] += g * (x[offset + s + lane] - mc);
           }
         }
         for (; s < l.inner; ++s) {
-          const T g = masked<Masked>(dy[offset + s], x[offset + s], a, b);
+          const T g = masked<Masked>(dy[offset + s], x, offset + s, a, b);
           lane_dy[0] += g;
           lane_dy_xmu[0] += g * (x[offset + s] - mc);
         }
@@ -352,7 +353,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
           const T kc = static_cast<T>(k[c]);
           const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
           for (int64_t s = 0; s < l.inner; ++s) {
-            dx[offset + s] = masked<Masked>(dy[offset + s], x[offset + s], a, b) * kc;
+            dx[offset + s] = masked<Masked>(dy[offset + s], x, offset + s, a, b) * kc;
           }
         });
       });
@@ -385,7 +386,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
         const T kc = co.k, mean_dy = co.mean_dy, mc = co.mean, pc = co.p, a = co.a, b = co.b;
         for (int64_t s = 0; s < l.inner; ++s) {
           const T x_s = x[offset + s];
-          dx[offset + s] = kc * (masked<Masked>(dy[offset + s], x_s, a, b) - mean_dy) - pc * (x_s - mc);
+          dx[offset + s] = kc * (masked<Masked>(dy[offset + s], x, offset + s, a, b) - mean_dy) - pc * (x_s - mc);
         }
       });
     });
