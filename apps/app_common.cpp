@@ -198,7 +198,7 @@ std::optional<ResumePoint> find_resume_point(const CheckpointFlags& flags, int w
     std::string problem;
     const std::optional<int64_t> step = recorded_step(entry.path(), problem);
     if (!step) {
-      if (log) std::fprintf(log, "Skipping checkpoint %s: %s\n", entry.path().c_str(), problem.c_str());
+      if (log) std::fprintf(log, "Skipping checkpoint %s, it is unusable: %s\n", entry.path().c_str(), problem.c_str());
       continue;
     }
     candidates.push_back({entry.path(), *step, entry.last_write_time(ec)});
@@ -211,8 +211,8 @@ std::optional<ResumePoint> find_resume_point(const CheckpointFlags& flags, int w
     try {
       nn::Checkpoint checkpoint = nn::load_checkpoint(candidates[i].path, device);
       if (log) {
-        std::fprintf(log, "Resuming (--resume auto) from %s, the newest valid checkpoint in %s\n",
-                     candidates[i].path.c_str(), flags.dir.c_str());
+        std::fprintf(log, "--resume auto: %s is the newest valid checkpoint in %s\n", candidates[i].path.c_str(),
+                     flags.dir.c_str());
       }
       return ResumePoint{candidates[i].path, std::move(checkpoint)};
     } catch (const std::exception& e) {

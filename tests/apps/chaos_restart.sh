@@ -40,7 +40,9 @@ pid_of_rank() {
   done
 }
 
-"$loomrun" --nproc_per_node=2 --master_port="$(free_port)" --max_restarts=3 --term_grace=2 "$train_mnist" "${common[@]}" \
+: >"$work/chaos.out"
+port=$(free_port)
+"$loomrun" --nproc_per_node=2 --master_port="$port" --max_restarts=3 --term_grace=2 "$train_mnist" "${common[@]}" \
   --checkpoint-dir "$work/chaos" --checkpoint-every 20 --save "$work/chaos.safetensors" >"$work/chaos.out" 2>"$work/chaos.err" &
 launcher=$!
 deadline=$((SECONDS + 150))

@@ -76,16 +76,17 @@ else
 fi
 
 # ---- SIGKILL in the middle of a write ----
-LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 timeout 60 "$train_mnist" "${common[@]}" --resume auto --max-steps 10 \
+LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 "$train_mnist" "${common[@]}" --resume auto --max-steps 10 \
   --checkpoint-dir "$dir" >"$work/killed.out" 2>"$work/killed.err" &
 pid=$!
 for _ in $(seq 1 500); do
   grep -q 'checkpoint writer paused' "$work/killed.err" && break
   sleep 0.02
 done
-grep -q 'checkpoint writer paused (test hook) after 50000 bytes' "$work/killed.err" || fail "the writer never paused: $(cat "$work/killed.err")"
+grep -q 'checkpoint writer paused (test hook) after 50000 bytes' "$work/killed.err" ||
+  { kill -KILL "$pid"; fail "the writer never paused: $(cat "$work/killed.err")"; }
 kill -KILL "$pid"
-wait "$pid"
+wait "$pid" 2>/dev/null
 partial=$(find "$dir" -name '.1GPU_step10.checkpoint.tmp-*')
 [[ -n $partial && $(stat -c %s "$partial") == 50000 && ! -e $dir/1GPU_step10.checkpoint ]] ||
   fail "expected a 50000-byte temporary file and no step-10 checkpoint: $(ls -la "$dir")"
