@@ -5,7 +5,9 @@
 //   loomrun --nproc_per_node=2 train_mnist   (or srun: the ranks come from the launcher)
 // Rank 0 prints "Epoch [e/E], Step [i/N], Loss: x" every --log-interval steps,
 // "Training complete in: h:mm:ss.ffffff" and the test accuracy, evaluated on
-// every rank's shard of the test set and summed over ranks.
+// every rank's shard of the test set and summed over ranks. Checkpoints, exact
+// mid-epoch resume and the stop on SIGTERM / SIGUSR1 / SIGINT work as in
+// train_resnet50_cifar (apps/app_common.h); --save PATH writes the final model.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 

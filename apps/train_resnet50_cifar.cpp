@@ -7,6 +7,10 @@
 // ./checkpoint/{world}GPU_{epoch}epoch.checkpoint after each epoch, then
 // ">>> Training complete in: h:mm:ss.ffffff" and the test accuracy, counted
 // over every test image exactly once (each rank its shard, then summed).
+// --checkpoint-every N adds step checkpoints; --resume auto (the default after
+// a launcher's restart) continues from the newest valid one, mid-epoch
+// included; SIGTERM, --checkpoint-signal (USR1) and SIGINT stop every rank
+// after the same step with a checkpoint (exit code 128 + signal).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 

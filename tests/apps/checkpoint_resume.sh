@@ -2,7 +2,8 @@
 # Exact resume of train_mnist on the CPU: a run stopped in the middle of an
 # epoch and resumed with --resume auto ends bit-identical to an uninterrupted
 # one (every later step checkpoint and the final --save model compared byte
-# for byte, the loss lines compared too), at world 1 and at world 2 (loomrun).
+# for byte, the loss lines compared too), at world 1, at world 2 (loomrun) and at
+# world 1 with --amp O2 (f32 master weights and the loss scale).
 # Then SIGTERM to one rank of two (srun-style processes) in the middle of an
 # epoch: both ranks stop after the same step, rank 0 writes one checkpoint,
 # both exit 143, and the resumed run matches an uninterrupted one.
@@ -35,26 +36,30 @@ run() {
   ((status == 0)) || { cat "$work/$name.err"; fail "$name exited with $status"; }
 }
 
-for world in 1 2; do
-  a=$work/w$world-full b=$work/w$world-resumed
-  run $world w$world-full --checkpoint-dir "$a" --keep-checkpoints 0 --save "$a.safetensors"
-  run $world w$world-first --checkpoint-dir "$b" --max-steps 27
-  [[ -f $b/${world}GPU_step21.checkpoint && ! -e $b/${world}GPU_step28.checkpoint ]] || fail "world $world: expected step 21 as the newest checkpoint: $(ls "$b")"
-  [[ -f $b/${world}GPU_1epoch.checkpoint ]] || fail "world $world: no epoch checkpoint with the tutorial's name: $(ls "$b")"
-  run $world w$world-second --checkpoint-dir "$b" --resume auto --save "$b.safetensors"
-  grep -q "^Resuming from $b/${world}GPU_step21.checkpoint at epoch 2, batch 1 (step 21)" "$work/w$world-second.out" ||
-    fail "world $world: no 'Resuming from ... step 21' line: $(head -5 "$work/w$world-second.out")"
-  diff <(losses_after "$work/w$world-full.out" 21) <(grep '^Epoch \[' "$work/w$world-second.out") ||
-    fail "world $world: the loss lines after the resume differ from the uninterrupted run's"
-  [[ $(grep -c '^Epoch \[' "$work/w$world-second.out") == 39 ]] || fail "world $world: expected 39 steps after the resume"
-  cmp "$a.safetensors" "$b.safetensors" || fail "world $world: the final models differ"
+# World 1, world 2, and world 1 with mixed precision (--amp O2: f32 masters and the loss scale resume too).
+for config in 1 2 1-O2; do
+  world=${config%%-*}
+  amp=()
+  [[ $config == *-O2 ]] && amp=(--amp O2)
+  a=$work/w$config-full b=$work/w$config-resumed
+  run $world w$config-full "${amp[@]}" --checkpoint-dir "$a" --keep-checkpoints 0 --save "$a.safetensors"
+  run $world w$config-first "${amp[@]}" --checkpoint-dir "$b" --max-steps 27
+  [[ -f $b/${world}GPU_step21.checkpoint && ! -e $b/${world}GPU_step28.checkpoint ]] || fail "$config: expected step 21 as the newest checkpoint: $(ls "$b")"
+  [[ -f $b/${world}GPU_1epoch.checkpoint ]] || fail "$config: no epoch checkpoint with the tutorial's name: $(ls "$b")"
+  run $world w$config-second "${amp[@]}" --checkpoint-dir "$b" --resume auto --save "$b.safetensors"
+  grep -q "^Resuming from $b/${world}GPU_step21.checkpoint at epoch 2, batch 1 (step 21)" "$work/w$config-second.out" ||
+    fail "$config: no 'Resuming from ... step 21' line: $(head -5 "$work/w$config-second.out")"
+  diff <(losses_after "$work/w$config-full.out" 21) <(grep '^Epoch \[' "$work/w$config-second.out") ||
+    fail "$config: the loss lines after the resume differ from the uninterrupted run's"
+  [[ $(grep -c '^Epoch \[' "$work/w$config-second.out") == 39 ]] || fail "$config: expected 39 steps after the resume"
+  cmp "$a.safetensors" "$b.safetensors" || fail "$config: the final models differ"
   for file in ${world}GPU_step49.checkpoint ${world}GPU_step56.checkpoint ${world}GPU_2epoch.checkpoint ${world}GPU_3epoch.checkpoint; do
-    cmp "$a/$file" "$b/$file" || fail "world $world: $file differs from the uninterrupted run's"
+    cmp "$a/$file" "$b/$file" || fail "$config: $file differs from the uninterrupted run's"
   done
   # --keep-checkpoints 3 (the default) kept the three newest step checkpoints, and every epoch checkpoint.
   [[ $(cd "$b" && ls ${world}GPU_step*.checkpoint | sort -V | tr '\n' ' ') == "${world}GPU_step42.checkpoint ${world}GPU_step49.checkpoint ${world}GPU_step56.checkpoint " ]] ||
-    fail "world $world: rotation kept $(ls "$b")"
-  echo "ok: world $world resumed mid-epoch from step 21 and ended bit-identical"
+    fail "$config: rotation kept $(ls "$b")"
+  echo "ok: $config (world $world ${amp[*]}) resumed mid-epoch from step 21 and ended bit-identical"
 done
 
 # ---- SIGTERM to one of two ranks in the middle of an epoch ----
