@@ -24,7 +24,13 @@ using Clock = std::chrono::steady_clock;
 
 // The signal (SIGINT / SIGTERM) the launcher received, 0 for none.
 volatile sig_atomic_t g_received_signal = 0;
-void record_signal(int signal) { g_received_signal = signal; }
+// How many SIGINT / SIGTERM arrived: a second Ctrl-C is forwarded too, so the
+// programs (which stop gracefully on the first) end at once.
+volatile sig_atomic_t g_signal_count = 0;
+void record_signal(int signal) {
+  g_received_signal = signal;
+  g_signal_count = g_signal_count + 1;
+}
 
 // Catches SIGINT and SIGTERM while the group runs (so they can be forwarded),
 // restoring the previous handlers afterwards.
@@ -32,6 +38,7 @@ class SignalCatcher {
  public:
   SignalCatcher() {
     g_received_signal = 0;
+    g_signal_count = 0;
     struct sigaction action {};
     action.sa_handler = record_signal;
     sigemptyset(&action.sa_mask);
@@ -180,6 +187,7 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
   };
 
   bool resume_reported = restart_count == 0 || resume_report.empty();
+  int forwarded = 0;  // g_signal_count when a signal was last forwarded
   while (running > 0) {
     // A restarted program that resumes writes where it resumed from (see LOOM_RESUME_REPORT).
     if (!resume_reported) {
@@ -199,6 +207,13 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
                    signal_name(signal).c_str(), running, running == 1 ? "" : "es");
       std::fflush(stderr);
       end_group(signal);
+      forwarded = g_signal_count;
+    } else if (int count = g_signal_count; result.received_signal != 0 && count > forwarded) {
+      forwarded = count;
+      std::fprintf(stderr, "%s: received %s again; forwarding it\n", spec.name.c_str(),
+                   signal_name(g_received_signal).c_str());
+      std::fflush(stderr);
+      signal_running(workers, g_received_signal);
     }
     // Reap every process that ended since the last sweep; when several
     // failed in one sweep, one killed by a signal is the likelier root cause.

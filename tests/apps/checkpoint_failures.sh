@@ -6,7 +6,8 @@
 # loadable (--on-checkpoint-error continue trains on); a process killed with
 # SIGKILL in the middle of a write (a test hook pauses the writer) leaves the
 # previous checkpoint usable and its temporary file is cleared on the next
-# start; --resume auto skips a truncated or corrupt newest checkpoint, says
+# start; a first SIGINT starts the stop with a checkpoint and a second one
+# ends the process at once; --resume auto skips a truncated or corrupt newest checkpoint, says
 # so, and takes the previous one. The tmpfs parts need root (mount); without
 # it they are skipped and the rest still runs.
 # Usage: checkpoint_failures.sh TRAIN_MNIST
@@ -17,14 +18,15 @@ work=$(mktemp -d)
 mounted=""
 trap '[[ -n $mounted ]] && umount "$mounted"; rm -rf "$work"' EXIT
 make_mnist_subset "$work/data" 640 100
-common=(--data "$work/data" --epochs 1 --batch-size 32 --threads 1 --workers 0 --log-interval 100 --checkpoint-every 5)
+options=(--batch-size 32 --threads 1 --workers 0 --log-interval 100)
+common=(--data "$work/data" "${options[@]}")
 dir=$work/ckpt
 
 # train NAME ARGS...: the exit status in $status, output in $work/NAME.{out,err}.
 train() {
   local name=$1
   shift
-  timeout 60 "$train_mnist" "${common[@]}" "$@" >"$work/$name.out" 2>"$work/$name.err"
+  timeout 60 "$train_mnist" "${common[@]}" --epochs 1 --checkpoint-every 5 "$@" >"$work/$name.out" 2>"$work/$name.err"
   status=$?
 }
 # intact DIR: the step-5 checkpoint is as written, loads and trains on; no temporary files.
@@ -76,7 +78,7 @@ else
 fi
 
 # ---- SIGKILL in the middle of a write ----
-LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 "$train_mnist" "${common[@]}" --resume auto --max-steps 10 \
+LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 "$train_mnist" "${common[@]}" --epochs 1 --checkpoint-every 5 --resume auto --max-steps 10 \
   --checkpoint-dir "$dir" >"$work/killed.out" 2>"$work/killed.err" &
 pid=$!
 for _ in $(seq 1 500); do
@@ -97,6 +99,29 @@ grep -q "^Removed $partial, left by a checkpoint write that was interrupted" "$w
 grep -q "^Resuming from $dir/1GPU_step5.checkpoint at epoch 1, batch 5 (step 5)" "$work/after_kill.out" || fail "did not resume from step 5"
 [[ -z $(find "$dir" -name '.*.tmp-*') && -f $dir/1GPU_step10.checkpoint ]] || fail "after the kill: $(ls -a "$dir")"
 echo "ok: SIGKILL during a write"
+
+# ---- Ctrl-C twice: the first starts the stop with a checkpoint, the second ends the process at once ----
+make_mnist_subset "$work/big" 6000 100  # 188 steps in the first epoch: no epoch checkpoint before the SIGINT
+LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 "$train_mnist" "${options[@]}" --data "$work/big" --epochs 1 --checkpoint-dir "$work/interrupted" \
+  >"$work/interrupted.out" 2>"$work/interrupted.err" &
+pid=$!
+for _ in $(seq 1 500); do
+  grep -q '^Training on' "$work/interrupted.out" 2>/dev/null && break
+  sleep 0.02
+done
+kill -INT "$pid"
+for _ in $(seq 1 500); do
+  grep -q 'checkpoint writer paused' "$work/interrupted.err" && break
+  sleep 0.02
+done
+grep -q 'checkpoint writer paused .* of .*/\.1GPU_step[0-9]*\.checkpoint\.tmp-' "$work/interrupted.err" ||
+  { kill -KILL "$pid"; fail "the first SIGINT did not start a step checkpoint write: $(cat "$work/interrupted.err")"; }
+kill -INT "$pid"
+wait "$pid"
+status=$?
+[[ $status == 130 ]] || { kill -KILL "$pid" 2>/dev/null; fail "the second SIGINT: exit status $status, expected 130 (killed by SIGINT)"; }
+! grep -q '^Preempted' "$work/interrupted.out" || fail "the second SIGINT let the process finish its checkpoint"
+echo "ok: the first SIGINT stops with a checkpoint, the second ends the process at once"
 
 # ---- --resume auto with a truncated, then a corrupt, newest checkpoint ----
 for damage in truncated corrupt; do
