@@ -1,10 +1,17 @@
 #include "apps/app_common.h"
 
-#include <fstream>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "core/cuda/runtime.h"
+#include "core/error.h"
+#include "dist/launcher.h"
 
 namespace loom::apps {
 
@@ -81,19 +88,6 @@ CLI::Validator whole_at_least(long long minimum) {
 }  // namespace loom::apps
 
 // ---- checkpoints, resume, preemption ----
-
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cerrno>
-#include <cstring>
-
-#include "core/error.h"
-#include "dist/launcher.h"
 
 namespace loom::apps {
 

@@ -7,9 +7,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "core/device.h"
+#include "dist/process_group.h"
+#include "nn/checkpoint.h"
 
 namespace loom::apps {
 
@@ -45,14 +50,6 @@ CLI::Validator at_least(double minimum);
 CLI::Validator whole_at_least(long long minimum);
 
 }  // namespace loom::apps
-
-#include <csignal>
-#include <filesystem>
-#include <memory>
-#include <optional>
-
-#include "dist/process_group.h"
-#include "nn/checkpoint.h"
 
 namespace loom::apps {
 
