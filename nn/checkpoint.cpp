@@ -22,6 +22,7 @@
 #include <zlib.h>
 
 #include "core/autograd.h"
+#include "core/parallel.h"
 
 namespace loom::nn {
 
@@ -128,6 +129,29 @@ class FileWriter {
   uint64_t written_ = 0;
 };
 
+// zlib's CRC-32 of `pieces` laid end to end: fixed-size chunks in parallel
+// (loom's threads), combined in order with crc32_combine. A ResNet-50
+// checkpoint is 190 MB, about 0.1-0.2 s of CRC on one core.
+uLong data_crc32(const std::vector<std::pair<const void*, uint64_t>>& pieces) {
+  constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
+  struct Chunk {
+    const Bytef* data;
+    uint64_t bytes;
+    uLong crc;
+  };
+  std::vector<Chunk> chunks;
+  for (auto [data, bytes] : pieces) {
+    for (uint64_t at = 0; at < bytes; at += kChunkBytes)
+      chunks.push_back({static_cast<const Bytef*>(data) + at, std::min(kChunkBytes, bytes - at), 0});
+  }
+  parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) chunks[i].crc = ::crc32_z(0L, chunks[i].data, chunks[i].bytes);
+  });
+  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  for (const Chunk& chunk : chunks) crc = ::crc32_combine64(crc, chunk.crc, static_cast<z_off64_t>(chunk.bytes));
+  return crc;
+}
+
 // Reads exactly `bytes` at `offset`; false on a short read.
 bool read_at(int fd, void* data, size_t bytes, uint64_t offset) {
   char* p = static_cast<char*>(data);
@@ -216,8 +240,9 @@ void save_safetensors(const fs::path& path, const NamedTensors& tensors, const M
   }
   // A CRC-32 of the data section (zlib's, as Python's zlib.crc32 computes it)
   // lets the reader tell a corrupt file from a valid one.
-  uLong crc = ::crc32_z(0L, Z_NULL, 0);
-  for (const Tensor& h : host) crc = ::crc32_z(crc, static_cast<const Bytef*>(h.raw_data()), h.nbytes());
+  std::vector<std::pair<const void*, uint64_t>> pieces;
+  for (const Tensor& h : host) pieces.emplace_back(h.raw_data(), h.nbytes());
+  const uLong crc = data_crc32(pieces);
   Json meta = Json::object();
   for (auto& [key, value] : metadata) {
     LOOM_CHECK(key != kDataCrc32Key, where, ": metadata key ", key, " is reserved");
@@ -418,21 +443,25 @@ SafetensorsFile load_safetensors(const fs::path& path, Device device) {
     stored_crc = static_cast<uLong>(parse_uint(it->second, kDataCrc32Key, path));
     out.metadata.erase(it);
   }
-  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  std::vector<std::pair<const void*, uint64_t>> pieces;  // in file order
   uint64_t covered = 0;
   for (const Span& s : spans) {
     Tensor t = Tensor::empty(shapes[s.index], dtypes[s.index]);
     LOOM_CHECK(read_at(file.get(), t.raw_data(), s.end - s.begin, data_start + s.begin), where,
                ": reading tensor '", out.tensors[s.index].first, "' failed");
-    crc = ::crc32_z(crc, static_cast<const Bytef*>(t.raw_data()), s.end - s.begin);
+    pieces.emplace_back(t.raw_data(), s.end - s.begin);
     covered = std::max(covered, s.end);
-    out.tensors[s.index].second = device.is_cpu() ? t : t.to(device);
+    out.tensors[s.index].second = t;  // on `device` once the checksum is checked
   }
   if (stored_crc) {
+    const uLong crc = data_crc32(pieces);
     LOOM_CHECK(covered == data_bytes, where, " has ", data_bytes - covered,
                " bytes after its last tensor: the file is corrupt");
     LOOM_CHECK(crc == *stored_crc, where, ": the data's CRC-32 is ", crc, " but the file says ", *stored_crc,
                ": the file is corrupt");
+  }
+  if (!device.is_cpu()) {
+    for (auto& [name, t] : out.tensors) t = t.to(device);
   }
   return out;
 }
