@@ -5,7 +5,9 @@
 //   loomrun --nproc_per_node=2 train_mnist   (or srun: the ranks come from the launcher)
 // Rank 0 prints "Epoch [e/E], Step [i/N], Loss: x" every --log-interval steps,
 // "Training complete in: h:mm:ss.ffffff" and the test accuracy, evaluated on
-// every rank's shard of the test set and summed over ranks.
+// every rank's shard of the test set and summed over ranks. Checkpoints, exact
+// mid-epoch resume and the stop on SIGTERM / SIGUSR1 / SIGINT work as in
+// train_resnet50_cifar (apps/app_common.h); --save PATH writes the final model.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "apps/app_common.h"
@@ -31,6 +34,7 @@
 #include "dist/metrics.h"
 #include "dist/process_group.h"
 #include "dist/sync_batch_norm.h"
+#include "nn/checkpoint.h"
 #include "nn/convnet.h"
 #include "nn/resnet.h"
 #include "ops/loss.h"
@@ -65,6 +69,8 @@ struct Flags {
   std::string backend = "auto";
   bool sync_bn = false;
   double timeout_s = 0;  // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
+  apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
+  std::string save;  // the final model as safetensors (torch.save(net.state_dict(), ...))
 };
 
 // --data, else torchvision's ./data/MNIST/raw, else Debian's Fashion-MNIST.
@@ -136,6 +142,7 @@ int run(const Flags& flags, int argc, char** argv) {
   // one rank. Otherwise -g > 1 or -n > 1 makes this process the spawner.
   const dist::Launcher launcher = dist::detect_launcher();
   if (launcher == dist::Launcher::none && flags.nodes * flags.gpus > 1) return spawn_local_ranks(flags, argc, argv);
+  apps::StopSignals::install(apps::parse_signal_name(flags.checkpoints.signal));
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const int rank = launch.rank, world = launch.world_size;
   const bool leader = rank == 0;
@@ -150,6 +157,10 @@ int run(const Flags& flags, int argc, char** argv) {
   // every rank is on this host, gloo otherwise.
   const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
 
+  if (leader && !flags.save.empty()) {
+    const fs::path parent = fs::path(flags.save).has_parent_path() ? fs::path(flags.save).parent_path() : ".";
+    LOOM_CHECK(fs::is_directory(parent), "--save ", flags.save, ": directory ", parent.string(), " does not exist");
+  }
   const fs::path dir = resolve_data_dir(flags.data);
   data::TrainTestSplit split = data::load_mnist(dir);
   if (leader) {
@@ -200,6 +211,33 @@ int run(const Flags& flags, int argc, char** argv) {
         return std::make_unique<optim::Adam>(std::move(parameters), optim::AdamOptions(flags.lr));
       },
       amp_level);
+
+  // Resume: the model and everything an uninterrupted run would have had
+  // after the checkpoint's step, mid-epoch too.
+  int64_t first_epoch = 0, first_batch = 0, steps = 0;
+  std::optional<apps::ResumePoint> resume = apps::find_resume_point(flags.checkpoints, world, device, leader ? stdout : nullptr);
+  if (resume) {
+    nn::Checkpoint& checkpoint = resume->checkpoint;
+    if (checkpoint.training) optimizer->check_compatible(*checkpoint.training);  // --amp first: it sets the dtypes
+    nn::load_model_state(*model, checkpoint.model, "checkpoint " + resume->path.string());
+    if (checkpoint.training) {
+      const nn::TrainingState& state = *checkpoint.training;
+      optimizer->load_state(state);  // the optimizer, and the masters and loss scale of --amp
+      if (auto g = state.generators.find("default"); g != state.generators.end())
+        default_generator().set_state(g->second.seed, g->second.counter);
+      first_epoch = state.epoch;
+      first_batch = state.epoch_step;
+      steps = state.step;
+    }
+    if (leader) {
+      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
+                  static_cast<long long>(first_epoch + 1), static_cast<long long>(first_batch),
+                  static_cast<long long>(steps));
+      apps::report_resume_to_launcher(
+          str("step ", steps, " (epoch ", first_epoch + 1, ", batch ", first_batch, ") from ", resume->path.string()));
+    }
+  }
+  apps::check_same_resume_step(group.get(), resume ? steps : -1);
   if (group) ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
   nn::Module& trained = ddp ? static_cast<nn::Module&>(*ddp) : *model;
   const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
@@ -228,12 +266,32 @@ int run(const Flags& flags, int argc, char** argv) {
                                std::make_shared<dist::ShardSampler>(split.test.size(), world, rank));
 
   const int64_t steps_per_epoch = train_loader.num_batches();
+  std::optional<apps::CheckpointWriter> writer;
+  if (leader) writer.emplace(flags.checkpoints, world);
+  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them in epoch `epoch` (0-based).
+  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
+    nn::TrainingState state;
+    state.epoch = epoch;
+    state.epoch_step = epoch_step;
+    state.step = steps;
+    state.sampler_epoch = train_loader.sampler().epoch();
+    state.generators["default"] = {default_generator().seed(), default_generator().counter()};
+    state.extra_metadata = {{"model", flags.model}, {"world_size", std::to_string(world)},
+                            {"batch_size", std::to_string(flags.batch_size)}, {"seed", std::to_string(flags.seed)}};
+    optimizer->save_state(state);  // optimizer state, f32 masters, loss scale
+    return nn::Checkpoint{model->state_dict(), std::move(state)};
+  };
+  apps::StopAgreement stop_agreement(group);
+  int stop_signal = 0;
+  auto steps_left = [&] { return flags.max_steps == 0 || steps < flags.max_steps; };
   const auto start = std::chrono::steady_clock::now();
-  int64_t steps = 0, images = 0;
-  for (int epoch = 0; epoch < flags.epochs; ++epoch) {
-    train_loader.start_epoch(epoch);
-    int64_t step = 0;
-    while (auto batch = train_loader.next()) {
+  int64_t images = 0;
+  for (int64_t epoch = first_epoch; epoch < flags.epochs && steps_left(); ++epoch) {
+    int64_t step = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
+    train_loader.start_epoch(epoch, step);
+    while (steps_left()) {
+      std::optional<data::Batch> batch = train_loader.next();
+      if (!batch) break;
       to_device(*batch, device);
       Tensor loss;
       {
@@ -247,13 +305,33 @@ int run(const Flags& flags, int argc, char** argv) {
       ++steps;
       images += batch->size();
       if (leader && step % flags.log_interval == 0) {
-        std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f\n", epoch + 1, flags.epochs,
-                    static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss.item());
+        std::printf("Epoch [%lld/%d], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
+                    flags.epochs, static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss.item());
         std::fflush(stdout);
       }
-      if (flags.max_steps > 0 && steps >= flags.max_steps) break;
+      bool saved_now = false;
+      if (writer && step < steps_per_epoch && writer->step_due(steps))  // an epoch checkpoint follows the last step
+        saved_now = writer->write(apps::CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
+      // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
+      if ((stop_signal = stop_agreement.poll()) != 0) {
+        std::optional<fs::path> saved;
+        if (writer && writer->enabled()) {
+          saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, steps)
+                            : writer->write(apps::CheckpointKind::step, steps, make_checkpoint(epoch, step));
+        }
+        apps::print_preempted(rank, stop_signal, steps, saved);
+        break;
+      }
     }
-    if (flags.max_steps > 0 && steps >= flags.max_steps) break;
+    if (stop_signal != 0) break;
+    if (writer && writer->enabled() && step == steps_per_epoch)
+      writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+  }
+  stop_agreement.finish();
+  if (stop_signal != 0) {
+    train_loader.stop();
+    if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
+    return 128 + stop_signal;
   }
   train_loader.stop();
   // The time is the slowest rank's, queued GPU work included (an NCCL
@@ -285,6 +363,11 @@ int run(const Flags& flags, int argc, char** argv) {
   if (leader) {
     std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy.accuracy(), static_cast<long long>(accuracy.correct),
                 static_cast<long long>(accuracy.total));
+  }
+  if (leader && !flags.save.empty()) {
+    // The model's state_dict under PyTorch's names: torch's load_state_dict takes it.
+    nn::save_checkpoint(flags.save, {model->state_dict(), std::nullopt});
+    std::printf("Saved the model to %s\n", flags.save.c_str());
   }
   std::fflush(stdout);
   return 0;
@@ -327,6 +410,10 @@ int main(int argc, char** argv) {
   app.add_option("--backend", flags.backend, "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, else gloo)")->capture_default_str()->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
   app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
   app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other processes before the run fails (0 = LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")->capture_default_str()->check(apps::at_least(0));
+  apps::add_checkpoint_flags(app, flags.checkpoints);
+  app.add_option("--save", flags.save,
+                 "after training, rank 0 writes the model's state_dict here as safetensors under PyTorch's names "
+                 "(the tutorial's torch.save(net.state_dict(), PATH))");
   try {
     std::vector<std::string> arguments = normalized_arguments(argc, argv);
     std::vector<char*> pointers;

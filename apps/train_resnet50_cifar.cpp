@@ -7,6 +7,10 @@
 // ./checkpoint/{world}GPU_{epoch}epoch.checkpoint after each epoch, then
 // ">>> Training complete in: h:mm:ss.ffffff" and the test accuracy, counted
 // over every test image exactly once (each rank its shard, then summed).
+// --checkpoint-every N adds step checkpoints; --resume auto (the default after
+// a launcher's restart) continues from the newest valid one, mid-epoch
+// included; SIGTERM, --checkpoint-signal (USR1) and SIGINT stop every rank
+// after the same step with a checkpoint (exit code 128 + signal).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -49,8 +53,7 @@ constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar-10-bin
 struct Flags {
   int64_t batch_size = 128;  // global: split across the ranks
   int epochs = 2;
-  std::string checkpoint;  // resume from this file
-  std::string checkpoint_dir = "./checkpoint";
+  apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
   std::string data = "./data";
   bool synthetic = false;
   int64_t synthetic_size = 50000;
@@ -166,6 +169,7 @@ dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist:
 }
 
 int run(const Flags& flags) {
+  apps::StopSignals::install(apps::parse_signal_name(flags.checkpoints.signal));
   if (flags.threads > 0) set_num_threads(flags.threads);
   // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
@@ -217,14 +221,17 @@ int run(const Flags& flags) {
   optim::Optimizer& optimizer = amp_optimizer->optimizer();
   std::unique_ptr<optim::LRScheduler> scheduler = make_scheduler(flags, optimizer);
 
-  // Resume: the model, then everything an uninterrupted run would have had at
-  // the start of the next epoch.
-  int64_t first_epoch = 0, global_step = 0;
-  if (!flags.checkpoint.empty()) {
-    nn::Checkpoint checkpoint = nn::load_checkpoint(flags.checkpoint, device);
+  // Resume: the model, then everything an uninterrupted run would have had
+  // after the checkpoint's step (mid-epoch too: the loader starts the epoch at
+  // the checkpoint's batch).
+  int64_t first_epoch = 0, first_batch = 0, global_step = 0;
+  std::optional<apps::ResumePoint> resume = apps::find_resume_point(flags.checkpoints, world, device, leader ? stdout : nullptr);
+  if (resume) {
+    const std::string source = "checkpoint " + resume->path.string();
+    nn::Checkpoint& checkpoint = resume->checkpoint;
     // Its --amp level first: the model's dtypes depend on it.
     if (checkpoint.training) amp_optimizer->check_compatible(*checkpoint.training);
-    nn::load_model_state(*model, checkpoint.model, "checkpoint " + flags.checkpoint);
+    nn::load_model_state(*model, checkpoint.model, source);
     if (checkpoint.training) {
       const nn::TrainingState& state = *checkpoint.training;
       amp_optimizer->load_state(state);  // the optimizer, and the masters and loss scale of --amp
@@ -233,6 +240,7 @@ int run(const Flags& flags) {
         default_generator().set_state(g->second.seed, g->second.counter);
       }
       first_epoch = state.epoch;
+      first_batch = state.epoch_step;
       global_step = state.step;
       if (leader) {
         for (auto& [key, value] : run_settings(flags, world)) {
@@ -245,10 +253,14 @@ int run(const Flags& flags) {
       }
     }
     if (leader) {
-      std::printf("Resuming from %s at epoch %lld\n", flags.checkpoint.c_str(),
-                  static_cast<long long>(first_epoch + 1));
+      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
+                  static_cast<long long>(first_epoch + 1), static_cast<long long>(first_batch),
+                  static_cast<long long>(global_step));
+      apps::report_resume_to_launcher(str("step ", global_step, " (epoch ", first_epoch + 1, ", batch ", first_batch,
+                                          ") from ", resume->path.string()));
     }
   }
+  apps::check_same_resume_step(group.get(), resume ? global_step : -1);
 
   // ---- Distributed data parallel (world > 1) ----
   // DDP checks that every rank holds the same parameters, broadcasts rank 0's,
@@ -307,11 +319,28 @@ int run(const Flags& flags) {
     std::printf("The checkpoint has %lld of %d epochs done: nothing left to train\n",
                 static_cast<long long>(first_epoch), flags.epochs);
   }
-  if (leader && !flags.checkpoint_dir.empty()) fs::create_directories(flags.checkpoint_dir);
+  std::optional<apps::CheckpointWriter> writer;
+  if (leader) writer.emplace(flags.checkpoints, world);
+  // Rank 0's checkpoint after `global_step` steps, `epoch_step` of them in epoch `epoch` (0-based).
+  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
+    nn::TrainingState state;
+    state.epoch = epoch;
+    state.epoch_step = epoch_step;
+    state.step = global_step;
+    if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
+    state.sampler_epoch = train_loader.sampler().epoch();
+    state.generators["default"] = {default_generator().seed(), default_generator().counter()};
+    state.extra_metadata = run_settings(flags, world);
+    amp_optimizer->save_state(state);  // optimizer state, f32 masters, loss scale
+    return nn::Checkpoint{model->state_dict(), std::move(state)};
+  };
+  apps::StopAgreement stop_agreement(group);
+  int stop_signal = 0;
 
   const auto start = Clock::now();
-  for (int64_t epoch = first_epoch; epoch < flags.epochs; ++epoch) {
-    train_loader.start_epoch(epoch);
+  for (int64_t epoch = first_epoch; epoch < flags.epochs && stop_signal == 0; ++epoch) {
+    const int64_t start_batch = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
+    train_loader.start_epoch(epoch, start_batch);
     // This epoch's rates before warm-up: the schedule's (scheduler->step() and a
     // resume set them), or --lr without one (the optimizer may still hold a
     // warm-up rate, also one loaded from a checkpoint).
@@ -319,7 +348,7 @@ int run(const Flags& flags) {
     if (scheduler) {
       for (size_t g = 0; g < optimizer.num_groups(); ++g) epoch_lrs[g] = optimizer.lr(g);
     }
-    for (int64_t i = 0; i < steps_per_epoch; ++i) {
+    for (int64_t i = start_batch; i < steps_per_epoch; ++i) {
       std::optional<data::Batch> batch = train_loader.next();
       if (!batch) break;
       if (global_step <= warmup_steps) {  // the step after the warm-up restores the full rate
@@ -345,24 +374,31 @@ int run(const Flags& flags) {
                     static_cast<long long>(steps_per_epoch), loss.item(), dataload_ms, training_ms);
         std::fflush(stdout);
       }
+      const bool epoch_end = i + 1 == steps_per_epoch;  // the epoch checkpoint follows
+      bool saved_now = false;
+      if (writer && !epoch_end && writer->step_due(global_step))
+        saved_now = writer->write(apps::CheckpointKind::step, global_step, make_checkpoint(epoch, i + 1)).has_value();
+      // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
+      if ((stop_signal = stop_agreement.poll()) != 0) {
+        std::optional<fs::path> saved;
+        if (writer && writer->enabled()) {
+          saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, global_step)
+                            : writer->write(apps::CheckpointKind::step, global_step, make_checkpoint(epoch, i + 1));
+        }
+        apps::print_preempted(rank, stop_signal, global_step, saved);
+        break;
+      }
     }
     train_loader.stop();
+    if (stop_signal != 0) break;
     if (scheduler) scheduler->step();
 
-    if (leader && !flags.checkpoint_dir.empty()) {
-      nn::TrainingState state;
-      state.epoch = epoch + 1;
-      state.step = global_step;
-      if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
-      state.sampler_epoch = train_loader.sampler().epoch();
-      state.generators["default"] = {default_generator().seed(), default_generator().counter()};
-      state.extra_metadata = run_settings(flags, world);
-      amp_optimizer->save_state(state);  // optimizer state, f32 masters, loss scale
-      const fs::path path = fs::path(flags.checkpoint_dir) / str(world, "GPU_", epoch + 1, "epoch.checkpoint");
-      nn::save_checkpoint(path, {model->state_dict(), std::move(state)});
-      std::printf("Saved %s\n", path.c_str());
-      std::fflush(stdout);
-    }
+    if (writer && writer->enabled()) writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+  }
+  stop_agreement.finish();
+  if (stop_signal != 0) {
+    if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
+    return 128 + stop_signal;
   }
   if (device.is_cuda()) cuda::synchronize(device.index);  // the queued steps count too
   const auto elapsed = Clock::now() - start;
@@ -396,9 +432,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--checkpoint", flags.checkpoint, "checkpoint to resume from (continues with the next epoch)");
-  app.add_option("--checkpoint-dir", flags.checkpoint_dir, "where rank 0 saves {world}GPU_{epoch}epoch.checkpoint ('' = don't save)")
-      ->capture_default_str();
+  apps::add_checkpoint_flags(app, flags.checkpoints);
   app.add_option("--data", flags.data, "CIFAR-10 binary version: DIR/cifar-10-batches-bin/ or DIR itself")->capture_default_str();
   app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
   app.add_option("--synthetic-size", flags.synthetic_size, "synthetic training images (test: a fifth as many)")

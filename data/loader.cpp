@@ -175,12 +175,15 @@ struct DataLoader::Plan {
 // workers' timing.
 class DataLoader::EpochRun {
  public:
-  EpochRun(std::shared_ptr<const Plan> plan, int64_t epoch, std::vector<int64_t> order)
+  EpochRun(std::shared_ptr<const Plan> plan, int64_t epoch, std::vector<int64_t> order, int64_t first_batch)
       : plan_(std::move(plan)), epoch_(epoch), order_(std::move(order)) {
     const DataLoaderOptions& options = plan_->options;
     const int64_t n = static_cast<int64_t>(order_.size());
     num_batches_ = options.drop_last() ? n / options.batch_size() : (n + options.batch_size() - 1) / options.batch_size();
-    const int64_t workers = std::min(options.num_workers(), num_batches_);
+    LOOM_CHECK(first_batch >= 0 && first_batch <= num_batches_, "DataLoader: cannot start epoch ", epoch,
+               " at batch ", first_batch, ": it has ", num_batches_, " batches");
+    next_claim_ = next_delivery_ = first_batch;
+    const int64_t workers = std::min(options.num_workers(), num_batches_ - first_batch);
     capacity_ = std::max<int64_t>(1, options.prefetch_factor() * workers);
     slots_.resize(static_cast<size_t>(capacity_));
     workers_.reserve(static_cast<size_t>(workers));
@@ -344,10 +347,10 @@ DataLoader::~DataLoader() = default;
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
 DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   run_.reset();
   sampler_->set_epoch(epoch);
-  run_ = std::make_unique<EpochRun>(plan_, epoch, sampler_->indices());
+  run_ = std::make_unique<EpochRun>(plan_, epoch, sampler_->indices(), first_batch);
 }
 
 std::optional<Batch> DataLoader::next() {

@@ -98,8 +98,10 @@ class DataLoader {
   DataLoader& operator=(DataLoader&&) noexcept;
 
   // Ends any epoch in progress (joining its workers), sets the sampler's
-  // epoch and starts the workers on the new one.
-  void start_epoch(int64_t epoch);
+  // epoch and starts the workers on the new one. `first_batch` > 0 resumes an
+  // epoch in its middle: next() returns batch first_batch, first_batch + 1, ...,
+  // the same batches (samples, augmentation, index) the full epoch has there.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // The next batch in sampler order, or nullopt at the end of the epoch.
   // Rethrows, as loom::Error with its message, an exception from building the batch.
   std::optional<Batch> next();

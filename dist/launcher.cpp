@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "core/error.h"
@@ -23,7 +24,13 @@ using Clock = std::chrono::steady_clock;
 
 // The signal (SIGINT / SIGTERM) the launcher received, 0 for none.
 volatile sig_atomic_t g_received_signal = 0;
-void record_signal(int signal) { g_received_signal = signal; }
+// How many SIGINT / SIGTERM arrived: a second Ctrl-C is forwarded too, so the
+// programs (which stop gracefully on the first) end at once.
+volatile sig_atomic_t g_signal_count = 0;
+void record_signal(int signal) {
+  g_received_signal = signal;
+  g_signal_count = g_signal_count + 1;
+}
 
 // Catches SIGINT and SIGTERM while the group runs (so they can be forwarded),
 // restoring the previous handlers afterwards.
@@ -31,6 +38,7 @@ class SignalCatcher {
  public:
   SignalCatcher() {
     g_received_signal = 0;
+    g_signal_count = 0;
     struct sigaction action {};
     action.sa_handler = record_signal;
     sigemptyset(&action.sa_mask);
@@ -145,14 +153,17 @@ struct AttemptResult {
 };
 
 // One start of the local group, until every process has ended.
-AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, int restart_count) {
+AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, int restart_count,
+                          const std::string& resume_report) {
   std::vector<Worker> workers;
   try {
     for (int local = 0; local < spec.nproc_per_node; ++local) {
       Worker worker;
       worker.local_rank = local;
       worker.rank = spec.node_rank * spec.nproc_per_node + local;
-      worker.pid = start_process(path, spec.command, worker_environment(spec, local, restart_count));
+      std::map<std::string, std::string> variables = worker_environment(spec, local, restart_count);
+      if (!resume_report.empty()) variables["LOOM_RESUME_REPORT"] = resume_report;
+      worker.pid = start_process(path, spec.command, variables);
       worker.running = true;
       workers.push_back(worker);
     }
@@ -175,13 +186,34 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
     kill_at = Clock::now() + spec.termination_grace;
   };
 
+  bool resume_reported = restart_count == 0 || resume_report.empty();
+  int forwarded = 0;  // g_signal_count when a signal was last forwarded
   while (running > 0) {
+    // A restarted program that resumes writes where it resumed from (see LOOM_RESUME_REPORT).
+    if (!resume_reported) {
+      if (std::FILE* report = std::fopen(resume_report.c_str(), "r")) {
+        char line[512] = {};
+        if (std::fgets(line, sizeof(line), report) != nullptr && std::strchr(line, '\n') != nullptr) {
+          std::fprintf(stderr, "%s: restart %d: the processes resumed from %s", spec.name.c_str(), restart_count, line);
+          std::fflush(stderr);
+          resume_reported = true;
+        }
+        std::fclose(report);
+      }
+    }
     if (int signal = g_received_signal; signal != 0 && result.received_signal == 0) {
       result.received_signal = signal;
       std::fprintf(stderr, "%s: received %s; forwarding it to the %zu running process%s\n", spec.name.c_str(),
                    signal_name(signal).c_str(), running, running == 1 ? "" : "es");
       std::fflush(stderr);
       end_group(signal);
+      forwarded = g_signal_count;
+    } else if (int count = g_signal_count; result.received_signal != 0 && count > forwarded) {
+      forwarded = count;
+      std::fprintf(stderr, "%s: received %s again; forwarding it\n", spec.name.c_str(),
+                   signal_name(g_received_signal).c_str());
+      std::fflush(stderr);
+      signal_running(workers, g_received_signal);
     }
     // Reap every process that ended since the last sweep; when several
     // failed in one sweep, one killed by a signal is the likelier root cause.
@@ -301,17 +333,37 @@ WorkerGroupResult run_worker_group(const WorkerGroupSpec& spec) {
   LOOM_CHECK(spec.max_restarts >= 0, spec.name, ": max_restarts must not be negative");
   const std::string path = find_program(spec.command[0]);
 
+  // With restarts, a file where a resumed rank 0 says from which step (LOOM_RESUME_REPORT).
+  std::string resume_report;
+  if (spec.max_restarts > 0) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "loomrun-resume-XXXXXX").string();
+    const int fd = ::mkstemp(pattern.data());
+    if (fd >= 0) {
+      ::close(fd);
+      resume_report = pattern;
+    }
+  }
+  struct RemoveReport {
+    const std::string& path;
+    ~RemoveReport() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } remove_report{resume_report};
   SignalCatcher signals;
   WorkerGroupResult result;
   while (true) {
-    AttemptResult attempt = run_attempt(spec, path, result.restarts);
+    if (!resume_report.empty()) {
+      if (std::FILE* report = std::fopen(resume_report.c_str(), "w")) std::fclose(report);  // empty for this attempt
+    }
+    AttemptResult attempt = run_attempt(spec, path, result.restarts, resume_report);
     result.first_failure = attempt.first_failure;
     result.received_signal = attempt.received_signal;
     result.succeeded = !attempt.first_failure && attempt.received_signal == 0;
     if (result.succeeded || attempt.received_signal != 0 || result.restarts >= spec.max_restarts) return result;
     ++result.restarts;
-    std::fprintf(stderr, "%s: restarting the %d local process%s (restart %d of %d)\n", spec.name.c_str(),
-                 spec.nproc_per_node, spec.nproc_per_node == 1 ? "" : "es", result.restarts, spec.max_restarts);
+    std::fprintf(stderr, "%s: restarting the %d local process%s (restart %d of %d) after %s\n", spec.name.c_str(),
+                 spec.nproc_per_node, spec.nproc_per_node == 1 ? "" : "es", result.restarts, spec.max_restarts,
+                 attempt.first_failure ? attempt.first_failure->describe().c_str() : "a failure");
     std::fflush(stderr);
   }
 }

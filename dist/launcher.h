@@ -69,7 +69,10 @@ std::map<std::string, std::string> worker_environment(const WorkerGroupSpec& spe
 // (and max_restarts are used up), or the launcher received SIGINT / SIGTERM
 // (forwarded to every process, then no restart). When a process fails the
 // others get SIGTERM, then SIGKILL after termination_grace. Reports failures
-// and restarts on stderr. Processes get SIGKILL if the launcher dies. Throws
+// and restarts on stderr (the failed rank; with max_restarts > 0 the processes
+// get LOOM_RESUME_REPORT, a file where a restarted program that resumes writes
+// one line saying from where, which is repeated: "restart 1: the processes
+// resumed from step 120 ..."). Processes get SIGKILL if the launcher dies. Throws
 // loom::Error when the spec is invalid or the program cannot be found.
 WorkerGroupResult run_worker_group(const WorkerGroupSpec& spec);
 

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/module.h"
 
@@ -34,10 +35,19 @@ struct SafetensorsFile {
   Metadata metadata;     // the "__metadata__" object (string to string)
 };
 
+// Metadata key of the CRC-32 (zlib's) of the data section, which
+// save_safetensors adds and load_safetensors checks when present (and removes
+// from the metadata it returns).
+inline constexpr const char* kDataCrc32Key = "loom.data_crc32";
+
 // Writes `tensors` (any device; undefined ones are an error naming them) and
 // `metadata` atomically: a temporary file in the same directory, fsync, rename
 // over `path`, fsync of the directory. A reader sees the old file or the new
-// one, never a partial one. Throws loom::Error naming the file.
+// one, never a partial one. A failed write (a full disk, an I/O error, a
+// read-only directory) throws loom::Error naming the file and the cause; the
+// temporary file is removed and whatever was at `path` stays as it was. A
+// process killed mid-write leaves at most a hidden ".NAME.tmp-XXXXXX" beside it
+// (remove_stale_temporaries clears those).
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata = {});
 
 // Reads a safetensors file onto `device`. Every way a file can be truncated
@@ -45,6 +55,16 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
 // offsets out of range, overlapping or inconsistent with the shape) is a
 // loom::Error that names the file and the tensor.
 SafetensorsFile load_safetensors(const std::filesystem::path& path, Device device = Device::cpu());
+
+// Only the "__metadata__" object of a safetensors file: reads the header, not
+// the data (cheap for a large file). Throws like load_safetensors for a header
+// that is truncated or malformed; says nothing about the data.
+Metadata read_safetensors_metadata(const std::filesystem::path& path);
+
+// Removes the temporary files ".NAME.tmp-XXXXXX" that writers killed in the
+// middle of save_safetensors left in `directory`; returns their paths. Call it
+// only when no other process writes there.
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& directory);
 
 // Key prefix of the training state: tensors "__training__.optimizer.<name>"
 // and "__training__.extra.<name>", metadata "__training__.<field>". torch
@@ -63,6 +83,9 @@ struct GeneratorState {
 struct TrainingState {
   int64_t epoch = 0;  // epochs completed: the (0-based) epoch a resumed run starts with
   int64_t step = 0;   // optimizer steps taken in all
+  // Batches of epoch `epoch` already trained: a checkpoint written in the
+  // middle of an epoch; the resumed run starts that epoch at this batch.
+  int64_t epoch_step = 0;
   NamedTensors optimizer;                       // Optimizer::state()
   std::optional<int64_t> scheduler_last_epoch;  // LRScheduler::last_epoch()
   std::optional<int64_t> sampler_epoch;         // Sampler::epoch() of the training loader

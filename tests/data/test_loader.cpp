@@ -263,3 +263,32 @@ TEST_CASE("pin_memory on the CPU leaves batches in place; a CUDA device without 
     CHECK((message.find("without CUDA") != std::string::npos || message.find("CUDA device") != std::string::npos));
   }
 }
+
+TEST_CASE("an epoch started at batch k delivers the full epoch's batches k, k+1, ... bit for bit") {
+  const ImageDataset dataset = synthetic_cifar10(300, 2);
+  for (int64_t workers : {0, 2}) {
+    CAPTURE(workers);
+    auto sampler = std::make_shared<DistributedSampler>(dataset.size(), 2, 1, true, 7);
+    DataLoader loader(dataset, cifar_training_transforms(),
+                      DataLoaderOptions().batch_size(16).num_workers(workers).seed(5), sampler);
+    const EpochRecord full = record_epoch(loader, 3);
+    REQUIRE(full.images.size() == 10);
+    for (int64_t first : {1, 7, 9, 10}) {
+      CAPTURE(first);
+      loader.start_epoch(3, first);
+      int64_t expected = first;
+      while (auto batch = loader.next()) {
+        REQUIRE(batch->index == expected);
+        const Tensor images = batch->images.contiguous();
+        const auto* bytes = static_cast<const uint8_t*>(images.raw_data());
+        CHECK(std::vector<uint8_t>(bytes, bytes + images.nbytes()) == full.images[static_cast<size_t>(expected)]);
+        CHECK(batch->labels.to_vector<int64_t>() == full.labels[static_cast<size_t>(expected)]);
+        ++expected;
+      }
+      CHECK(expected == 10);
+    }
+  }
+  auto sampler = std::make_shared<SequentialSampler>(dataset.size());
+  DataLoader loader(dataset, cifar_training_transforms(), DataLoaderOptions().batch_size(100), sampler);
+  CHECK_THROWS_WITH_AS(loader.start_epoch(0, 4), doctest::Contains("has 3 batches"), loom::Error);
+}

@@ -5,7 +5,12 @@
 // rejected with a loom::Error naming the file.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <zlib.h>
+
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/generator.h"
@@ -340,5 +345,88 @@ TEST_SUITE("checkpoint") {
         CHECK_MESSAGE(contains(e.what(), bad.string()), e.what());
       }
     }
+  }
+}
+
+// Durability: a CRC-32 that catches corrupt data, write failures that name
+// the file and keep the previous checkpoint, leftovers of killed writers.
+TEST_SUITE("checkpoint") {
+  TEST_CASE("the data's CRC-32 is stored and a flipped data byte is reported as corruption") {
+    TempDir dir;
+    const fs::path path = dir / "x.safetensors";
+    const Tensor x = Tensor::from_vector_as({1, 2, 3, 4}, {4}, DType::f32);
+    nn::save_safetensors(path, {{"x", x}}, {{"note", "kept"}});
+    // The stored value is zlib's CRC-32 of the 16 data bytes (Python: zlib.crc32(data)).
+    const nn::Metadata metadata = nn::read_safetensors_metadata(path);
+    CHECK(metadata.at("note") == "kept");
+    const std::vector<float> values = {1, 2, 3, 4};
+    const uLong expected = ::crc32_z(0L, reinterpret_cast<const Bytef*>(values.data()), 16);
+    CHECK(metadata.at(nn::kDataCrc32Key) == std::to_string(expected));
+    CHECK(nn::load_safetensors(path).metadata.count(nn::kDataCrc32Key) == 0);  // checked, not passed on
+
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    bytes[bytes.size() - 3] ^= 0x01;  // a bit of the last float
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    const std::string error = error_of([&] { nn::load_safetensors(path); });
+    CHECK(contains(error, path.string()));
+    CHECK(contains(error, "CRC-32"));
+    CHECK(contains(error, "corrupt"));
+  }
+
+  TEST_CASE("a mid-epoch position round-trips") {
+    TempDir dir;
+    nn::TrainingState state;
+    state.epoch = 2;
+    state.epoch_step = 17;
+    state.step = 97;
+    nn::save_checkpoint(dir / "c", {{{"w", Tensor::zeros({2})}}, state});
+    const nn::Checkpoint loaded = nn::load_checkpoint(dir / "c");
+    REQUIRE(loaded.training.has_value());
+    CHECK(loaded.training->epoch == 2);
+    CHECK(loaded.training->epoch_step == 17);
+    CHECK(loaded.training->step == 97);
+  }
+
+  TEST_CASE("a write that fails (file size limit) names the file and the cause, keeps the old file, leaves no temporary") {
+    TempDir dir;
+    const fs::path path = dir / "big.checkpoint";
+    nn::save_safetensors(path, {{"x", Tensor::full({4}, 1.0)}});
+    // Like a full disk: RLIMIT_FSIZE makes write() fail with EFBIG once SIGXFSZ is ignored.
+    struct sigaction ignore {}, previous {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGXFSZ, &ignore, &previous);
+    rlimit saved{};
+    ::getrlimit(RLIMIT_FSIZE, &saved);
+    rlimit limited = saved;
+    limited.rlim_cur = 64 * 1024;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
+    const std::string error = error_of([&] { nn::save_safetensors(path, {{"x", Tensor::full({1 << 16}, 2.0)}}); });
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    ::sigaction(SIGXFSZ, &previous, nullptr);
+    CHECK(contains(error, path.string()));
+    CHECK(contains(error, "file size limit"));
+    CHECK(contains(error, "previous checkpoint"));
+    CHECK(nn::load_safetensors(path).tensors[0].second.to_vector<float>() == std::vector<float>(4, 1.0f));
+    int files = 0;
+    for ([[maybe_unused]] auto& entry : fs::directory_iterator(dir.path())) ++files;
+    CHECK(files == 1);
+  }
+
+  TEST_CASE("remove_stale_temporaries removes what killed writers left, nothing else") {
+    TempDir dir;
+    std::ofstream(dir / ".a.checkpoint.tmp-Ab12Cd") << "partial";
+    std::ofstream(dir / "a.checkpoint") << "kept";
+    std::ofstream(dir / ".hidden") << "kept";
+    std::ofstream(dir / "b.tmp-123456") << "kept";  // not hidden: not ours
+    const std::vector<fs::path> removed = nn::remove_stale_temporaries(dir.path());
+    REQUIRE(removed.size() == 1);
+    CHECK(removed[0].filename() == ".a.checkpoint.tmp-Ab12Cd");
+    CHECK(fs::exists(dir / "a.checkpoint"));
+    CHECK(fs::exists(dir / ".hidden"));
+    CHECK(fs::exists(dir / "b.tmp-123456"));
   }
 }

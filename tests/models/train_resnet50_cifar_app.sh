@@ -59,6 +59,26 @@ else
     fail "resumed run: epoch-2 losses differ"
 fi
 
+# 2b. Step checkpoints, and a resume from the middle of epoch 1 (step 3 of 5,
+# inside the warm-up): the rest of epoch 1, the cosine schedule's step, and
+# epoch 2 as in the uninterrupted run, byte for byte.
+mkdir -p "$work/c" "$work/d"
+failures_before=$failures
+(cd "$work/c" && timeout 120 "$bin" "${common[@]}" -e 2 --checkpoint-every 3 --keep-checkpoints 0 >out.txt 2>err.txt) ||
+  fail "run with --checkpoint-every 3: $(cat "$work/c/err.txt")"
+(cd "$work/d" && timeout 120 "$bin" "${common[@]}" -e 2 --checkpoint-every 3 --resume "$work/c/checkpoint/1GPU_step3.checkpoint" \
+  >out.txt 2>err.txt) || fail "resume from step 3: $(cat "$work/d/err.txt")"
+grep -q "^Resuming from $work/c/checkpoint/1GPU_step3.checkpoint at epoch 1, batch 3 (step 3)" "$work/d/out.txt" ||
+  fail "resume from step 3: no 'Resuming from' line: $(head -3 "$work/d/out.txt")"
+for file in 1GPU_step6.checkpoint 1GPU_step9.checkpoint 1GPU_1epoch.checkpoint 1GPU_2epoch.checkpoint; do
+  cmp -s "$work/c/checkpoint/$file" "$work/d/checkpoint/$file" || fail "resume from step 3: $file differs"
+done
+cmp -s "$work/a/checkpoint/1GPU_2epoch.checkpoint" "$work/d/checkpoint/1GPU_2epoch.checkpoint" ||
+  fail "resume from step 3: the epoch-2 checkpoint differs from the run without step checkpoints"
+[[ "$(grep '^>>> Test accuracy' "$work/a/out.txt")" == "$(grep '^>>> Test accuracy' "$work/d/out.txt")" ]] ||
+  fail "resume from step 3: different test accuracy"
+((failures == failures_before)) && echo "ok   resumed mid-epoch from step 3: every later checkpoint byte-identical"
+
 # 3. Synthetic data: the accuracy line says so.
 synthetic=$(cd "$work/a" && timeout 120 "$bin" --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 2 \
             --checkpoint-dir "" 2>&1)
