@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/cuda/runtime.h"
+#include "dist/environment.h"
 
 namespace loom::apps {
 
@@ -76,6 +77,23 @@ CLI::Validator whole_at_least(long long minimum) {
         return "";
       },
       ">= " + std::to_string(minimum));
+}
+
+}  // namespace loom::apps
+
+namespace loom::apps {
+
+void argparse_option_rules(CLI::App& app) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+int report_fatal_error(const char* program, const std::exception& error) {
+  const std::string line = std::string(program) + ": " + dist::rank_prefix() + error.what();
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  if (!dist::write_torchelastic_error_file(line))
+    std::fprintf(stderr, "%s: could not write TORCHELASTIC_ERROR_FILE\n", program);
+  return 1;
 }
 
 }  // namespace loom::apps

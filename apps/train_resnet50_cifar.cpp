@@ -391,6 +391,7 @@ int run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a ResNet on CIFAR-10 with loom (the SLURM DDP tutorial)"};
+  apps::argparse_option_rules(app);
   Flags flags;
   app.add_option("-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes")
       ->capture_default_str()
@@ -454,7 +455,6 @@ int main(int argc, char** argv) {
   try {
     return run(flags);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_resnet50_cifar: %s\n", e.what());
-    return 1;
+    return apps::report_fatal_error("train_resnet50_cifar", e);  // names the rank when several run
   }
 }
