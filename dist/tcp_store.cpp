@@ -18,7 +18,8 @@
 //   APPEND k v    -> (no answer);  MULTI_GET n k... -> n values;  MULTI_SET n (k v)... -> (no answer)
 //   PING u32      -> the same u32
 // The server has no deadlines: a client that gives up on a WAIT sends
-// CANCEL_WAIT.
+// CANCEL_WAIT. PyTorch's TCPStore client puts "/" before every key it sends;
+// loom's does too, so that both see the same keys.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -149,6 +150,16 @@ void append_value(Bytes& out, T value) {
 void append_bytes(Bytes& out, const Bytes& value) {
   append_value<uint64_t>(out, value.size());
   out.insert(out.end(), value.begin(), value.end());
+}
+
+// The key as PyTorch's TCPStore client sends it.
+std::string wire_key(const std::string& key) { return "/" + key; }
+
+std::vector<std::string> wire_keys(const std::vector<std::string>& keys) {
+  std::vector<std::string> result;
+  result.reserve(keys.size());
+  for (const auto& key : keys) result.push_back(wire_key(key));
+  return result;
 }
 
 // Parses the decimal integer add() keeps under a key.
@@ -513,7 +524,7 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
   // SET has no answer; GETNUMKEYS after it returns once the server has
   // stored the value, so that every rank sees it when set() returns.
   Request request(Query::set);
-  request.text(key).bytes(value.data(), value.size());
+  request.text(wire_key(key)).bytes(value.data(), value.size());
   Bytes both = request.data();
   Bytes count = Request(Query::get_num_keys).data();
   both.insert(both.end(), count.begin(), count.end());
@@ -525,8 +536,8 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
 
 Bytes TCPStore::get(const std::string& key, Milliseconds timeout) {
   Lease lease(*this);
-  if (!lease.wait({key}, timeout)) throw_timeout("TCPStore", {key}, timeout);
-  lease.send(Request(Query::get).text(key).data());
+  if (!lease.wait({wire_key(key)}, timeout)) throw_timeout("TCPStore", {key}, timeout);
+  lease.send(Request(Query::get).text(wire_key(key)).data());
   Bytes value = lease.receive_bytes();
   lease.done();
   return value;
@@ -534,7 +545,7 @@ Bytes TCPStore::get(const std::string& key, Milliseconds timeout) {
 
 int64_t TCPStore::add(const std::string& key, int64_t delta) {
   Lease lease(*this);
-  lease.send(Request(Query::add).text(key).i64(delta).data());
+  lease.send(Request(Query::add).text(wire_key(key)).i64(delta).data());
   int64_t value = 0;
   lease.receive(&value, sizeof(value));
   lease.done();
@@ -543,13 +554,13 @@ int64_t TCPStore::add(const std::string& key, int64_t delta) {
 
 void TCPStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   Lease lease(*this);
-  if (!lease.wait(keys, timeout)) throw_timeout("TCPStore", keys, timeout);
+  if (!lease.wait(wire_keys(keys), timeout)) throw_timeout("TCPStore", keys, timeout);
   lease.done();
 }
 
 bool TCPStore::check(const std::vector<std::string>& keys) {
   Lease lease(*this);
-  lease.send(Request(Query::check).keys(keys).data());
+  lease.send(Request(Query::check).keys(wire_keys(keys)).data());
   uint8_t response = 0;
   lease.receive(&response, 1);
   if (response != kReady && response != kNotReady)

@@ -6,7 +6,7 @@
 # mpirun job started at the same time gets a port of its own.
 # Usage: mpirun_launch.sh TRAIN_MNIST LOOMRUN
 set -u
-train_mnist=$1
+train_mnist=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 source "$(dirname "$0")/dist_common.sh"
 if ! command -v mpirun >/dev/null; then
   echo "SKIP: mpirun is not installed (Debian's openmpi-bin; scripts/setup.sh installs it)"
@@ -22,10 +22,11 @@ echo "$(mpirun --version | head -n 1)"
 common=(--data "$work/data" --max-steps 6 --log-interval 3 --timeout 60 --batch-size 50)
 
 # Two jobs at once, each with nothing set: each job's ranks meet in their own store.
+pids=()
 for job in a b; do
   (cd "$work" && env -u MASTER_ADDR -u MASTER_PORT timeout 120 "${mpirun[@]}" "$train_mnist" "${common[@]}" \
     >"$work/$job.out" 2>"$work/$job.err") &
-  pids[${#pids[@]}]=$!
+  pids+=($!)
 done
 for job in 0 1; do wait "${pids[$job]}" || { cat "$work/a.err" "$work/b.err"; fail "mpirun job $job failed"; }; done
 for job in a b; do

@@ -14,6 +14,8 @@
   CANCEL_WAIT(12)                                    -> u8 1 (wait canceled)
   PING(13) u32                                       -> the same u32
 Keys and values are a u64 length then the bytes; integers little endian.
+PyTorch's TCPStore client sends every key with "/" in front ("/alpha" for
+"alpha"), so a client of the same store sees "/name" for a key named "name".
 
 Usage: c10d_store_peer.py LOOM_STORE_TOOL
 Runs (1) loom's server against this client, (2) loom's client against this
@@ -240,13 +242,13 @@ def main():
     process, port = start_loom_server(tool)
     try:
         c = Client(port)
-        c.set("from_python", b"c10d")
+        c.set("/from_python", b"c10d")
         result = subprocess.run([tool, "exchange", str(port)], timeout=60)
         expect(result.returncode == 0, "loom's client in the shared store")
-        c.sock.sendall(bytes([WAIT]) + keys(["from_loom"]))
+        c.sock.sendall(bytes([WAIT]) + keys(["/from_loom"]))
         expect(c.recv(1) == b"\x00", "WAIT for loom's key")
-        expect(c.get("from_loom") == b"d01c", "loom's value reached this client")
-        expect(c.add("shared_counter", 1) == 11, "one counter shared by both")
+        expect(c.get("/from_loom") == b"d01c", "loom's value reached this client, under /from_loom")
+        expect(c.add("/shared_counter", 1) == 11, "one counter shared by both")
     finally:
         process.stdin.close()
         process.wait(timeout=10)
