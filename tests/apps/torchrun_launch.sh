@@ -9,6 +9,8 @@
 #      restarts both, TORCHELASTIC_RESTART_COUNT=1, the second attempt trains
 #   4. a fatal error: torchrun's failure summary shows loom's message from the
 #      error file (TORCHELASTIC_ERROR_FILE), not "error_file: <N/A>"
+#   5. (as root with iproute2) the two agents in two network namespaces
+#      joined by a veth pair, node 1 reaching node 0 only over it
 # Needs a PyTorch 2.x importable from the repository's .venv (scripts/setup.sh
 # --peers) or $LOOM_TORCH_PYTHON; skips otherwise.
 # Usage: torchrun_launch.sh TRAIN_MNIST LOOMRUN
@@ -25,7 +27,20 @@ fi
 torchrun=("$python" -m torch.distributed.run)
 echo "torchrun of PyTorch $version"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+tag=$$
+ns0=loom_tr0_$tag ns1=loom_tr1_$tag veth0=loomt0_$tag veth1=loomt1_$tag
+veth0=${veth0:0:15} veth1=${veth1:0:15}
+cleanup() {
+  if [[ -n ${made_namespaces:-} ]]; then
+    ip netns pids "$ns0" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip netns pids "$ns1" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip link del "$veth0" 2>/dev/null
+    ip netns del "$ns0" 2>/dev/null
+    ip netns del "$ns1" 2>/dev/null
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 make_mnist_subset "$work/data" 2000 500
 common=(--data "$work/data" --max-steps 6 --log-interval 3 --batch-size 50 --timeout 60)
 export OMP_NUM_THREADS=1
@@ -89,4 +104,30 @@ grep -q 'error_file: /' "$work/bad.err" || { cat "$work/bad.err"; fail "torchrun
 grep -q "traceback.*train_mnist: rank [01]: .*$work/missing" "$work/bad.err" ||
   { cat "$work/bad.err"; fail "torchrun's summary does not show loom's message"; }
 echo "ok 4 ($SECONDS s): torchrun's failure summary shows loom's error from TORCHELASTIC_ERROR_FILE"
+# 5. Two agents in two network namespaces. torchrun cannot tell there that the
+# endpoint is its own address (no name for the namespace's address), so node 0
+# says it hosts the rendezvous (is_host=1), and each names its address.
+if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns add "$ns0" 2>/dev/null; then
+  made_namespaces=1
+  ip netns add "$ns1" && ip link add "$veth0" type veth peer name "$veth1" &&
+    ip link set "$veth0" netns "$ns0" && ip link set "$veth1" netns "$ns1" &&
+    ip -n "$ns0" addr add 10.215.0.1/24 dev "$veth0" && ip -n "$ns1" addr add 10.215.0.2/24 dev "$veth1" &&
+    ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
+    ip -n "$ns0" link set "$veth0" up && ip -n "$ns1" link set "$veth1" up || fail "cannot set up the namespaces"
+  pids=()
+  for node in 0 1; do
+    ns_var=ns$node
+    host=(); [[ $node == 0 ]] && host=(--rdzv-conf is_host=1)
+    ip netns exec "${!ns_var}" timeout 150 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=215 \
+      --rdzv-backend=c10d --rdzv-endpoint=10.215.0.1:29400 "${host[@]}" --local-addr=10.215.0.$((node + 1)) \
+      --no-python "$train_mnist" "${common[@]}" >"$work/ns$node.out" 2>"$work/ns$node.err" &
+    pids+=($!)
+  done
+  for node in 0 1; do wait "${pids[$node]}" || { cat "$work/ns$node.err"; fail "torchrun in namespace $node failed"; }; done
+  cat "$work/ns0.out" "$work/ns1.out" >"$work/ns.out"
+  check_world_2 "two namespaces" "$work/ns.out"
+  echo "ok 5 ($SECONDS s): two torchrun agents in two network namespaces over a veth pair"
+else
+  echo "not run 5: two network namespaces need root and iproute2"
+fi
 echo "ok: train_mnist under PyTorch $version's torchrun"
