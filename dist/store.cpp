@@ -78,7 +78,8 @@ namespace {
   try {
     TCPStore probe(launch.master_addr, launch.master_port,
                    TCPStoreOptions{.is_server = false, .timeout = std::chrono::seconds(3)});
-    if (probe.check({"loom/rank/0/owner"})) first = probe.get_string("loom/rank/0/owner", timeout);
+    // The first rank 0 claims its rank right after it starts serving.
+    first = probe.get_string("loom/rank/0/owner", std::min(timeout, Milliseconds(std::chrono::seconds(3))));
   } catch (const Error&) {
   }
   if (first.empty()) throw error;
