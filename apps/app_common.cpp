@@ -96,4 +96,12 @@ int report_fatal_error(const char* program, const std::exception& error) {
   return 1;
 }
 
+int report_usage_error(const char* program, const std::exception& error) {
+  const std::string line = std::string(program) + ": " + error.what();
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  dist::write_torchelastic_error_file(line);
+  return 2;
+}
+
 }  // namespace loom::apps

@@ -51,4 +51,8 @@ void argparse_option_rules(CLI::App& app);
 // its summary shows (TORCHELASTIC_ERROR_FILE). Returns the exit code, 1.
 int report_fatal_error(const char* program, const std::exception& error);
 
+// A bad command line: "PROGRAM: MESSAGE" on stderr and in torchrun's error
+// file. Returns the exit code, 2.
+int report_usage_error(const char* program, const std::exception& error);
+
 }  // namespace loom::apps

@@ -336,8 +336,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_mnist: %s\n", e.what());
-    return 2;
+    return apps::report_usage_error("train_mnist", e);
   }
   try {
     return run(flags, argc, argv);

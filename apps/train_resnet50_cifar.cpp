@@ -449,8 +449,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_resnet50_cifar: %s\n", e.what());
-    return 2;
+    return apps::report_usage_error("train_resnet50_cifar", e);
   }
   try {
     return run(flags);
