@@ -11,6 +11,7 @@
 
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "dist/environment.h"
 #include "dist/launcher.h"
 
 namespace loom::apps {
@@ -365,6 +366,29 @@ int StopAgreement::poll() {
 void StopAgreement::finish() {
   if (pending_) pending_->wait();
   pending_.reset();
+}
+
+// ---- command lines and fatal errors ----
+
+void argparse_option_rules(CLI::App& app) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+int report_fatal_error(const char* program, const std::exception& error) {
+  const std::string line = std::string(program) + ": " + dist::rank_prefix() + error.what();
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  if (!dist::write_torchelastic_error_file(line))
+    std::fprintf(stderr, "%s: could not write TORCHELASTIC_ERROR_FILE\n", program);
+  return 1;
+}
+
+int report_usage_error(const char* program, const std::exception& error) {
+  const std::string line = std::string(program) + ": " + error.what();
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  dist::write_torchelastic_error_file(line);
+  return 2;
 }
 
 }  // namespace loom::apps

@@ -49,6 +49,20 @@ CLI::Validator at_least(double minimum);
 // The same for whole numbers.
 CLI::Validator whole_at_least(long long minimum);
 
+// Options as Python's argparse takes them: a repeated option keeps its last
+// value (so a wrapper script can pass defaults that its user overrides).
+// Call before adding options.
+void argparse_option_rules(CLI::App& app);
+
+// Reports a fatal error the way every app does: "PROGRAM: rank N: MESSAGE" on
+// stderr (the rank when several run) and, under torchrun, in the error file
+// its summary shows (TORCHELASTIC_ERROR_FILE). Returns the exit code, 1.
+int report_fatal_error(const char* program, const std::exception& error);
+
+// A bad command line: "PROGRAM: MESSAGE" on stderr and in torchrun's error
+// file. Returns the exit code, 2.
+int report_usage_error(const char* program, const std::exception& error);
+
 }  // namespace loom::apps
 
 namespace loom::apps {

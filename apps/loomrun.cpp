@@ -5,8 +5,6 @@
 // non-zero naming the failed rank.
 //   loomrun --nproc_per_node=2 build/apps/train_mnist --epochs 2
 //   loomrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=1 PROGRAM ARGS...
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include "core/cuda/runtime.h"
 #include "core/error.h"
 #include "dist/launcher.h"
+#include "dist/store.h"
 
 using namespace loom;
 
@@ -49,6 +48,9 @@ constexpr const char* kUsage =
     "                         (a PROGRAM ending in .py is run with python3 unless this is given)\n"
     "  -h, --help             this text\n"
     "\n"
+    "Like torchrun's agent, loomrun on node 0 hosts the rendezvous store (a c10d\n"
+    "TCPStore at the master address and port) and its processes join it\n"
+    "(TORCHELASTIC_USE_AGENT_STORE=True). An option given twice takes its last value.\n"
     "OMP_NUM_THREADS is set to 1 for every process when several run per node and\n"
     "it is not set already. Exit status: 0 when every process succeeded, 128+N\n"
     "after forwarding signal N, otherwise 1 with the failed rank named on stderr.\n";
@@ -66,21 +68,6 @@ int parse_int(const std::string& flag, const std::string& text, int minimum) {
     usage_error(str(flag, ": '", text, "' is not a whole number"));
   if (value < minimum) usage_error(str(flag, ": must be at least ", minimum, ", got ", value));
   return static_cast<int>(value);
-}
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  if (fd >= 0) ::close(fd);
-  if (port == 0) usage_error("--standalone: could not find a free port on 127.0.0.1");
-  return port;
 }
 
 int processes_per_node(const std::string& text) {
@@ -196,7 +183,7 @@ int main(int argc, char** argv) {
   if (standalone) {
     if (spec.nnodes != 1) usage_error("--standalone runs one node; drop --nnodes");
     spec.master_addr = "127.0.0.1";
-    spec.master_port = free_port();
+    spec.master_port = 0;  // the store below takes a free one
   } else {
     if (spec.nnodes > 1 && !master_addr)
       usage_error(str("--nnodes=", spec.nnodes, " needs --master_addr, the address of node 0 that every node can reach"));
@@ -214,6 +201,16 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // Like torchrun's agent, node 0's loomrun hosts the rendezvous store (for
+    // every restart) and the workers join it as clients, their keys under
+    // /worker/attempt_<restart>; --standalone takes the port the store got.
+    std::unique_ptr<dist::TCPStore> agent_store;
+    if (spec.node_rank == 0) {
+      agent_store = std::make_unique<dist::TCPStore>(spec.master_addr, standalone ? 0 : spec.master_port,
+                                                     dist::TCPStoreOptions{.is_server = true});
+      spec.master_port = agent_store->port();
+    }
+    spec.environment["TORCHELASTIC_USE_AGENT_STORE"] = "True";
     dist::WorkerGroupResult result = dist::run_worker_group(spec);
     if (result.received_signal != 0) {
       std::fprintf(stderr, "loomrun: stopped by %s\n", dist::signal_name(result.received_signal).c_str());

@@ -388,6 +388,7 @@ std::vector<std::string> normalized_arguments(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train the tutorials' ConvNet on MNIST / Fashion-MNIST with loom"};
+  apps::argparse_option_rules(app);
   Flags flags;
   app.add_option("--epochs", flags.epochs, "number of epochs")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--batch-size", flags.batch_size, "images per step")->capture_default_str()->check(apps::whole_at_least(1));
@@ -422,16 +423,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_mnist: %s\n", e.what());
-    return 2;
+    return apps::report_usage_error("train_mnist", e);
   }
   try {
     return run(flags, argc, argv);
   } catch (const std::exception& e) {
-    // With several ranks, say which one failed.
-    const char* rank = std::getenv("RANK") ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
-    std::fprintf(stderr, "train_mnist: %s%s%s\n", rank ? "rank " : "", rank ? (std::string(rank) + ": ").c_str() : "",
-                 e.what());
-    return 1;
+    return apps::report_fatal_error("train_mnist", e);  // names the rank when several run
   }
 }

@@ -427,6 +427,7 @@ int run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a ResNet on CIFAR-10 with loom (the SLURM DDP tutorial)"};
+  apps::argparse_option_rules(app);
   Flags flags;
   app.add_option("-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes")
       ->capture_default_str()
@@ -482,13 +483,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_resnet50_cifar: %s\n", e.what());
-    return 2;
+    return apps::report_usage_error("train_resnet50_cifar", e);
   }
   try {
     return run(flags);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_resnet50_cifar: %s\n", e.what());
-    return 1;
+    return apps::report_fatal_error("train_resnet50_cifar", e);  // names the rank when several run
   }
 }

@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -31,10 +35,18 @@ EnvironmentLookup process_environment() {
   };
 }
 
+// The innermost launcher wins: torchrun / loomrun set RANK for the processes
+// they start, even under srun or mpirun. Open MPI's OMPI_COMM_WORLD_* exist
+// only in processes mpirun started, and they win over SLURM's variables, which
+// an sbatch script (SLURM_PROCID=0, SLURM_NTASKS=N for the whole job) and the
+// daemons mpirun starts through srun pass on. SLURM's own variables describe
+// this process only in an srun task, which alone has SLURM_STEP_ID; a
+// process started by the batch script itself is a single process.
 Launcher detect_launcher(const EnvironmentLookup& environment) {
   if (environment("RANK") || environment("WORLD_SIZE")) return Launcher::torchrun;
-  if (environment("SLURM_PROCID")) return Launcher::slurm;
-  if (environment("OMPI_COMM_WORLD_RANK")) return Launcher::open_mpi;
+  if (environment("OMPI_COMM_WORLD_RANK") || environment("OMPI_COMM_WORLD_SIZE")) return Launcher::open_mpi;
+  if (environment("SLURM_PROCID") && (environment("SLURM_STEP_ID") || environment("SLURM_STEPID")))
+    return Launcher::slurm;
   return Launcher::none;
 }
 
@@ -105,7 +117,21 @@ std::optional<int> slurm_tasks_on_node(const std::string& text, int node) {
   return std::nullopt;
 }
 
+// The id every process of one mpirun job shares: Open MPI 4's job id, or
+// Open MPI 5's PMIx namespace.
+std::optional<std::string> open_mpi_job_id(const EnvironmentLookup& environment) {
+  if (auto job = environment("OMPI_MCA_ess_base_jobid"); job && !job->empty()) return job;
+  if (auto job = environment("PMIX_NAMESPACE"); job && !job->empty()) return job;
+  return std::nullopt;
+}
+
 }  // namespace
+
+int open_mpi_default_port(const std::string& job_id) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : job_id) hash = (hash ^ c) * 1099511628211ull;
+  return kOpenMpiPortBase + static_cast<int>(hash % kOpenMpiPortCount);
+}
 
 LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, const EnvironmentLookup& environment) {
   LaunchEnvironment result;
@@ -192,11 +218,22 @@ LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, c
       }
     }
   }
+  // mpirun on one machine: every rank is local, so rank 0 is on this host.
+  if (!master_addr && result.launcher == Launcher::open_mpi && local_world.given() &&
+      local_world.value == world.value) {
+    master_addr = "127.0.0.1";
+  }
   if (master_addr && master_addr->empty())
     LOOM_FAIL(master_addr_source, " is set but empty; give the host name or address of the node running rank 0");
   if (master_addr) {
     result.master_addr = *master_addr;
   } else if (result.world_size > 1) {
+    if (result.launcher == Launcher::open_mpi)
+      LOOM_FAIL(world.describe(), " but MASTER_ADDR is not set",
+                local_world.given() ? str(" and the ranks span several machines (", local_world.describe(), ")") : "",
+                "; set MASTER_ADDR (and MASTER_PORT, default ", kDefaultMasterPort,
+                ") to the host name or address of the machine running rank 0 and pass them to every rank: "
+                "mpirun -x MASTER_ADDR=HOST -x MASTER_PORT=PORT ...");
     LOOM_FAIL(world.describe(), " but MASTER_ADDR is not set",
               result.launcher == Launcher::slurm ? " (nor SLURM_SRUN_COMM_HOST)" : "",
               "; set MASTER_ADDR to the host name or address of the node running rank 0");
@@ -210,6 +247,8 @@ LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, c
     int port = parse_int("MASTER_PORT", *text);
     if (port < 1 || port > 65535) LOOM_FAIL("MASTER_PORT=", *text, " is out of range (1 to 65535)");
     result.master_port = port;
+  } else if (result.launcher == Launcher::open_mpi) {
+    if (auto job = open_mpi_job_id(environment)) result.master_port = open_mpi_default_port(*job);
   }
   return result;
 }
@@ -223,6 +262,55 @@ std::chrono::milliseconds collective_timeout_from_environment(std::chrono::milli
   if (text->empty() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e7)
     LOOM_FAIL("LOOM_COLLECTIVE_TIMEOUT='", *text, "' is not a positive number of seconds");
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
+}
+
+std::string rank_prefix(const EnvironmentLookup& environment) {
+  try {
+    if (detect_launcher(environment) == Launcher::none) return "";
+    LaunchEnvironment launch = resolve_launch_environment({}, environment);
+    return launch.world_size > 1 ? str("rank ", launch.rank, ": ") : "";
+  } catch (const std::exception&) {
+    return "";  // the error being reported may be about these very variables
+  }
+}
+
+namespace {
+
+// `text` as a JSON string literal.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+          out += escaped;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+bool write_torchelastic_error_file(const std::string& message, const EnvironmentLookup& environment) {
+  auto path = environment("TORCHELASTIC_ERROR_FILE");
+  if (!path || path->empty()) return true;
+  std::ofstream file(*path, std::ios::trunc);
+  // torchrun's summary prints py_callstack when present: the message itself here.
+  file << "{\"message\": {\"message\": " << json_string(message) << ", \"extraInfo\": {\"py_callstack\": "
+       << json_string(message) << ", \"timestamp\": \""
+       << static_cast<long long>(std::time(nullptr)) << "\"}}}\n";
+  file.close();
+  return static_cast<bool>(file);
 }
 
 }  // namespace loom::dist

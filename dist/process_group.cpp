@@ -163,8 +163,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     rank = environment.rank;
     world_size = environment.world_size;
     master_addr = environment.master_addr;
-    store = std::make_shared<TCPStore>(environment.master_addr, environment.master_port,
-                                       TCPStoreOptions{.is_server = rank == 0, .timeout = options.timeout});
+    store = connect_rendezvous_store(environment, options.timeout);
   } else if (options.init_method.rfind("file://", 0) == 0) {
     std::string path = options.init_method.substr(7);
     LOOM_CHECK(!path.empty() && path.front() == '/', "init_method '", options.init_method,

@@ -66,9 +66,9 @@ FileDescriptor listen_on_port(const std::string& host, int port, int backlog) {
   int error = try_listen(AF_INET6, port, backlog, fd);
   if (error == EAFNOSUPPORT || error == EADDRNOTAVAIL) error = try_listen(AF_INET, port, backlog, fd);
   if (error == EADDRINUSE) {
-    LOOM_FAIL("TCPStore: address ", host_port(host, port),
-              " is already in use; another job or a leftover process holds port ", port,
-              ". Choose another MASTER_PORT or stop that process");
+    throw AddressInUse(str("TCPStore: address ", host_port(host, port),
+                           " is already in use; another job or a leftover process holds port ", port,
+                           ". Choose another MASTER_PORT or stop that process"));
   }
   if (error != 0) LOOM_FAIL("TCPStore: cannot listen on ", host_port(host, port), ": ", errno_text(error));
   return fd;

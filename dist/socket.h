@@ -8,7 +8,16 @@
 #include <cstdint>
 #include <string>
 
+#include "core/error.h"
+
 namespace loom::dist {
+
+// listen_on_port's error when another process holds the port, so that callers
+// can tell it apart (a second rank 0 is the usual cause within one job).
+class AddressInUse : public Error {
+ public:
+  using Error::Error;
+};
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -41,7 +50,8 @@ class FileDescriptor {
 
 // Listens on every interface (IPv6 dual-stack when available, else IPv4) at
 // `port` (0: any free port). `host` only names the address in errors. Throws
-// "TCPStore: address HOST:PORT is already in use" when the port is taken.
+// AddressInUse ("TCPStore: address HOST:PORT is already in use") when the
+// port is taken.
 FileDescriptor listen_on_port(const std::string& host, int port, int backlog = 1024);
 
 // The port a listening socket is bound to.

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/environment.h"
 #include "dist/socket.h"
 
 namespace loom::dist {
@@ -97,10 +98,13 @@ struct TCPStoreOptions {
   Milliseconds timeout = Store::kDefaultTimeout;
 };
 
-// Client of a key-value server at host:port. With options.is_server this
+// Client of a key-value server at host:port speaking PyTorch's c10d TCPStore
+// protocol, so it can use a store PyTorch hosts (torchrun's agent store) and
+// PyTorch's TCPStore can use one loom hosts. With options.is_server this
 // object also owns the server (a thread serving every client with poll(2));
 // the server stops when this object is destroyed, so rank 0 must outlive the
-// others' use of the store.
+// others' use of the store. Errors name the master's address: a server that
+// went away, one that does not answer, a waiting call's timeout.
 class TCPStore final : public Store {
  public:
   // port 0 with is_server: listen on any free port (see port()).
@@ -120,10 +124,29 @@ class TCPStore final : public Store {
   int port() const { return port_; }
 
  private:
-  // Sends one request frame on an idle connection and reads the reply;
-  // `wait_budget` is how long the server may take to answer (a waiting
-  // call's timeout).
-  Bytes round_trip(const Bytes& request, Milliseconds wait_budget);
+  // One connection taken from the idle pool (or opened, with the validation
+  // handshake) for one call; back to the pool when the call finished its
+  // exchange (done()), else closed, so that no half-read answer is reused.
+  class Lease {
+   public:
+    explicit Lease(TCPStore& store);
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    void send(const Bytes& request);
+    void receive(void* data, size_t size);
+    Bytes receive_bytes();
+    bool wait(const std::vector<std::string>& keys, Milliseconds timeout);
+    void done() { healthy_ = true; }
+
+   private:
+    TCPStore& store_;
+    FileDescriptor connection_;
+    bool healthy_ = true;
+  };
+
+  FileDescriptor open_connection();
+  std::string peer() const;  // "master HOST:PORT"
 
   std::string host_;
   int port_;
@@ -160,5 +183,29 @@ class FileStore final : public Store {
   std::string path_;
   std::unique_ptr<State> state_;
 };
+
+// ---- Rendezvous ----
+
+// "host H, pid P": names this process in errors other processes show.
+std::string describe_this_process();
+
+// Registers `rank` in `store` as taken by `who` (describe_this_process()).
+// Throws loom::Error naming both processes when another one claimed the same
+// rank first (a launcher gave two processes one rank): "duplicate rank 0:
+// host a, pid 1 and host b, pid 2 both ...". `timeout` bounds the wait for
+// the first claimant's name.
+void claim_rank(Store& store, int rank, const std::string& who, Milliseconds timeout);
+
+// The store a process started by a launcher meets the others in:
+//  - under torchrun / loomrun with TORCHELASTIC_USE_AGENT_STORE=True, the
+//    launcher's own store at MASTER_ADDR:MASTER_PORT, every rank a client,
+//    keys under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" (as PyTorch's
+//    workers do: torch.distributed.rendezvous._create_c10d_store);
+//  - otherwise a TCPStore rank 0 hosts at MASTER_ADDR:MASTER_PORT. When rank
+//    0 finds the port taken by another loom rank 0 of the same job, the error
+//    names both processes.
+// Then claims this rank (claim_rank).
+std::shared_ptr<Store> connect_rendezvous_store(const LaunchEnvironment& launch, Milliseconds timeout,
+                                                const EnvironmentLookup& environment = process_environment());
 
 }  // namespace loom::dist

@@ -1,10 +1,25 @@
-// TCPStore: a key-value server thread on rank 0 (one poll(2) loop serving
-// every client, waiting requests parked until their keys arrive or their
-// deadline passes) and the blocking client every rank uses.
+// TCPStore speaking PyTorch's c10d TCPStore protocol: a key-value server
+// thread (one poll(2) loop serving every client, waiting requests parked until
+// their keys arrive) and the blocking client every rank uses. A loom process
+// and a PyTorch process (torchrun's agent store, torch.distributed.TCPStore)
+// can share one store either way round.
 //
-// Wire format: every message is a frame, u32 payload length (little endian)
-// then the payload. Requests start with a Command byte, replies with a Status
-// byte. Strings and byte values are u32 length + bytes; integers are i64.
+// The protocol, as PyTorch 2.x's TCPStore.cpp / TCPStoreBackend.cpp /
+// TCPStoreLibUvBackend.cpp define it (native byte order; strings and byte
+// values are a u64 length then the bytes):
+//   connect:      VALIDATE u32 0x3C85F7CE                       (no answer)
+//   SET k v       -> (no answer)
+//   GET k         -> value (empty when the key is missing: clients WAIT first)
+//   ADD k i64     -> i64 new value (the key holds it in decimal)
+//   CHECK n k...  -> u8 READY (0) / NOT_READY (1)
+//   WAIT n k...   -> u8 STOP_WAITING (0) once every key exists
+//   CANCEL_WAIT   -> u8 WAIT_CANCELED (1) (a pending STOP_WAITING may come first)
+//   GETNUMKEYS    -> i64;  DELETE_KEY k -> i64 removed;  COMPARE_SET k old new -> value
+//   APPEND k v    -> (no answer);  MULTI_GET n k... -> n values;  MULTI_SET n (k v)... -> (no answer)
+//   PING u32      -> the same u32
+// The server has no deadlines: a client that gives up on a WAIT sends
+// CANCEL_WAIT. PyTorch's TCPStore client puts "/" before every key it sends;
+// loom's does too, so that both see the same keys.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -22,61 +37,92 @@ namespace loom::dist {
 
 namespace {
 
-enum class Command : uint8_t { set = 1, get = 2, add = 3, wait = 4, check = 5 };
-enum class Status : uint8_t { ok = 0, timeout = 1, error = 2 };
+enum class Query : uint8_t {
+  validate = 0,
+  set = 1,
+  compare_set = 2,
+  get = 3,
+  add = 4,
+  check = 5,
+  wait = 6,
+  get_num_keys = 7,
+  delete_key = 8,
+  append = 9,
+  multi_get = 10,
+  multi_set = 11,
+  cancel_wait = 12,
+  ping = 13,
+};
+constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+constexpr uint8_t kReady = 0, kNotReady = 1;
+constexpr uint8_t kStopWaiting = 0, kWaitCanceled = 1;
+// Larger lengths are not a store client (PyTorch's own limits are similar).
+constexpr uint64_t kMaxValueBytes = 1ull << 31;
+constexpr uint64_t kMaxKeys = 1ull << 20;
 
-constexpr uint32_t kMaxFrameBytes = 1u << 30;
-
-class MessageWriter {
+// A request being built, sent as one write.
+class Request {
  public:
-  MessageWriter() { bytes_.resize(4); }  // room for the frame length
-  MessageWriter& u8(uint8_t value) {
-    bytes_.push_back(value);
-    return *this;
-  }
-  MessageWriter& u32(uint32_t value) { return raw(&value, 4); }
-  MessageWriter& i64(int64_t value) { return raw(&value, 8); }
-  MessageWriter& blob(const void* data, size_t size) {
-    u32(static_cast<uint32_t>(size));
+  explicit Request(Query query) : bytes_(1, static_cast<uint8_t>(query)) {}
+  Request& u32(uint32_t value) { return raw(&value, 4); }
+  Request& u64(uint64_t value) { return raw(&value, 8); }
+  Request& i64(int64_t value) { return raw(&value, 8); }
+  Request& bytes(const void* data, size_t size) {
+    u64(size);
     return raw(data, size);
   }
-  MessageWriter& text(const std::string& value) { return blob(value.data(), value.size()); }
-  // The finished frame: length prefix then payload.
-  Bytes frame() && {
-    uint32_t length = static_cast<uint32_t>(bytes_.size() - 4);
-    std::memcpy(bytes_.data(), &length, 4);
-    return std::move(bytes_);
+  Request& text(const std::string& value) { return bytes(value.data(), value.size()); }
+  Request& keys(const std::vector<std::string>& keys) {
+    u64(keys.size());
+    for (const auto& key : keys) text(key);
+    return *this;
   }
+  const Bytes& data() const { return bytes_; }
 
  private:
-  MessageWriter& raw(const void* data, size_t size) {
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    bytes_.insert(bytes_.end(), p, p + size);
+  Request& raw(const void* data, size_t size) {
+    const size_t used = bytes_.size();
+    bytes_.resize(used + size);
+    if (size > 0) std::memcpy(bytes_.data() + used, data, size);
     return *this;
   }
   Bytes bytes_;
 };
 
-class MessageReader {
+// Reads one request from what a connection has received so far; throws
+// Incomplete when more bytes are needed.
+struct Incomplete {};
+
+class Parser {
  public:
-  MessageReader(const uint8_t* data, size_t size) : position_(data), end_(data + size) {}
+  Parser(const uint8_t* data, size_t size) : position_(data), begin_(data), end_(data + size) {}
   uint8_t u8() {
     need(1);
     return *position_++;
   }
   uint32_t u32() { return read<uint32_t>(); }
+  uint64_t u64() { return read<uint64_t>(); }
   int64_t i64() { return read<int64_t>(); }
-  Bytes blob() {
-    uint32_t size = u32();
+  Bytes bytes() {
+    uint64_t size = u64();
+    if (size > kMaxValueBytes) LOOM_FAIL("TCPStore: a client sent a ", size, "-byte value");
     need(size);
     Bytes value(position_, position_ + size);
     position_ += size;
     return value;
   }
   std::string text() {
-    Bytes value = blob();
+    Bytes value = bytes();
     return std::string(value.begin(), value.end());
   }
+  std::vector<std::string> keys() {
+    uint64_t count = u64();
+    if (count > kMaxKeys) LOOM_FAIL("TCPStore: a client sent ", count, " keys");
+    std::vector<std::string> result;
+    for (uint64_t i = 0; i < count; ++i) result.push_back(text());
+    return result;
+  }
+  size_t consumed() const { return static_cast<size_t>(position_ - begin_); }
 
  private:
   template <class T>
@@ -88,11 +134,33 @@ class MessageReader {
     return value;
   }
   void need(size_t size) const {
-    if (static_cast<size_t>(end_ - position_) < size) LOOM_FAIL("TCPStore: malformed message (truncated)");
+    if (static_cast<size_t>(end_ - position_) < size) throw Incomplete{};
   }
   const uint8_t* position_;
+  const uint8_t* begin_;
   const uint8_t* end_;
 };
+
+template <class T>
+void append_value(Bytes& out, T value) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(&value);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+void append_bytes(Bytes& out, const Bytes& value) {
+  append_value<uint64_t>(out, value.size());
+  out.insert(out.end(), value.begin(), value.end());
+}
+
+// The key as PyTorch's TCPStore client sends it.
+std::string wire_key(const std::string& key) { return "/" + key; }
+
+std::vector<std::string> wire_keys(const std::vector<std::string>& keys) {
+  std::vector<std::string> result;
+  result.reserve(keys.size());
+  for (const auto& key : keys) result.push_back(wire_key(key));
+  return result;
+}
 
 // Parses the decimal integer add() keeps under a key.
 int64_t parse_counter(const std::string& key, const Bytes& value) {
@@ -103,11 +171,6 @@ int64_t parse_counter(const std::string& key, const Bytes& value) {
   if (text.empty() || *end != '\0' || errno == ERANGE)
     LOOM_FAIL("TCPStore: add('", key, "') on a key whose value is not an integer");
   return number;
-}
-
-Bytes counter_bytes(int64_t value) {
-  std::string text = std::to_string(value);
-  return Bytes(text.begin(), text.end());
 }
 
 }  // namespace
@@ -138,18 +201,17 @@ class TCPStoreServer {
  private:
   struct Connection {
     FileDescriptor socket;
+    bool validated = false;  // sent VALIDATE with the magic number
     Bytes input;
     Bytes output;
     size_t output_sent = 0;
     bool closed = false;
   };
 
-  // A get or wait whose keys are not all there yet.
+  // A WAIT whose keys are not all there yet (at most one per connection).
   struct Waiter {
     int socket;
-    Command command;
     std::vector<std::string> keys;
-    SteadyClock::time_point deadline;
   };
 
   void serve() noexcept {
@@ -163,15 +225,7 @@ class TCPStoreServer {
         if (connection.output_sent < connection.output.size()) events |= POLLOUT;
         entries.push_back({fd, events, 0});
       }
-      int timeout_ms = -1;
-      if (!waiters_.empty()) {
-        auto nearest = std::min_element(waiters_.begin(), waiters_.end(), [](const Waiter& a, const Waiter& b) {
-                         return a.deadline < b.deadline;
-                       })->deadline;
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(nearest - SteadyClock::now()).count();
-        timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1 << 30));
-      }
-      int ready = ::poll(entries.data(), entries.size(), timeout_ms);
+      int ready = ::poll(entries.data(), entries.size(), -1);
       if (ready < 0 && errno != EINTR) return;  // nothing sensible left to do; clients see the close
       if (entries[0].revents != 0) return;      // shutdown requested
       if (entries[1].revents & POLLIN) accept_clients();
@@ -182,7 +236,6 @@ class TCPStoreServer {
         if (entries[i].revents & (POLLIN | POLLHUP | POLLERR)) read_requests(it->first, it->second);
         if (entries[i].revents & POLLOUT) flush(it->second);
       }
-      expire_waiters();
       std::erase_if(waiters_, [this](const Waiter& w) { return connections_.at(w.socket).closed; });
       std::erase_if(connections_, [](const auto& entry) { return entry.second.closed; });
     }
@@ -211,103 +264,147 @@ class TCPStoreServer {
       break;
     }
     size_t consumed = 0;
-    while (!connection.closed && connection.input.size() - consumed >= 4) {
-      uint32_t length;
-      std::memcpy(&length, connection.input.data() + consumed, 4);
-      if (length > kMaxFrameBytes) {
-        connection.closed = true;  // not a loom client
+    while (!connection.closed && consumed < connection.input.size()) {
+      Parser request(connection.input.data() + consumed, connection.input.size() - consumed);
+      try {
+        handle_request(fd, connection, request);
+      } catch (const Incomplete&) {
+        break;  // the rest of the request comes with a later recv
+      } catch (const std::exception&) {
+        connection.closed = true;  // not a store client, or a malformed request: drop it, as PyTorch does
         break;
       }
-      if (connection.input.size() - consumed - 4 < length) break;
-      const uint8_t* payload = connection.input.data() + consumed + 4;
-      consumed += 4 + length;
-      try {
-        handle_request(fd, connection, MessageReader(payload, length));
-      } catch (const std::exception& error) {
-        reply_error(connection, error.what());
-      }
+      consumed += request.consumed();
     }
     connection.input.erase(connection.input.begin(), connection.input.begin() + static_cast<ptrdiff_t>(consumed));
     flush(connection);
   }
 
-  void handle_request(int fd, Connection& connection, MessageReader request) {
-    auto command = static_cast<Command>(request.u8());
-    switch (command) {
-      case Command::set: {
-        std::string key = request.text();
-        data_[key] = request.blob();
-        reply(connection, std::move(MessageWriter().u8(uint8_t(Status::ok))).frame());
-        release_waiters();
-        return;
-      }
-      case Command::add: {
-        std::string key = request.text();
-        int64_t delta = request.i64();
-        auto it = data_.find(key);
-        int64_t value = (it == data_.end() ? 0 : parse_counter(key, it->second)) + delta;
-        data_[key] = counter_bytes(value);
-        reply(connection, std::move(MessageWriter().u8(uint8_t(Status::ok)).i64(value)).frame());
-        release_waiters();
-        return;
-      }
-      case Command::check: {
-        uint32_t count = request.u32();
-        bool all = true;
-        for (uint32_t i = 0; i < count; ++i) all = data_.contains(request.text()) && all;
-        reply(connection, std::move(MessageWriter().u8(uint8_t(Status::ok)).u8(all ? 1 : 0)).frame());
-        return;
-      }
-      case Command::get:
-      case Command::wait: {
-        int64_t timeout_ms = request.i64();
-        uint32_t count = request.u32();
-        Waiter waiter{fd, command, {}, SteadyClock::now() + std::chrono::milliseconds(timeout_ms)};
-        for (uint32_t i = 0; i < count; ++i) waiter.keys.push_back(request.text());
-        if (!try_answer(connection, waiter)) waiters_.push_back(std::move(waiter));
-        return;
-      }
+  // Handles one whole request; throws Incomplete, before changing anything,
+  // when it has not fully arrived.
+  void handle_request(int fd, Connection& connection, Parser& request) {
+    const auto query = static_cast<Query>(request.u8());
+    if (!connection.validated) {
+      if (query != Query::validate || request.u32() != kValidationMagic)
+        LOOM_FAIL("TCPStore: a client did not start with the validation handshake");
+      connection.validated = true;
+      return;
     }
-    LOOM_FAIL("TCPStore: unknown command ", int(command), " (client and server from different loom versions?)");
+    Bytes reply;
+    switch (query) {
+      case Query::validate:
+        if (request.u32() != kValidationMagic) LOOM_FAIL("TCPStore: bad validation number");
+        return;
+      case Query::set: {
+        std::string key = request.text();
+        Bytes value = request.bytes();
+        data_[key] = std::move(value);
+        release_waiters();
+        return;
+      }
+      case Query::compare_set: {
+        std::string key = request.text();
+        Bytes expected = request.bytes();
+        Bytes desired = request.bytes();
+        auto it = data_.find(key);
+        if (it == data_.end()) {
+          if (expected.empty()) data_[key] = desired;
+          append_bytes(reply, expected.empty() ? desired : expected);
+        } else {
+          if (it->second == expected) it->second = std::move(desired);
+          append_bytes(reply, it->second);
+        }
+        release_waiters();
+        break;
+      }
+      case Query::get: {
+        std::string key = request.text();
+        auto it = data_.find(key);
+        append_bytes(reply, it == data_.end() ? Bytes{} : it->second);
+        break;
+      }
+      case Query::add: {
+        std::string key = request.text();
+        int64_t value = request.i64();
+        auto it = data_.find(key);
+        if (it != data_.end()) value += parse_counter(key, it->second);
+        std::string text = std::to_string(value);
+        data_[key] = Bytes(text.begin(), text.end());
+        append_value<int64_t>(reply, value);
+        release_waiters();
+        break;
+      }
+      case Query::check: {
+        std::vector<std::string> keys = request.keys();
+        bool all = std::all_of(keys.begin(), keys.end(), [&](const std::string& key) { return data_.contains(key); });
+        reply.push_back(all ? kReady : kNotReady);
+        break;
+      }
+      case Query::wait: {
+        Waiter waiter{fd, request.keys()};
+        std::erase_if(waiters_, [fd](const Waiter& w) { return w.socket == fd; });
+        if (!all_present(waiter.keys)) {
+          waiters_.push_back(std::move(waiter));
+          return;
+        }
+        reply.push_back(kStopWaiting);
+        break;
+      }
+      case Query::cancel_wait:
+        std::erase_if(waiters_, [fd](const Waiter& w) { return w.socket == fd; });
+        reply.push_back(kWaitCanceled);
+        break;
+      case Query::get_num_keys: append_value<int64_t>(reply, static_cast<int64_t>(data_.size())); break;
+      case Query::delete_key: append_value<int64_t>(reply, static_cast<int64_t>(data_.erase(request.text()))); break;
+      case Query::append: {
+        std::string key = request.text();
+        Bytes value = request.bytes();
+        Bytes& stored = data_[key];
+        stored.insert(stored.end(), value.begin(), value.end());
+        release_waiters();
+        return;
+      }
+      case Query::multi_get: {
+        for (const std::string& key : request.keys()) {
+          auto it = data_.find(key);
+          append_bytes(reply, it == data_.end() ? Bytes{} : it->second);
+        }
+        break;
+      }
+      case Query::multi_set: {
+        uint64_t count = request.u64();
+        if (count > kMaxKeys) LOOM_FAIL("TCPStore: a client sent ", count, " keys");
+        std::vector<std::pair<std::string, Bytes>> entries;
+        for (uint64_t i = 0; i < count; ++i) {
+          std::string key = request.text();
+          entries.emplace_back(std::move(key), request.bytes());
+        }
+        for (auto& [key, value] : entries) data_[key] = std::move(value);
+        release_waiters();
+        return;
+      }
+      case Query::ping: append_value<uint32_t>(reply, request.u32()); break;
+      default: LOOM_FAIL("TCPStore: unknown query type ", int(query));
+    }
+    send(connection, reply);
   }
 
-  // Answers the waiter when all its keys exist; returns whether it did.
-  bool try_answer(Connection& connection, const Waiter& waiter) {
-    for (const auto& key : waiter.keys)
-      if (!data_.contains(key)) return false;
-    MessageWriter writer;
-    writer.u8(uint8_t(Status::ok));
-    if (waiter.command == Command::get) {
-      const Bytes& value = data_.at(waiter.keys.front());
-      writer.blob(value.data(), value.size());
-    }
-    reply(connection, std::move(writer).frame());
-    return true;
+  bool all_present(const std::vector<std::string>& keys) const {
+    return std::all_of(keys.begin(), keys.end(), [&](const std::string& key) { return data_.contains(key); });
   }
 
   void release_waiters() {
     std::erase_if(waiters_, [this](const Waiter& waiter) {
       Connection& connection = connections_.at(waiter.socket);
-      return connection.closed || try_answer(connection, waiter);
-    });
-  }
-
-  void expire_waiters() {
-    auto now = SteadyClock::now();
-    std::erase_if(waiters_, [&](const Waiter& waiter) {
-      if (waiter.deadline > now) return false;
-      Connection& connection = connections_.at(waiter.socket);
-      reply(connection, std::move(MessageWriter().u8(uint8_t(Status::timeout))).frame());
+      if (connection.closed) return true;
+      if (!all_present(waiter.keys)) return false;
+      send(connection, Bytes{kStopWaiting});
       return true;
     });
   }
 
-  void reply_error(Connection& connection, const std::string& message) {
-    reply(connection, std::move(MessageWriter().u8(uint8_t(Status::error)).text(message)).frame());
-  }
-
-  void reply(Connection& connection, Bytes frame) {
-    connection.output.insert(connection.output.end(), frame.begin(), frame.end());
+  void send(Connection& connection, const Bytes& bytes) {
+    connection.output.insert(connection.output.end(), bytes.begin(), bytes.end());
     flush(connection);
   }
 
@@ -349,7 +446,7 @@ TCPStore::TCPStore(std::string host, int port, TCPStoreOptions options)
   } else {
     LOOM_CHECK(port_ != 0, "TCPStore: a client needs the master's port; 0 only works for the server");
   }
-  idle_connections_.push_back(connect_with_retry(host_, port_, options.timeout));
+  idle_connections_.push_back(open_connection());
 }
 
 // Client connections close before the server thread stops.
@@ -358,95 +455,118 @@ TCPStore::~TCPStore() {
   server_.reset();
 }
 
-Bytes TCPStore::round_trip(const Bytes& request, Milliseconds wait_budget) {
-  FileDescriptor connection;
+std::string TCPStore::peer() const { return str("master ", host_port(host_, port_)); }
+
+FileDescriptor TCPStore::open_connection() {
+  FileDescriptor connection = connect_with_retry(host_, port_, timeout());
+  Bytes hello = Request(Query::validate).u32(kValidationMagic).data();
+  send_all(connection.get(), hello.data(), hello.size(), peer());
+  return connection;
+}
+
+TCPStore::Lease::Lease(TCPStore& store) : store_(store) {
   {
-    std::lock_guard lock(idle_mutex_);
-    if (!idle_connections_.empty()) {
-      connection = std::move(idle_connections_.back());
-      idle_connections_.pop_back();
+    std::lock_guard lock(store_.idle_mutex_);
+    if (!store_.idle_connections_.empty()) {
+      connection_ = std::move(store_.idle_connections_.back());
+      store_.idle_connections_.pop_back();
     }
   }
-  if (!connection.valid()) connection = connect_with_retry(host_, port_, timeout());
-  std::string peer = str("master ", host_port(host_, port_));
-  send_all(connection.get(), request.data(), request.size(), peer);
-  // The server answers at once except for waiting calls; allow slack for a busy server.
-  Milliseconds budget = std::max(wait_budget, timeout()) + std::chrono::seconds(10);
-  auto deadline = SteadyClock::now() + budget;
-  uint32_t length = 0;
-  bool answered = receive_all(connection.get(), &length, 4, deadline, peer);
-  Bytes reply(answered ? length : 0);
-  if (answered) answered = receive_all(connection.get(), reply.data(), length, deadline, peer);
-  if (!answered) {
-    // The connection is dropped with its half-read reply; a later call opens a fresh one.
-    LOOM_FAIL("TCPStore: ", peer, " did not answer within ",
+  if (!connection_.valid()) connection_ = store_.open_connection();
+}
+
+TCPStore::Lease::~Lease() {
+  if (!healthy_ || !connection_.valid()) return;  // a half-read answer: the connection is dropped
+  std::lock_guard lock(store_.idle_mutex_);
+  store_.idle_connections_.push_back(std::move(connection_));
+}
+
+void TCPStore::Lease::send(const Bytes& request) {
+  healthy_ = false;
+  send_all(connection_.get(), request.data(), request.size(), store_.peer());
+}
+
+// The server answers at once except for WAIT; allow slack for a busy server.
+void TCPStore::Lease::receive(void* data, size_t size) {
+  Milliseconds budget = store_.timeout() + std::chrono::seconds(10);
+  if (!receive_all(connection_.get(), data, size, SteadyClock::now() + budget, store_.peer()))
+    LOOM_FAIL("TCPStore: ", store_.peer(), " did not answer within ",
               std::chrono::duration_cast<std::chrono::seconds>(budget).count(), " s");
+}
+
+Bytes TCPStore::Lease::receive_bytes() {
+  uint64_t size = 0;
+  receive(&size, sizeof(size));
+  if (size > kMaxValueBytes) LOOM_FAIL("TCPStore: ", store_.peer(), " sent a ", size, "-byte value; not a store?");
+  Bytes value(size);
+  if (size > 0) receive(value.data(), size);
+  return value;
+}
+
+// WAIT for `keys`; false when `timeout` passed first (the wait is cancelled).
+bool TCPStore::Lease::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
+  send(Request(Query::wait).keys(keys).data());
+  uint8_t response = 0;
+  if (receive_all(connection_.get(), &response, 1, SteadyClock::now() + timeout, store_.peer())) {
+    if (response != kStopWaiting) LOOM_FAIL("TCPStore: ", store_.peer(), " answered a wait with ", int(response));
+    return true;
   }
-  std::lock_guard lock(idle_mutex_);
-  idle_connections_.push_back(std::move(connection));
-  return reply;
+  send(Request(Query::cancel_wait).data());
+  receive(&response, 1);
+  if (response == kStopWaiting) receive(&response, 1);  // the keys arrived just before the cancel
+  if (response != kWaitCanceled) LOOM_FAIL("TCPStore: ", store_.peer(), " answered a cancelled wait with ", int(response));
+  done();
+  return false;
 }
-
-namespace {
-
-// Checks the status byte of a reply; throws the server's error message.
-// Returns false for a timeout.
-bool reply_ok(MessageReader& reply) {
-  auto status = static_cast<Status>(reply.u8());
-  if (status == Status::error) LOOM_FAIL(reply.text());
-  return status == Status::ok;
-}
-
-void write_keys(MessageWriter& writer, const std::vector<std::string>& keys) {
-  writer.u32(static_cast<uint32_t>(keys.size()));
-  for (const auto& key : keys) writer.text(key);
-}
-
-}  // namespace
 
 void TCPStore::set(const std::string& key, const Bytes& value) {
-  Bytes reply = round_trip(
-      std::move(MessageWriter().u8(uint8_t(Command::set)).text(key).blob(value.data(), value.size())).frame(),
-      Milliseconds(0));
-  MessageReader reader(reply.data(), reply.size());
-  reply_ok(reader);
+  Lease lease(*this);
+  // SET has no answer; GETNUMKEYS after it returns once the server has
+  // stored the value, so that every rank sees it when set() returns.
+  Request request(Query::set);
+  request.text(wire_key(key)).bytes(value.data(), value.size());
+  Bytes both = request.data();
+  Bytes count = Request(Query::get_num_keys).data();
+  both.insert(both.end(), count.begin(), count.end());
+  lease.send(both);
+  int64_t keys = 0;
+  lease.receive(&keys, sizeof(keys));
+  lease.done();
 }
 
 Bytes TCPStore::get(const std::string& key, Milliseconds timeout) {
-  MessageWriter writer;
-  writer.u8(uint8_t(Command::get)).i64(timeout.count());
-  write_keys(writer, {key});
-  Bytes reply = round_trip(std::move(writer).frame(), timeout);
-  MessageReader reader(reply.data(), reply.size());
-  if (!reply_ok(reader)) throw_timeout("TCPStore", {key}, timeout);
-  return reader.blob();
+  Lease lease(*this);
+  if (!lease.wait({wire_key(key)}, timeout)) throw_timeout("TCPStore", {key}, timeout);
+  lease.send(Request(Query::get).text(wire_key(key)).data());
+  Bytes value = lease.receive_bytes();
+  lease.done();
+  return value;
 }
 
 int64_t TCPStore::add(const std::string& key, int64_t delta) {
-  Bytes reply =
-      round_trip(std::move(MessageWriter().u8(uint8_t(Command::add)).text(key).i64(delta)).frame(), Milliseconds(0));
-  MessageReader reader(reply.data(), reply.size());
-  reply_ok(reader);
-  return reader.i64();
+  Lease lease(*this);
+  lease.send(Request(Query::add).text(wire_key(key)).i64(delta).data());
+  int64_t value = 0;
+  lease.receive(&value, sizeof(value));
+  lease.done();
+  return value;
 }
 
 void TCPStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
-  MessageWriter writer;
-  writer.u8(uint8_t(Command::wait)).i64(timeout.count());
-  write_keys(writer, keys);
-  Bytes reply = round_trip(std::move(writer).frame(), timeout);
-  MessageReader reader(reply.data(), reply.size());
-  if (!reply_ok(reader)) throw_timeout("TCPStore", keys, timeout);
+  Lease lease(*this);
+  if (!lease.wait(wire_keys(keys), timeout)) throw_timeout("TCPStore", keys, timeout);
+  lease.done();
 }
 
 bool TCPStore::check(const std::vector<std::string>& keys) {
-  MessageWriter writer;
-  writer.u8(uint8_t(Command::check));
-  write_keys(writer, keys);
-  Bytes reply = round_trip(std::move(writer).frame(), Milliseconds(0));
-  MessageReader reader(reply.data(), reply.size());
-  reply_ok(reader);
-  return reader.u8() != 0;
+  Lease lease(*this);
+  lease.send(Request(Query::check).keys(wire_keys(keys)).data());
+  uint8_t response = 0;
+  lease.receive(&response, 1);
+  if (response != kReady && response != kNotReady)
+    LOOM_FAIL("TCPStore: ", peer(), " answered a check with ", int(response));
+  lease.done();
+  return response == kReady;
 }
 
 }  // namespace loom::dist

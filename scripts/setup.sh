@@ -2,15 +2,20 @@
 # Installs what loom needs (Debian packages; idempotent), then configures and
 # builds it in ./build. Usage: scripts/setup.sh [--peers] [extra cmake args]
 #   --peers  also installs PyTorch (python3-torch, torchvision, OpenBLAS) for the
-#            benchmarks' side-by-side measurements.
+#            benchmarks' side-by-side measurements, and a PyTorch 2.x (CPU is
+#            enough) with pip into ./.venv for the torchrun tests (gigabytes).
+# The real launchers the tests start loom's programs with come from Debian:
+# Open MPI (openmpi-bin) and a one-node SLURM cluster (slurm-wlm, munge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libeigen3-dev doctest-dev libgloo-dev zlib1g-dev nlohmann-json3-dev
-          libcli11-dev dataset-fashion-mnist iproute2 python3)
+          libcli11-dev dataset-fashion-mnist iproute2 python3 openmpi-bin slurm-wlm munge)
+peers=0
 if [[ "${1:-}" == "--peers" ]]; then
   shift
-  packages+=(python3-torch python3-torchvision libopenblas0-pthread python3-numpy gnuplot-nox)
+  peers=1
+  packages+=(python3-torch python3-torchvision libopenblas0-pthread python3-numpy gnuplot-nox python3-venv)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -22,6 +27,13 @@ if (( ${#missing[@]} )); then
   [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if (( peers )); then
+  # PyTorch 2.x for the torchrun tests: torchrun and the c10d TCPStore of today.
+  [[ -x .venv/bin/python ]] || python3 -m venv .venv
+  .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2."))' 2>/dev/null ||
+    .venv/bin/pip install -q torch
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null

@@ -26,7 +26,7 @@ cat >"$work/bin/srun" <<'SH'
 while [[ $1 == -* ]]; do shift; done
 pids=()
 for ((task = 0; task < SLURM_NTASKS; task++)); do
-  SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_SRUN_COMM_HOST=127.0.0.1 "$@" &
+  SLURM_STEP_ID=0 SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_NODEID=0 SLURM_SRUN_COMM_HOST=127.0.0.1 "$@" &
   pids+=($!)
 done
 status=0

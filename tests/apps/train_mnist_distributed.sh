@@ -24,7 +24,7 @@ timeout 120 "$loomrun" --nproc_per_node=2 --master_port="$(free_port)" "$train_m
 
 port=$(free_port)
 for rank in 0 1; do
-  env -u MASTER_ADDR SLURM_PROCID=$rank SLURM_NTASKS=2 SLURM_LOCALID=$rank SLURM_NODEID=0 \
+  env -u MASTER_ADDR SLURM_STEP_ID=0 SLURM_PROCID=$rank SLURM_NTASKS=2 SLURM_LOCALID=$rank SLURM_NODEID=0 \
     SLURM_SRUN_COMM_HOST=127.0.0.1 MASTER_PORT=$port \
     timeout 120 "$train_mnist" --batch-size 50 "${common[@]}" >"$work/slurm.$rank.out" 2>"$work/slurm.$rank.err" &
   pids[$rank]=$!

@@ -2,7 +2,11 @@
 // and one clear error naming the variable for each kind of bad value.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "core/error.h"
 #include "dist/environment.h"
@@ -72,7 +76,8 @@ TEST_SUITE("environment") {
   TEST_CASE("SLURM variables, with MASTER_ADDR / MASTER_PORT overriding") {
     std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "5"},        {"SLURM_NTASKS", "6"},
                                                 {"SLURM_LOCALID", "1"},       {"SLURM_NODEID", "2"},
-                                                {"SLURM_TASKS_PER_NODE", "2(x3)"}, {"SLURM_SRUN_COMM_HOST", "login1"}};
+                                                {"SLURM_TASKS_PER_NODE", "2(x3)"}, {"SLURM_SRUN_COMM_HOST", "login1"},
+                                                {"SLURM_STEP_ID", "0"}};
     auto env = resolve_launch_environment({}, variables(slurm));
     CHECK(env.launcher == Launcher::slurm);
     CHECK(env.rank == 5);
@@ -95,7 +100,7 @@ TEST_SUITE("environment") {
   TEST_CASE("SLURM_TASKS_PER_NODE with uneven nodes") {
     auto env = resolve_launch_environment(
         {}, variables({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
-                       {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_SRUN_COMM_HOST", "h"}}));
+                       {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_SRUN_COMM_HOST", "h"}, {"SLURM_STEP_ID", "3"}}));
     CHECK(env.local_world_size == 1);
     CHECK(env.node_rank == 2);
   }
@@ -113,11 +118,77 @@ TEST_SUITE("environment") {
     CHECK(env.master_addr == "10.0.0.1");
   }
 
-  TEST_CASE("launcher precedence: torchrun, then SLURM, then Open MPI") {
-    CHECK(detect_launcher(variables({{"RANK", "0"}, {"SLURM_PROCID", "1"}, {"OMPI_COMM_WORLD_RANK", "2"}})) ==
-          Launcher::torchrun);
-    CHECK(detect_launcher(variables({{"SLURM_PROCID", "1"}, {"OMPI_COMM_WORLD_RANK", "2"}})) == Launcher::slurm);
+  TEST_CASE("the launcher that started the process wins: torchrun, then Open MPI, then an srun task") {
+    CHECK(detect_launcher(variables({{"RANK", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"},
+                                     {"OMPI_COMM_WORLD_RANK", "2"}})) == Launcher::torchrun);
+    // loomrun under srun: its workers carry srun's variables too.
+    CHECK(detect_launcher(variables({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"},
+                                     {"SLURM_STEP_ID", "0"}})) == Launcher::torchrun);
+    CHECK(detect_launcher(variables({{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"}})) == Launcher::slurm);
+    CHECK(detect_launcher(variables({{"SLURM_PROCID", "1"}, {"SLURM_STEPID", "0"}})) == Launcher::slurm);
     CHECK(detect_launcher(variables({{"OMPI_COMM_WORLD_RANK", "2"}})) == Launcher::open_mpi);
+    // mpirun's processes on other nodes run under the srun step that started Open MPI's daemons.
+    CHECK(detect_launcher(variables({{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"}, {"OMPI_COMM_WORLD_RANK", "2"}})) ==
+          Launcher::open_mpi);
+    // The batch script's own environment describes the job, not this process.
+    CHECK(detect_launcher(variables({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}})) == Launcher::none);
+  }
+
+  TEST_CASE("mpirun inside an sbatch script: Open MPI's ranks, not the batch script's SLURM_PROCID=0") {
+    // What a batch script on one node with --ntasks=2 passes to both of mpirun's processes.
+    std::map<std::string, std::string> batch = {{"SLURM_PROCID", "0"},         {"SLURM_NTASKS", "2"},
+                                                {"SLURM_LOCALID", "0"},        {"SLURM_NODEID", "0"},
+                                                {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_JOB_ID", "17"}};
+    for (int rank = 0; rank < 2; ++rank) {
+      auto values = batch;
+      values["OMPI_COMM_WORLD_RANK"] = std::to_string(rank);
+      values["OMPI_COMM_WORLD_SIZE"] = "2";
+      values["OMPI_COMM_WORLD_LOCAL_RANK"] = std::to_string(rank);
+      values["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";
+      auto env = resolve_launch_environment({}, variables(values));
+      CHECK(env.launcher == Launcher::open_mpi);
+      CHECK(env.rank == rank);
+      CHECK(env.world_size == 2);
+      CHECK(env.local_rank == rank);
+      CHECK(env.master_addr == "127.0.0.1");
+    }
+    // The batch script running the program directly: one process, not rank 0 of 2.
+    auto alone = resolve_launch_environment({}, variables(batch));
+    CHECK(alone.launcher == Launcher::none);
+    CHECK(alone.world_size == 1);
+  }
+
+  TEST_CASE("mpirun on one machine needs nothing set; across machines the error says what to set") {
+    std::map<std::string, std::string> local = {{"OMPI_COMM_WORLD_RANK", "1"},
+                                                {"OMPI_COMM_WORLD_SIZE", "2"},
+                                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+    auto env = resolve_launch_environment({}, variables(local));
+    CHECK(env.master_addr == "127.0.0.1");
+    CHECK(env.master_port == kDefaultMasterPort);
+    // The port follows the job (Open MPI 4's job id, Open MPI 5's PMIx namespace): the same in every rank.
+    local["OMPI_MCA_ess_base_jobid"] = "1245052929";
+    env = resolve_launch_environment({}, variables(local));
+    CHECK(env.master_port == open_mpi_default_port("1245052929"));
+    CHECK(env.master_port >= kOpenMpiPortBase);
+    CHECK(env.master_port < kOpenMpiPortBase + kOpenMpiPortCount);
+    CHECK(open_mpi_default_port("1245052929") != open_mpi_default_port("1245052930"));
+    local.erase("OMPI_MCA_ess_base_jobid");
+    local["PMIX_NAMESPACE"] = "prterun-vm-9928@1";
+    CHECK(resolve_launch_environment({}, variables(local)).master_port == open_mpi_default_port("prterun-vm-9928@1"));
+    local["MASTER_ADDR"] = "10.1.1.1";
+    local["MASTER_PORT"] = "4444";
+    env = resolve_launch_environment({}, variables(local));
+    CHECK(env.master_addr == "10.1.1.1");
+    CHECK(env.master_port == 4444);
+
+    std::string across = error_for({{"OMPI_COMM_WORLD_RANK", "3"},
+                                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    CHECK(contains(across, "OMPI_COMM_WORLD_SIZE=4 but MASTER_ADDR is not set"));
+    CHECK(contains(across, "several machines (OMPI_COMM_WORLD_LOCAL_SIZE=2)"));
+    CHECK(contains(across, "mpirun -x MASTER_ADDR=HOST -x MASTER_PORT=PORT"));
   }
 
   TEST_CASE("explicit values win over the environment") {
@@ -168,11 +239,13 @@ TEST_SUITE("environment") {
   }
 
   TEST_CASE("SLURM and Open MPI errors name their variables") {
-    CHECK(contains(error_for({{"SLURM_PROCID", "abc"}, {"SLURM_NTASKS", "2"}, {"SLURM_SRUN_COMM_HOST", "h"}}),
+    CHECK(contains(error_for({{"SLURM_PROCID", "abc"}, {"SLURM_NTASKS", "2"}, {"SLURM_SRUN_COMM_HOST", "h"},
+                              {"SLURM_STEP_ID", "0"}}),
                    "SLURM_PROCID='abc' is not a number"));
-    CHECK(contains(error_for({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_SRUN_COMM_HOST", "h"}}),
+    CHECK(contains(error_for({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_SRUN_COMM_HOST", "h"},
+                              {"SLURM_STEP_ID", "0"}}),
                    "SLURM_PROCID=2 must be smaller than SLURM_NTASKS=2"));
-    std::string no_host = error_for({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+    std::string no_host = error_for({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}});
     CHECK(contains(no_host, "MASTER_ADDR is not set"));
     CHECK(contains(no_host, "SLURM_SRUN_COMM_HOST"));
     CHECK(contains(error_for({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
@@ -191,5 +264,30 @@ TEST_SUITE("environment") {
     LaunchOverrides port;
     port.master_port = 70000;
     CHECK(contains(error_for({}, port), "master_port argument 70000 is out of range"));
+  }
+
+  TEST_CASE("rank_prefix names the rank only when several run") {
+    CHECK(rank_prefix(variables({})) == "");
+    CHECK(rank_prefix(variables({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})) == "rank 1: ");
+    CHECK(rank_prefix(variables({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})) == "rank 1: ");
+    CHECK(rank_prefix(variables({{"RANK", "0"}, {"WORLD_SIZE", "1"}})) == "");
+    CHECK(rank_prefix(variables({{"RANK", "x"}, {"WORLD_SIZE", "2"}})) == "");  // never throws
+  }
+
+  TEST_CASE("the torchelastic error file: PyTorch's JSON layout, the message escaped") {
+    CHECK(write_torchelastic_error_file("ignored", variables({})));  // no variable: nothing to do
+    std::string path = "/tmp/loom_error_file_" + std::to_string(::getpid()) + ".json";
+    CHECK(write_torchelastic_error_file("train_mnist: rank 1: bad \"x\"\tC:\\y\n",
+                                        variables({{"TORCHELASTIC_ERROR_FILE", path}})));
+    std::ifstream file(path);
+    std::stringstream text;
+    text << file.rdbuf();
+    ::unlink(path.c_str());
+    const std::string escaped = "\"train_mnist: rank 1: bad \\\"x\\\"\\tC:\\\\y\\n\"";
+    CHECK(text.str().rfind("{\"message\": {\"message\": " + escaped + ", \"extraInfo\": {\"py_callstack\": " + escaped +
+                               ", \"timestamp\": \"",
+                           0) == 0);
+    CHECK(!write_torchelastic_error_file("x", variables({{"TORCHELASTIC_ERROR_FILE", "/nonexistent/dir/f.json"}})));
   }
 }

@@ -129,6 +129,30 @@ TEST_SUITE("store") {
     CHECK(contains(error_of([&] { client.check({"x"}); }), "could not reach master"));
   }
 
+  TEST_CASE("claim_rank: a rank given to two processes fails naming both") {
+    TCPStore server("127.0.0.1", 0, {.is_server = true, .timeout = 5s});
+    TCPStore client("127.0.0.1", server.port(), {.timeout = 5s});
+    claim_rank(server, 0, "host a, pid 10", 1s);
+    claim_rank(client, 1, "host b, pid 11", 1s);
+    std::string message = error_of([&] { claim_rank(client, 1, "host c, pid 12", 1s); });
+    CHECK(contains(message, "duplicate rank 1: this process (host c, pid 12) and another (host b, pid 11)"));
+    CHECK(contains(describe_this_process(), "pid " + std::to_string(::getpid())));
+  }
+
+  TEST_CASE("two rank 0s of one job: the second's error names the first, not only the busy port") {
+    // What a launcher that made both processes rank 0 leads to: both try to host the store.
+    LaunchEnvironment launch;
+    launch.launcher = Launcher::open_mpi;
+    launch.world_size = 2;
+    launch.master_addr = "127.0.0.1";
+    TCPStore first("127.0.0.1", 0, {.is_server = true, .timeout = 5s});
+    launch.master_port = first.port();
+    claim_rank(first, 0, "host a, pid 10", 1s);
+    std::string message = error_of([&] { connect_rendezvous_store(launch, 5s, [](const std::string&) -> std::optional<std::string> { return std::nullopt; }); });
+    CHECK(contains(message, "duplicate rank 0: this process (" + describe_this_process() +
+                                ") and another (host a, pid 10) were both given rank 0 (Open MPI (mpirun), world size 2)"));
+  }
+
   TEST_CASE("TCPStore across processes") {
     auto results = spawn_ranks("tcp_store_ranks", 4, {.deadline = 20s});
     expect_all_ok(results);

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# train_mnist started by PyTorch 2.x's own torchrun, as the torchrun tutorial
+# starts training: its workers join the agent's c10d TCPStore
+# (TORCHELASTIC_USE_AGENT_STORE=True) as clients.
+#   1. torchrun --standalone --nproc_per_node=2
+#   2. two "nodes": two torchrun agents, --nnodes=2 --rdzv-backend=c10d
+#      --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=123 (the tutorial's command)
+#   3. --max-restarts=1 with rank 1 killed (SIGKILL) mid-training: torchrun
+#      restarts both, TORCHELASTIC_RESTART_COUNT=1, the second attempt trains
+#   4. a fatal error: torchrun's failure summary shows loom's message from the
+#      error file (TORCHELASTIC_ERROR_FILE), not "error_file: <N/A>"
+#   5. (as root with iproute2) the two agents in two network namespaces
+#      joined by a veth pair, node 1 reaching node 0 only over it
+# Needs a PyTorch 2.x importable from the repository's .venv (scripts/setup.sh
+# --peers) or $LOOM_TORCH_PYTHON; skips otherwise.
+# Usage: torchrun_launch.sh TRAIN_MNIST LOOMRUN
+set -u
+train_mnist=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+source "$here/dist_common.sh"
+python=${LOOM_TORCH_PYTHON:-$repo/.venv/bin/python}
+if ! version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || [[ $version != 2.* ]]; then
+  echo "SKIP: no PyTorch 2.x in $python (scripts/setup.sh --peers installs one into .venv)"
+  exit 77
+fi
+torchrun=("$python" -m torch.distributed.run)
+echo "torchrun of PyTorch $version"
+work=$(mktemp -d)
+tag=$$
+ns0=loom_tr0_$tag ns1=loom_tr1_$tag veth0=loomt0_$tag veth1=loomt1_$tag
+veth0=${veth0:0:15} veth1=${veth1:0:15}
+cleanup() {
+  if [[ -n ${made_namespaces:-} ]]; then
+    ip netns pids "$ns0" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip netns pids "$ns1" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip link del "$veth0" 2>/dev/null
+    ip netns del "$ns0" 2>/dev/null
+    ip netns del "$ns1" 2>/dev/null
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+make_mnist_subset "$work/data" 2000 500
+common=(--data "$work/data" --max-steps 6 --log-interval 3 --batch-size 50 --timeout 60)
+export OMP_NUM_THREADS=1
+
+check_world_2() {  # LABEL FILE
+  grep -q '^Distributed: 2 processes (torchrun-style (RANK / WORLD_SIZE))' "$2" || { cat "$2"; fail "$1: not a world of 2 under torchrun"; }
+  [[ $(grep -c '^Training complete in' "$2") == 1 ]] || { cat "$2"; fail "$1: expected one report, from rank 0"; }
+  read -r _ total <<<"$(accuracy_counts "$2")"
+  [[ ${total:-0} == 500 ]] || fail "$1: the accuracy covers ${total:-no} of 500 test images"
+}
+
+# 1. --standalone
+timeout 120 "${torchrun[@]}" --standalone --nproc_per_node=2 --no-python "$train_mnist" "${common[@]}" \
+  >"$work/standalone.out" 2>"$work/standalone.err" || { cat "$work/standalone.err"; fail "torchrun --standalone failed"; }
+check_world_2 "--standalone" "$work/standalone.out"
+echo "ok 1 ($SECONDS s): torchrun --standalone --nproc_per_node=2"
+
+# 2. Two agents meeting through the c10d rendezvous.
+port=$(free_port)
+pids=()
+for node in 0 1; do
+  timeout 120 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=123 --rdzv-backend=c10d \
+    --rdzv-endpoint=127.0.0.1:$port --no-python "$train_mnist" "${common[@]}" >"$work/node$node.out" 2>"$work/node$node.err" &
+  pids+=($!)
+done
+for node in 0 1; do wait "${pids[$node]}" || { cat "$work/node$node.err"; fail "torchrun node $node failed"; }; done
+cat "$work/node0.out" "$work/node1.out" >"$work/nodes.out"
+check_world_2 "two nodes, c10d rendezvous" "$work/nodes.out"
+echo "ok 2 ($SECONDS s): two torchrun agents, --rdzv-backend=c10d --rdzv-endpoint"
+
+# 3. Rank 1 killed in the first attempt; --max-restarts=1 starts both again.
+cat >"$work/worker.sh" <<SH
+#!/usr/bin/env bash
+echo "attempt \$TORCHELASTIC_RESTART_COUNT rank \$RANK agent store \$TORCHELASTIC_USE_AGENT_STORE" >>"$work/attempts"
+if [[ \$TORCHELASTIC_RESTART_COUNT == 0 ]]; then
+  "$train_mnist" --data "$work/data" --epochs 1000 --batch-size 50 --log-interval 1 --timeout 60 &
+  child=\$!
+  if [[ \$RANK == 1 ]]; then sleep 3; kill -9 \$child; fi
+  wait \$child
+  exit \$?
+fi
+exec "$train_mnist" ${common[*]}
+SH
+chmod +x "$work/worker.sh"
+timeout 150 "${torchrun[@]}" --standalone --nproc_per_node=2 --max-restarts=1 --no-python "$work/worker.sh" \
+  >"$work/restart.out" 2>"$work/restart.err" || { cat "$work/restart.err"; fail "torchrun --max-restarts=1 failed"; }
+sort "$work/attempts"
+[[ $(sort "$work/attempts" | tr '\n' ';') == "attempt 0 rank 0 agent store True;attempt 0 rank 1 agent store True;attempt 1 rank 0 agent store True;attempt 1 rank 1 agent store True;" ]] ||
+  fail "expected two attempts of ranks 0 and 1"
+grep -q 'Epoch \[1/1000\]' "$work/restart.out" || fail "the first attempt did not train before rank 1 was killed"
+awk '/^Training on/ { attempt++ } attempt == 2' "$work/restart.out" >"$work/second.out"
+check_world_2 "--max-restarts=1" "$work/second.out"
+echo "ok 3 ($SECONDS s): rank 1 killed, torchrun restarted the group (TORCHELASTIC_RESTART_COUNT=1), the second attempt trained"
+
+# 4. A fatal error reaches torchrun's summary through the error file.
+timeout 120 "${torchrun[@]}" --standalone --nproc_per_node=2 --no-python "$train_mnist" --data "$work/missing" \
+  >"$work/bad.out" 2>"$work/bad.err"
+status=$?
+[[ $status -ne 0 && $status -lt 124 ]] || fail "a missing data directory under torchrun: status $status"
+grep -q 'error_file: /' "$work/bad.err" || { cat "$work/bad.err"; fail "torchrun's summary has no error file"; }
+grep -q "traceback.*train_mnist: rank [01]: .*$work/missing" "$work/bad.err" ||
+  { cat "$work/bad.err"; fail "torchrun's summary does not show loom's message"; }
+echo "ok 4 ($SECONDS s): torchrun's failure summary shows loom's error from TORCHELASTIC_ERROR_FILE"
+# 5. Two agents in two network namespaces. torchrun cannot tell there that the
+# endpoint is its own address (no name for the namespace's address), so node 0
+# says it hosts the rendezvous (is_host=1), and each names its address.
+if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns add "$ns0" 2>/dev/null; then
+  made_namespaces=1
+  ip netns add "$ns1" && ip link add "$veth0" type veth peer name "$veth1" &&
+    ip link set "$veth0" netns "$ns0" && ip link set "$veth1" netns "$ns1" &&
+    ip -n "$ns0" addr add 10.215.0.1/24 dev "$veth0" && ip -n "$ns1" addr add 10.215.0.2/24 dev "$veth1" &&
+    ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
+    ip -n "$ns0" link set "$veth0" up && ip -n "$ns1" link set "$veth1" up || fail "cannot set up the namespaces"
+  pids=()
+  for node in 0 1; do
+    ns_var=ns$node
+    host=(); [[ $node == 0 ]] && host=(--rdzv-conf is_host=1)
+    ip netns exec "${!ns_var}" timeout 150 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=215 \
+      --rdzv-backend=c10d --rdzv-endpoint=10.215.0.1:29400 "${host[@]}" --local-addr=10.215.0.$((node + 1)) \
+      --no-python "$train_mnist" "${common[@]}" >"$work/ns$node.out" 2>"$work/ns$node.err" &
+    pids+=($!)
+  done
+  for node in 0 1; do wait "${pids[$node]}" || { cat "$work/ns$node.err"; fail "torchrun in namespace $node failed"; }; done
+  cat "$work/ns0.out" "$work/ns1.out" >"$work/ns.out"
+  check_world_2 "two namespaces" "$work/ns.out"
+  echo "ok 5 ($SECONDS s): two torchrun agents in two network namespaces over a veth pair"
+else
+  echo "not run 5: two network namespaces need root and iproute2"
+fi
+echo "ok: train_mnist under PyTorch $version's torchrun"
