@@ -91,7 +91,7 @@ for root in roots:
 PY
 }
 
-# find_nvcc: prints the nvcc to build with, or nothing.
+# find_nvcc: prints the nvcc to build with, or nothing ($nvidia_dirs: python_nvidia_dirs' answer).
 find_nvcc() {
   local root=${LOOM_GPU_CHECK_ROOT:-} candidate
   if [[ -n ${LOOM_GPU_NVCC:-} ]]; then
@@ -108,7 +108,7 @@ find_nvcc() {
   [[ -n $versioned ]] && mapfile -t -O 1 dirs <<< "$versioned"
   while IFS= read -r candidate; do
     [[ -n $candidate ]] && dirs+=("$candidate/bin")
-  done < <(python_nvidia_dirs)
+  done <<< "$nvidia_dirs"
   for candidate in "${dirs[@]}"; do
     if [[ -x $candidate/nvcc ]]; then
       echo "$candidate/nvcc"
@@ -238,7 +238,7 @@ publish() {
   for i in "${!status[@]}"; do [[ ${status[$i]} == ok ]] || ok=false; done
   if [[ ${1:-} == figures ]]; then
     timeout 30 python3 "$repo/scripts/gpu-check-summary.py" "$work" "${names[@]}" > "$work/.figures.json" 2>> "$work/summary-errors.txt" &&
-      mv -f "$work/.figures.json" "$work/figures.json"
+      mv -f "$work/.figures.json" "$work/figures.json" && figures=$(< "$work/figures.json")
   fi
   local e g c a n b
   json_string "$error"; e=$J
@@ -262,7 +262,7 @@ publish() {
       sep=$',\n'
     done
     printf '\n ],\n "figures": '
-    if [[ -s $work/figures.json ]]; then cat "$work/figures.json"; else printf '{}\n'; fi
+    printf '%s\n' "$figures"
     printf '}\n'
   } > "$tmp" && mv -f "$tmp" "$out/summary.json"
   [[ ${1:-} == figures ]] || return 0
@@ -300,8 +300,13 @@ run_step() {
   now_ms
   left=$(( (start + deadline * 1000 - now) / 1000 - margin ))
   if (( left < min_step )); then
-    status[i]="skipped" notes[i]="deadline: ${left} s left after the ${margin} s margin, under ${min_step} s"
-    log "$name: skipped, ${left} s left"
+    # Time only runs out further: this step and every later one are skipped.
+    local j
+    for (( j = i; j < ${#names[@]}; ++j )); do
+      [[ ${status[$j]} == pending ]] || continue
+      status[j]="skipped" notes[j]="deadline: ${left} s left after the ${margin} s margin, under ${min_step} s"
+      log "${names[$j]}: skipped, ${left} s left"
+    done
     publish
     return
   fi
@@ -392,7 +397,7 @@ main() {
   mkdir -p "$out" && out=$(cd "$out" && pwd) || { echo "gpu-check: cannot create $out" >&2; exit 2; }
   rm -f "$out/summary.json" "$out/gpu-check.log" "$out/results.tar.gz" "$out/.summary.json.tmp" "$out/.results.tar.gz.tmp"
   work=$(mktemp -d "${TMPDIR:-/tmp}/loom-gpu-check.XXXXXX")
-  finished=false error="" gpu_name="" gpu_cap="" gpu_count=0 arch="" nvcc="" hints=()
+  finished=false error="" figures="{}" gpu_name="" gpu_cap="" gpu_count=0 arch="" nvcc="" hints=()
   export PYTHONUNBUFFERED=1
   py=${LOOM_GPU_PYTHON:-python3}
   source_dir=${LOOM_GPU_CHECK_SOURCE:-$repo}
@@ -417,6 +422,7 @@ main() {
   gpu_cap=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
   [[ $gpu_cap =~ ^[0-9]+\.[0-9]+$ ]] || gpu_cap=""
   arch=${LOOM_GPU_ARCH:-$(arch_of "$gpu_cap")}
+  nvidia_dirs=$(python_nvidia_dirs)
   nvcc=$(find_nvcc)
   log "$gpu_count x ${gpu_name:-unknown GPU}, compute capability ${gpu_cap:-not reported} -> sm_$arch; nvcc ${nvcc:-not found}"
   log "deadline $deadline s, margin $margin s, steps under $min_step s skipped, each gpu test cut at $test_timeout s"
@@ -430,7 +436,7 @@ main() {
     if [[ -f $d/include/cudnn.h ]] && ! compgen -G "$toolkit_lib/libcudnn.so*" >/dev/null; then hints+=("-DCUDNN_ROOT=$d"); fi
     if [[ -f $d/include/cublas_v2.h ]] && ! compgen -G "$toolkit_lib/libcublas.so*" >/dev/null; then hints+=("-DCUBLAS_ROOT=$d"); fi
     if [[ -f $d/include/nccl.h ]] && ! compgen -G "$toolkit_lib/libnccl.so*" >/dev/null; then hints+=("-DNCCL_ROOT=$d"); fi
-  done < <(python_nvidia_dirs)
+  done <<< "$nvidia_dirs"
   # C++ dependencies: the system's, else .deps (scripts/gpu-deps.sh).
   local prefix_args=()
   if [[ -d $repo/.deps/root/usr ]]; then
@@ -504,6 +510,7 @@ main() {
          GPU_CHECK_NVCC=$nvcc GPU_CHECK_HINTS="${hints[*]}"
   local i
   for i in "${!names[@]}"; do
+    [[ ${status[$i]} == pending ]] || continue
     if [[ ${names[$i]} == bench.torch_convnet ]] && ! grep -qx "torch_cuda: yes" "$work/env.log" 2>/dev/null; then
       status[i]="skipped" notes[i]="PyTorch with CUDA is not importable by $py (see the env step)"
       log "bench.torch_convnet: skipped, no PyTorch with CUDA"
@@ -518,16 +525,14 @@ main() {
   done
   finished=true
   publish figures
-  python3 - "$out/summary.json" <<'PY' 2>/dev/null || cat "$out/summary.json"
-import json, sys
-s = json.load(open(sys.argv[1]))
-print("gpu-check: " + ", ".join(f"{st['name']} {st['status']}" for st in s["steps"]))
-print(f"gpu-check: ratios loom/PyTorch: {json.dumps(s['figures'].get('ratios', {}))}")
-print(f"gpu-check: ok: {json.dumps(s['ok'])} ({s['elapsed_s']} s of {s['deadline_s']})")
-PY
-  local st
-  for st in "${status[@]}"; do [[ $st == ok ]] || exit 1; done
-  exit 0
+  local line="" st=0
+  for i in "${!names[@]}"; do
+    line+="${line:+, }${names[$i]} ${status[$i]}"
+    [[ ${status[$i]} == ok ]] || st=1
+  done
+  log "$line"
+  log "$(( (now - start) / 1000 )) s of $deadline; summary in $out/summary.json, logs in $out/results.tar.gz"
+  exit $st
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then

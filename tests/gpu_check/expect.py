@@ -64,7 +64,7 @@ ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "g
 
 # A: CMake's configure hangs; the deadline cuts it and skips the rest.
 s, st, sampler, rc, wall, d = load("A")
-deadline = 12
+deadline = 16
 statuses(st, {"env": "ok", "configure": "timed_out", **{n: "skipped" for n in ALL[2:]}}, "A")
 expect(rc == 1, "A", f"exit status 1 when a step did not pass, not {rc}")
 expect(wall <= deadline + 2, "A", f"the whole check within its deadline of {deadline} s (+2), not {wall:.1f} s")
@@ -144,6 +144,25 @@ expect(m.get("nvcc", "").endswith("/root/usr/local/cuda-13.0/bin/nvcc"), "D",
 # E: no GPU.
 s, st, sampler, rc, wall, d = load("E")
 expect(rc == 2 and "nvidia-smi" in (s.get("error") or ""), "E", f"exit 2 and the reason in summary.json: {rc}, {s.get('error')}")
+
+# The PyTorch peer's arithmetic per mode: f32 without TF32 (PyTorch's default
+# leaves cuDNN's TF32 on), TF32 in its own row.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+import types  # noqa: E402
+
+import torch_convnet_gpu  # noqa: E402
+
+
+def pytorch_defaults():
+    return types.SimpleNamespace(backends=types.SimpleNamespace(
+        cudnn=types.SimpleNamespace(allow_tf32=True), cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False))))
+
+
+for mode, want in (("eager_f32", False), ("eager_tf32", True), ("channels_last_autocast_f16", False)):
+    fake = pytorch_defaults()
+    torch_convnet_gpu.set_math_mode(fake, mode)
+    expect(fake.backends.cudnn.allow_tf32 is want and fake.backends.cuda.matmul.allow_tf32 is want, "peer",
+           f"torch_convnet_gpu.py {mode}: TF32 {'on' if want else 'off'} in cuDNN and cuBLAS")
 
 for f in failures:
     print("FAILED:", f)

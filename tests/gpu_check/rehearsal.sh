@@ -65,7 +65,7 @@ start_scenario() {
   ( env PATH="$search_path" PYTHONPATH="$here/fakes/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" \
       FAKE_STATE="$dir/state" FAKE_DIR="$here/fakes" FAKE_REAL_PYTHON="$real_python" \
       LOOM_GPU_PYTHON="$here/fakes/python" LOOM_GPU_CHECK_SOURCE="$here/fake_project" \
-      LOOM_GPU_BUILD="${BUILD:-$dir/build}" LOOM_GPU_MARGIN=2 LOOM_GPU_MIN_STEP=3 LOOM_GPU_KILL_GRACE=1 \
+      LOOM_GPU_BUILD="${BUILD:-$dir/build}" LOOM_GPU_MARGIN=3 LOOM_GPU_MIN_STEP=3 LOOM_GPU_KILL_GRACE=1 \
       LOOM_GPU_TEST_TIMEOUT=2 LOOM_GPU_JOBS=2 TMPDIR="$dir" "$@" \
       "$repo/scripts/gpu-check.sh" "$dir/out" > "$dir/console.txt" 2>&1 &
     echo $! > "$dir/pid"
@@ -97,7 +97,7 @@ cp "$here/fakes/nvcc" "$tmp/siteC/nvidia/cuda_nvcc/bin/nvcc"
 
 cc -O1 -o "$tmp/fake_binary" "$here/fake_project/fake_binary.c" || exit 1
 export FAKE_BINARY=$tmp/fake_binary
-start_scenario A LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=12 FAKE_HANG=configure
+start_scenario A LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=16 FAKE_HANG=configure
 machine_c=(LOOM_GPU_CHECK_ROOT="$tmp/emptyroot" FAKE_GPUS=2 FAKE_NO_CAP=1)
 EXTRA_PYTHONPATH=$tmp/siteC start_scenario C "${machine_c[@]}" LOOM_GPU_DEADLINE=40 \
   FAKE_BUILD_FAIL=train_mnist FAKE_FAIL=gpu.runtime FAKE_HANG=gpu.backend_ops
