@@ -62,7 +62,8 @@ start_scenario() {
   echo $! > "$dir/sampler.pid"
   local started
   started=$(date +%s%N)
-  ( env PATH="$search_path" PYTHONPATH="$here/fakes/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" \
+  ( env -u PYTHONUNBUFFERED -u LOOM_GPU_NVCC -u LOOM_GPU_ARCH -u LOOM_GPU_STEPS -u LOOM_GPU_DEADLINE \
+      PATH="$search_path" PYTHONPATH="$here/fakes/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" \
       FAKE_STATE="$dir/state" FAKE_DIR="$here/fakes" FAKE_REAL_PYTHON="$real_python" \
       LOOM_GPU_PYTHON="$here/fakes/python" LOOM_GPU_CHECK_SOURCE="$here/fake_project" \
       LOOM_GPU_BUILD="${BUILD:-$dir/build}" LOOM_GPU_MARGIN=3 LOOM_GPU_MIN_STEP=3 LOOM_GPU_KILL_GRACE=1 \
