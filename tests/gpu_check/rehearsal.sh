@@ -42,9 +42,7 @@ for d in "${path_dirs[@]}"; do
   if [[ -e $d/nvcc || -e $d/nvidia-smi ]]; then
     filtered=$tmp/path/$(printf '%s' "$d" | tr / _)
     mkdir -p "$filtered"
-    for f in "$d"/*; do
-      [[ ${f##*/} == nvcc || ${f##*/} == nvidia-smi ]] || ln -s "$f" "$filtered/${f##*/}"
-    done
+    find "$d" -mindepth 1 -maxdepth 1 ! -name nvcc ! -name nvidia-smi -print0 | xargs -0 -r ln -s -t "$filtered"
     search_path+=":$filtered"
   else
     search_path+=":$d"
