@@ -397,6 +397,7 @@ main() {
   mkdir -p "$out" && out=$(cd "$out" && pwd) || { echo "gpu-check: cannot create $out" >&2; exit 2; }
   rm -f "$out/summary.json" "$out/gpu-check.log" "$out/results.tar.gz" "$out/.summary.json.tmp" "$out/.results.tar.gz.tmp"
   work=$(mktemp -d "${TMPDIR:-/tmp}/loom-gpu-check.XXXXXX")
+  trap 'rm -rf "$work"' EXIT  # everything in it is in OUT/results.tar.gz
   finished=false error="" figures="{}" gpu_name="" gpu_cap="" gpu_count=0 arch="" nvcc="" hints=()
   export PYTHONUNBUFFERED=1
   py=${LOOM_GPU_PYTHON:-python3}
