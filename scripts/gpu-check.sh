@@ -282,11 +282,10 @@ publish() {
 
 # capped_copy FILE MAX: copies stdin to FILE (at most 8 MiB) and to stdout (at
 # most MAX bytes), line by line as it comes.
+# (awk_interactive: mawk reads a pipe in blocks unless told otherwise, and the
+# log would lag behind the step.)
 capped_copy() {
-  local interactive=()
-  # mawk reads a pipe in blocks unless told otherwise: the log would lag behind.
-  awk -W version 2>&1 | grep -qi mawk && interactive=(-W interactive)
-  awk "${interactive[@]}" -v file="$1" -v max="$2" -v file_max=$(( 8 * 1024 * 1024 )) '
+  awk "${awk_interactive[@]}" -v file="$1" -v max="$2" -v file_max=$(( 8 * 1024 * 1024 )) '
     { n = length($0) + 1
       if (written + n <= file_max) { print > file; fflush(file) } else if (!file_cut) { print "[log cut at 8 MiB]" > file; file_cut = 1 }
       written += n
@@ -400,6 +399,8 @@ main() {
   trap 'rm -rf "$work"' EXIT  # everything in it is in OUT/results.tar.gz
   finished=false error="" figures="{}" gpu_name="" gpu_cap="" gpu_count=0 arch="" nvcc="" hints=()
   export PYTHONUNBUFFERED=1
+  awk_interactive=()
+  awk -W version 2>&1 | grep -qi mawk && awk_interactive=(-W interactive)
   py=${LOOM_GPU_PYTHON:-python3}
   source_dir=${LOOM_GPU_CHECK_SOURCE:-$repo}
   build=${LOOM_GPU_BUILD:-$repo/build-gpu}

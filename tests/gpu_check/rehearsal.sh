@@ -9,7 +9,8 @@
 #   C  two GPUs, no compute capability, nvcc only in PyTorch's nvidia/*/bin, a
 #      binary that fails to compile, a gpu test that fails and one that hangs;
 #      then B, a second call on C's build with nothing failing
-#   D  one H200, nvcc in /usr/local/cuda-*/bin; SIGKILLed while the PyTorch peer hangs
+#   D  one H200, nvcc in /usr/local/cuda-*/bin; SIGKILLed while the env step's
+#      PyTorch query hangs
 #   E  nvidia-smi fails (no GPU)
 # expect.py holds what each must show.
 #   tests/gpu_check/rehearsal.sh REPO
@@ -17,7 +18,6 @@ set -uo pipefail
 repo=$(cd "${1:?usage: rehearsal.sh REPO}" && pwd)
 here=$repo/tests/gpu_check
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-rehearsal.XXXXXX")
-hung_pids=()
 cleanup() {
   local f pid
   for f in "$tmp"/*/state/pids/*.pid; do
@@ -98,27 +98,26 @@ cc -O1 -o "$tmp/fake_binary" "$here/fake_project/fake_binary.c" || exit 1
 export FAKE_BINARY=$tmp/fake_binary
 start_scenario A LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=16 FAKE_HANG=configure
 machine_c=(LOOM_GPU_CHECK_ROOT="$tmp/emptyroot" FAKE_GPUS=2 FAKE_NO_CAP=1)
-EXTRA_PYTHONPATH=$tmp/siteC start_scenario C "${machine_c[@]}" LOOM_GPU_DEADLINE=40 \
+EXTRA_PYTHONPATH=$tmp/siteC start_scenario C "${machine_c[@]}" LOOM_GPU_DEADLINE=90 \
   FAKE_BUILD_FAIL=train_mnist FAKE_FAIL=gpu.runtime FAKE_HANG=gpu.backend_ops
-start_scenario D LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=50 FAKE_HANG=bench.torch_convnet
+start_scenario D LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=60 FAKE_HANG=env
 start_scenario E LOOM_GPU_CHECK_ROOT="$tmp/root" FAKE_NVSMI_FAIL=1
 
-# D: once the hanging PyTorch peer's first row (printed without a flush) is
-# in gpu-check.log, SIGKILL the check.
+# D: once the hanging PyTorch query's last line before the hang (printed
+# without a flush) is in gpu-check.log, SIGKILL the check.
 for _ in $(seq 400); do
-  grep -q '"mode": "eager_f32"' "$tmp/D/out/gpu-check.log" 2>/dev/null && break
+  grep -q 'torch_nccl: 2.28.3' "$tmp/D/out/gpu-check.log" 2>/dev/null && break
   kill -0 "$(cat "$tmp/D/pid")" 2>/dev/null || break
   sleep 0.1
 done
 kill -KILL "$(cat "$tmp/D/pid")" 2>/dev/null
 finish_scenario D
-[[ -f $tmp/D/state/pids/bench.torch_convnet.pid ]] && kill "$(cat "$tmp/D/state/pids/bench.torch_convnet.pid")" 2>/dev/null
 finish_scenario E
 finish_scenario A
 finish_scenario C
 # B: a second call on the same machine (C's), on C's build directory, nothing failing.
 touch "$tmp/C/build/marker-from-the-first-call"
-EXTRA_PYTHONPATH=$tmp/siteC BUILD=$tmp/C/build start_scenario B "${machine_c[@]}" LOOM_GPU_DEADLINE=40
+EXTRA_PYTHONPATH=$tmp/siteC BUILD=$tmp/C/build start_scenario B "${machine_c[@]}" LOOM_GPU_DEADLINE=90
 finish_scenario B
 
 for s in A B C D E; do
