@@ -380,7 +380,7 @@ main() {
     echo "usage: scripts/gpu-check.sh [--deadline SECONDS] OUT" >&2
     exit 2
   fi
-  for setting in deadline:"$deadline" LOOM_GPU_MARGIN:"${LOOM_GPU_MARGIN:-15}" \
+  for setting in "--deadline (LOOM_GPU_DEADLINE)":"$deadline" LOOM_GPU_MARGIN:"${LOOM_GPU_MARGIN:-15}" \
                  LOOM_GPU_MIN_STEP:"${LOOM_GPU_MIN_STEP:-30}" LOOM_GPU_KILL_GRACE:"${LOOM_GPU_KILL_GRACE:-5}" \
                  LOOM_GPU_TEST_TIMEOUT:"${LOOM_GPU_TEST_TIMEOUT:-120}"; do
     if [[ ! ${setting#*:} =~ ^[0-9]+$ ]]; then
