@@ -5,7 +5,8 @@
 // the loader to the device every step and losses are read after the timed
 // steps, so the host never waits for the device inside the timing.
 //   convnet_throughput --steps 200 --threads 2
-//   convnet_throughput --device cuda --steps 500 [--channels-last] [--autocast f16]
+//   convnet_throughput --device cuda --steps 500 [--channels-last] [--autocast f16] [--tf32]
+// f32 on a GPU computes without TF32 unless --tf32 is given.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   std::string device_name = "cpu";
   bool channels_last = false;
+  bool tf32 = false;
   std::string autocast;
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before timing")->check(CLI::NonNegativeNumber);
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", data_dir);
   app.add_option("--device", device_name, "cpu, cuda or cuda:N");
   app.add_flag("--channels-last", channels_last, "on a GPU, feed NHWC (channels-last) images");
+  app.add_flag("--tf32", tf32, "on a GPU, let f32 convolutions and matrix products use TF32 tensor cores");
   app.add_option("--autocast", autocast, "run the forward under autocast in f16 or bf16 (as torch.autocast)")
       ->check(CLI::IsMember({"f16", "bf16"}));
   app.add_flag("--profile", profile, "after the timed steps, profile 20 more per op and layer (stderr)");
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
     manual_seed(0);
     const Device device = parse_device(device_name);
     if (device.is_cuda()) cuda::require_device(device.index);
+    cuda::set_allow_tf32(tf32);
     // The batch as the model takes it: on the device, NHWC with --channels-last.
     auto to_device = [&](const Tensor& images) {
       if (!device.is_cuda()) return images;
@@ -137,7 +141,7 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) {
       const cuda::MemoryStats m = cuda::memory_stats(device.index);
       gpu_memory = str(", \"device\": \"", cuda::device_name(device.index), "\", \"channels_last\": ",
-                       channels_last ? "true" : "false", ", \"autocast\": \"", autocast.empty() ? "none" : autocast,
+                       channels_last ? "true" : "false", ", \"tf32\": ", tf32 ? "true" : "false", ", \"autocast\": \"", autocast.empty() ? "none" : autocast,
                        "\", \"peak_allocated_mb\": ",
                        static_cast<double>(m.peak_allocated_bytes) / (1 << 20), ", \"peak_reserved_mb\": ",
                        static_cast<double>(m.peak_reserved_bytes) / (1 << 20));

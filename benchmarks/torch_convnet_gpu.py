@@ -2,9 +2,14 @@
 """PyTorch peer of `convnet_throughput --device cuda`: the tutorials' ConvNet,
 batch 100, SGD(lr 0.01, momentum 0.9) on the same IDX files, on one GPU.
 
-Two modes, each validated (finite, falling loss) before it is reported:
-  eager f32                       -- what loom's default GPU path does
-  channels_last + autocast f16    -- PyTorch's fast path for convnets
+Three modes, each validated (finite, falling loss) before it is reported:
+  eager_f32                       -- what loom's default GPU path does: f32 with
+                                     TF32 off in cuDNN and cuBLAS (PyTorch's default
+                                     leaves cuDNN's TF32 on, which would compare
+                                     different arithmetic)
+  eager_tf32                      -- f32 tensors, TF32 tensor cores allowed (as
+                                     loom's convnet_throughput --tf32)
+  channels_last_autocast_f16      -- PyTorch's fast path for convnets
 Each batch is copied from host memory to the GPU every step, as loom does.
 Prints one JSON line per mode: images/s after warm-up and peak GPU memory.
 
@@ -39,13 +44,22 @@ def find(directory, stem):
     raise SystemExit(f"torch_convnet_gpu: {stem} not found in {directory}")
 
 
+def set_math_mode(torch, mode):
+    """TF32 in cuDNN and cuBLAS on for eager_tf32 only (PyTorch's own default
+    leaves cuDNN's on); returns whether it is on."""
+    tf32 = mode == "eager_tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    return tf32
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--modes", default="eager_f32,channels_last_autocast_f16")
+    parser.add_argument("--modes", default="eager_f32,eager_tf32,channels_last_autocast_f16")
     args = parser.parse_args()
 
     import torch
@@ -74,6 +88,7 @@ def main():
     for mode in args.modes.split(","):
         channels_last = mode.startswith("channels_last")
         autocast = "autocast" in mode
+        tf32 = set_math_mode(torch, mode)
         torch.manual_seed(0)
         model = ConvNet().to(device)
         if channels_last:
@@ -114,7 +129,7 @@ def main():
             raise SystemExit(f"torch_convnet_gpu {mode}: loss did not fall ({first:.4f} -> {last:.4f})")
         print(json.dumps({
             "bench": "torch convnet train", "mode": mode, "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "batch": args.batch_size, "steps": args.steps,
+            "torch": torch.__version__, "tf32": tf32, "batch": args.batch_size, "steps": args.steps,
             "images_per_s": round(args.steps * args.batch_size / seconds, 1),
             "step_ms": round(1000 * seconds / args.steps, 3),
             "loss_first": round(first, 4), "loss_last": round(last, 4),

@@ -10,8 +10,11 @@ set(_loom_cudnn_hints ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_ROOT}
 find_path(CUDNN_INCLUDE_DIR cudnn.h
   HINTS ${_loom_cudnn_hints} ${CUDAToolkit_INCLUDE_DIRS}
   PATH_SUFFIXES include)
+# NAMES_PER_DIR: every name in one directory before the next directory, so
+# the library comes from the first hint that has one (beside its header),
+# not from wherever the first name happens to exist.
 find_library(CUDNN_LIBRARY
-  NAMES cudnn libcudnn.so.9 libcudnn.so.8
+  NAMES cudnn libcudnn.so.9 libcudnn.so.8 NAMES_PER_DIR
   HINTS ${_loom_cudnn_hints} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib64 lib lib/x64)
 

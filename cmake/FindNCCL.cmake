@@ -9,8 +9,9 @@ set(_loom_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ${_loom_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS}
   PATH_SUFFIXES include)
+# NAMES_PER_DIR: both names in one directory before the next (see FindCUDNN.cmake).
 find_library(NCCL_LIBRARY
-  NAMES nccl libnccl.so.2
+  NAMES nccl libnccl.so.2 NAMES_PER_DIR
   HINTS ${_loom_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
   PATH_SUFFIXES lib64 lib)
 

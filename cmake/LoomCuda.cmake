@@ -11,10 +11,20 @@ set(LOOM_HAVE_CUDA OFF)
 set(LOOM_HAVE_NCCL OFF)
 if(NOT LOOM_CUDA STREQUAL "OFF")
   include(CheckLanguage)
+  # nvcc: CMAKE_CUDA_COMPILER, /usr/local/cuda/bin, CUDACXX or PATH
+  # (check_language), else the newest /usr/local/cuda-*/bin.
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
   check_language(CUDA)
+  if(NOT CMAKE_CUDA_COMPILER)
+    file(GLOB _loom_versioned_nvcc /usr/local/cuda-*/bin/nvcc)
+    list(SORT _loom_versioned_nvcc COMPARE NATURAL ORDER DESCENDING)
+    if(_loom_versioned_nvcc)
+      list(GET _loom_versioned_nvcc 0 _loom_nvcc)
+      set(CMAKE_CUDA_COMPILER ${_loom_nvcc} CACHE FILEPATH "CUDA compiler" FORCE)
+    endif()
+  endif()
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "CUDA architectures to build for")
@@ -37,9 +47,10 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
     else()
       set(_loom_cublas_hints ${CUBLAS_ROOT} $ENV{CUBLAS_ROOT})
       find_path(LOOM_CUBLAS_INCLUDE_DIR cublas_v2.h HINTS ${_loom_cublas_hints} PATH_SUFFIXES include)
-      find_library(LOOM_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12
+      # NAMES_PER_DIR: the library from the first hint that has one, beside its header.
+      find_library(LOOM_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12 NAMES_PER_DIR
                    HINTS ${_loom_cublas_hints} PATH_SUFFIXES lib64 lib)
-      find_library(LOOM_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+      find_library(LOOM_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12 NAMES_PER_DIR
                    HINTS ${_loom_cublas_hints} PATH_SUFFIXES lib64 lib)
       if(LOOM_CUBLAS_INCLUDE_DIR AND LOOM_CUBLAS_LIBRARY AND LOOM_CUBLASLT_LIBRARY)
         add_library(loom_cublas INTERFACE)

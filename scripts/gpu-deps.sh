@@ -22,6 +22,10 @@ done < <(find .deps/root -type l -lname '/*')
 # Gloo's exported targets name /usr/lib/libgloo.so.0.5.0: make them relative
 # to the prefix the config file sits in.
 sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' .deps/root/usr/share/cmake/Gloo/GlooTargets-*.cmake
-# Keep the unpacked tree out of git (it travels as an ignored, carried path).
-grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
+# Keep the unpacked tree out of git (it travels as an ignored, carried path);
+# git-path finds the exclude file in a worktree too, where .git is a file.
+if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.deps/' "$exclude" 2>/dev/null || echo '/.deps/' >> "$exclude"
+fi
 du -sh .deps | sed 's/^/gpu-deps: /'

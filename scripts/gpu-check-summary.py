@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""The figures of scripts/gpu-check.sh's summary.json ("figures"), read
+from the logs its steps left in WORK (WORK/STEP.log), printed as JSON:
+  machine            what the env step found (GPU, driver, nvcc, gcc, OS, PyTorch, cuDNN)
+  steps              per gpu test suite: test cases, passed, failed, tests cut at the
+                     per-test timeout; per train_mnist: accuracy, images/s
+  benchmarks.convnet one row per arithmetic: "convnet f32 (TF32 off)", "convnet TF32",
+                     "convnet channels-last autocast f16", loom's and PyTorch's images/s
+  ratios             loom / PyTorch images/s per row
+  scaling_resnet50   ResNet-50 per world (weak scaling over NCCL), DDP against the bare
+                     model, the all-reduce fit, the cluster projection from this GPU's profile
+
+  python3 scripts/gpu-check-summary.py WORK STEP...
+
+Every figure is optional: a step that failed, was cut or never ran leaves its
+figures out, and the output stays valid whatever the logs hold.
+"""
+import json
+import os
+import re
+import sys
+
+ROWS = {  # benchmark row -> (loom's flags, PyTorch's mode)
+    "convnet f32 (TF32 off)": ((False, False, "none"), "eager_f32"),
+    "convnet TF32": ((True, False, "none"), "eager_tf32"),
+    "convnet channels-last autocast f16": ((False, True, "f16"), "channels_last_autocast_f16"),
+}
+
+
+def read(work, name):
+    try:
+        with open(os.path.join(work, name), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def json_lines(text):
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows
+
+
+def env_figures(text):
+    machine = {}
+    for line in text.split("\n--- nvidia-smi")[0].splitlines():
+        m = re.match(r"^([a-z_]+): (.*)$", line)
+        if m:
+            machine[m.group(1)] = m.group(2).strip()
+    return machine
+
+
+def test_figures(text):
+    figures = {}
+    counts = re.findall(r"test cases:\s*(\d+) \|\s*(\d+) passed \|\s*(\d+) failed(?: \|\s*(\d+) skipped)?", text)
+    if counts:
+        cases, passed, failed, skipped = counts[-1]
+        figures.update(cases=int(cases), passed=int(passed), failed=int(failed), skipped=int(skipped or 0))
+    assertions = re.findall(r"assertions:\s*(\d+) \|\s*(\d+) passed \|\s*(\d+) failed", text)
+    if assertions:
+        figures["assertions"] = {"total": int(assertions[-1][0]), "failed": int(assertions[-1][2])}
+    timeouts = re.findall(r"Test\s+#\d+: (\S+) \.+\*\*\*Timeout", text)
+    if timeouts:
+        figures["timed_out_tests"] = timeouts
+    if "skipped: no CUDA device visible" in text:
+        figures["no_cuda_device"] = True
+    devices = re.search(r"CUDA devices: (\d+)", text)
+    if devices:
+        figures["cuda_devices"] = int(devices.group(1))
+    return figures
+
+
+def loom_key(row):
+    return (bool(row.get("tf32", False)), bool(row.get("channels_last", False)), row.get("autocast", "none"))
+
+
+def benchmark_table(steps, work):
+    loom, torch = [], []
+    for step in steps:
+        if step["name"].startswith("bench.loom"):
+            loom += [r for r in json_lines(read(work, step["name"] + ".log")) if r.get("bench") == "loom convnet train"]
+        elif step["name"] == "bench.torch_convnet":
+            torch += [r for r in json_lines(read(work, step["name"] + ".log")) if r.get("bench") == "torch convnet train"]
+    table = []
+    for label, (flags, mode) in ROWS.items():
+        ours = next((r for r in loom if loom_key(r) == flags), None)
+        theirs = next((r for r in torch if r.get("mode") == mode), None)
+        if not ours and not theirs:
+            continue
+        row = {"row": label, "loom_images_per_s": ours and ours.get("images_per_s"),
+               "torch_images_per_s": theirs and theirs.get("images_per_s"),
+               "loom_peak_allocated_mb": ours and ours.get("peak_allocated_mb"),
+               "torch_peak_allocated_mb": theirs and theirs.get("peak_allocated_mb")}
+        if row["loom_images_per_s"] and row["torch_images_per_s"]:
+            row["loom_vs_torch"] = round(row["loom_images_per_s"] / row["torch_images_per_s"], 3)
+        table.append(row)
+    return table, loom, torch
+
+
+def train_figures(text):
+    figures = {}
+    for key, pattern, kind in (("test_accuracy", r"Test accuracy: ([0-9.]+)", float),
+                               ("images_per_s", r"Throughput: ([0-9.]+) images/s", float),
+                               ("training_time", r"Training complete in: (\S+)", str),
+                               ("cuda_memory", r"CUDA memory: (.*)", str)):
+        m = re.search(pattern, text)
+        if m:
+            figures[key] = kind(m.group(1))
+    return figures
+
+
+def scaling_figures(work):
+    path = os.path.join(work, "scaling", "scaling-resnet50-gpu.json")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    keep = ("mode", "world", "batch_per_rank", "step_ms", "images_per_s", "efficiency", "comm_ms", "hidden_share")
+    figures = {"points": [{k: p.get(k) for k in keep} for p in report.get("points", [])],
+               "ddp_vs_bare_world1": report.get("ddp_overhead_world1", []),
+               "problems": report.get("problems", [])}
+    if report.get("allreduce"):
+        a = report["allreduce"]
+        figures["allreduce"] = {k: a.get(k) for k in ("world", "backend", "alpha_us", "bus_bandwidth_gbs")}
+    projected = report.get("projection_measured", {}).get("clusters", {})
+    figures["projection_from_measured_profile"] = {
+        name: {str(r.get("world")): r.get("efficiency") for r in c.get("weak_scaling", []) if r.get("world") in (8, 64, 512)}
+        for name, c in projected.items()}
+    return figures
+
+
+def main():
+    work, names = sys.argv[1], sys.argv[2:]
+    steps = {}
+    gpu_count = None
+    machine = env_figures(read(work, "env.log"))
+    try:
+        gpu_count = int(machine.get("gpu_count", ""))
+    except ValueError:
+        pass
+    for name in names:
+        text = read(work, name + ".log")
+        if name.startswith("gpu.") and text:
+            steps[name] = test_figures(text)
+            if name == "gpu.nccl":
+                steps[name]["world"] = gpu_count
+        elif name == "train_mnist" and text:
+            steps[name] = train_figures(text)
+    table, loom, torch = benchmark_table([{"name": n} for n in names], work)
+    figures = {"machine": machine, "steps": steps,
+               "benchmarks": {"convnet": table, "loom_rows": loom, "torch_rows": torch},
+               "ratios": {r["row"]: r["loom_vs_torch"] for r in table if "loom_vs_torch" in r},
+               "scaling_resnet50": scaling_figures(work)}
+    json.dump(figures, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

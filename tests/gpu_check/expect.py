@@ -1,0 +1,169 @@
+"""What each scenario of rehearsal.sh must show; prints every failed
+expectation and exits 1 if there was one.
+  python3 expect.py TMP"""
+import json
+import os
+import sys
+import tarfile
+
+tmp = sys.argv[1]
+failures = []
+
+
+def expect(condition, scenario, what):
+    if not condition:
+        failures.append(f"{scenario}: {what}")
+
+
+def load(scenario):
+    d = os.path.join(tmp, scenario)
+    out = os.path.join(d, "out")
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError) as e:
+        failures.append(f"{scenario}: summary.json is missing or not valid JSON: {e}")
+        summary = {"steps": []}
+    with open(os.path.join(d, "sampler.json")) as f:
+        sampler = json.load(f)
+    files = [os.path.join(r, n) for r, _, names in os.walk(out) for n in names]
+    expect(sampler["most_files"] <= 8 and len(files) <= 8, scenario,
+           f"at most 8 files under OUT (most seen while it ran: {sampler['most_files']}, at the end {len(files)})")
+    expect(not sampler["invalid"], scenario, f"summary.json valid whenever read, not {sampler['invalid'][:2]}")
+    rc = int(open(os.path.join(d, "rc")).read())
+    wall = int(open(os.path.join(d, "wall_ms")).read()) / 1000
+    status = {s["name"]: s for s in summary["steps"]}
+    return summary, status, sampler, rc, wall, d
+
+
+def lines(path):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def packed(d, name):
+    try:
+        with tarfile.open(os.path.join(d, "out", "results.tar.gz")) as t:
+            return t.extractfile("./" + name).read().decode(errors="replace")
+    except (OSError, KeyError, tarfile.TarError, AttributeError) as e:
+        return f"<{name} not in results.tar.gz: {e}>"
+
+
+def statuses(status, expected, scenario):
+    for name, want in expected.items():
+        got = status.get(name, {}).get("status")
+        expect(got == want, scenario, f"step {name} {want}, not {got} ({status.get(name, {}).get('note', '')})")
+
+
+ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
+       "gpu.data_loader", "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
+       "bench.loom_convnet_channels_last_f16", "train_mnist", "scaling.resnet50")
+
+# A: CMake's configure hangs; the deadline cuts it and skips the rest.
+s, st, sampler, rc, wall, d = load("A")
+deadline = 16
+statuses(st, {"env": "ok", "configure": "timed_out", **{n: "skipped" for n in ALL[2:]}}, "A")
+expect(rc == 1, "A", f"exit status 1 when a step did not pass, not {rc}")
+expect(wall <= deadline + 2, "A", f"the whole check within its deadline of {deadline} s (+2), not {wall:.1f} s")
+expect(s.get("finished") is True and s.get("ok") is False and s.get("elapsed_s", 99) <= deadline, "A",
+       f"finished within the deadline, not ok: {s.get('finished')}, {s.get('ok')}, {s.get('elapsed_s')} s")
+hang = st.get("configure", {})
+expect(hang.get("limit_s") is not None and hang["limit_s"] < hang.get("cap_s", 0)
+       and hang.get("seconds") is not None and hang["seconds"] <= hang["limit_s"] + 2, "A",
+       f"the hanging step cut at the time left, under its own cap: {hang}")
+expect(s.get("machine", {}).get("arch") == "90", "A", "sm_90 from compute capability 9.0")
+
+# C: two GPUs without a compute capability, nvcc from PyTorch's wheels, a
+# compile error, a failing and a hanging gpu test.
+s, st, sampler, rc, wall, d = load("C")
+m = s.get("machine", {})
+expect(m.get("arch") == "90" and m.get("gpu_count") == 2, "C", f"arch 90 when nvidia-smi gives none, 2 GPUs: {m}")
+configured = lines(os.path.join(d, "build", "configured.txt"))
+expect("CMAKE_CUDA_ARCHITECTURES=90" in configured, "C", f"configured for sm_90: {configured}")
+expect("LOOM_GPU_TEST_TIMEOUT=2" in configured, "C", f"the per-test GPU timeout passed to CMake: {configured}")
+expect(m.get("nvcc", "").endswith("/siteC/nvidia/cuda_nvcc/bin/nvcc"), "C",
+       f"nvcc from PyTorch's nvidia/*/bin, not {m.get('nvcc')}")
+statuses(st, {"env": "ok", "configure": "ok", "build": "failed", "gpu.runtime": "failed", "gpu.backend_ops": "failed",
+              "gpu.training": "ok", "gpu.nccl": "ok", "gpu.data_loader": "ok", "bench.loom_convnet_f32": "ok",
+              "bench.torch_convnet": "ok", "train_mnist": "not_built", "scaling.resnet50": "ok"}, "C")
+expect(rc == 1, "C", f"exit status 1, not {rc}")
+compiles = lines(os.path.join(d, "state", "compiles"))
+expect(len(compiles) == 6, "C", f"the build kept going past the error: 6 binaries tried, not {compiles}")
+figures = s.get("figures", {}).get("steps", {})
+expect("gpu.backend_ops" in figures.get("gpu.backend_ops", {}).get("timed_out_tests", []), "C",
+       f"gpu.backend_ops cut by the per-test timeout: {figures.get('gpu.backend_ops')}")
+expect("fake gpu.backend_ops: running" in packed(d, "gpu.backend_ops.log"), "C",
+       "the hung test's unflushed line in its log (stdbuf -oL)")
+expect(figures.get("gpu.nccl", {}).get("world") == 2 and figures.get("gpu.nccl", {}).get("cuda_devices") == 2, "C",
+       f"gpu.nccl at world 2: {figures.get('gpu.nccl')}")
+ran = lines(os.path.join(d, "state", "ran.log"))
+expect("scaling.resnet50 --device cuda --worlds 1,2 --models resnet50" in ran, "C", f"weak scaling 1..2 GPUs: {ran}")
+scaling = s.get("figures", {}).get("scaling_resnet50", {})
+expect([p.get("world") for p in scaling.get("points", [])] == [1, 2], "C", f"the scaling curve in the summary: {scaling}")
+expect(scaling.get("ddp_vs_bare_world1") and scaling.get("allreduce"), "C",
+       "DDP against the bare model and the NCCL all-reduce in the summary")
+expect(sampler["versions"] >= 15, "C", f"summary.json rewritten as the steps went (seen {sampler['versions']} versions)")
+
+# B: the second call on C's build directory.
+s, st, sampler, rc, wall, d = load("B")
+statuses(st, {n: "ok" for n in ALL}, "B")
+expect(rc == 0 and s.get("ok") is True, "B", f"exit status 0 and ok when every step passed, not {rc}, {s.get('ok')}")
+expect(os.path.exists(os.path.join(tmp, "C", "build", "marker-from-the-first-call")), "B",
+       "the build directory kept (not deleted and remade)")
+compiles = lines(os.path.join(d, "state", "compiles"))
+expect(compiles == ["train_mnist"], "B", f"only what failed before compiled on the second call, not {compiles}")
+expect("reusing" in packed(d, "configure.log"), "B", "configure reused the build (its stamp matched)")
+ratios = s.get("figures", {}).get("ratios", {})
+expect(ratios == {"convnet f32 (TF32 off)": 1.25, "convnet TF32": 1.2, "convnet channels-last autocast f16": 1.25},
+       "B", f"loom/PyTorch ratios per row: {ratios}")
+ran = lines(os.path.join(d, "state", "ran.log"))
+expect("bench.torch_convnet --modes eager_f32,eager_tf32,channels_last_autocast_f16" in ran, "B",
+       "the PyTorch peer run with f32 (TF32 off), TF32 and autocast rows")
+expect(any(r.startswith("bench.loom_convnet_tf32") and "--tf32" in r for r in ran), "B", "loom's TF32 row")
+expect(any(r.startswith("bench.loom_convnet_f32") and "--tf32" not in r for r in ran), "B", "loom's f32 row without TF32")
+expect(s.get("figures", {}).get("steps", {}).get("train_mnist", {}).get("test_accuracy") == 0.88, "B",
+       "train_mnist's accuracy in the summary")
+machine = s.get("figures", {}).get("machine", {})
+expect(machine.get("torch_cudnn") == "91300" and machine.get("driver") == "580.159.04", "B",
+       f"the environment report in the summary: {machine}")
+
+# D: SIGKILL while the env step's PyTorch query hangs.
+s, st, sampler, rc, wall, d = load("D")
+statuses(st, {"env": "running", **{n: "pending" for n in ALL[1:]}}, "D")
+expect(rc == 137, "D", f"killed by SIGKILL (rc 137), not rc {rc}")
+log = "\n".join(lines(os.path.join(d, "out", "gpu-check.log")))
+expect("torch_nccl: 2.28.3" in log, "D", "the hung Python query's unflushed lines in gpu-check.log (PYTHONUNBUFFERED)")
+m = s.get("machine", {})
+expect(m.get("nvcc", "").endswith("/root/usr/local/cuda-13.0/bin/nvcc"), "D",
+       f"nvcc from the newest /usr/local/cuda-*/bin, not {m.get('nvcc')}")
+
+# E: no GPU.
+s, st, sampler, rc, wall, d = load("E")
+expect(rc == 2 and "nvidia-smi" in (s.get("error") or ""), "E", f"exit 2 and the reason in summary.json: {rc}, {s.get('error')}")
+
+# The PyTorch peer's arithmetic per mode: f32 without TF32 (PyTorch's default
+# leaves cuDNN's TF32 on), TF32 in its own row.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+import types  # noqa: E402
+
+import torch_convnet_gpu  # noqa: E402
+
+
+def pytorch_defaults():
+    return types.SimpleNamespace(backends=types.SimpleNamespace(
+        cudnn=types.SimpleNamespace(allow_tf32=True), cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False))))
+
+
+for mode, want in (("eager_f32", False), ("eager_tf32", True), ("channels_last_autocast_f16", False)):
+    fake = pytorch_defaults()
+    torch_convnet_gpu.set_math_mode(fake, mode)
+    expect(fake.backends.cudnn.allow_tf32 is want and fake.backends.cuda.matmul.allow_tf32 is want, "peer",
+           f"torch_convnet_gpu.py {mode}: TF32 {'on' if want else 'off'} in cuDNN and cuBLAS")
+
+for f in failures:
+    print("FAILED:", f)
+print(f"gpu-check rehearsal: {len(failures)} failed expectations")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The GPU check's rehearsal, on a machine without a GPU: scripts/gpu-check.sh
+# itself, driven with a fake nvidia-smi on PATH (one H200, or two that do not
+# report their compute capability), a fake nvcc where the real one is not
+# looked for on PATH, a tiny CMake project in place of loom's build
+# (fake_project/: the same targets, binary paths and gpu tests) and fake steps
+# that fail, hang or are killed. The scenarios run side by side:
+#   A  one H200; CMake's configure hangs past the deadline
+#   C  two GPUs, no compute capability, nvcc only in PyTorch's nvidia/*/bin, a
+#      binary that fails to compile, a gpu test that fails and one that hangs;
+#      then B, a second call on C's build with nothing failing
+#   D  one H200, nvcc in /usr/local/cuda-*/bin; SIGKILLed while the env step's
+#      PyTorch query hangs
+#   E  nvidia-smi fails (no GPU)
+# expect.py holds what each must show.
+#   tests/gpu_check/rehearsal.sh REPO
+set -uo pipefail
+repo=$(cd "${1:?usage: rehearsal.sh REPO}" && pwd)
+here=$repo/tests/gpu_check
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-rehearsal.XXXXXX")
+cleanup() {
+  local f pid
+  for f in "$tmp"/*/state/pids/*.pid; do
+    [[ -f $f ]] && pid=$(cat "$f") && kill "$pid" 2>/dev/null
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+real_python=$(python3 -c 'import sys; print(sys.executable)')
+
+# PATH without any nvcc or nvidia-smi: a directory that holds them is replaced
+# by a copy of its other entries (symbolic links); the fakes come first.
+fakebin=$tmp/fakebin
+mkdir -p "$fakebin"
+ln -s "$here/fakes/nvidia-smi" "$fakebin/nvidia-smi"
+ln -s "$real_python" "$fakebin/python3"
+search_path=$fakebin
+IFS=: read -ra path_dirs <<< "$PATH"
+for d in "${path_dirs[@]}"; do
+  [[ -d $d ]] || continue
+  if [[ -e $d/nvcc || -e $d/nvidia-smi ]]; then
+    filtered=$tmp/path/$(printf '%s' "$d" | tr / _)
+    mkdir -p "$filtered"
+    find "$d" -mindepth 1 -maxdepth 1 ! -name nvcc ! -name nvidia-smi -print0 | xargs -0 -r ln -s -t "$filtered"
+    search_path+=":$filtered"
+  else
+    search_path+=":$d"
+  fi
+done
+
+# scenario NAME: its directories; the rest of the arguments are its environment.
+start_scenario() {
+  local name=$1
+  shift
+  local dir=$tmp/$name
+  mkdir -p "$dir/state/pids" "$dir/out"
+  : > "$dir/state/compiles"
+  python3 "$here/sampler.py" "$dir/out" "$dir/stop" "$dir/sampler.json" &
+  echo $! > "$dir/sampler.pid"
+  local started
+  started=$(date +%s%N)
+  ( env -u PYTHONUNBUFFERED -u LOOM_GPU_NVCC -u LOOM_GPU_ARCH -u LOOM_GPU_STEPS -u LOOM_GPU_DEADLINE \
+      PATH="$search_path" PYTHONPATH="$here/fakes/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" \
+      FAKE_STATE="$dir/state" FAKE_DIR="$here/fakes" FAKE_REAL_PYTHON="$real_python" \
+      LOOM_GPU_PYTHON="$here/fakes/python" LOOM_GPU_CHECK_SOURCE="$here/fake_project" \
+      LOOM_GPU_BUILD="${BUILD:-$dir/build}" LOOM_GPU_MARGIN=3 LOOM_GPU_MIN_STEP=3 LOOM_GPU_KILL_GRACE=1 \
+      LOOM_GPU_TEST_TIMEOUT=2 LOOM_GPU_JOBS=2 TMPDIR="$dir" "$@" \
+      "$repo/scripts/gpu-check.sh" "$dir/out" > "$dir/console.txt" 2>&1 &
+    echo $! > "$dir/pid"
+    wait $!
+    rc=$?
+    echo $(( ($(date +%s%N) - started) / 1000000 )) > "$dir/wall_ms"
+    echo "$rc" > "$dir/rc"
+    touch "$dir/stop" ) 2> "$dir/runner.err" &
+  echo $! > "$dir/runner.pid"
+  until [[ -s $dir/pid ]]; do sleep 0.01; done
+}
+
+# finish NAME: waits for the check (its rc and milliseconds are recorded as it
+# ends) and its sampler.
+finish_scenario() {
+  local dir=$tmp/$1
+  wait "$(cat "$dir/runner.pid")"
+  wait "$(cat "$dir/sampler.pid")"
+}
+
+# A nvcc in two /usr/local/cuda-* directories under a fake root (the newer
+# must win); for C only in a fake site-packages' nvidia/cuda_nvcc/bin.
+for v in 12.9 13.0; do
+  mkdir -p "$tmp/root/usr/local/cuda-$v/bin"
+  cp "$here/fakes/nvcc" "$tmp/root/usr/local/cuda-$v/bin/nvcc"
+done
+mkdir -p "$tmp/emptyroot" "$tmp/siteC/nvidia/cuda_nvcc/bin"
+cp "$here/fakes/nvcc" "$tmp/siteC/nvidia/cuda_nvcc/bin/nvcc"
+
+cc -O1 -o "$tmp/fake_binary" "$here/fake_project/fake_binary.c" || exit 1
+export FAKE_BINARY=$tmp/fake_binary
+start_scenario A LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=16 FAKE_HANG=configure
+machine_c=(LOOM_GPU_CHECK_ROOT="$tmp/emptyroot" FAKE_GPUS=2 FAKE_NO_CAP=1)
+EXTRA_PYTHONPATH=$tmp/siteC start_scenario C "${machine_c[@]}" LOOM_GPU_DEADLINE=90 \
+  FAKE_BUILD_FAIL=train_mnist FAKE_FAIL=gpu.runtime FAKE_HANG=gpu.backend_ops
+start_scenario D LOOM_GPU_CHECK_ROOT="$tmp/root" LOOM_GPU_DEADLINE=60 FAKE_HANG=env
+start_scenario E LOOM_GPU_CHECK_ROOT="$tmp/root" FAKE_NVSMI_FAIL=1
+
+# D: once the hanging PyTorch query's last line before the hang (printed
+# without a flush) is in gpu-check.log, SIGKILL the check.
+for _ in $(seq 400); do
+  grep -q 'torch_nccl: 2.28.3' "$tmp/D/out/gpu-check.log" 2>/dev/null && break
+  kill -0 "$(cat "$tmp/D/pid")" 2>/dev/null || break
+  sleep 0.1
+done
+kill -KILL "$(cat "$tmp/D/pid")" 2>/dev/null
+finish_scenario D
+finish_scenario E
+finish_scenario A
+finish_scenario C
+# B: a second call on the same machine (C's), on C's build directory, nothing failing.
+touch "$tmp/C/build/marker-from-the-first-call"
+EXTRA_PYTHONPATH=$tmp/siteC BUILD=$tmp/C/build start_scenario B "${machine_c[@]}" LOOM_GPU_DEADLINE=90
+finish_scenario B
+
+for s in A B C D E; do
+  echo "---- scenario $s: rc $(cat "$tmp/$s/rc"), $(cat "$tmp/$s/wall_ms") ms; console:"
+  grep -E "^gpu-check: (===|.*skipped|.*not built)" "$tmp/$s/console.txt" | grep -v ": ===.*(limit" | cut -c12-120 | tr '\n' ';'
+  echo
+done
+python3 "$here/expect.py" "$tmp"
