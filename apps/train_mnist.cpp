@@ -67,18 +67,21 @@ struct Flags {
   double timeout_s = 0;  // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
 };
 
-// --data, else torchvision's ./data/MNIST/raw, else Debian's Fashion-MNIST.
+// --data (the IDX files' directory, or torchvision's root holding MNIST/raw/),
+// else torchvision's roots ./data and . (the tutorials' ./data/MNIST/raw and
+// ./MNIST/raw), else Debian's Fashion-MNIST.
 fs::path resolve_data_dir(const std::string& flag) {
   if (!flag.empty()) {
     if (!fs::is_directory(flag)) throw Error("--data " + flag + ": no such directory");
     return flag;
   }
-  for (const char* candidate : {"./data/MNIST/raw", "/usr/share/datasets/fashion-mnist"}) {
-    if (fs::is_directory(candidate)) return candidate;
+  for (const char* root : {"./data", "."}) {
+    if (std::optional<fs::path> found = data::find_mnist(root)) return *found;
   }
+  if (fs::is_directory("/usr/share/datasets/fashion-mnist")) return "/usr/share/datasets/fashion-mnist";
   throw Error(
-      "no training data: pass --data DIR with the MNIST IDX files, put them in ./data/MNIST/raw, "
-      "or install Fashion-MNIST with `apt-get install dataset-fashion-mnist`");
+      "no training data: pass --data DIR with the MNIST IDX files (or torchvision's root holding MNIST/raw/), put "
+      "them in ./data/MNIST/raw or ./MNIST/raw, or install Fashion-MNIST with `apt-get install dataset-fashion-mnist`");
 }
 
 // Moves a batch to `device`: nothing to do when the loader already delivers
@@ -312,7 +315,7 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--model", flags.model, "convnet, resnet18, resnet50 or resnet101")->capture_default_str()->check(CLI::IsMember({"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
   app.add_option("--optimizer", flags.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
-  app.add_option("--data", flags.data, "directory with the IDX files (default ./data/MNIST/raw, else /usr/share/datasets/fashion-mnist)");
+  app.add_option("--data", flags.data, "directory with the IDX files, or torchvision's root holding MNIST/raw/ (default ./data/MNIST/raw, else ./MNIST/raw, else /usr/share/datasets/fashion-mnist)");
   app.add_option("--seed", flags.seed, "random seed")->capture_default_str();
   app.add_option("--threads", flags.threads, "CPU threads per process (0 = all cores, or 1 when several processes run)")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")->capture_default_str()->check(apps::whole_at_least(0));

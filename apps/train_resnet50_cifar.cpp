@@ -44,7 +44,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz";
+constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar.html";
 
 struct Flags {
   int64_t batch_size = 128;  // global: split across the ranks
@@ -80,7 +80,8 @@ struct Flags {
   bool sync_bn = false;
 };
 
-// --data DIR holding the binary batches, or its parent holding cifar-10-batches-bin/.
+// --data DIR holding the batches (binary or python version), or its parent holding
+// cifar-10-batches-bin/ or cifar-10-batches-py/ (torchvision's root).
 data::TrainTestSplit load_data(const Flags& flags) {
   if (flags.synthetic) {
     // One draw split in two: synthetic_cifar10 picks the class colours from its
@@ -95,11 +96,13 @@ data::TrainTestSplit load_data(const Flags& flags) {
                                std::move(test_labels), "synthetic CIFAR-10 test")};
   }
   const fs::path dir = flags.data;
-  if (!fs::is_regular_file(dir / "data_batch_1.bin") && !fs::is_regular_file(dir / "cifar-10-batches-bin" / "data_batch_1.bin")) {
-    throw Error(str("no CIFAR-10 data in ", dir.string(), ": download the binary version from ", kCifarUrl,
-                    " and unpack it there (tar xzf cifar-10-binary.tar.gz -C ", dir.string(), " gives ",
-                    (dir / "cifar-10-batches-bin").string(),
-                    "/ with data_batch_1.bin .. data_batch_5.bin and test_batch.bin), pass --data DIR, or use --synthetic"));
+  if (!data::find_cifar10(dir)) {
+    try {
+      data::load_cifar10(dir);  // throws the message that lists both layouts and where it looked
+    } catch (const Error& error) {
+      throw Error(str(error.what(), ". Download cifar-10-binary.tar.gz or cifar-10-python.tar.gz from ", kCifarUrl,
+                      " and unpack it into DIR, pass --data DIR, or use --synthetic"));
+    }
   }
   return data::load_cifar10(dir);
 }
@@ -399,7 +402,7 @@ int main(int argc, char** argv) {
   app.add_option("-c,--checkpoint", flags.checkpoint, "checkpoint to resume from (continues with the next epoch)");
   app.add_option("--checkpoint-dir", flags.checkpoint_dir, "where rank 0 saves {world}GPU_{epoch}epoch.checkpoint ('' = don't save)")
       ->capture_default_str();
-  app.add_option("--data", flags.data, "CIFAR-10 binary version: DIR/cifar-10-batches-bin/ or DIR itself")->capture_default_str();
+  app.add_option("--data", flags.data, "CIFAR-10, binary or python version: DIR/cifar-10-batches-bin/, DIR/cifar-10-batches-py/ (torchvision's root) or DIR itself")->capture_default_str();
   app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
   app.add_option("--synthetic-size", flags.synthetic_size, "synthetic training images (test: a fifth as many)")
       ->capture_default_str()

@@ -163,14 +163,14 @@ TrainTestSplit load_cifar10(const fs::path& requested) {
     std::string looked;
     for (const fs::path& candidate : candidate_directories(requested)) {
       if (!fs::is_directory(candidate)) continue;
-      looked += str("\n  ", candidate.string(), " is missing ", missing_files(candidate, Cifar10Layout::binary),
+      looked += str(looked.empty() ? " " : "; ", candidate.string(), " is missing ", missing_files(candidate, Cifar10Layout::binary),
                     " (binary version), or ", missing_files(candidate, Cifar10Layout::python), " (python version)");
     }
     LOOM_FAIL("no CIFAR-10 batches under ", requested.string(),
               ": expected the binary version (data_batch_1.bin .. data_batch_5.bin and test_batch.bin, as "
               "cifar-10-binary.tar.gz extracts to cifar-10-batches-bin/) or the python version torchvision "
               "downloads (data_batch_1 .. data_batch_5 and test_batch, in cifar-10-batches-py/), in that directory "
-              "or in its cifar-10-batches-bin/ or cifar-10-batches-py/. Looked in:",
+              "or in its cifar-10-batches-bin/ or cifar-10-batches-py/; looked in:",
               looked);
   }
   std::vector<fs::path> paths;

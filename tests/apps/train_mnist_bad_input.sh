@@ -55,6 +55,19 @@ write(f"{work}/gz", {"train-images-idx3-ubyte.gz": data[: len(data) // 2], "trai
                      "t10k-images-idx3-ubyte": images(5), "t10k-labels-idx1-ubyte": labels(5)})
 PY
 
+# torchvision's layouts: --data ROOT means ROOT/MNIST/raw (as MNIST(root, download=True) leaves it), and
+# without --data ./MNIST/raw is looked at (the torchrun tutorial's root "./").
+mkdir -p "$work/tvroot/MNIST" "$work/cwd/MNIST" "$work/run"
+cp -r "$work/good" "$work/tvroot/MNIST/raw"
+cp -r "$work/truncated" "$work/cwd/MNIST/raw"
+if out=$(cd "$work/run" && timeout 120 "$bin" --data "$work/tvroot" --epochs 1 --batch-size 5 2>&1); then
+  echo "ok   --data ROOT reads ROOT/MNIST/raw"
+else
+  echo "FAIL --data ROOT with ROOT/MNIST/raw: $out"; failures=$((failures + 1))
+fi
+pushd "$work/cwd" >/dev/null
+expect_error "./MNIST/raw is where train_mnist looks without --data" "MNIST/raw/train-images-idx3-ubyte"
+popd >/dev/null
 expect_error "missing data directory" "$work/nowhere" --data "$work/nowhere"
 expect_error "truncated IDX file" "train-images-idx3-ubyte" --data "$work/truncated"
 expect_error "wrong magic number" "1234" --data "$work/magic"
