@@ -9,9 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace loom {
-class Generator;
-}
+#include "core/generator.h"
 
 namespace loom::data {
 

@@ -88,6 +88,23 @@ else
   fail "could not write cifar-10-batches-py (python3 with numpy: apt-get install python3-numpy)"
 fi
 
+# 3c. Image folders (DIR/train/<class>/, DIR/val/<class>/, JPEG and PNG written by PIL): the head has
+# one output per class found, --image-size sets the crop.
+if [[ -n "${python:-}" ]] && "$python" -c 'import PIL' 2>/dev/null &&
+   "$python" "$(dirname "$0")/../data/make_image_folder.py" "$work/imf" >/dev/null; then
+  mkdir -p "$work/folders" && cp -r "$work/imf/tree" "$work/folders/train" && cp -r "$work/imf/tree" "$work/folders/val"
+  folders=$(cd "$work/a" && timeout 120 "$bin" --data "$work/folders" --image-size 32 --model resnet18 -b 4 -e 1 \
+            --threads 2 --workers 2 --log-interval 1 --checkpoint-dir "" 2>&1)
+  status=$?
+  if [[ $status -ne 0 || "$folders" != *"(5 classes)"* || "$folders" != *"Epoch[1/1], Step[3/3]"* ]]; then
+    fail "run on image folders: exit status $status: $folders"
+  else
+    echo "ok   run on image folders: $(grep 'Test accuracy' <<<"$folders")"
+  fi
+else
+  fail "could not write image folders (python3 with PIL: apt-get install python3-pil)"
+fi
+
 # 4. Two processes (torchrun-style variables), Gloo + DistributedDataParallel.
 # run_two_ranks DIR ARGS...: ranks 0 and 1 of a world of 2 (torchrun-style
 # variables, a free loopback port) in DIR, output in DIR/rank0.txt and
