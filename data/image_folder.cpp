@@ -159,26 +159,40 @@ AxisCoefficients coefficients(int64_t in_size, int64_t out_size) {
   return out;
 }
 
-uint8_t clip8(int64_t value) {
-  const int64_t shifted = value >> precision_bits;
-  return static_cast<uint8_t>(std::clamp<int64_t>(shifted, 0, 255));
+// Sums stay below 2^31 as in PIL: weights are positive and add up to 2^22, pixels are below 2^8.
+uint8_t clip8(int32_t value) {
+  const int32_t shifted = value >> precision_bits;
+  return static_cast<uint8_t>(std::clamp<int32_t>(shifted, 0, 255));
+}
+
+template <int64_t Channels>
+void horizontal_rows(const DecodedImage& in, const AxisCoefficients& k, int64_t width, DecodedImage& out) {
+  const int64_t channels = Channels > 0 ? Channels : in.channels;
+  for (int64_t y = 0; y < in.height; ++y) {
+    const uint8_t* row = in.pixels.data() + y * in.width * channels;
+    uint8_t* target = out.pixels.data() + y * width * channels;
+    for (int64_t x = 0; x < width; ++x) {
+      const int32_t* w = k.weights.data() + x * k.taps;
+      const uint8_t* source = row + k.first[x] * channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        int32_t sum = int32_t{1} << (precision_bits - 1);
+        for (int64_t t = 0; t < k.count[x]; ++t) sum += int32_t{source[t * channels + c]} * w[t];
+        target[x * channels + c] = clip8(sum);
+      }
+    }
+  }
 }
 
 DecodedImage resample_horizontal(const DecodedImage& in, int64_t width) {
   const AxisCoefficients k = coefficients(in.width, width);
   DecodedImage out{in.height, width, in.channels, {}};
   out.pixels.resize(static_cast<size_t>(out.height * out.width * out.channels));
-  for (int64_t y = 0; y < in.height; ++y) {
-    const uint8_t* row = in.pixels.data() + y * in.width * in.channels;
-    uint8_t* target = out.pixels.data() + y * width * in.channels;
-    for (int64_t x = 0; x < width; ++x) {
-      const int32_t* w = k.weights.data() + x * k.taps;
-      for (int64_t c = 0; c < in.channels; ++c) {
-        int64_t sum = int64_t{1} << (precision_bits - 1);
-        for (int64_t t = 0; t < k.count[x]; ++t) sum += int64_t{row[(k.first[x] + t) * in.channels + c]} * w[t];
-        target[x * in.channels + c] = clip8(sum);
-      }
-    }
+  if (in.channels == 3) {
+    horizontal_rows<3>(in, k, width, out);
+  } else if (in.channels == 1) {
+    horizontal_rows<1>(in, k, width, out);
+  } else {
+    horizontal_rows<0>(in, k, width, out);
   }
   return out;
 }
@@ -188,14 +202,18 @@ DecodedImage resample_vertical(const DecodedImage& in, int64_t height) {
   DecodedImage out{height, in.width, in.channels, {}};
   const int64_t row_size = in.width * in.channels;
   out.pixels.resize(static_cast<size_t>(height * row_size));
+  std::vector<int32_t> sums(static_cast<size_t>(row_size));
   for (int64_t y = 0; y < height; ++y) {
+    // Row by row, so that the inner loop runs over contiguous bytes.
+    std::fill(sums.begin(), sums.end(), int32_t{1} << (precision_bits - 1));
     const int32_t* w = k.weights.data() + y * k.taps;
-    uint8_t* target = out.pixels.data() + y * row_size;
-    for (int64_t i = 0; i < row_size; ++i) {
-      int64_t sum = int64_t{1} << (precision_bits - 1);
-      for (int64_t t = 0; t < k.count[y]; ++t) sum += int64_t{in.pixels[(k.first[y] + t) * row_size + i]} * w[t];
-      target[i] = clip8(sum);
+    for (int64_t t = 0; t < k.count[y]; ++t) {
+      const uint8_t* source = in.pixels.data() + (k.first[y] + t) * row_size;
+      const int32_t weight = w[t];
+      for (int64_t i = 0; i < row_size; ++i) sums[i] += int32_t{source[i]} * weight;
     }
+    uint8_t* target = out.pixels.data() + y * row_size;
+    for (int64_t i = 0; i < row_size; ++i) target[i] = clip8(sums[i]);
   }
   return out;
 }
@@ -258,10 +276,14 @@ std::array<int64_t, 4> random_resized_window(const RandomResizedCrop& spec, int6
 }
 
 std::vector<uint8_t> read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) LOOM_FAIL("image ", path.string(), " cannot be opened");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) LOOM_FAIL("image ", path.string(), ": reading failed");
+  const std::streamsize size = in.tellg();
+  std::vector<uint8_t> bytes(static_cast<size_t>(std::max<std::streamsize>(size, 0)));
+  in.seekg(0);
+  if (size < 0 || !in.read(reinterpret_cast<char*>(bytes.data()), size)) {
+    LOOM_FAIL("image ", path.string(), ": reading failed");
+  }
   return bytes;
 }
 
@@ -411,8 +433,7 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options)
   shape_.width = size_width;
 }
 
-DecodedImage ImageFolder::transform_pixels(const DecodedImage& decoded, Generator& random) const {
-  DecodedImage image = decoded;
+DecodedImage ImageFolder::transform_pixels(DecodedImage image, Generator& random) const {
   for (const ImageTransform& transform : options_.transforms) {
     if (const auto* resize = std::get_if<Resize>(&transform)) {
       if (resize->width > 0) {
@@ -478,7 +499,7 @@ int64_t ImageFolder::get(int64_t index, SampleSlot& slot) const {
       ++skipped_;
       continue;
     }
-    write_sample(transform_pixels(decoded, *slot.random), slot);
+    write_sample(transform_pixels(std::move(decoded), *slot.random), slot);
     return index_.labels[candidate];
   }
   LOOM_FAIL(name(), ": no image decodes");

@@ -119,7 +119,7 @@ class ImageFolder : public Dataset {
 
   // The transforms up to ToTensor applied to one decoded image: what get()
   // writes, before Normalize, as uint8 (for tests against PIL).
-  DecodedImage transform_pixels(const DecodedImage& image, Generator& random) const;
+  DecodedImage transform_pixels(DecodedImage image, Generator& random) const;
 
  private:
   void write_sample(const DecodedImage& image, SampleSlot& slot) const;
