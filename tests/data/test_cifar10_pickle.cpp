@@ -5,7 +5,9 @@
 // crash the reader.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <random>
+#include <utility>
 #include <string>
 
 #include "core/error.h"
@@ -68,6 +70,38 @@ TEST_CASE("CIFAR-10 python batches written by Python's pickle read back exactly,
       const TrainTestSplit split = load_cifar10(root);
       check_images(split.train, 20);
       check_images(split.test, 3);
+    }
+  }
+}
+
+TEST_CASE("torchvision's own CIFAR10 dataset sees the same images and labels in the pickled batches") {
+  const std::string python = python_with("numpy torchvision");
+  if (python.empty()) {
+    MESSAGE("skipped: no python3 with torchvision (apt-get install python3-torchvision, scripts/setup.sh --peers)");
+    return;
+  }
+  for (const char* style : {"py2", "default"}) {
+    CAPTURE(style);
+    TempDir dir;
+    run_python(python, str_args("make_cifar_pickles.py", (dir / "cifar-10-batches-py").string(), style,
+                                "--train-per-file 4 --test 3"));
+    run_python(python, str_args("torchvision_view.py cifar", dir.path().string(), (dir / "view").string()));
+    const TrainTestSplit split = load_cifar10(dir.path());
+    for (const auto& [name, dataset] : {std::pair<std::string, const ImageDataset*>{"train", &split.train},
+                                        std::pair<std::string, const ImageDataset*>{"test", &split.test}}) {
+      CAPTURE(name);
+      const std::vector<uint8_t> hwc = read_bytes(dir / "view" / (name + ".hwc"));  // torchvision's .data
+      std::ifstream labels(dir / "view" / (name + ".labels"));
+      REQUIRE(static_cast<int64_t>(hwc.size()) == dataset->size() * 3072);
+      for (int64_t i = 0; i < dataset->size(); ++i) {
+        int64_t label = -1;
+        labels >> label;
+        REQUIRE(dataset->label(i) == label);
+        for (int64_t y = 0; y < 32; ++y)
+          for (int64_t x = 0; x < 32; ++x)
+            for (int64_t c = 0; c < 3; ++c)
+              REQUIRE(dataset->pixel(i, c, y, x) == hwc[static_cast<size_t>(((i * 32 + y) * 32 + x) * 3 + c)]);
+      }
     }
   }
 }

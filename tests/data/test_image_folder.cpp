@@ -76,6 +76,23 @@ TEST_CASE("ImageFolder finds the classes and samples in torchvision's order, wit
   CHECK_FALSE(is_image_folder(tree->root() / "b_cat" / "sub"));
 }
 
+TEST_CASE("torchvision's own ImageFolder gives the same classes, order and labels") {
+  const std::string python = python_with("torchvision");
+  if (python.empty()) {
+    MESSAGE("skipped: no python3 with torchvision (apt-get install python3-torchvision, scripts/setup.sh --peers)");
+    return;
+  }
+  const auto tree = make_tree();
+  run_python(python, str_args("torchvision_view.py folder", tree->root().string(), (tree->dir / "view").string()));
+  const ImageFolderIndex index = index_image_folder(tree->root());
+  CHECK(index.classes == lines(tree->dir / "view" / "classes.txt"));
+  const std::vector<std::string> samples = lines(tree->dir / "view" / "samples.txt");
+  REQUIRE(index.files.size() == samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    CHECK(std::to_string(index.labels[i]) + "\t" + fs::relative(index.files[i], tree->root()).string() == samples[i]);
+  }
+}
+
 TEST_CASE("decoded pixels equal PIL's convert('RGB') and convert('L'): PNG exactly, JPEG within 2 levels") {
   const auto tree = make_tree();
   const ImageFolderIndex index = index_image_folder(tree->root());
