@@ -28,6 +28,7 @@
 #include "core/parallel.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "data/selection.h"
 #include "dist/ddp.h"
 #include "dist/environment.h"
 #include "dist/launcher.h"
@@ -54,6 +55,8 @@ struct Flags {
   std::string optimizer = "sgd";
   std::string model = "convnet";
   std::string data;
+  std::string dataset = "auto";  // mnist, cifar10, imagefolder, or inferred from --data
+  int64_t image_size = 28;       // image folders
   uint64_t seed = 0;
   int threads = 0;
   int workers = 1;
@@ -73,18 +76,21 @@ struct Flags {
   std::string save;  // the final model as safetensors (torch.save(net.state_dict(), ...))
 };
 
-// --data, else torchvision's ./data/MNIST/raw, else Debian's Fashion-MNIST.
+// --data (the IDX files' directory, or torchvision's root holding MNIST/raw/),
+// else torchvision's roots ./data and . (the tutorials' ./data/MNIST/raw and
+// ./MNIST/raw), else Debian's Fashion-MNIST.
 fs::path resolve_data_dir(const std::string& flag) {
   if (!flag.empty()) {
     if (!fs::is_directory(flag)) throw Error("--data " + flag + ": no such directory");
     return flag;
   }
-  for (const char* candidate : {"./data/MNIST/raw", "/usr/share/datasets/fashion-mnist"}) {
-    if (fs::is_directory(candidate)) return candidate;
+  for (const char* root : {"./data", "."}) {
+    if (std::optional<fs::path> found = data::find_mnist(root)) return *found;
   }
+  if (fs::is_directory("/usr/share/datasets/fashion-mnist")) return "/usr/share/datasets/fashion-mnist";
   throw Error(
-      "no training data: pass --data DIR with the MNIST IDX files, put them in ./data/MNIST/raw, "
-      "or install Fashion-MNIST with `apt-get install dataset-fashion-mnist`");
+      "no training data: pass --data DIR with the MNIST IDX files (or torchvision's root holding MNIST/raw/), put "
+      "them in ./data/MNIST/raw or ./MNIST/raw, or install Fashion-MNIST with `apt-get install dataset-fashion-mnist`");
 }
 
 // Moves a batch to `device`: nothing to do when the loader already delivers
@@ -162,19 +168,30 @@ int run(const Flags& flags, int argc, char** argv) {
     LOOM_CHECK(fs::is_directory(parent), "--save ", flags.save, ": directory ", parent.string(), " does not exist");
   }
   const fs::path dir = resolve_data_dir(flags.data);
-  data::TrainTestSplit split = data::load_mnist(dir);
+  std::optional<data::DatasetKind> kind = data::parse_dataset_kind(flags.dataset);
+  if (!kind) kind = data::infer_dataset_kind(dir).value_or(data::DatasetKind::mnist);
+  // Image folders in grayscale at --image-size: Resize(size) + CenterCrop(size), as MNIST's 28x28.
+  const std::vector<data::ImageTransform> folder_transforms = {
+      data::Resize{flags.image_size}, data::CenterCrop{flags.image_size}, data::ToTensor{}, data::Normalize{{0.5}, {0.5}}};
+  const data::ImageFolderOptions folder_options{data::ColorMode::grayscale, folder_transforms};
+  const data::LoadedData loaded = data::load_dataset(*kind, dir, folder_options, folder_options);
+  const data::SampleShape shape = loaded.sample_shape();
   if (leader) {
-    std::printf("Training on %s (%lld training, %lld test images) from %s\n", split.train.name().c_str(),
-                static_cast<long long>(split.train.size()), static_cast<long long>(split.test.size()), dir.c_str());
+    std::printf("Training on %s (%lld training, %lld test images) from %s\n", loaded.description.c_str(),
+                static_cast<long long>(loaded.train_size()), static_cast<long long>(loaded.test_size()), dir.c_str());
+  }
+  if (flags.model == "convnet" && (shape.channels != 1 || shape.height != 28 || shape.width != 28)) {
+    throw Error(str("--model convnet takes 1x28x28 images; ", loaded.description, " gives ", shape.channels, "x",
+                    shape.height, "x", shape.width, ": use --model resnet18", loaded.kind == data::DatasetKind::imagefolder ? " or --image-size 28" : ""));
   }
 
   manual_seed(flags.seed);
   // The ResNets take 1-channel 28x28 images with the ImageNet stem (the ResNet-101 tutorial).
   std::shared_ptr<nn::Module> model;
   if (flags.model == "convnet") {
-    model = std::make_shared<nn::ConvNet>();
+    model = std::make_shared<nn::ConvNet>(loaded.num_classes);
   } else {
-    model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).in_channels(1));
+    model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(loaded.num_classes).in_channels(shape.channels));
   }
 
   model->to(device);  // before DDP and the optimizer take the parameters
@@ -254,16 +271,18 @@ int run(const Flags& flags, int argc, char** argv) {
 
   // Each rank takes every world-th image of the epoch's shared permutation
   // (DistributedSampler; start_epoch sets its epoch), --batch-size at a time.
-  const data::Compose transforms({data::ToTensor{}, data::mnist_normalize()});
-  data::DataLoader train_loader(
-      split.train, transforms,
+  const data::Compose transforms({data::ToTensor{}, loaded.kind == data::DatasetKind::cifar10
+                                                          ? data::cifar10_normalize()
+                                                          : data::mnist_normalize()});
+  data::DataLoader train_loader = loaded.loader(
+      true, transforms,
       data::DataLoaderOptions().batch_size(flags.batch_size).num_workers(flags.workers).seed(flags.seed).dtype(amp::input_dtype(amp_level))
           .pin_memory(device.is_cuda()).device(device),  // CUDA: pinned staging, copies on the loader's stream
-      std::make_shared<data::DistributedSampler>(split.train.size(), world, rank, /*shuffle=*/true, flags.seed));
-  data::DataLoader test_loader(split.test, transforms,
+      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, flags.seed));
+  data::DataLoader test_loader = loaded.loader(false, transforms,
                                data::DataLoaderOptions().batch_size(500).num_workers(flags.workers).dtype(amp::input_dtype(amp_level))
                                    .pin_memory(device.is_cuda()).device(device),
-                               std::make_shared<dist::ShardSampler>(split.test.size(), world, rank));
+                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
 
   const int64_t steps_per_epoch = train_loader.num_batches();
   std::optional<apps::CheckpointWriter> writer;
@@ -396,7 +415,13 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--model", flags.model, "convnet, resnet18, resnet50 or resnet101")->capture_default_str()->check(CLI::IsMember({"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
   app.add_option("--optimizer", flags.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
-  app.add_option("--data", flags.data, "directory with the IDX files (default ./data/MNIST/raw, else /usr/share/datasets/fashion-mnist)");
+  app.add_option("--dataset", flags.dataset, "mnist, cifar10 (with --model resnet*), imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/, read in grayscale), or auto: what --data holds")
+      ->check(CLI::IsMember({"auto", "mnist", "cifar10", "imagefolder"}))
+      ->capture_default_str();
+  app.add_option("--image-size", flags.image_size, "image folders: Resize(size) + CenterCrop(size)")
+      ->check(apps::whole_at_least(8))
+      ->capture_default_str();
+  app.add_option("--data", flags.data, "directory with the IDX files, or torchvision's root holding MNIST/raw/ (default ./data/MNIST/raw, else ./MNIST/raw, else /usr/share/datasets/fashion-mnist)");
   app.add_option("--seed", flags.seed, "random seed")->capture_default_str();
   app.add_option("--threads", flags.threads, "CPU threads per process (0 = all cores, or 1 when several processes run)")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")->capture_default_str()->check(apps::whole_at_least(0));

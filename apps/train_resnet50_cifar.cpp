@@ -29,6 +29,7 @@
 #include "core/parallel.h"
 #include "data/cifar10.h"
 #include "data/loader.h"
+#include "data/selection.h"
 #include "dist/ddp.h"
 #include "dist/environment.h"
 #include "dist/metrics.h"
@@ -48,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz";
+constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar.html";
 
 struct Flags {
   int64_t batch_size = 128;  // global: split across the ranks
@@ -56,6 +57,8 @@ struct Flags {
   apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
   std::string data = "./data";
   bool synthetic = false;
+  std::string dataset = "auto";  // cifar10, mnist, imagefolder, or inferred from --data
+  int64_t image_size = 224;      // image folders
   int64_t synthetic_size = 50000;
   std::string model = "resnet50";
   std::string stem = "imagenet";
@@ -83,8 +86,11 @@ struct Flags {
   bool sync_bn = false;
 };
 
-// --data DIR holding the binary batches, or its parent holding cifar-10-batches-bin/.
-data::TrainTestSplit load_data(const Flags& flags) {
+// --dataset (auto: inferred from --data, else CIFAR-10): CIFAR-10 from DIR
+// holding the batches (binary or python version) or its parent holding
+// cifar-10-batches-bin/ or cifar-10-batches-py/ (torchvision's root); MNIST
+// IDX files; or image folders DIR/train/<class>/ and DIR/val/ at --image-size.
+data::LoadedData load_data(const Flags& flags) {
   if (flags.synthetic) {
     // One draw split in two: synthetic_cifar10 picks the class colours from its
     // seed, so the test images must come from the same call as the training ones.
@@ -93,18 +99,30 @@ data::TrainTestSplit load_data(const Flags& flags) {
     std::vector<uint8_t> test_pixels(all.image(train_size), all.image(train_size) + test_size * all.image_bytes());
     std::vector<int64_t> test_labels;
     for (int64_t i = train_size; i < train_size + test_size; ++i) test_labels.push_back(all.label(i));
-    return {all.subset(train_size),
-            data::ImageDataset(all.channels(), all.height(), all.width(), std::move(test_pixels),
-                               std::move(test_labels), "synthetic CIFAR-10 test")};
+    data::LoadedData loaded;
+    loaded.kind = data::DatasetKind::cifar10;
+    loaded.description = "Synthetic CIFAR-10";
+    loaded.num_classes = data::cifar10_classes;
+    loaded.memory = {all.subset(train_size),
+                     data::ImageDataset(all.channels(), all.height(), all.width(), std::move(test_pixels),
+                                        std::move(test_labels), "synthetic CIFAR-10 test")};
+    return loaded;
   }
   const fs::path dir = flags.data;
-  if (!fs::is_regular_file(dir / "data_batch_1.bin") && !fs::is_regular_file(dir / "cifar-10-batches-bin" / "data_batch_1.bin")) {
-    throw Error(str("no CIFAR-10 data in ", dir.string(), ": download the binary version from ", kCifarUrl,
-                    " and unpack it there (tar xzf cifar-10-binary.tar.gz -C ", dir.string(), " gives ",
-                    (dir / "cifar-10-batches-bin").string(),
-                    "/ with data_batch_1.bin .. data_batch_5.bin and test_batch.bin), pass --data DIR, or use --synthetic"));
+  std::optional<data::DatasetKind> kind = data::parse_dataset_kind(flags.dataset);
+  if (!kind && fs::is_directory(dir)) kind = data::infer_dataset_kind(dir);
+  if (!kind) kind = data::DatasetKind::cifar10;
+  if (*kind == data::DatasetKind::cifar10 && !data::find_cifar10(dir)) {
+    try {
+      data::load_cifar10(dir);  // throws the message that lists both layouts and where it looked
+    } catch (const Error& error) {
+      throw Error(str(error.what(), ". Download cifar-10-binary.tar.gz or cifar-10-python.tar.gz from ", kCifarUrl,
+                      " and unpack it into DIR, pass --data DIR, or use --synthetic"));
+    }
   }
-  return data::load_cifar10(dir);
+  const data::ImageFolderOptions train_folder{data::ColorMode::rgb, data::imagenet_train_transforms(flags.image_size)};
+  const data::ImageFolderOptions test_folder{data::ColorMode::rgb, data::imagenet_test_transforms(flags.image_size)};
+  return data::load_dataset(*kind, dir, train_folder, test_folder);
 }
 
 std::unique_ptr<optim::LRScheduler> make_scheduler(const Flags& flags, optim::Optimizer& optimizer) {
@@ -187,7 +205,7 @@ int run(const Flags& flags) {
   const int64_t batch_per_rank = flags.batch_size / world;
   const bool leader = rank == 0;
 
-  data::TrainTestSplit split = load_data(flags);
+  const data::LoadedData loaded = load_data(flags);
   const char* synthetic_note = flags.synthetic ? " (synthetic data)" : "";
 
   // ---- Process group (world > 1) ----
@@ -200,7 +218,10 @@ int run(const Flags& flags) {
   }
 
   manual_seed(flags.seed);
-  std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(10).stem(stem));
+  std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions()
+                                                                          .num_classes(loaded.num_classes)
+                                                                          .in_channels(loaded.sample_shape().channels)
+                                                                          .stem(stem));
   model->to(device);  // before the optimizer and DDP take the parameters
   // --sync-bn: every BatchNorm2d becomes a SyncBatchNorm over the group (same
   // names and tensors, so checkpoints are unchanged); with one process it
@@ -277,8 +298,8 @@ int run(const Flags& flags) {
               device.str().c_str());
   if (leader) {
     std::printf("%s%s: %lld training, %lld test images; %s (%s stem), global batch %lld (%lld per process)\n",
-                flags.synthetic ? "Synthetic CIFAR-10" : "CIFAR-10", synthetic_note,
-                static_cast<long long>(split.train.size()), static_cast<long long>(split.test.size()),
+                loaded.description.c_str(), synthetic_note, static_cast<long long>(loaded.train_size()),
+                static_cast<long long>(loaded.test_size()),
                 flags.model.c_str(), flags.stem.c_str(), static_cast<long long>(flags.batch_size),
                 static_cast<long long>(batch_per_rank));
     if (world > 1) {
@@ -289,20 +310,25 @@ int run(const Flags& flags) {
     }
   }
 
+  // In-memory data (CIFAR-10, MNIST); image folders bring their own (--image-size).
+  const bool cifar = loaded.kind == data::DatasetKind::cifar10;
+  const data::Normalize normalize = cifar ? data::cifar10_normalize() : data::mnist_normalize();
+  const int64_t side = loaded.sample_shape().height;
   const data::Compose train_transforms(
-      {data::RandomCrop(32, 4), data::RandomHorizontalFlip{}, data::ToTensor{}, data::cifar10_normalize()});
-  const data::Compose test_transforms({data::ToTensor{}, data::cifar10_normalize()});
-  data::DataLoader train_loader(
-      split.train, train_transforms,
+      {data::RandomCrop(side, cifar ? 4 : 0), data::RandomHorizontalFlip{cifar ? 0.5 : 0.0}, data::ToTensor{},
+       normalize});
+  const data::Compose test_transforms({data::ToTensor{}, normalize});
+  data::DataLoader train_loader = loaded.loader(
+      true, train_transforms,
       data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).seed(flags.seed).dtype(
           amp::input_dtype(amp_level)).pin_memory(device.is_cuda()).device(device),  // CUDA: pinned staging, own copy stream
-      std::make_shared<data::DistributedSampler>(split.train.size(), world, rank, /*shuffle=*/true, flags.seed));
+      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, flags.seed));
   // Rank r tests images r, r + world, ...: every test image once, no padding.
-  data::DataLoader test_loader(
-      split.test, test_transforms,
+  data::DataLoader test_loader = loaded.loader(
+      false, test_transforms,
       data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).dtype(amp::input_dtype(amp_level))
           .pin_memory(device.is_cuda()).device(device),
-      std::make_shared<dist::ShardSampler>(split.test.size(), world, rank));
+      std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
 
   const int64_t batches = train_loader.num_batches();
   const int64_t steps_per_epoch = flags.max_steps > 0 ? std::min(batches, flags.max_steps) : batches;
@@ -434,7 +460,13 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(CLI::NonNegativeNumber);
   apps::add_checkpoint_flags(app, flags.checkpoints);
-  app.add_option("--data", flags.data, "CIFAR-10 binary version: DIR/cifar-10-batches-bin/ or DIR itself")->capture_default_str();
+  app.add_option("--data", flags.data, "CIFAR-10, binary or python version: DIR/cifar-10-batches-bin/, DIR/cifar-10-batches-py/ (torchvision's root) or DIR itself")->capture_default_str();
+  app.add_option("--dataset", flags.dataset, "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds")
+      ->check(CLI::IsMember({"auto", "cifar10", "mnist", "imagefolder"}))
+      ->capture_default_str();
+  app.add_option("--image-size", flags.image_size, "image folders: RandomResizedCrop size for training, Resize(size * 8 / 7) + CenterCrop(size) for testing")
+      ->check(apps::whole_at_least(8))
+      ->capture_default_str();
   app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
   app.add_option("--synthetic-size", flags.synthetic_size, "synthetic training images (test: a fifth as many)")
       ->capture_default_str()

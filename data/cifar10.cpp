@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <string>
 
 #include "core/error.h"
 #include "core/generator.h"
+#include "data/pickle.h"
 
 namespace loom::data {
 namespace fs = std::filesystem;
@@ -18,15 +20,99 @@ constexpr int64_t image_bytes = cifar10_record_bytes - 1;
 constexpr std::array<const char*, 10> class_names = {"airplane", "automobile", "bird", "cat",  "deer",
                                                      "dog",      "frog",       "horse", "ship", "truck"};
 
-fs::path resolve_directory(const fs::path& directory) {
-  if (fs::is_regular_file(directory / "data_batch_1.bin") || fs::is_regular_file(directory / "test_batch.bin")) {
-    return directory;
+// The batch file names of one layout.
+std::vector<std::string> batch_names(Cifar10Layout layout) {
+  const char* suffix = layout == Cifar10Layout::binary ? ".bin" : "";
+  std::vector<std::string> names;
+  for (int i = 1; i <= 5; ++i) names.push_back(str("data_batch_", i, suffix));
+  names.push_back(str("test_batch", suffix));
+  return names;
+}
+
+std::vector<fs::path> candidate_directories(const fs::path& directory) {
+  return {directory, directory / "cifar-10-batches-bin", directory / "cifar-10-batches-py"};
+}
+
+std::string missing_files(const fs::path& directory, Cifar10Layout layout) {
+  std::string missing;
+  for (const std::string& name : batch_names(layout)) {
+    if (!fs::is_regular_file(directory / name)) missing += str(missing.empty() ? "" : ", ", name);
   }
-  if (fs::is_directory(directory / "cifar-10-batches-bin")) return directory / "cifar-10-batches-bin";
-  return directory;
+  return missing;
+}
+
+// The labels of a batch: a list of ints (the CIFAR files) or a 1-D integer array.
+std::vector<int64_t> labels_of(const pickle::Value& value, const fs::path& path) {
+  std::vector<int64_t> labels;
+  if (const auto* list = std::get_if<pickle::List>(&value.content)) {
+    for (const pickle::ValuePtr& item : list->items) {
+      const int64_t* label = std::get_if<int64_t>(&item->content);
+      if (!label) LOOM_FAIL("CIFAR-10 file ", path.string(), ": \"labels\" holds something that is not an int");
+      labels.push_back(*label);
+    }
+    return labels;
+  }
+  const auto* array = std::get_if<pickle::Array>(&value.content);
+  if (!array || array->shape.size() != 1 || (array->dtype.type[0] != 'i' && array->dtype.type[0] != 'u')) {
+    LOOM_FAIL("CIFAR-10 file ", path.string(), ": \"labels\" is not a list of ints or a 1-D integer array");
+  }
+  const int64_t size = array->dtype.item_size;
+  const bool is_signed = array->dtype.type[0] == 'i';
+  for (int64_t i = 0; i < array->shape[0]; ++i) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, array->data.data() + i * size, static_cast<size_t>(size));  // little-endian host
+    if (is_signed && size < 8 && (bits >> (8 * size - 1)) != 0) bits |= ~uint64_t{0} << (8 * size);
+    labels.push_back(static_cast<int64_t>(bits));
+  }
+  return labels;
 }
 
 }  // namespace
+
+std::optional<Cifar10Location> find_cifar10(const fs::path& directory) {
+  for (const Cifar10Layout layout : {Cifar10Layout::binary, Cifar10Layout::python}) {
+    for (const fs::path& candidate : candidate_directories(directory)) {
+      if (missing_files(candidate, layout).empty()) return Cifar10Location{candidate, layout};
+    }
+  }
+  return std::nullopt;
+}
+
+ImageDataset read_cifar10_pickle_files(const std::vector<fs::path>& paths, const std::string& name) {
+  std::vector<uint8_t> pixels;
+  std::vector<int64_t> labels;
+  for (const fs::path& path : paths) {
+    const pickle::Value batch = pickle::load(path);
+    const auto* dict = std::get_if<pickle::Dict>(&batch.content);
+    if (!dict) LOOM_FAIL("CIFAR-10 file ", path.string(), " holds a pickled value that is not a dict");
+    const auto data = dict->find("data");
+    auto label_entry = dict->find("labels");
+    if (data == dict->end() || label_entry == dict->end()) {
+      LOOM_FAIL("CIFAR-10 file ", path.string(), " has no \"data\" or no \"labels\" entry",
+                dict->count("label_names") != 0 ? " (it looks like batches.meta)" : "");
+    }
+    const auto* array = std::get_if<pickle::Array>(&data->second->content);
+    if (!array || array->dtype.type != "u1" || array->shape.empty()) {
+      LOOM_FAIL("CIFAR-10 file ", path.string(), ": \"data\" is not a uint8 numpy array");
+    }
+    const std::vector<int64_t> file_labels = labels_of(*label_entry->second, path);
+    const auto count = static_cast<int64_t>(file_labels.size());
+    if (array->shape[0] != count || static_cast<int64_t>(array->data.size()) != count * image_bytes) {
+      LOOM_FAIL("CIFAR-10 file ", path.string(), ": \"data\" has ", array->data.size(), " bytes for ", count,
+                " labels; expected ", count, " x ", image_bytes, " (3x32x32 pixels per image)");
+    }
+    for (int64_t r = 0; r < count; ++r) {
+      if (file_labels[r] < 0 || file_labels[r] >= cifar10_classes) {
+        LOOM_FAIL("CIFAR-10 file ", path.string(), ": image ", r, " has label ", file_labels[r],
+                  "; labels must be 0..9");
+      }
+    }
+    labels.insert(labels.end(), file_labels.begin(), file_labels.end());
+    pixels.insert(pixels.end(), array->data.begin(), array->data.end());
+  }
+  return ImageDataset(cifar10_channels, cifar10_side, cifar10_side, std::move(pixels), std::move(labels), name);
+}
+
 
 ImageDataset read_cifar10_files(const std::vector<fs::path>& paths, const std::string& name) {
   std::vector<uintmax_t> sizes;
@@ -72,21 +158,29 @@ TrainTestSplit load_cifar10(const fs::path& requested) {
   if (!fs::is_directory(requested)) {
     LOOM_FAIL("CIFAR-10 directory ", requested.string(), " does not exist or is not a directory");
   }
-  const fs::path directory = resolve_directory(requested);
-  std::vector<fs::path> train_paths;
-  for (int i = 1; i <= 5; ++i) train_paths.push_back(directory / str("data_batch_", i, ".bin"));
-  const fs::path test_path = directory / "test_batch.bin";
-
-  std::string missing;
-  for (const fs::path& path : train_paths) {
-    if (!fs::is_regular_file(path)) missing += str(missing.empty() ? "" : ", ", path.filename().string());
+  const std::optional<Cifar10Location> found = find_cifar10(requested);
+  if (!found) {
+    std::string looked;
+    for (const fs::path& candidate : candidate_directories(requested)) {
+      if (!fs::is_directory(candidate)) continue;
+      looked += str(looked.empty() ? " " : "; ", candidate.string(), " is missing ", missing_files(candidate, Cifar10Layout::binary),
+                    " (binary version), or ", missing_files(candidate, Cifar10Layout::python), " (python version)");
+    }
+    LOOM_FAIL("no CIFAR-10 batches under ", requested.string(),
+              ": expected the binary version (data_batch_1.bin .. data_batch_5.bin and test_batch.bin, as "
+              "cifar-10-binary.tar.gz extracts to cifar-10-batches-bin/) or the python version torchvision "
+              "downloads (data_batch_1 .. data_batch_5 and test_batch, in cifar-10-batches-py/), in that directory "
+              "or in its cifar-10-batches-bin/ or cifar-10-batches-py/; looked in:",
+              looked);
   }
-  if (!fs::is_regular_file(test_path)) missing += str(missing.empty() ? "" : ", ", "test_batch.bin");
-  if (!missing.empty()) {
-    LOOM_FAIL("CIFAR-10 directory ", requested.string(), " is missing ", missing,
-              "; expected the binary version (cifar-10-binary.tar.gz) extracted there");
+  std::vector<fs::path> paths;
+  for (const std::string& name : batch_names(found->layout)) paths.push_back(found->directory / name);
+  const fs::path test_path = paths.back();
+  paths.pop_back();
+  if (found->layout == Cifar10Layout::python) {
+    return {read_cifar10_pickle_files(paths, "CIFAR-10 train"), read_cifar10_pickle_files({test_path}, "CIFAR-10 test")};
   }
-  return {read_cifar10_files(train_paths, "CIFAR-10 train"), read_cifar10_files({test_path}, "CIFAR-10 test")};
+  return {read_cifar10_files(paths, "CIFAR-10 train"), read_cifar10_files({test_path}, "CIFAR-10 test")};
 }
 
 void write_cifar10_file(const fs::path& path, const ImageDataset& dataset, int64_t begin, int64_t end) {

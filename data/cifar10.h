@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "data/dataset.h"
@@ -22,10 +24,32 @@ static_assert(cifar10_record_bytes == 3073);
 // a record's label is above 9.
 ImageDataset read_cifar10_files(const std::vector<std::filesystem::path>& paths, const std::string& name);
 
-// Loads the training set (data_batch_1..5.bin, 50000 images) and the test set
-// (test_batch.bin, 10000). `directory` may be the folder holding the batches or
-// its parent holding cifar-10-batches-bin/. Missing files are listed together.
+// Reads batches of the python version (torchvision's cifar-10-batches-py/:
+// data_batch_1..5, test_batch), each a pickled dict whose "data" is a uint8
+// numpy array of N x 3072 (R, G, B planes per image) and whose "labels" is a
+// list (or integer numpy array) of N labels 0..9. Read with the restricted
+// reader of data/pickle.h: nothing in the file is executed.
+ImageDataset read_cifar10_pickle_files(const std::vector<std::filesystem::path>& paths, const std::string& name);
+
+// The two layouts load_cifar10 accepts.
+enum class Cifar10Layout { binary, python };
+
+// Loads the training set (50000 images) and the test set (10000) from either
+// layout: the binary version (data_batch_1..5.bin, test_batch.bin) or the
+// python version torchvision downloads (data_batch_1..5, test_batch).
+// `directory` may be the folder holding the batches or its parent holding
+// cifar-10-batches-bin/ or cifar-10-batches-py/ (torchvision's root). When no
+// complete layout is found, the error lists both layouts, the directories
+// looked in, and the files missing.
 TrainTestSplit load_cifar10(const std::filesystem::path& directory);
+
+// Where load_cifar10 would read from: the folder holding a complete set of
+// batches and its layout, or nullopt.
+struct Cifar10Location {
+  std::filesystem::path directory;
+  Cifar10Layout layout;
+};
+std::optional<Cifar10Location> find_cifar10(const std::filesystem::path& directory);
 
 // Writes samples [begin, end) of a 3x32x32 dataset as one CIFAR-10 batch file.
 void write_cifar10_file(const std::filesystem::path& path, const ImageDataset& dataset, int64_t begin, int64_t end);

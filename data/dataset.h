@@ -1,5 +1,7 @@
-// ImageDataset: labelled uint8 images held in memory, (N, C, H, W) planes plus
-// int64 labels, shared read-only by every loader thread.
+// Datasets the DataLoader takes: ImageDataset, labelled uint8 images held in
+// memory ((N, C, H, W) planes plus int64 labels, shared read-only by every
+// loader thread, augmented by a fused Compose), and Dataset, the interface a
+// user implements for anything else (files decoded on the fly, generated data).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +9,44 @@
 #include <string>
 #include <vector>
 
+#include "core/generator.h"
+
 namespace loom::data {
+
+// The shape every sample of a Dataset has: (channels, height, width).
+struct SampleShape {
+  int64_t channels = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t elements() const { return channels * height * width; }
+};
+
+// Where Dataset::get writes one sample: its batch slot, seen as a contiguous
+// (C, H, W) f32 buffer that the loader converts to the batch's dtype and
+// memory format, and the sample's own random generator, seeded from
+// (loader seed, epoch, index) so that results do not depend on which worker
+// builds the sample.
+struct SampleSlot {
+  float* pixels = nullptr;  // (C, H, W) of sample_shape(), contiguous; every element must be written
+  SampleShape shape;
+  Generator* random = nullptr;
+};
+
+// A user's dataset, as torch.utils.data.Dataset: a size, and sample i on
+// request. The DataLoader calls get() from its worker threads, several at
+// once, so get() must be safe to call concurrently (const, no unguarded shared
+// state). An exception from get() fails the batch and reaches the training
+// thread as loom::Error naming the batch, the epoch and the sample index.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual SampleShape sample_shape() const = 0;
+  // Writes sample `index` (0 <= index < size()) into `slot` and returns its label.
+  virtual int64_t get(int64_t index, SampleSlot& slot) const = 0;
+  // For error messages ("ImageFolder /data/train").
+  virtual std::string name() const { return "dataset"; }
+};
 
 // An immutable, cheaply copyable dataset of images. Copies (and subsets) share
 // one allocation, so handing the dataset to worker threads copies nothing.

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cerrno>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -197,30 +198,61 @@ ImageDataset read_idx_dataset(const fs::path& images_path, const fs::path& label
                       images_path.filename().string());
 }
 
-TrainTestSplit load_mnist(const fs::path& directory) {
-  if (!fs::is_directory(directory)) {
-    LOOM_FAIL("MNIST directory ", directory.string(), " does not exist or is not a directory");
-  }
-  const std::array<const char*, 4> names = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                            "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+namespace {
+
+constexpr std::array<const char*, 4> mnist_names = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                                    "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+
+// The four files in `directory`, raw or .gz; `missing` lists those absent.
+std::array<fs::path, 4> mnist_files(const fs::path& directory, std::string& missing) {
   std::array<fs::path, 4> found;
-  std::string missing;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const fs::path raw = directory / names[i];
-    const fs::path gz = directory / (std::string(names[i]) + ".gz");
+  missing.clear();
+  for (size_t i = 0; i < mnist_names.size(); ++i) {
+    const fs::path raw = directory / mnist_names[i];
+    const fs::path gz = directory / (std::string(mnist_names[i]) + ".gz");
     if (fs::is_regular_file(raw)) {
       found[i] = raw;
     } else if (fs::is_regular_file(gz)) {
       found[i] = gz;
     } else {
-      missing += str(missing.empty() ? "" : ", ", names[i], "[.gz]");
+      missing += str(missing.empty() ? "" : ", ", mnist_names[i], "[.gz]");
     }
   }
-  if (!missing.empty()) {
-    LOOM_FAIL("MNIST directory ", directory.string(), " is missing ", missing,
-              "; download the IDX files of MNIST or Fashion-MNIST into it");
+  return found;
+}
+
+std::vector<fs::path> mnist_candidates(const fs::path& directory) {
+  return {directory, directory / "MNIST" / "raw", directory / "FashionMNIST" / "raw"};
+}
+
+}  // namespace
+
+std::optional<fs::path> find_mnist(const fs::path& directory) {
+  std::string missing;
+  for (const fs::path& candidate : mnist_candidates(directory)) {
+    mnist_files(candidate, missing);
+    if (missing.empty()) return candidate;
   }
-  return {read_idx_dataset(found[0], found[1]), read_idx_dataset(found[2], found[3])};
+  return std::nullopt;
+}
+
+TrainTestSplit load_mnist(const fs::path& directory) {
+  if (!fs::is_directory(directory)) {
+    LOOM_FAIL("MNIST directory ", directory.string(), " does not exist or is not a directory");
+  }
+  std::string missing;
+  std::string looked;
+  for (const fs::path& candidate : mnist_candidates(directory)) {
+    const std::array<fs::path, 4> found = mnist_files(candidate, missing);
+    if (missing.empty()) {
+      return {read_idx_dataset(found[0], found[1]), read_idx_dataset(found[2], found[3])};
+    }
+    if (fs::is_directory(candidate)) looked += str(looked.empty() ? "" : "; ", candidate.string(), " is missing ", missing);
+  }
+  LOOM_FAIL("MNIST directory ", directory.string(), " holds no complete set of IDX files (train-images-idx3-ubyte, "
+            "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw or .gz) in itself or "
+            "in MNIST/raw/ or FashionMNIST/raw/ (torchvision's root): ", looked,
+            "; download the IDX files of MNIST or Fashion-MNIST into it");
 }
 
 void write_idx_images(const fs::path& path, const IdxImages& images) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "data/dataset.h"
@@ -33,9 +34,14 @@ ImageDataset read_idx_dataset(const std::filesystem::path& images_path, const st
                               int64_t num_classes = 10);
 
 // Loads train-{images-idx3,labels-idx1}-ubyte and t10k-{...}-ubyte, each with
-// or without .gz, from `directory`. A missing directory or missing files
-// (listed together) are errors.
+// or without .gz, from `directory`, or from its MNIST/raw/ or
+// FashionMNIST/raw/ (torchvision's root, as a download leaves it). A missing
+// directory or missing files (listed together, per directory looked in) are errors.
 TrainTestSplit load_mnist(const std::filesystem::path& directory);
+
+// The directory load_mnist would read: `directory` or its MNIST/raw/ or
+// FashionMNIST/raw/, whichever first holds all four files; nullopt if none does.
+std::optional<std::filesystem::path> find_mnist(const std::filesystem::path& directory);
 
 // Writers (tests, dataset conversion). A path ending in .gz is gzip-compressed.
 void write_idx_images(const std::filesystem::path& path, const IdxImages& images);

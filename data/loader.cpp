@@ -14,6 +14,7 @@
 
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "core/generator.h"
 
 namespace loom::data {
 
@@ -72,7 +73,56 @@ void collate(const ImageDataset& dataset, const FusedTransform& transform, uint6
   }
 }
 
+// Sample `index` of a user's Dataset, from its own generator, into the batch
+// slot `out` (any dtype and strides) through a per-batch f32 scratch buffer.
+template <class T>
+void collate(const Dataset& dataset, uint64_t seed, int64_t epoch, const int64_t* indices, int64_t count,
+             const BatchImages& out, int64_t* labels) {
+  const SampleShape shape = dataset.sample_shape();
+  std::vector<float> scratch(static_cast<size_t>(shape.elements()));
+  T* base = static_cast<T*>(out.images.raw_data());
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t index = indices[s];
+    Generator random(Generator::mix(Generator::mix(seed, static_cast<uint64_t>(epoch)), static_cast<uint64_t>(index)));
+    SampleSlot slot{scratch.data(), shape, &random};
+    try {
+      labels[s] = dataset.get(index, slot);
+    } catch (const std::exception& error) {
+      LOOM_FAIL(dataset.name(), ", sample ", index, ": ", error.what());
+    }
+    T* sample = base + s * out.sample_stride;
+    const float* source = scratch.data();
+    for (int64_t c = 0; c < shape.channels; ++c) {
+      for (int64_t y = 0; y < shape.height; ++y) {
+        T* row = sample + c * out.strides.channel + y * out.strides.row;
+        for (int64_t x = 0; x < shape.width; ++x) row[x * out.strides.column] = T(*source++);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+Batch build_batch(const Dataset& dataset, const DataLoaderOptions& options, int64_t epoch, const int64_t* indices,
+                  int64_t count, int64_t batch_index) {
+  const SampleShape shape = dataset.sample_shape();
+  BatchImages out = allocate_images(count, shape.channels, shape.height, shape.width, options);
+  Batch batch;
+  batch.index = batch_index;
+  batch.labels = host_empty({count}, DType::i64, options);
+  int64_t* labels = batch.labels.data<int64_t>();
+  const uint64_t seed = options.seed();
+  switch (options.dtype()) {
+    case DType::f32: collate<float>(dataset, seed, epoch, indices, count, out, labels); break;
+    case DType::f64: collate<double>(dataset, seed, epoch, indices, count, out, labels); break;
+    case DType::f16: collate<Half>(dataset, seed, epoch, indices, count, out, labels); break;
+    case DType::bf16: collate<BFloat16>(dataset, seed, epoch, indices, count, out, labels); break;
+    default: LOOM_FAIL("DataLoader: output dtype ", dtype_name(options.dtype()), " is not f32, f64, f16 or bf16");
+  }
+  batch.images = std::move(out.images);
+  if (options.batch_transform()) options.batch_transform()(batch);
+  return batch;
+}
 
 Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, const DataLoaderOptions& options,
                   int64_t epoch, const int64_t* indices, int64_t count, int64_t batch_index) {
@@ -163,7 +213,8 @@ class DeviceStaging {
 // What every epoch shares and nothing mutates.
 struct DataLoader::Plan {
   ImageDataset dataset;
-  FusedTransform transform;
+  std::optional<FusedTransform> transform;  // with `dataset`
+  std::shared_ptr<const Dataset> user_dataset;  // instead of both
   DataLoaderOptions options;
   std::unique_ptr<DeviceStaging> staging;  // null unless options.device() is CUDA
 };
@@ -266,8 +317,10 @@ class DataLoader::EpochRun {
     const int64_t batch_size = plan_->options.batch_size();
     const int64_t begin = number * batch_size;
     const int64_t count = std::min<int64_t>(batch_size, static_cast<int64_t>(order_.size()) - begin);
-    Batch batch = build_batch(plan_->dataset, plan_->transform, plan_->options, epoch_, order_.data() + begin,
-                              count, number);
+    Batch batch = plan_->user_dataset
+                      ? build_batch(*plan_->user_dataset, plan_->options, epoch_, order_.data() + begin, count, number)
+                      : build_batch(plan_->dataset, *plan_->transform, plan_->options, epoch_, order_.data() + begin,
+                                    count, number);
     if (plan_->staging) plan_->staging->stage(batch);
     return batch;
   }
@@ -324,9 +377,9 @@ class DataLoader::EpochRun {
   std::vector<std::thread> workers_;
 };
 
-DataLoader::DataLoader(ImageDataset dataset, const Compose& transforms, DataLoaderOptions options,
-                       std::shared_ptr<Sampler> sampler)
-    : sampler_(std::move(sampler)) {
+namespace {
+
+void check_options(const DataLoaderOptions& options) {
   LOOM_CHECK(options.batch_size() >= 1, "DataLoader: batch size ", options.batch_size(), " must be at least 1");
   LOOM_CHECK(options.num_workers() >= 0, "DataLoader: num_workers ", options.num_workers(),
              " must be non-negative (0 loads in the calling thread)");
@@ -335,12 +388,40 @@ DataLoader::DataLoader(ImageDataset dataset, const Compose& transforms, DataLoad
   const DType dtype = options.dtype();
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
              "DataLoader: output dtype ", dtype_name(dtype), " is not one of f32, f64, f16, bf16");
+}
+
+std::unique_ptr<DeviceStaging> staging_for(const DataLoaderOptions& options) {
+  if (!options.device().is_cuda()) return nullptr;
+  return std::make_unique<DeviceStaging>(options.device());
+}
+
+}  // namespace
+
+DataLoader::DataLoader(ImageDataset dataset, const Compose& transforms, DataLoaderOptions options,
+                       std::shared_ptr<Sampler> sampler)
+    : sampler_(std::move(sampler)) {
+  check_options(options);
   if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset.size());
   FusedTransform transform(transforms, dataset.channels(), dataset.height(), dataset.width());
-  std::unique_ptr<DeviceStaging> staging;
-  if (options.device().is_cuda()) staging = std::make_unique<DeviceStaging>(options.device());
+  std::unique_ptr<DeviceStaging> staging = staging_for(options);
   plan_ = std::make_shared<const Plan>(
-      Plan{std::move(dataset), std::move(transform), std::move(options), std::move(staging)});
+      Plan{std::move(dataset), std::move(transform), nullptr, std::move(options), std::move(staging)});
+}
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options,
+                       std::shared_ptr<Sampler> sampler)
+    : sampler_(std::move(sampler)) {
+  LOOM_CHECK(dataset != nullptr, "DataLoader: the dataset is null");
+  check_options(options);
+  const SampleShape shape = dataset->sample_shape();
+  LOOM_CHECK(shape.channels > 0 && shape.height > 0 && shape.width > 0, "DataLoader: ", dataset->name(),
+             " has samples of shape (", shape.channels, ", ", shape.height, ", ", shape.width,
+             "); every size must be positive");
+  LOOM_CHECK(dataset->size() >= 0, "DataLoader: ", dataset->name(), " has negative size ", dataset->size());
+  if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset->size());
+  std::unique_ptr<DeviceStaging> staging = staging_for(options);
+  plan_ = std::make_shared<const Plan>(
+      Plan{ImageDataset(), std::nullopt, std::move(dataset), std::move(options), std::move(staging)});
 }
 
 DataLoader::~DataLoader() = default;
@@ -377,7 +458,15 @@ int64_t DataLoader::num_batches() const {
   return plan_->options.drop_last() ? n / batch_size : (n + batch_size - 1) / batch_size;
 }
 
-const ImageDataset& DataLoader::dataset() const { return plan_->dataset; }
+const ImageDataset& DataLoader::dataset() const {
+  LOOM_CHECK(!plan_->user_dataset, "DataLoader::dataset(): this loader reads ", plan_->user_dataset->name(),
+             ", not an in-memory ImageDataset");
+  return plan_->dataset;
+}
+
+int64_t DataLoader::dataset_size() const {
+  return plan_->user_dataset ? plan_->user_dataset->size() : plan_->dataset.size();
+}
 const DataLoaderOptions& DataLoader::options() const { return plan_->options; }
 
 }  // namespace loom::data

@@ -90,6 +90,11 @@ class DataLoader {
   // Without a sampler the loader visits the dataset in order.
   DataLoader(ImageDataset dataset, const Compose& transforms, DataLoaderOptions options = {},
              std::shared_ptr<Sampler> sampler = nullptr);
+  // A user's Dataset: the workers call dataset->get() into each batch slot
+  // (see data/dataset.h); sampling, prefetch, dtype, memory format, pinned
+  // staging and the copy to a CUDA device are those of the built-in datasets.
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {},
+             std::shared_ptr<Sampler> sampler = nullptr);
   // Stops the epoch in progress and joins its workers.
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
@@ -121,7 +126,10 @@ class DataLoader {
   double total_wait_seconds() const { return total_wait_seconds_; }
   void reset_wait_total() { total_wait_seconds_ = 0.0; }
 
+  // The in-memory dataset; throws for a loader built on a user's Dataset.
   const ImageDataset& dataset() const;
+  // Samples in the dataset, whichever kind it is.
+  int64_t dataset_size() const;
   Sampler& sampler() { return *sampler_; }
   const DataLoaderOptions& options() const;
 
@@ -168,5 +176,8 @@ class DataLoader::EpochRange {
 // options.pin_memory() and the device is CUDA. Exposed for tests and benchmarks.
 Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, const DataLoaderOptions& options,
                   int64_t epoch, const int64_t* indices, int64_t count, int64_t batch_index);
+// The same for a user's Dataset.
+Batch build_batch(const Dataset& dataset, const DataLoaderOptions& options, int64_t epoch, const int64_t* indices,
+                  int64_t count, int64_t batch_index);
 
 }  // namespace loom::data

@@ -55,6 +55,34 @@ write(f"{work}/gz", {"train-images-idx3-ubyte.gz": data[: len(data) // 2], "trai
                      "t10k-images-idx3-ubyte": images(5), "t10k-labels-idx1-ubyte": labels(5)})
 PY
 
+# torchvision's layouts: --data ROOT means ROOT/MNIST/raw (as MNIST(root, download=True) leaves it), and
+# without --data ./MNIST/raw is looked at (the torchrun tutorial's root "./").
+mkdir -p "$work/tvroot/MNIST" "$work/cwd/MNIST" "$work/run"
+cp -r "$work/good" "$work/tvroot/MNIST/raw"
+cp -r "$work/truncated" "$work/cwd/MNIST/raw"
+if out=$(cd "$work/run" && timeout 120 "$bin" --data "$work/tvroot" --epochs 1 --batch-size 5 2>&1); then
+  echo "ok   --data ROOT reads ROOT/MNIST/raw"
+else
+  echo "FAIL --data ROOT with ROOT/MNIST/raw: $out"; failures=$((failures + 1))
+fi
+# Image folders (DIR/train/<class>/, DIR/val/), inferred from --data, read in grayscale at 28x28.
+if python=$(for p in python3 /usr/bin/python3; do "$p" -c 'import PIL' 2>/dev/null && { echo "$p"; break; }; done) &&
+   [[ -n "$python" ]] && "$python" "$(dirname "$0")/../data/make_image_folder.py" "$work/imf" >/dev/null; then
+  mkdir -p "$work/folders" && cp -r "$work/imf/tree" "$work/folders/train" && cp -r "$work/imf/tree" "$work/folders/val"
+  if out=$(cd "$work/run" && timeout 120 "$bin" --data "$work/folders" --epochs 1 --batch-size 4 2>&1) &&
+     [[ "$out" == *"Training on ImageFolder $work/folders (5 classes) (11 training, 11 test images)"* ]]; then
+    echo "ok   image folders inferred from --data"
+  else
+    echo "FAIL image folders: $out"; failures=$((failures + 1))
+  fi
+  expect_error "ConvNet on 32x32 image folders" "--model convnet takes 1x28x28 images" \
+    --data "$work/folders" --image-size 32 --epochs 1
+else
+  echo "FAIL could not write image folders (python3 with PIL: apt-get install python3-pil)"; failures=$((failures + 1))
+fi
+pushd "$work/cwd" >/dev/null
+expect_error "./MNIST/raw is where train_mnist looks without --data" "MNIST/raw/train-images-idx3-ubyte"
+popd >/dev/null
 expect_error "missing data directory" "$work/nowhere" --data "$work/nowhere"
 expect_error "truncated IDX file" "train-images-idx3-ubyte" --data "$work/truncated"
 expect_error "wrong magic number" "1234" --data "$work/magic"
@@ -63,6 +91,7 @@ expect_error "label out of range" "t10k-labels-idx1-ubyte" --data "$work/label"
 expect_error "missing test files" "t10k-images-idx3-ubyte" --data "$work/missing"
 expect_error "truncated gzip IDX file" "train-images-idx3-ubyte.gz" --data "$work/gz"
 expect_error "unknown flag" "--frobnicate" --frobnicate
+expect_error "unknown dataset kind" "--dataset" --dataset imagenet
 expect_error "negative epoch count" "--epochs: must be a whole number >= 0, got '-1'" --epochs -1
 expect_error "non-numeric batch size" "--batch-size: 'ten' is not a whole number" --batch-size ten
 expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -56,6 +57,39 @@ std::string error_message(Action&& action) {
     return error.what();
   }
   return "<no loom::Error was thrown>";
+}
+
+// A Python 3 interpreter that can import every module in `modules` (e.g.
+// "numpy PIL"): python3 from PATH, else Debian's /usr/bin/python3 (a PATH
+// python3 from pyenv or a venv may lack Debian's python3-numpy and
+// python3-pil). Empty when none can.
+inline std::string python_with(const std::string& modules) {
+  std::string imports;
+  for (size_t start = 0; start < modules.size();) {
+    size_t end = modules.find(' ', start);
+    if (end == std::string::npos) end = modules.size();
+    imports += "import " + modules.substr(start, end - start) + ";";
+    start = end + 1;
+  }
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    const std::string command = std::string(python) + " -c '" + imports + "' >/dev/null 2>&1";
+    if (std::system(command.c_str()) == 0) return python;
+  }
+  return {};
+}
+
+// Joins the pieces of a command line with spaces (no quoting: test paths have none).
+template <class... Parts>
+std::string str_args(const Parts&... parts) {
+  std::string out;
+  ((out += (out.empty() ? "" : " "), out += std::string(parts)), ...);
+  return out;
+}
+
+// Runs a generator script from tests/data with `python`; throws with the command on failure.
+inline void run_python(const std::string& python, const std::string& script_and_arguments) {
+  const std::string command = python + " " + LOOM_TESTS_DATA_DIR + "/" + script_and_arguments;
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
 }
 
 // Threads of this process, from /proc/self/task.

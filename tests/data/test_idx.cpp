@@ -171,6 +171,34 @@ TEST_CASE("load_mnist finds the four files, gzip or raw, and reports what is mis
     CHECK(split.test.size() == 2);
     CHECK(split.test.pixel(1, 0, 2, 2) == test.pixels[17]);
   }
+  SUBCASE("torchvision's root: ROOT/MNIST/raw as a download leaves it, and FashionMNIST/raw") {
+    for (const char* folder : {"MNIST", "FashionMNIST"}) {
+      CAPTURE(folder);
+      TempDir root;
+      const std::filesystem::path raw = root / folder / "raw";
+      std::filesystem::create_directories(raw);
+      const IdxImages train = random_images(5, 4, 4, 16), test = random_images(3, 4, 4, 17);
+      write_idx_images(raw / "train-images-idx3-ubyte", train);
+      write_idx_labels(raw / "train-labels-idx1-ubyte", random_labels(5, 18));
+      write_idx_images(raw / "t10k-images-idx3-ubyte.gz", test);
+      write_idx_labels(raw / "t10k-labels-idx1-ubyte.gz", random_labels(3, 19));
+      REQUIRE(find_mnist(root.path()) == raw);
+      CHECK(find_mnist(raw) == raw);
+      const TrainTestSplit split = load_mnist(root.path());
+      CHECK(split.train.size() == 5);
+      CHECK(split.test.size() == 3);
+      CHECK(split.test.pixel(2, 0, 3, 3) == test.pixels[47]);
+    }
+  }
+  SUBCASE("an incomplete MNIST/raw is named in the error with what it lacks") {
+    std::filesystem::create_directories(dir / "MNIST" / "raw");
+    write_idx_images(dir / "MNIST" / "raw" / "train-images-idx3-ubyte", random_images(2, 3, 3, 5));
+    CHECK_FALSE(find_mnist(dir.path()).has_value());
+    const std::string message = error_message([&] { load_mnist(dir.path()); });
+    CHECK(message.find((dir / "MNIST" / "raw").string() + " is missing train-labels-idx1-ubyte[.gz], "
+                       "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]") != std::string::npos);
+    CHECK(message.find("MNIST/raw/ or FashionMNIST/raw/ (torchvision's root)") != std::string::npos);
+  }
   SUBCASE("label count mismatch names both files") {
     write_idx_images(dir / "train-images-idx3-ubyte", random_images(6, 3, 3, 6));
     write_idx_labels(dir / "train-labels-idx1-ubyte", random_labels(5, 8));

@@ -91,6 +91,40 @@ else
   echo "ok   synthetic run: $(grep 'Test accuracy' <<<"$synthetic")"
 fi
 
+# 3b. torchvision's python layout (cifar-10-batches-py, pickled numpy batches), one short epoch.
+if python=$(for p in python3 /usr/bin/python3; do "$p" -c 'import numpy' 2>/dev/null && { echo "$p"; break; }; done) &&
+   [[ -n "$python" ]] &&
+   "$python" "$(dirname "$0")/../data/make_cifar_pickles.py" "$work/py/cifar-10-batches-py" default \
+     --train-per-file 8 --test 5 >/dev/null; then
+  pickled=$(cd "$work/a" && timeout 120 "$bin" --data "$work/py" --model resnet18 -b 8 -e 1 --threads 2 --log-interval 1 \
+            --checkpoint-dir "" 2>&1)
+  status=$?
+  if [[ $status -ne 0 || "$pickled" != *"Epoch[1/1], Step[5/5]"* || "$pickled" != *">>> Test accuracy: "* ]]; then
+    fail "run on torchvision's cifar-10-batches-py: exit status $status: $pickled"
+  else
+    echo "ok   run on torchvision's cifar-10-batches-py: $(grep 'Test accuracy' <<<"$pickled")"
+  fi
+else
+  fail "could not write cifar-10-batches-py (python3 with numpy: apt-get install python3-numpy)"
+fi
+
+# 3c. Image folders (DIR/train/<class>/, DIR/val/<class>/, JPEG and PNG written by PIL): the head has
+# one output per class found, --image-size sets the crop.
+if [[ -n "${python:-}" ]] && "$python" -c 'import PIL' 2>/dev/null &&
+   "$python" "$(dirname "$0")/../data/make_image_folder.py" "$work/imf" >/dev/null; then
+  mkdir -p "$work/folders" && cp -r "$work/imf/tree" "$work/folders/train" && cp -r "$work/imf/tree" "$work/folders/val"
+  folders=$(cd "$work/a" && timeout 120 "$bin" --data "$work/folders" --image-size 32 --model resnet18 -b 4 -e 1 \
+            --threads 2 --workers 2 --log-interval 1 --checkpoint-dir "" 2>&1)
+  status=$?
+  if [[ $status -ne 0 || "$folders" != *"(5 classes)"* || "$folders" != *"Epoch[1/1], Step[3/3]"* ]]; then
+    fail "run on image folders: exit status $status: $folders"
+  else
+    echo "ok   run on image folders: $(grep 'Test accuracy' <<<"$folders")"
+  fi
+else
+  fail "could not write image folders (python3 with PIL: apt-get install python3-pil)"
+fi
+
 # 4. Two processes (torchrun-style variables), Gloo + DistributedDataParallel.
 # run_two_ranks DIR ARGS...: ranks 0 and 1 of a world of 2 (torchrun-style
 # variables, a free loopback port) in DIR, output in DIR/rank0.txt and
@@ -172,6 +206,7 @@ head -c 5000 "$work/cifar/cifar-10-batches-bin/data_batch_2.bin" >"$work/truncat
 printf 'not a checkpoint' >"$work/garbage.checkpoint"
 
 expect_error "missing data directory" "cifar-10-binary.tar.gz" -- --data "$work/nowhere"
+expect_error "no batches: both layouts named" "cifar-10-batches-py" -- --data "$work"
 expect_error "missing data directory names it" "$work/nowhere" -- --data "$work/nowhere"
 expect_error "truncated CIFAR-10 file" "data_batch_2.bin" -- --data "$work/truncated"
 expect_error "batch size not divisible by the world size" "--batch-size 128 is the global batch and must divide evenly across the 3 processes" \

@@ -1,0 +1,205 @@
+// ImageFolder against PIL and torchvision's rules on a tree written by PIL
+// (tests/data/make_image_folder.py): class order and labels, decoded pixels
+// (RGB and L), Resize + CenterCrop, the loader sharded by DistributedSampler,
+// and decode errors failing or skipped per the flag.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "core/generator.h"
+#include "data/image_folder.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+#include "tests/data/helpers.h"
+
+using namespace loom::data;
+using namespace loom::data::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kSize = 24;
+
+struct Tree {
+  TempDir dir;
+  fs::path root() const { return dir / "tree"; }
+  fs::path expected(const std::string& name) const { return dir / "expected" / name; }
+};
+
+std::unique_ptr<Tree> make_tree() {
+  const std::string python = python_with("PIL");
+  REQUIRE_MESSAGE(!python.empty(), "no python3 with PIL: apt-get install python3-pil");
+  auto tree = std::make_unique<Tree>();
+  run_python(python, str_args("make_image_folder.py", tree->dir.path().string(), "--size", std::to_string(kSize)));
+  return tree;
+}
+
+std::vector<std::string> lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+int max_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  REQUIRE(a.size() == b.size());
+  int worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(int{a[i]} - int{b[i]}));
+  return worst;
+}
+
+bool is_jpeg(const fs::path& path) {
+  std::string extension = path.extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return extension == ".jpg" || extension == ".jpeg";
+}
+
+}  // namespace
+
+TEST_CASE("ImageFolder finds the classes and samples in torchvision's order, with its labels") {
+  const auto tree = make_tree();
+  const ImageFolderIndex index = index_image_folder(tree->root());
+  CHECK(index.classes == lines(tree->expected("classes.txt")));
+  const std::vector<std::string> samples = lines(tree->expected("samples.txt"));
+  REQUIRE(index.files.size() == samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    CAPTURE(samples[i]);
+    const size_t tab = samples[i].find('\t');
+    CHECK(index.labels[i] == std::stoll(samples[i].substr(0, tab)));
+    CHECK(fs::relative(index.files[i], tree->root()).string() == samples[i].substr(tab + 1));
+  }
+  CHECK(is_image_folder(tree->root()));
+  CHECK_FALSE(is_image_folder(tree->root() / "b_cat" / "sub"));
+}
+
+TEST_CASE("torchvision's own ImageFolder gives the same classes, order and labels") {
+  const std::string python = python_with("torchvision");
+  if (python.empty()) {
+    MESSAGE("skipped: no python3 with torchvision (apt-get install python3-torchvision, scripts/setup.sh --peers)");
+    return;
+  }
+  const auto tree = make_tree();
+  run_python(python, str_args("torchvision_view.py folder", tree->root().string(), (tree->dir / "view").string()));
+  const ImageFolderIndex index = index_image_folder(tree->root());
+  CHECK(index.classes == lines(tree->dir / "view" / "classes.txt"));
+  const std::vector<std::string> samples = lines(tree->dir / "view" / "samples.txt");
+  REQUIRE(index.files.size() == samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    CHECK(std::to_string(index.labels[i]) + "\t" + fs::relative(index.files[i], tree->root()).string() == samples[i]);
+  }
+}
+
+TEST_CASE("decoded pixels equal PIL's convert('RGB') and convert('L'): PNG exactly, JPEG within 2 levels") {
+  const auto tree = make_tree();
+  const ImageFolderIndex index = index_image_folder(tree->root());
+  for (size_t i = 0; i < index.files.size(); ++i) {
+    CAPTURE(index.files[i].string());
+    const int tolerance = is_jpeg(index.files[i]) ? 2 : 0;
+    const DecodedImage rgb = read_image(index.files[i], ColorMode::rgb);
+    CHECK(rgb.channels == 3);
+    CHECK(max_difference(rgb.pixels, read_bytes(tree->expected(std::to_string(i) + ".rgb"))) <= tolerance);
+    const DecodedImage luma = read_image(index.files[i], ColorMode::grayscale);
+    CHECK(luma.channels == 1);
+    CHECK(max_difference(luma.pixels, read_bytes(tree->expected(std::to_string(i) + ".l"))) <= tolerance);
+  }
+}
+
+TEST_CASE("Resize(shorter side) + CenterCrop equal PIL's bilinear resize and torchvision's window") {
+  const auto tree = make_tree();
+  ImageFolder folder(tree->root(), {ColorMode::rgb, {Resize{kSize}, CenterCrop{kSize}, ToTensor{}}});
+  CHECK(folder.sample_shape().channels == 3);
+  CHECK(folder.sample_shape().height == kSize);
+  loom::Generator unused(0);
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    CAPTURE(folder.file(i).string());
+    // From PIL's own decoded pixels, so that only the resampling is compared.
+    const std::vector<uint8_t> pil = read_bytes(tree->expected(std::to_string(i) + ".rgb"));
+    const DecodedImage decoded = read_image(folder.file(i), ColorMode::rgb);
+    DecodedImage from_pil = decoded;
+    from_pil.pixels = pil;
+    const DecodedImage out = folder.transform_pixels(from_pil, unused);
+    REQUIRE(out.height == kSize);
+    REQUIRE(out.width == kSize);
+    CHECK(max_difference(out.pixels, read_bytes(tree->expected(std::to_string(i) + ".resized"))) <= 1);
+  }
+}
+
+TEST_CASE("an ImageFolder in the loader: workers, a DistributedSampler shard per rank, normalized batches") {
+  const auto tree = make_tree();
+  auto folder = std::make_shared<ImageFolder>(
+      tree->root(), ImageFolderOptions{ColorMode::rgb, imagenet_train_transforms(16), OnDecodeError::fail});
+  CHECK(folder->classes().size() == 5);
+  std::set<int64_t> seen;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    auto sampler = std::make_shared<DistributedSampler>(folder->size(), 2, rank, true, 3);
+    DataLoader loader(folder, DataLoaderOptions().batch_size(4).num_workers(2).seed(1), sampler);
+    sampler->set_epoch(0);
+    const std::vector<int64_t> order = sampler->indices();
+    size_t position = 0;
+    for (Batch& batch : loader.epoch(0)) {
+      REQUIRE(batch.images.size(1) == 3);
+      REQUIRE(batch.images.size(2) == 16);
+      REQUIRE(batch.images.size(3) == 16);
+      const std::vector<int64_t> labels = batch.labels.to_vector<int64_t>();
+      const std::vector<float> values = batch.images.contiguous().to_vector<float>();
+      for (const float value : values) REQUIRE(std::abs(value) <= 2.7f);  // (x / 255 - mean) / std, ImageNet stats
+      for (const int64_t label : labels) {
+        REQUIRE(label == folder->label(order[position]));
+        seen.insert(order[position++]);
+      }
+    }
+    CHECK(position == order.size());
+  }
+  CHECK(static_cast<int64_t>(seen.size()) == folder->size());
+}
+
+TEST_CASE("a file that does not decode fails naming it, or is skipped with the flag") {
+  TempDir dir;
+  const std::string python = python_with("PIL");
+  REQUIRE(!python.empty());
+  run_python(python, str_args("make_image_folder.py", dir.path().string()));
+  const fs::path bad = dir / "tree" / "b_cat" / "c.jpg";
+  std::vector<uint8_t> bytes = read_bytes(bad);
+  bytes.resize(bytes.size() / 2);
+  write_bytes(bad, bytes);
+  write_bytes(dir / "tree" / "b_cat" / "sub" / "z.jpeg", {'G', 'I', 'F', '8', '9', 'a'});
+  const std::vector<ImageTransform> transforms = {CenterCrop{8}, ToTensor{}};
+  {
+    auto folder = std::make_shared<ImageFolder>(dir / "tree", ImageFolderOptions{ColorMode::rgb, transforms});
+    DataLoader loader(folder, DataLoaderOptions().batch_size(20));
+    const std::string message = error_message([&] { loader.epoch(0).begin(); });
+    CHECK(message.find("ImageFolder " + (dir / "tree").string() + ", sample 7: image " + bad.string() +
+                       ": not a readable JPEG") != std::string::npos);
+    CHECK(error_message([&] { read_image(dir / "tree" / "b_cat" / "sub" / "z.jpeg", ColorMode::rgb); })
+              .find("neither a JPEG nor a PNG") != std::string::npos);
+  }
+  auto folder = std::make_shared<ImageFolder>(
+      dir / "tree", ImageFolderOptions{ColorMode::rgb, transforms, OnDecodeError::skip});
+  DataLoader loader(folder, DataLoaderOptions().batch_size(20));
+  int64_t batches = 0;
+  for (Batch& batch : loader.epoch(0)) {
+    CHECK(batch.size() == folder->size());
+    ++batches;
+  }
+  CHECK(batches == 1);
+  // Sample 7 (c.jpg) skips c.jpg and z.jpeg, sample 8 skips z.jpeg: three replacements.
+  CHECK(folder->skipped() == 3);
+}
+
+TEST_CASE("image folders without classes, with empty classes or other image formats are refused by name") {
+  TempDir dir;
+  CHECK(error_message([&] { index_image_folder(dir.path()); }).find("has no class directories") != std::string::npos);
+  fs::create_directories(dir / "cats");
+  write_bytes(dir / "cats" / "readme.txt", {'x'});
+  CHECK(error_message([&] { index_image_folder(dir.path()); })
+            .find("class directory cats holds no .jpg, .jpeg or .png file") != std::string::npos);
+  write_bytes(dir / "cats" / "a.bmp", {'B', 'M'});
+  CHECK(error_message([&] { index_image_folder(dir.path()); })
+            .find((dir / "cats" / "a.bmp").string() + " is an image torchvision would read but loom decodes only") !=
+        std::string::npos);
+  CHECK(error_message([&] { ImageFolder(dir / "nothing", {}); }).find("does not exist") != std::string::npos);
+}
