@@ -71,7 +71,7 @@ srun_pair() {
   shift
   port=$(free_port)
   for rank in 0 1; do
-    env -u MASTER_ADDR -u RANK -u WORLD_SIZE SLURM_PROCID=$rank SLURM_NTASKS=2 SLURM_LOCALID=$rank SLURM_NODEID=0 \
+    env -u MASTER_ADDR -u RANK -u WORLD_SIZE SLURM_STEP_ID=0 SLURM_PROCID=$rank SLURM_NTASKS=2 SLURM_LOCALID=$rank SLURM_NODEID=0 \
       SLURM_SRUN_COMM_HOST=127.0.0.1 MASTER_PORT=$port \
       timeout 120 "$train_mnist" "${sig[@]}" "$@" >"$work/$name.$rank.out" 2>"$work/$name.$rank.err" &
     eval "pid$rank=\$!"
