@@ -40,3 +40,19 @@ if(LOOM_SANITIZE)
   message(STATUS "loom: sanitizers ${LOOM_SANITIZE}; test timeouts x${loom_test_timeout_scale}")
 endif()
 
+# Fuzzing build (-DLOOM_FUZZ=ON, clang only): everything is compiled with
+# libFuzzer's coverage instrumentation plus ASan and UBSan, and
+# tests/fuzz/CMakeLists.txt adds the fuzzers fuzz_<harness>. scripts/fuzz.sh
+# configures build-fuzz this way and runs them.
+option(LOOM_FUZZ "Build the libFuzzer harnesses of tests/fuzz (requires clang)" OFF)
+if(LOOM_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "LOOM_FUZZ=ON needs clang (libFuzzer): configure with -DCMAKE_CXX_COMPILER=clang++ "
+                        "-DCMAKE_C_COMPILER=clang")
+  endif()
+  if(LOOM_SANITIZE OR LOOM_HAVE_CUDA)
+    message(FATAL_ERROR "LOOM_FUZZ=ON is a CPU build with its own sanitizers: leave LOOM_SANITIZE empty, LOOM_CUDA=OFF")
+  endif()
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link,address,undefined;-fno-sanitize-recover=all;-fno-omit-frame-pointer;-g>")
+  add_link_options(-fsanitize=address,undefined)
+endif()
