@@ -277,6 +277,27 @@ LOOM_DIST_SCENARIO("dead_peer") {
   expect(contains(later, "earlier collective failed"), "later collective: ", later);
 }
 
+// Rank 1 dies while a child it forked keeps its sockets open, so rank 0 sees
+// no closed connection and its collective times out: the error must still
+// name rank 1, found by its ended process.
+LOOM_DIST_SCENARIO("dead_peer_sockets_held") {
+  auto group = init_from_environment(20s);
+  group->barrier()->wait();
+  if (group->rank() == 1) {
+    if (::fork() == 0) {  // holds the inherited sockets open after rank 1 is gone
+      ::sleep(4);
+      ::_exit(0);
+    }
+    ::raise(SIGKILL);
+  }
+  group->set_timeout(1500ms);
+  Tensor tensor = Tensor::ones({10}, DType::f32);
+  std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
+  std::cout << "rank 0 error: " << message << "\n";
+  expect(contains(message, "timeout 1.5 s"), "error does not give the timeout: ", message);
+  expect(contains(message, "peer rank 1 (pid "), "error does not name the dead peer: ", message);
+}
+
 // Rank 0 is killed (SIGKILL: no destructor runs) while it waits for rank 1
 // to map its new segment; nothing named loom-<rank 0's pid>-* may stay in
 // /dev/shm. Rank 1 does the killing and the looking.
@@ -479,6 +500,13 @@ TEST_SUITE("process_group") {
 TEST_SUITE("failures") {
   TEST_CASE("a dead peer fails the collective within the timeout") {
     auto results = spawn_ranks("dead_peer", 2, {.deadline = 20s});
+    CHECK_MESSAGE(results[0].ok(), results[0].describe());
+    CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
+    MESSAGE(results[0].output);
+  }
+
+  TEST_CASE("a dead peer whose sockets stay open fails the collective at the timeout, named") {
+    auto results = spawn_ranks("dead_peer_sockets_held", 2, {.deadline = 20s});
     CHECK_MESSAGE(results[0].ok(), results[0].describe());
     CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
     MESSAGE(results[0].output);
