@@ -115,19 +115,24 @@ std::vector<uint32_t> read_header(GzFile& file, const fs::path& path, uint32_t e
 }
 
 // Reads exactly `expected` payload bytes and checks nothing follows them. The
-// buffer grows as data arrives, so a corrupt header declaring terabytes fails
-// as a truncated file instead of as an allocation failure.
+// buffer grows as data arrives (doubling from 64 KiB, then 64 MiB at a time),
+// so a corrupt header declaring terabytes fails as a truncated file, and a
+// small file never costs more than twice its size (a fuzzed 34-byte file once
+// made it allocate and clear 64 MiB).
 std::vector<uint8_t> read_payload(GzFile& file, const fs::path& path, size_t expected, const std::string& what) {
-  constexpr size_t chunk = size_t{64} << 20;
+  constexpr size_t max_step = size_t{64} << 20;
+  size_t step = size_t{64} << 10;
   std::vector<uint8_t> out;
   size_t got = 0;
   while (got < expected) {
-    out.resize(std::min(expected, got + chunk));
+    out.resize(std::min(expected, got + step));
     const size_t want = out.size() - got;
     const size_t read = file.read(out.data() + got, want);
     got += read;
     if (read < want) break;
+    step = std::min(2 * step, max_step);
   }
+  out.resize(got);
   if (got < expected) {
     LOOM_FAIL("IDX file ", path.string(), ": truncated; the header declares ", what, " (", expected,
               " bytes of data) but the file holds only ", got);

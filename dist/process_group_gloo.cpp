@@ -19,10 +19,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <functional>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "core/autograd.h"
@@ -34,6 +38,47 @@ namespace {
 
 using detail::summarize;
 using detail::view_into;
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Whether process `pid` of this host has ended: gone, or a zombie its parent
+// has not reaped yet (a rank killed under a launcher or a test harness).
+bool process_ended(int pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // it ended between the two looks
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold one).
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
+}
+
+// The host and port of an address as gloo prints it: "[127.0.0.1]:41000",
+// "[::ffff:127.0.0.1]:41000", "127.0.0.1:41000". Empty port when there is none.
+struct Endpoint {
+  std::string host;
+  std::string port;
+};
+
+std::string normalized_host(std::string host) {
+  if (host.rfind("::ffff:", 0) == 0) host = host.substr(7);  // an IPv4 address seen through an IPv6 socket
+  return host;
+}
+
+std::vector<Endpoint> endpoints_in(const std::string& text) {
+  static const std::regex pattern(R"(\[([0-9A-Za-z:.%_-]+)\]:([0-9]{1,5})|\b([0-9]{1,3}(?:\.[0-9]{1,3}){3}):([0-9]{1,5}))");
+  std::vector<Endpoint> found;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    found.push_back(m[1].matched ? Endpoint{normalized_host(m[1]), m[2]} : Endpoint{m[3].str(), m[4]});
+  }
+  return found;
+}
 
 // Lets libgloo rendezvous through a loom Store.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
@@ -141,8 +186,14 @@ struct ProcessGroupGloo::Impl {
   std::atomic<Milliseconds> timeout;
 
   std::shared_ptr<gloo::rendezvous::Context> context;  // worker thread only
-  // Each rank's gloo pair addresses as text, to name the peer in errors.
+  // Each rank's gloo pair addresses as text, and its host and pid, to name
+  // the peer in errors.
   std::vector<std::vector<std::string>> peer_addresses;  // worker thread only
+  struct PeerProcess {
+    std::string host;
+    int pid = 0;
+  };
+  std::vector<PeerProcess> peer_processes;  // worker thread only
   uint32_t next_tag = 0;                                 // worker thread only
   std::string first_failure;                             // worker thread only
 
@@ -238,20 +289,68 @@ struct ProcessGroupGloo::Impl {
                cause);
   }
 
-  // "rank 1 ([127.0.0.1]:41000)" when the gloo message names one of rank 1's addresses.
-  std::string identify_peer(const std::string& message) const {
+  // Names the peer a failure involves: "rank 1 ([127.0.0.1]:41000)" when the
+  // gloo message shows one of rank 1's addresses, in any form (the port of a
+  // published address with the same host); otherwise the ranks of this host
+  // whose process has ended ("rank 1 (pid 1234 on node0 has ended)"), as gloo
+  // may show the other end of an accepted connection (an ephemeral port no
+  // rank published) or no address at all (a timeout, a refused connection).
+  std::string identify_peer(const std::string& message) {
     for (size_t r = 0; r < peer_addresses.size(); ++r) {
       if (static_cast<int>(r) == rank) continue;
       for (const auto& address : peer_addresses[r])
         if (!address.empty() && message.find(address) != std::string::npos) return str("rank ", r, " (", address, ")");
     }
-    return "";
+    const std::vector<Endpoint> shown = endpoints_in(message);
+    for (size_t r = 0; r < peer_addresses.size(); ++r) {
+      if (static_cast<int>(r) == rank) continue;
+      for (const auto& address : peer_addresses[r]) {
+        const std::vector<Endpoint> published = endpoints_in(address);
+        if (published.empty()) continue;
+        for (const Endpoint& endpoint : shown)
+          if (endpoint.port == published[0].port && endpoint.host == published[0].host)
+            return str("rank ", r, " (", address, ")");
+      }
+    }
+    read_peer_processes();
+    const std::string here = host_name();
+    std::vector<std::string> ended;
+    for (size_t r = 0; r < peer_processes.size(); ++r) {
+      const PeerProcess& peer = peer_processes[r];
+      if (static_cast<int>(r) != rank && peer.host == here && process_ended(peer.pid))
+        ended.push_back(str("rank ", r, " (pid ", peer.pid, " on ", peer.host, " has ended)"));
+    }
+    std::string named;
+    for (const auto& one : ended) named += (named.empty() ? "" : ", ") + one;
+    return named;
+  }
+
+  // This rank's host and pid, published before connecting, so that even a
+  // failed connection can name a peer whose process ended.
+  void publish_process() { store->set(str("gloo_process/", rank), str(host_name(), " ", ::getpid())); }
+
+  // Reads the hosts and pids the other ranks published (those not there yet stay unknown).
+  void read_peer_processes() {
+    peer_processes.resize(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      PeerProcess& peer = peer_processes[static_cast<size_t>(r)];
+      if (r == rank || peer.pid > 0) continue;
+      const std::string key = str("gloo_process/", r);
+      try {
+        if (!store->check({key})) continue;
+        std::istringstream fields(store->get_string(key, Milliseconds(1000)));
+        fields >> peer.host >> peer.pid;
+      } catch (const std::exception&) {
+        // The store itself may be gone with the peer (rank 0 hosts it); the rank stays unnamed.
+      }
+    }
   }
 
   uint32_t tag() { return next_tag++; }
 
   // Connects the full mesh; runs on the worker thread.
   void connect(const GlooOptions& options) {
+    publish_process();
     gloo::transport::tcp::attr attr;
     std::string interface = options.interface;
     for (const char* variable : {"LOOM_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
@@ -296,6 +395,7 @@ struct ProcessGroupGloo::Impl {
       for (size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
         peer_addresses[r].push_back(text.substr(begin, end - begin));
     }
+    read_peer_processes();  // all published before connecting: later failures need no store
   }
 
   // ---- collectives, worker thread ----

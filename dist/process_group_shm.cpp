@@ -250,6 +250,61 @@ std::string random_hex() {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Shared-memory files never keep a name while a process waits: the creator
+// unlinks the name as soon as the file is created and sized, keeps the
+// descriptor open until every rank has mapped it, and publishes
+// "<name> <pid> <descriptor>"; the others open the file through
+// /proc/<pid>/fd/<descriptor>. A rank killed while it waits (SIGKILL runs no
+// destructor) thus leaves nothing in /dev/shm: its descriptor closes with it.
+//
+// Creates /dev/shm<name> with `bytes` reserved, unlinks the name, returns the
+// descriptor (or -1 with `why` set).
+int create_unlinked(const std::string& name, size_t bytes, std::string& why) {
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    why = str("cannot create /dev/shm", name, ": ", errno_text());
+    return -1;
+  }
+  ::shm_unlink(name.c_str());
+  int reserved = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes))
+                                                                  : errno;
+  if (reserved != 0) {
+    why = str("cannot reserve ", bytes, " bytes in /dev/shm for ", name, ": ", std::strerror(reserved),
+              " (is /dev/shm mounted and large enough?)");
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What a creator publishes for the file behind `fd`.
+std::string published_file(const std::string& name, int fd) { return str(name, " ", ::getpid(), " ", fd); }
+
+// Opens the file another rank published with published_file(); -1 with `why`
+// set when it cannot (that rank runs on another host, in another PID or IPC
+// namespace, or has ended).
+int open_published(const std::string& published, std::string& why) {
+  std::istringstream fields(published);
+  std::string name;
+  int pid = 0, fd = -1;
+  if (!(fields >> name >> pid >> fd) || pid <= 0 || fd < 0) {
+    why = str("'", published, "' does not name a shared-memory file");
+    return -1;
+  }
+  const std::string link = str("/proc/", pid, "/fd/", fd);
+  char target[PATH_MAX] = {};
+  const ssize_t length = ::readlink(link.c_str(), target, sizeof(target) - 1);
+  // The descriptor must still be that file: "/dev/shm/loom-... (deleted)".
+  if (length <= 0 || std::string(target, static_cast<size_t>(length)) != "/dev/shm" + name + " (deleted)") {
+    why = str("cannot find /dev/shm", name, " as descriptor ", fd, " of process ", pid,
+              " (that rank runs on another host or in another IPC namespace, or in another PID namespace, or has ended)");
+    return -1;
+  }
+  int opened = ::open(link.c_str(), O_RDWR | O_CLOEXEC);
+  if (opened < 0) why = str("cannot open /dev/shm", name, " through ", link, ": ", errno_text());
+  return opened;
+}
+
 int32_t dtype_code(const Tensor& tensor) { return static_cast<int32_t>(tensor.dtype()); }
 
 // Where an all_reduce's tensor lies in new_buffer memory: each rank's mapping
@@ -293,6 +348,7 @@ struct ProcessGroupShm::Impl {
   std::shared_ptr<Store> store;
   std::atomic<Milliseconds> timeout;
   std::string name;  // of the segment, for errors
+  int segment_fd = -1;  // rank 0, until every rank has mapped the segment
   std::byte* base = nullptr;
   size_t mapped_bytes = 0;
   Header* header = nullptr;
@@ -525,50 +581,43 @@ struct ProcessGroupShm::Impl {
       const int64_t id = next_buffer++;
       BufferRegistry::Buffer buffer{id, bytes, std::vector<std::byte*>(static_cast<size_t>(size), nullptr), mapped};
       const std::string own = str("/loom-", ::getpid(), "-", random_hex(), "-b", id);
-      struct Cleanup {  // on failure: what was mapped, and this rank's name
+      struct Cleanup {  // what was mapped (on failure), and this rank's descriptor
         BufferRegistry::Buffer* buffer;
-        const std::string& own;
+        int fd = -1;
         ~Cleanup() {
+          if (fd >= 0) ::close(fd);
           if (buffer == nullptr) return;
           for (std::byte* base : buffer->ranks)
             if (base != nullptr) ::munmap(base, buffer->mapped);
-          ::shm_unlink(own.c_str());
         }
-      } cleanup{&buffer, own};
+      } cleanup{&buffer};
       const std::string key = str("shm/buffer/", id, "/");
-      int fd = ::shm_open(own.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       std::string why;
-      if (fd < 0) {
-        why = str("cannot create /dev/shm", own, ": ", errno_text());
-      } else {
-        int reserved = ::ftruncate(fd, static_cast<off_t>(mapped)) == 0
-                           ? ::posix_fallocate(fd, 0, static_cast<off_t>(mapped))
-                           : errno;
-        void* address = reserved == 0 ? ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-        if (reserved != 0) {
-          why = str("cannot reserve ", mapped, " bytes in /dev/shm: ", std::strerror(reserved));
-        } else if (address == MAP_FAILED) {
+      cleanup.fd = create_unlinked(own, mapped, why);
+      if (cleanup.fd >= 0) {
+        void* address = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, cleanup.fd, 0);
+        if (address == MAP_FAILED) {
           why = str("cannot map /dev/shm", own, ": ", errno_text());
         } else {
           buffer.ranks[rank] = static_cast<std::byte*>(address);
         }
-        ::close(fd);
       }
-      store->set(key + std::to_string(rank), why.empty() ? own : "error " + why);
+      store->set(key + std::to_string(rank), why.empty() ? published_file(own, cleanup.fd) : "error " + why);
       if (!why.empty()) throw Error(why);
       for (int r = 0; r < size; ++r) {
         if (r == rank) continue;
-        std::string name = store->get_string(key + std::to_string(r), timeout.load());
-        if (name.rfind("error ", 0) == 0) throw Error(str("rank ", r, " could not create its buffer: ", name.substr(6)));
-        int peer = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-        if (peer < 0) throw Error(str("cannot open rank ", r, "'s buffer /dev/shm", name, ": ", errno_text()));
+        std::string published = store->get_string(key + std::to_string(r), timeout.load());
+        if (published.rfind("error ", 0) == 0)
+          throw Error(str("rank ", r, " could not create its buffer: ", published.substr(6)));
+        std::string open_failure;
+        int peer = open_published(published, open_failure);
+        if (peer < 0) throw Error(str("cannot open rank ", r, "'s buffer: ", open_failure));
         void* address = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, peer, 0);
         ::close(peer);
-        if (address == MAP_FAILED) throw Error(str("cannot map rank ", r, "'s buffer /dev/shm", name, ": ", errno_text()));
+        if (address == MAP_FAILED) throw Error(str("cannot map rank ", r, "'s buffer: ", errno_text()));
         buffer.ranks[r] = static_cast<std::byte*>(address);
       }
-      arrive_and_wait();  // every rank has mapped every buffer: the names can go
-      ::shm_unlink(own.c_str());
+      arrive_and_wait();  // every rank has mapped every buffer: the descriptors can go
       cleanup.buffer = nullptr;
 
       std::byte* mine = buffer.ranks[rank];
@@ -683,24 +732,10 @@ std::string map_segment(ProcessGroupShm::Impl& impl, Store& store, int rank, int
   };
   if (rank == 0) {
     impl.name = str("/loom-", ::getpid(), "-", random_hex());
-    int fd = ::shm_open(impl.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     std::string why;
-    if (fd < 0) {
-      why = str("cannot create the shared-memory segment /dev/shm", impl.name, ": ", errno_text());
-    } else {
-      int reserved = ::ftruncate(fd, static_cast<off_t>(total)) == 0
-                         ? ::posix_fallocate(fd, 0, static_cast<off_t>(total))
-                         : errno;
-      if (reserved != 0) {
-        why = str("cannot reserve ", total >> 20, " MiB in /dev/shm for the segment: ", std::strerror(reserved),
-                  " (is /dev/shm mounted and large enough?)");
-      } else {
-        why = map(fd);
-      }
-      ::close(fd);
-    }
+    impl.segment_fd = create_unlinked(impl.name, total, why);  // closed once every rank has mapped it
+    if (impl.segment_fd >= 0) why = map(impl.segment_fd);
     if (!why.empty()) {
-      if (fd >= 0) ::shm_unlink(impl.name.c_str());
       store.set("shm/segment", "error " + why);
       return str("rank 0: ", why);
     }
@@ -713,20 +748,20 @@ std::string map_segment(ProcessGroupShm::Impl& impl, Store& store, int rank, int
     for (int r = 0; r < size; ++r) new (impl.base + sizeof(Header) + sizeof(RankState) * r) RankState();
     std::atomic_thread_fence(std::memory_order_release);
     header->magic = kMagic;
-    store.set("shm/segment", str(impl.name, " ", header->token));
+    store.set("shm/segment", str(header->token, " ", published_file(impl.name, impl.segment_fd)));
   } else {
     std::string text = store.get_string("shm/segment", timeout);
     if (text.rfind("error ", 0) == 0) return str("rank 0 could not create the segment: ", text.substr(6));
     std::istringstream fields(text);
     uint64_t token = 0;
-    fields >> impl.name >> token;
-    int fd = ::shm_open(impl.name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) {
-      return str("cannot open rank 0's segment /dev/shm", impl.name, ": ", errno_text(),
-                 " (rank 0 runs on another host or in another IPC namespace)");
-    }
-    struct stat info {};
+    std::string published;
+    fields >> token >> impl.name;
+    std::getline(fields, published);
+    published = impl.name + published;
     std::string why;
+    int fd = open_published(published, why);
+    if (fd < 0) return str("cannot open rank 0's segment: ", why);
+    struct stat info {};
     if (::fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) != total) {
       why = str("/dev/shm", impl.name, " has ", info.st_size, " bytes, expected ", total);
     } else {
@@ -770,17 +805,19 @@ std::shared_ptr<ProcessGroupShm> ProcessGroupShm::try_create(std::shared_ptr<Sto
   auto impl = std::make_unique<Impl>(rank, size, options.timeout);
   impl->store = store;
   // Once every rank has mapped the segment or given up (or this rank stops
-  // waiting), rank 0 removes its name: the memory is freed when the last rank
-  // unmaps it, however the ranks end.
-  struct UnlinkName {
-    const ProcessGroupShm::Impl& impl;
-    ~UnlinkName() {
-      if (impl.rank == 0 && !impl.name.empty()) ::shm_unlink(impl.name.c_str());
+  // waiting), rank 0 closes its descriptor (the segment's name went when it
+  // was created): the memory is freed when the last rank unmaps it, however
+  // the ranks end.
+  struct CloseSegment {
+    ProcessGroupShm::Impl& impl;
+    ~CloseSegment() {
+      if (impl.segment_fd >= 0) ::close(impl.segment_fd);
+      impl.segment_fd = -1;
     }
   };
   std::string first_problem;
   {
-    UnlinkName unlink_name{*impl};
+    CloseSegment close_segment{*impl};
     std::string why = map_segment(*impl, *store, rank, size, chunk, options.timeout);
     store->set(str("shm/status/", rank), why.empty() ? "ok" : why);
     for (int r = 0; r < size; ++r) {

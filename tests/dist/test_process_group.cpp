@@ -277,6 +277,57 @@ LOOM_DIST_SCENARIO("dead_peer") {
   expect(contains(later, "earlier collective failed"), "later collective: ", later);
 }
 
+// Rank 1 dies while a child it forked keeps its sockets open, so rank 0 sees
+// no closed connection and its collective times out: the error must still
+// name rank 1, found by its ended process.
+LOOM_DIST_SCENARIO("dead_peer_sockets_held") {
+  auto group = init_from_environment(20s);
+  group->barrier()->wait();
+  if (group->rank() == 1) {
+    if (::fork() == 0) {  // holds the inherited sockets open after rank 1 is gone
+      ::sleep(4);
+      ::_exit(0);
+    }
+    ::raise(SIGKILL);
+  }
+  group->set_timeout(1500ms);
+  Tensor tensor = Tensor::ones({10}, DType::f32);
+  std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
+  std::cout << "rank 0 error: " << message << "\n";
+  expect(contains(message, "timeout 1.5 s"), "error does not give the timeout: ", message);
+  expect(contains(message, "peer rank 1 (pid "), "error does not name the dead peer: ", message);
+}
+
+// Rank 0 is killed (SIGKILL: no destructor runs) while it waits for rank 1
+// to map its new segment; nothing named loom-<rank 0's pid>-* may stay in
+// /dev/shm. Rank 1 does the killing and the looking.
+LOOM_DIST_SCENARIO("shm_killed_while_waiting") {
+  const int rank = env_int("RANK");
+  auto store = std::make_shared<TCPStore>("127.0.0.1", env_int("MASTER_PORT"),
+                                          TCPStoreOptions{.is_server = rank == 0, .timeout = 20s});
+  if (rank == 0) {
+    store->set("test/pid", std::to_string(::getpid()));
+    ProcessGroupShm group(store, 0, 2, {.timeout = 20s});  // rank 1 never joins: killed in here
+    throw Error("rank 0 was not killed while it waited");
+  }
+  const int pid = std::stoi(store->get_string("test/pid", 20s));
+  store->wait({"shm/segment"}, 20s);  // rank 0 has created its segment and waits for rank 1
+  const std::string prefix = str("loom-", pid, "-");
+  auto left = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm"))
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) names.push_back(entry.path().string());
+    return names;
+  };
+  // The name may exist for the moment between creating and unlinking, never while rank 0 waits.
+  ::kill(pid, SIGKILL);
+  std::this_thread::sleep_for(200ms);
+  const std::vector<std::string> names = left();
+  for (const auto& name : names) std::filesystem::remove(name);  // leave the machine clean either way
+  expect(names.empty(), "rank 0, killed while it waited, left ", names.size(), " segment(s) in /dev/shm, e.g. ",
+         names.empty() ? "" : names[0]);
+}
+
 // Rank 1 stays alive but skips the collective; rank 0 must time out, not hang.
 LOOM_DIST_SCENARIO("stalled_peer") {
   auto group = init_from_environment(20s);
@@ -367,7 +418,8 @@ TEST_SUITE("process_group") {
   TEST_CASE("shm: a rank that cannot map rank 0's segment makes every rank give up, naming it") {
     // Rank 1 of 2, in process: rank 0 "published" a segment this process cannot open.
     auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
-    store->set("shm/segment", str("/loom-test-absent-", ::getpid(), " 7"));
+    // (token, name, creator's pid and descriptor: one this process does not have open)
+    store->set("shm/segment", str("7 /loom-test-absent-", ::getpid(), " ", ::getpid(), " 999"));
     store->set("shm/status/0", "ok");
     std::string why;
     CHECK(ProcessGroupShm::try_create(store, 1, 2, {.timeout = 5s}, &why) == nullptr);
@@ -453,6 +505,13 @@ TEST_SUITE("failures") {
     MESSAGE(results[0].output);
   }
 
+  TEST_CASE("a dead peer whose sockets stay open fails the collective at the timeout, named") {
+    auto results = spawn_ranks("dead_peer_sockets_held", 2, {.deadline = 20s});
+    CHECK_MESSAGE(results[0].ok(), results[0].describe());
+    CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
+    MESSAGE(results[0].output);
+  }
+
   TEST_CASE("a stalled peer fails the collective at the timeout") {
     auto results = spawn_ranks("stalled_peer", 2, {.deadline = 20s});
     expect_all_ok(results);
@@ -464,6 +523,12 @@ TEST_SUITE("failures") {
     CHECK_MESSAGE(results[0].ok(), results[0].describe());
     CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
     MESSAGE(results[0].output);
+  }
+
+  TEST_CASE("shm: a rank killed while it waits leaves no segment in /dev/shm") {
+    auto results = spawn_ranks("shm_killed_while_waiting", 2, {.deadline = 20s});
+    CHECK_MESSAGE(results[0].signal == SIGKILL, results[0].describe());
+    CHECK_MESSAGE(results[1].ok(), results[1].describe());
   }
 
   TEST_CASE("shm: a stalled peer fails the collective at the timeout") {

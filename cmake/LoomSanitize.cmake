@@ -1,0 +1,58 @@
+# Sanitizer builds (CPU only): -DLOOM_SANITIZE=address,undefined or
+# -DLOOM_SANITIZE=thread. Every target (libraries, apps, tests, benchmarks) is
+# compiled and linked with the sanitizer, so the processes that multi-process
+# tests start, being the same binaries, are checked too. scripts/sanitize.sh
+# configures such a build and runs the suite; tests/CMakeLists.txt scales the
+# tests' timeouts by LOOM_TEST_TIMEOUT_SCALE and sets the runtime options.
+set(LOOM_SANITIZE "" CACHE STRING "Sanitizers for a CPU build: address,undefined or thread (empty: none)")
+set(LOOM_TEST_TIMEOUT_SCALE "" CACHE STRING
+    "Factor applied to every test's timeout (empty: 1, or 4 in a sanitized build, which runs 2-10x slower)")
+set(loom_test_timeout_scale ${LOOM_TEST_TIMEOUT_SCALE})
+if(NOT loom_test_timeout_scale)
+  set(loom_test_timeout_scale 1)
+  if(LOOM_SANITIZE)
+    set(loom_test_timeout_scale 4)
+  endif()
+endif()
+
+if(LOOM_SANITIZE)
+  string(REPLACE "," ";" loom_sanitizers "${LOOM_SANITIZE}")
+  foreach(s IN LISTS loom_sanitizers)
+    if(NOT s MATCHES "^(address|undefined|thread|leak)$")
+      message(FATAL_ERROR "LOOM_SANITIZE=${LOOM_SANITIZE}: unknown sanitizer '${s}' "
+                          "(use address,undefined or thread)")
+    endif()
+  endforeach()
+  if("thread" IN_LIST loom_sanitizers AND "address" IN_LIST loom_sanitizers)
+    message(FATAL_ERROR "LOOM_SANITIZE=${LOOM_SANITIZE}: thread and address cannot be combined")
+  endif()
+  if(LOOM_HAVE_CUDA)
+    message(FATAL_ERROR "LOOM_SANITIZE is for CPU builds: configure with -DLOOM_CUDA=OFF")
+  endif()
+  # -fno-sanitize-recover: an undefined-behaviour report ends the process, so a
+  # test cannot pass with one. Frame pointers and -g give readable stacks.
+  set(loom_sanitize_flags -fsanitize=${LOOM_SANITIZE} -fno-omit-frame-pointer -g)
+  if("undefined" IN_LIST loom_sanitizers)
+    list(APPEND loom_sanitize_flags -fno-sanitize-recover=all)
+  endif()
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${loom_sanitize_flags}>")
+  add_link_options(-fsanitize=${LOOM_SANITIZE})
+  message(STATUS "loom: sanitizers ${LOOM_SANITIZE}; test timeouts x${loom_test_timeout_scale}")
+endif()
+
+# Fuzzing build (-DLOOM_FUZZ=ON, clang only): everything is compiled with
+# libFuzzer's coverage instrumentation plus ASan and UBSan, and
+# tests/fuzz/CMakeLists.txt adds the fuzzers fuzz_<harness>. scripts/fuzz.sh
+# configures build-fuzz this way and runs them.
+option(LOOM_FUZZ "Build the libFuzzer harnesses of tests/fuzz (requires clang)" OFF)
+if(LOOM_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "LOOM_FUZZ=ON needs clang (libFuzzer): configure with -DCMAKE_CXX_COMPILER=clang++ "
+                        "-DCMAKE_C_COMPILER=clang")
+  endif()
+  if(LOOM_SANITIZE OR LOOM_HAVE_CUDA)
+    message(FATAL_ERROR "LOOM_FUZZ=ON is a CPU build with its own sanitizers: leave LOOM_SANITIZE empty, LOOM_CUDA=OFF")
+  endif()
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link,address,undefined;-fno-sanitize-recover=all;-fno-omit-frame-pointer;-g>")
+  add_link_options(-fsanitize=address,undefined)
+endif()

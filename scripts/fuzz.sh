@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds loom's libFuzzer harnesses (tests/fuzz) with clang, ASan and UBSan in
+# build-fuzz and runs each for a while.
+#   scripts/fuzz.sh [seconds per harness, default 30] [harness...]
+# Each harness starts from its committed seeds (tests/fuzz/corpus/<harness>)
+# and regression cases (tests/fuzz/regressions/<harness>); what it learns is
+# kept in build-fuzz/corpus/<harness> for the next run. A crash, a sanitizer
+# report, an input that takes over 1 s, or one that makes the process use over
+# 1 GiB (or ask for it in one allocation) fails the run; the input is saved
+# under build-fuzz/artifacts/<harness>/. Commit it to regressions/<harness>/
+# once fixed: CTest replays those in every build (fuzz_regression.<harness>).
+# Environment: JOBS (build parallelism, default nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-30}"
+shift || true
+harnesses=("$@")
+if (( ${#harnesses[@]} == 0 )); then
+  harnesses=(idx cifar10 checkpoint device_flag)
+fi
+dir=build-fuzz
+jobs="${JOBS:-$(nproc)}"
+
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd .. && pwd)}"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B "$dir" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DLOOM_CUDA=OFF -DLOOM_FUZZ=ON -DLOOM_BUILD_BENCHMARKS=OFF "${launcher[@]}" >/dev/null
+cmake --build "$dir" -j "$jobs" --target "${harnesses[@]/#/fuzz_}"
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
+failed=()
+for harness in "${harnesses[@]}"; do
+  corpus="$dir/corpus/$harness"
+  artifacts="$dir/artifacts/$harness"
+  mkdir -p "$corpus" "$artifacts"
+  seeds=(tests/fuzz/corpus/"$harness")
+  [[ -d tests/fuzz/regressions/$harness ]] && seeds+=(tests/fuzz/regressions/"$harness")
+  echo "== fuzz_$harness: ${seconds} s"
+  log="$dir/fuzz_$harness.log"
+  if "$dir/tests/fuzz/fuzz_$harness" -max_total_time="$seconds" -timeout=1 -rss_limit_mb=1024 \
+       -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "${seeds[@]}" \
+       > "$log" 2>&1; then
+    # The executions, coverage (cov: edges, ft: features) and corpus at the end, and the peak memory.
+    grep -E "DONE|^stat::number_of_executed_units|^stat::peak_rss_mb" "$log" | sed 's/^/   /' || true
+  else
+    echo "fuzz_$harness FAILED (log $log; input under $artifacts):"
+    grep -E "ERROR|SUMMARY|Test unit written|timeout|out-of-memory|malloc\(" "$log" | head -n 20 | sed 's/^/   /'
+    failed+=("$harness")
+  fi
+done
+if (( ${#failed[@]} )); then
+  echo "fuzz: failed: ${failed[*]}"
+  exit 1
+fi
+echo "fuzz: ${#harnesses[@]} harnesses ran ${seconds} s each without a failure"
