@@ -1,5 +1,5 @@
 // What the apps share: flag errors as one line, durations printed like
-// Python's timedelta, thread setup, the training device of a rank.
+// Python's timedelta, thread setup, the training device of a rank, --version.
 #pragma once
 
 #include <chrono>
@@ -29,6 +29,11 @@ std::string format_duration(std::chrono::steady_clock::duration elapsed);
 // Peak resident set size of this process in bytes (VmHWM), 0 if unknown.
 long peak_rss_bytes();
 
+// What `PROGRAM --version` prints: "PROGRAM 0.6.0", loom::build_summary()
+// (commit, CUDA, cuDNN, NCCL, CPU libraries), then what this machine runs:
+// the f32 GEMM kernel chosen at run time and the visible CUDA devices.
+std::string version_text(const std::string& program);
+
 }  // namespace loom::apps
 
 #include <CLI/CLI.hpp>
@@ -40,5 +45,9 @@ namespace loom::apps {
 CLI::Validator at_least(double minimum);
 // The same for whole numbers.
 CLI::Validator whole_at_least(long long minimum);
+
+// Adds --version (version_text); CLI11 reports it as CLI::CallForVersion, a
+// CLI::Success, which app.exit() prints to stdout with exit status 0.
+void add_version_flag(CLI::App& app, const std::string& program);
 
 }  // namespace loom::apps

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/app_common.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
 #include "dist/launcher.h"
@@ -48,6 +49,7 @@ constexpr const char* kUsage =
     "  --no_python            accepted for compatibility: PROGRAM is always run as given\n"
     "                         (a PROGRAM ending in .py is run with python3 unless this is given)\n"
     "  -h, --help             this text\n"
+    "  --version              loom's version and what this build holds\n"
     "\n"
     "OMP_NUM_THREADS is set to 1 for every process when several run per node and\n"
     "it is not set already. Exit status: 0 when every process succeeded, 128+N\n"
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
     }
     if (argument == "-h" || argument == "--help") {
       std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (argument == "--version") {
+      std::fputs(apps::version_text("loomrun").c_str(), stdout);
       return 0;
     }
     if (argument.rfind("--", 0) != 0) break;
