@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libeigen3-dev doctest-dev libgloo-dev zlib1g-dev nlohmann-json3-dev
-          libcli11-dev dataset-fashion-mnist iproute2 python3)
+          libcli11-dev dataset-fashion-mnist iproute2 python3 pkgconf)
 if [[ "${1:-}" == "--peers" ]]; then
   shift
   packages+=(python3-torch python3-torchvision libopenblas0-pthread python3-numpy gnuplot-nox)
