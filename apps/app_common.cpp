@@ -11,8 +11,10 @@
 
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "dist/environment.h"
 #include "dist/launcher.h"
+#include "ops/cpu/gemm.h"
 
 namespace loom::apps {
 
@@ -54,6 +56,13 @@ long peak_rss_bytes() {
   return 0;
 }
 
+std::string version_text(const std::string& program) {
+  const int devices = cuda::device_count();
+  return program + " " + version() + "\n" + build_summary() + "this machine: f32 GEMM kernel " +
+         ops::cpu::gemm_kernel_name() + ", " + std::to_string(devices) + " CUDA device" + (devices == 1 ? "" : "s") +
+         " visible\n";
+}
+
 }  // namespace loom::apps
 
 namespace loom::apps {
@@ -84,6 +93,16 @@ CLI::Validator whole_at_least(long long minimum) {
         return "";
       },
       ">= " + std::to_string(minimum));
+}
+
+void add_version_flag(CLI::App& app, const std::string& program) {
+  // app.exit() ends the text with a newline of its own.
+  auto text = [program] {
+    std::string text = version_text(program);
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    return text;
+  };
+  app.set_version_flag("--version", text, "print the version and what this build holds, then exit");
 }
 
 }  // namespace loom::apps

@@ -1,6 +1,6 @@
 // What the apps share: flag errors as one line, durations printed like
-// Python's timedelta, thread setup, the training device of a rank, and the
-// checkpoint, resume and preemption machinery (checkpoint flags, choosing the
+// Python's timedelta, thread setup, the training device of a rank, --version,
+// and the checkpoint, resume and preemption machinery (checkpoint flags, choosing the
 // checkpoint to resume from, writing and rotating checkpoints, stopping every
 // rank at the same step on SIGTERM / SIGUSR1 / SIGINT).
 #pragma once
@@ -37,6 +37,11 @@ std::string format_duration(std::chrono::steady_clock::duration elapsed);
 // Peak resident set size of this process in bytes (VmHWM), 0 if unknown.
 long peak_rss_bytes();
 
+// What `PROGRAM --version` prints: "PROGRAM 0.6.0", loom::build_summary()
+// (commit, CUDA, cuDNN, NCCL, CPU libraries), then what this machine runs:
+// the f32 GEMM kernel chosen at run time and the visible CUDA devices.
+std::string version_text(const std::string& program);
+
 }  // namespace loom::apps
 
 #include <CLI/CLI.hpp>
@@ -48,6 +53,10 @@ namespace loom::apps {
 CLI::Validator at_least(double minimum);
 // The same for whole numbers.
 CLI::Validator whole_at_least(long long minimum);
+
+// Adds --version (version_text); CLI11 reports it as CLI::CallForVersion, a
+// CLI::Success, which app.exit() prints to stdout with exit status 0.
+void add_version_flag(CLI::App& app, const std::string& program);
 
 // Options as Python's argparse takes them: a repeated option keeps its last
 // value (so a wrapper script can pass defaults that its user overrides).

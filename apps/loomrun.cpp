@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/app_common.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
 #include "dist/launcher.h"
@@ -47,6 +48,7 @@ constexpr const char* kUsage =
     "  --no_python            accepted for compatibility: PROGRAM is always run as given\n"
     "                         (a PROGRAM ending in .py is run with python3 unless this is given)\n"
     "  -h, --help             this text\n"
+    "  --version              loom's version and what this build holds\n"
     "\n"
     "Like torchrun's agent, loomrun on node 0 hosts the rendezvous store (a c10d\n"
     "TCPStore at the master address and port) and its processes join it\n"
@@ -103,6 +105,10 @@ int main(int argc, char** argv) {
     }
     if (argument == "-h" || argument == "--help") {
       std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (argument == "--version") {
+      std::fputs(apps::version_text("loomrun").c_str(), stdout);
       return 0;
     }
     if (argument.rfind("--", 0) != 0) break;

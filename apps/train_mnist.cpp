@@ -435,6 +435,7 @@ int main(int argc, char** argv) {
   app.add_option("--nr", flags.node_rank, "rank of this node, 0 .. nodes-1 (also -nr)")->capture_default_str()->check(apps::whole_at_least(0));
   app.add_option("--backend", flags.backend, "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, else gloo)")->capture_default_str()->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
   app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
+  apps::add_version_flag(app, "train_mnist");
   app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other processes before the run fails (0 = LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")->capture_default_str()->check(apps::at_least(0));
   apps::add_checkpoint_flags(app, flags.checkpoints);
   app.add_option("--save", flags.save,
@@ -445,7 +446,7 @@ int main(int argc, char** argv) {
     std::vector<char*> pointers;
     for (auto& argument : arguments) pointers.push_back(argument.data());
     app.parse(static_cast<int>(pointers.size()), pointers.data());
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return apps::report_usage_error("train_mnist", e);

@@ -510,9 +510,10 @@ int main(int argc, char** argv) {
                  "but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")
       ->capture_default_str()
       ->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
+  apps::add_version_flag(app, "train_resnet50_cifar");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return apps::report_usage_error("train_resnet50_cifar", e);

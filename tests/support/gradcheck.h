@@ -10,6 +10,7 @@
 
 #include "core/autograd.h"
 #include "core/generator.h"
+#include "core/gradcheck.h"
 #include "core/tensor.h"
 
 namespace loom::testing {
@@ -44,47 +45,18 @@ inline double relative_error(const Tensor& actual, const Tensor& expected, doubl
 }
 
 // Checks d(sum(f(inputs) * w))/d(input) from backward against central
-// differences, for every input whose requires_grad is set. `f` must be
-// deterministic. Inputs must be f64.
+// differences (loom::compare_gradients, the library's gradient checker), for
+// every input whose requires_grad is set. `f` must be deterministic. Inputs
+// must be f64.
 inline void check_gradients(const std::function<Tensor(const TensorList&)>& f, TensorList inputs,
                             double tolerance = 1e-6, double eps = 1e-6, uint64_t seed = 99) {
   for (Tensor& t : inputs) REQUIRE(t.dtype() == DType::f64);
-  Tensor out = f(inputs);
-  Tensor weights = random_tensor(out.sizes(), seed);
-  for (Tensor& t : inputs) {
-    if (t.requires_grad()) t.set_grad(Tensor());
-  }
-  out.backward(weights);
-
-  auto objective = [&]() {
-    NoGradGuard no_grad;
-    Tensor y = f(inputs).contiguous();
-    const double* yp = y.data<double>();
-    const double* wp = weights.data<double>();
-    double s = 0;
-    for (int64_t i = 0; i < y.numel(); ++i) s += yp[i] * wp[i];
-    return s;
-  };
-
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    Tensor& x = inputs[k];
-    if (!x.requires_grad()) continue;
-    REQUIRE_MESSAGE(x.grad().defined(), "input ", k, " received no gradient");
-    Tensor numeric = Tensor::zeros(x.sizes(), DType::f64);
-    double* xp = x.data<double>();
-    double* np = numeric.data<double>();
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      const double saved = xp[i];
-      xp[i] = saved + eps;
-      const double plus = objective();
-      xp[i] = saved - eps;
-      const double minus = objective();
-      xp[i] = saved;
-      np[i] = (plus - minus) / (2 * eps);
-    }
-    const double error = relative_error(x.grad(), numeric);
-    INFO("input ", k, " ", x.str(), ": relative error ", error);
-    CHECK(error < tolerance);
+  const std::vector<InputGradientCheck> checks =
+      compare_gradients(f, inputs, GradcheckOptions().tolerance(tolerance).eps(eps).seed(seed));
+  for (const InputGradientCheck& check : checks) {
+    REQUIRE_MESSAGE(check.analytic.defined(), "input ", check.input, " received no gradient");
+    INFO("input ", check.input, " ", inputs[check.input].str(), ": relative error ", check.relative_error);
+    CHECK(check.relative_error < tolerance);
   }
 }
 
