@@ -9,12 +9,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "core/version.h"
-#include "dist/environment.h"
-#include "dist/launcher.h"
-#include "ops/cpu/gemm.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/core/version.h>
+#include <loom/dist/environment.h>
+#include <loom/dist/launcher.h>
+#include <loom/ops/cpu/gemm.h>
 
 namespace loom::apps {
 

@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 
-#include "core/device.h"
-#include "dist/process_group.h"
-#include "nn/checkpoint.h"
+#include <loom/core/device.h>
+#include <loom/dist/process_group.h>
+#include <loom/nn/checkpoint.h>
 
 namespace loom::apps {
 

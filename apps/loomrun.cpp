@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "apps/app_common.h"
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "dist/launcher.h"
-#include "dist/store.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/dist/launcher.h>
+#include <loom/dist/store.h>
 
 using namespace loom;
 

@@ -22,25 +22,25 @@
 #include <vector>
 
 #include "apps/app_common.h"
-#include "core/autograd.h"
-#include "core/cuda/runtime.h"
-#include "core/generator.h"
-#include "core/parallel.h"
-#include "data/idx.h"
-#include "data/loader.h"
-#include "data/selection.h"
-#include "dist/ddp.h"
-#include "dist/environment.h"
-#include "dist/launcher.h"
-#include "dist/metrics.h"
-#include "dist/process_group.h"
-#include "dist/sync_batch_norm.h"
-#include "nn/checkpoint.h"
-#include "nn/convnet.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
-#include "optim/amp.h"
-#include "optim/optimizer.h"
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/generator.h>
+#include <loom/core/parallel.h>
+#include <loom/data/idx.h>
+#include <loom/data/loader.h>
+#include <loom/data/selection.h>
+#include <loom/dist/ddp.h>
+#include <loom/dist/environment.h>
+#include <loom/dist/launcher.h>
+#include <loom/dist/metrics.h>
+#include <loom/dist/process_group.h>
+#include <loom/dist/sync_batch_norm.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/convnet.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/amp.h>
+#include <loom/optim/optimizer.h>
 
 namespace fs = std::filesystem;
 using namespace loom;

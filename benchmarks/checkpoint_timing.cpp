@@ -15,12 +15,12 @@
 #include <filesystem>
 #include <vector>
 
-#include "core/generator.h"
-#include "core/parallel.h"
-#include "nn/checkpoint.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
-#include "optim/optimizer.h"
+#include <loom/core/generator.h>
+#include <loom/core/parallel.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/optimizer.h>
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;

@@ -15,17 +15,17 @@
 #include <filesystem>
 
 #include "apps/app_common.h"
-#include "core/cuda/runtime.h"
-#include "core/generator.h"
-#include "core/parallel.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/generator.h>
+#include <loom/core/parallel.h>
 #include "benchmarks/gemm_peak.h"
-#include "core/profiler.h"
-#include "data/idx.h"
-#include "data/loader.h"
-#include "nn/convnet.h"
-#include "ops/autocast.h"
-#include "ops/loss.h"
-#include "optim/optimizer.h"
+#include <loom/core/profiler.h>
+#include <loom/data/idx.h>
+#include <loom/data/loader.h>
+#include <loom/nn/convnet.h>
+#include <loom/ops/autocast.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/optimizer.h>
 
 using namespace loom;
 

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "core/error.h"
-#include "core/parallel.h"
-#include "ops/cpu/gemm.h"
+#include <loom/core/error.h>
+#include <loom/core/parallel.h>
+#include <loom/ops/cpu/gemm.h>
 
 namespace loom::bench {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "benchmarks/gemm_peak.h"
-#include "core/error.h"
+#include <loom/core/error.h>
 
 int main(int argc, char** argv) {
   CLI::App app{"f32 GEMM peak of this machine (Eigen and loom)"};

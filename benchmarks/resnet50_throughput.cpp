@@ -11,13 +11,13 @@
 #include <cstdio>
 
 #include "apps/app_common.h"
-#include "core/generator.h"
+#include <loom/core/generator.h>
 #include "benchmarks/gemm_peak.h"
-#include "core/profiler.h"
-#include "core/parallel.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
-#include "optim/optimizer.h"
+#include <loom/core/profiler.h>
+#include <loom/core/parallel.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/optimizer.h>
 
 using namespace loom;
 

@@ -1,10 +1,10 @@
-#include "core/autograd.h"
+#include <loom/core/autograd.h>
 
 #include <atomic>
 #include <queue>
 #include <unordered_map>
 
-#include "core/profiler.h"
+#include <loom/core/profiler.h>
 
 namespace loom {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom {
 

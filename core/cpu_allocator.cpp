@@ -1,10 +1,10 @@
-#include "core/cpu_allocator.h"
+#include <loom/core/cpu_allocator.h>
 
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::cpu_allocator {
 namespace {

@@ -1,6 +1,6 @@
-#include "core/device.h"
+#include <loom/core/device.h>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom {
 

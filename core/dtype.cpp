@@ -1,4 +1,4 @@
-#include "core/dtype.h"
+#include <loom/core/dtype.h>
 
 namespace loom {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 #if defined(__CUDACC__)
 #define LOOM_HOST_DEVICE __host__ __device__

@@ -1,4 +1,4 @@
-#include "core/generator.h"
+#include <loom/core/generator.h>
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "core/parallel.h"
+#include <loom/core/parallel.h>
 
 #include <Eigen/Core>
 #include <algorithm>

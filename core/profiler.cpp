@@ -1,4 +1,4 @@
-#include "core/profiler.h"
+#include <loom/core/profiler.h>
 
 #include <algorithm>
 #include <atomic>

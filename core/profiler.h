@@ -6,7 +6,7 @@
 #include <chrono>
 #include <string>
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom::profiler {
 

@@ -1,8 +1,8 @@
-#include "core/storage.h"
+#include <loom/core/storage.h>
 
-#include "core/cpu_allocator.h"
-#include "core/cuda/runtime.h"
-#include "core/error.h"
+#include <loom/core/cpu_allocator.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
 
 namespace loom {
 

@@ -6,7 +6,7 @@
 #include <functional>
 #include <memory>
 
-#include "core/device.h"
+#include <loom/core/device.h>
 
 namespace loom {
 

@@ -1,14 +1,14 @@
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <sstream>
 
-#include "core/autograd.h"
-#include "core/cuda/runtime.h"
-#include "core/cuda/tensor_kernels.h"
-#include "core/parallel.h"
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/cuda/tensor_kernels.h>
+#include <loom/core/parallel.h>
 
 namespace loom {
 

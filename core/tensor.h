@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/storage.h"
+#include <loom/core/device.h>
+#include <loom/core/dtype.h>
+#include <loom/core/storage.h>
 
 namespace loom {
 

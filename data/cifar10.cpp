@@ -1,5 +1,5 @@
 // CIFAR-10 binary reader and writer, and the synthetic generator.
-#include "data/cifar10.h"
+#include <loom/data/cifar10.h>
 
 #include <algorithm>
 #include <array>
@@ -7,9 +7,9 @@
 #include <fstream>
 #include <string>
 
-#include "core/error.h"
-#include "core/generator.h"
-#include "data/pickle.h"
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
+#include <loom/data/pickle.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;

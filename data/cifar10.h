@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.h"
+#include <loom/data/dataset.h>
 
 namespace loom::data {
 

@@ -1,7 +1,7 @@
 // ImageDataset: construction checks and bounds-checked access.
-#include "data/dataset.h"
+#include <loom/data/dataset.h>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::data {
 

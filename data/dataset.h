@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/generator.h"
+#include <loom/core/generator.h>
 
 namespace loom::data {
 

@@ -1,6 +1,6 @@
 // IDX reader and writer. Reads go through zlib's gzread, which also reads
 // uncompressed files transparently, so one code path serves .gz and raw files.
-#include "data/idx.h"
+#include <loom/data/idx.h>
 
 #include <zlib.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <system_error>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "data/dataset.h"
+#include <loom/data/dataset.h>
 
 namespace loom::data {
 

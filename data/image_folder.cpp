@@ -1,7 +1,7 @@
 // ImageFolder: the directory walk torchvision does, JPEG (TurboJPEG API) and
 // PNG (libpng's simplified API) decoding, PIL's antialiased bilinear resize,
 // and the transforms applied per sample in the loader's workers.
-#include "data/image_folder.h"
+#include <loom/data/image_folder.h>
 
 #include <png.h>
 #include <turbojpeg.h>
@@ -14,8 +14,8 @@
 #include <mutex>
 #include <set>
 
-#include "core/error.h"
-#include "core/generator.h"
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;

@@ -12,8 +12,8 @@
 #include <variant>
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/transforms.h"
+#include <loom/data/dataset.h>
+#include <loom/data/transforms.h>
 
 namespace loom::data {
 

@@ -1,7 +1,7 @@
 // DataLoader: per-epoch worker threads, a bounded in-order prefetch window,
 // the collate loop that writes augmented samples straight into the batch, and
 // the staging of batches to a CUDA device on the loader's own stream.
-#include "data/loader.h"
+#include <loom/data/loader.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "core/generator.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
 
 namespace loom::data {
 

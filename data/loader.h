@@ -8,11 +8,11 @@
 #include <memory>
 #include <optional>
 
-#include "core/cuda/stream.h"
-#include "core/tensor.h"
-#include "data/dataset.h"
-#include "data/sampler.h"
-#include "data/transforms.h"
+#include <loom/core/cuda/stream.h>
+#include <loom/core/tensor.h>
+#include <loom/data/dataset.h>
+#include <loom/data/sampler.h>
+#include <loom/data/transforms.h>
 
 namespace loom::data {
 

@@ -1,14 +1,14 @@
 // The restricted pickle interpreter: a stack machine over the opcodes that
 // pickled dicts of numpy arrays use, with every length checked against the
 // bytes left and every GLOBAL checked against a short allow-list.
-#include "data/pickle.h"
+#include <loom/data/pickle.h>
 
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <unordered_map>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::data::pickle {
 namespace fs = std::filesystem;

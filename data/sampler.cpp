@@ -1,11 +1,11 @@
 // Sequential, random and distributed samplers.
-#include "data/sampler.h"
+#include <loom/data/sampler.h>
 
 #include <numeric>
 #include <utility>
 
-#include "core/error.h"
-#include "core/generator.h"
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
 
 namespace loom::data {
 

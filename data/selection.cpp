@@ -1,13 +1,13 @@
 // Dataset selection for the apps: kind names, inference from a directory's
 // contents, image-folder splits, and loaders over either kind of data.
-#include "data/selection.h"
+#include <loom/data/selection.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "core/error.h"
-#include "data/cifar10.h"
-#include "data/idx.h"
+#include <loom/core/error.h>
+#include <loom/data/cifar10.h>
+#include <loom/data/idx.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;

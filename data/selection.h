@@ -10,9 +10,9 @@
 #include <optional>
 #include <string>
 
-#include "data/dataset.h"
-#include "data/image_folder.h"
-#include "data/loader.h"
+#include <loom/data/dataset.h>
+#include <loom/data/image_folder.h>
+#include <loom/data/loader.h>
 
 namespace loom::data {
 

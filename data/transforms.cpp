@@ -1,11 +1,11 @@
 // The fused per-sample transform: validation of a Compose, the per-sample
 // random draws, and the single gather loop that writes a sample.
-#include "data/transforms.h"
+#include <loom/data/transforms.h>
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "core/generator.h"
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
 
 namespace loom::data {
 

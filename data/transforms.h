@@ -8,7 +8,7 @@
 #include <variant>
 #include <vector>
 
-#include "core/dtype.h"
+#include <loom/core/dtype.h>
 
 namespace loom::data {
 

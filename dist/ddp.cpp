@@ -2,15 +2,15 @@
 // buckets whose flat buffers back every parameter's .grad, per-parameter
 // ready hooks that launch bucket reductions (through a communication hook) in
 // order, and the end-of-backward callback that waits for them.
-#include "dist/ddp.h"
+#include <loom/dist/ddp.h>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_set>
 
-#include "core/autograd.h"
-#include "core/error.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

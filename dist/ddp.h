@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "dist/process_group.h"
-#include "nn/module.h"
+#include <loom/core/tensor.h>
+#include <loom/dist/process_group.h>
+#include <loom/nn/module.h>
 
 namespace loom::dist {
 

@@ -1,6 +1,6 @@
 // Launch-environment parsing: explicit arguments, then torchrun, SLURM or Open
 // MPI variables, each value validated with an error naming its variable.
-#include "dist/environment.h"
+#include <loom/dist/environment.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,7 +13,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

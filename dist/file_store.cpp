@@ -16,8 +16,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/error.h"
-#include "dist/store.h"
+#include <loom/core/error.h>
+#include <loom/dist/store.h>
 
 namespace loom::dist {
 

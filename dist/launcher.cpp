@@ -1,6 +1,6 @@
 // Local worker group: fork/exec one process per local rank, poll them, forward
 // SIGINT / SIGTERM, end the group on the first failure, restart on request.
-#include "dist/launcher.h"
+#include <loom/dist/launcher.h>
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 extern char** environ;
 

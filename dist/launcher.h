@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/environment.h"
+#include <loom/dist/environment.h>
 
 namespace loom::dist {
 

@@ -1,7 +1,7 @@
 // Metrics summed over a process group.
-#include "dist/metrics.h"
+#include <loom/dist/metrics.h>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

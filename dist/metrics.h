@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/sampler.h"
-#include "dist/process_group.h"
+#include <loom/data/sampler.h>
+#include <loom/dist/process_group.h>
 
 namespace loom::dist {
 

@@ -1,16 +1,16 @@
 // Work bookkeeping, and init_process_group: launch environment -> rendezvous
 // store -> backend process group, kept as the default group.
-#include "dist/process_group.h"
+#include <loom/dist/process_group.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
-#include "core/error.h"
-#include "dist/environment.h"
-#include "dist/process_group_gloo.h"
-#include "dist/process_group_nccl.h"
-#include "dist/process_group_shm.h"
+#include <loom/core/error.h>
+#include <loom/dist/environment.h>
+#include <loom/dist/process_group_gloo.h>
+#include <loom/dist/process_group_nccl.h>
+#include <loom/dist/process_group_shm.h>
 
 namespace loom::dist {
 

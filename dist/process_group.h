@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "dist/store.h"
+#include <loom/core/tensor.h>
+#include <loom/dist/store.h>
 
 namespace loom::dist {
 

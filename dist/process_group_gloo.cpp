@@ -1,7 +1,7 @@
 // ProcessGroupGloo: validates tensors on the caller's thread, then runs each
 // collective with libgloo on one worker thread, in the order they were
 // enqueued, so every rank issues the same sequence of gloo operations.
-#include "dist/process_group_gloo.h"
+#include <loom/dist/process_group_gloo.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -29,8 +29,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/autograd.h"
-#include "core/error.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

@@ -14,13 +14,13 @@
 #include <functional>
 #include <thread>
 
-#include "core/autograd.h"
-#include "core/cuda/check.h"
-#include "core/cuda/runtime.h"
-#include "core/cuda/stream.h"
-#include "core/error.h"
-#include "core/storage.h"
-#include "dist/process_group_nccl.h"
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/check.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/cuda/stream.h>
+#include <loom/core/error.h>
+#include <loom/core/storage.h>
+#include <loom/dist/process_group_nccl.h>
 
 namespace loom::dist {
 

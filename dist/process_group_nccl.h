@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/process_group.h"
+#include <loom/dist/process_group.h>
 
 namespace loom::dist {
 

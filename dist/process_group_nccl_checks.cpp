@@ -1,9 +1,9 @@
 // What every build knows about the nccl backend: whether this process can
 // use it, and which tensors its collectives accept (with the errors for those
 // they do not), so that a build without a GPU can test the messages.
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "dist/process_group_nccl.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/dist/process_group_nccl.h>
 
 namespace loom::dist {
 

@@ -1,7 +1,7 @@
 // The nccl backend of a build without NCCL (or without CUDA): says why it
 // cannot be used.
-#include "core/error.h"
-#include "dist/process_group_nccl.h"
+#include <loom/core/error.h>
+#include <loom/dist/process_group_nccl.h>
 
 namespace loom::dist {
 

@@ -2,7 +2,7 @@
 // a header, one RankState per rank (its barrier count, pid and the signatures
 // of its last two collectives), then two buffers of `size` slots of
 // `chunk_bytes` each.
-#include "dist/process_group_shm.h"
+#include <loom/dist/process_group_shm.h>
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -30,9 +30,9 @@
 #include <immintrin.h>
 #endif
 
-#include "core/autograd.h"
-#include "core/error.h"
-#include "core/storage.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
+#include <loom/core/storage.h>
 
 namespace loom::dist {
 

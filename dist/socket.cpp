@@ -1,5 +1,5 @@
 // POSIX TCP helpers for the TCPStore (see socket.h).
-#include "dist/socket.h"
+#include <loom/dist/socket.h>
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

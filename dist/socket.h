@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

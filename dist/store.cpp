@@ -1,12 +1,12 @@
 // Store helpers shared by every store, and PrefixStore.
-#include "dist/store.h"
+#include <loom/dist/store.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::dist {
 

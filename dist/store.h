@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "dist/environment.h"
-#include "dist/socket.h"
+#include <loom/dist/environment.h>
+#include <loom/dist/socket.h>
 
 namespace loom::dist {
 

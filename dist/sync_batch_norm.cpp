@@ -1,17 +1,17 @@
 // SyncBatchNorm: the ops/batch_norm.h steps with all-reduces between them
 // (stats -> all-reduce -> gather_stats -> apply; backward_reduce -> all-reduce
 // -> backward_apply), and the BatchNorm2d -> SyncBatchNorm conversion.
-#include "dist/sync_batch_norm.h"
+#include <loom/dist/sync_batch_norm.h>
 
 #include <cmath>
 #include <tuple>
 
-#include "core/autograd.h"
-#include "core/error.h"
-#include "core/profiler.h"
-#include "ops/batch_norm.h"
-#include "ops/dispatch.h"
-#include "ops/elementwise.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
+#include <loom/core/profiler.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/dispatch.h>
+#include <loom/ops/elementwise.h>
 
 namespace loom::dist {
 

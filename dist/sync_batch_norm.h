@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "dist/process_group.h"
-#include "nn/layers.h"
+#include <loom/dist/process_group.h>
+#include <loom/nn/layers.h>
 
 namespace loom::dist {
 

@@ -1,4 +1,4 @@
-#include "nn/checkpoint.h"
+#include <loom/nn/checkpoint.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,8 +21,8 @@
 
 #include <zlib.h>
 
-#include "core/autograd.h"
-#include "core/parallel.h"
+#include <loom/core/autograd.h>
+#include <loom/core/parallel.h>
 
 namespace loom::nn {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/module.h"
+#include <loom/nn/module.h>
 
 namespace loom::nn {
 

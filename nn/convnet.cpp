@@ -1,4 +1,4 @@
-#include "nn/convnet.h"
+#include <loom/nn/convnet.h>
 
 namespace loom::nn {
 

@@ -4,7 +4,7 @@
 //   fc     = Linear(7*7*32, num_classes)
 #pragma once
 
-#include "nn/layers.h"
+#include <loom/nn/layers.h>
 
 namespace loom::nn {
 

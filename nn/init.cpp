@@ -1,8 +1,8 @@
-#include "nn/init.h"
+#include <loom/nn/init.h>
 
 #include <cmath>
 
-#include "core/autograd.h"
+#include <loom/core/autograd.h>
 
 namespace loom::nn::init {
 

@@ -2,8 +2,8 @@
 // generator (manual_seed) unless one is given.
 #pragma once
 
-#include "core/generator.h"
-#include "core/tensor.h"
+#include <loom/core/generator.h>
+#include <loom/core/tensor.h>
 
 namespace loom::nn::init {
 

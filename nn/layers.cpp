@@ -1,15 +1,15 @@
-#include "nn/layers.h"
+#include <loom/nn/layers.h>
 
 #include <cmath>
 #include <typeinfo>
 
-#include "core/autograd.h"
-#include "nn/init.h"
-#include "ops/batch_norm.h"
-#include "ops/conv2d.h"
-#include "ops/elementwise.h"
-#include "ops/linear.h"
-#include "ops/pooling.h"
+#include <loom/core/autograd.h>
+#include <loom/nn/init.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/linear.h>
+#include <loom/ops/pooling.h>
 
 namespace loom::nn {
 

@@ -6,8 +6,8 @@
 #include <array>
 #include <initializer_list>
 
-#include "nn/module.h"
-#include "ops/batch_norm.h"
+#include <loom/nn/module.h>
+#include <loom/ops/batch_norm.h>
 
 namespace loom::nn {
 

@@ -1,9 +1,9 @@
-#include "nn/module.h"
+#include <loom/nn/module.h>
 
 #include <map>
 #include <set>
 
-#include "core/autograd.h"
+#include <loom/core/autograd.h>
 
 namespace loom::nn {
 

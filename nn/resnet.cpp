@@ -1,10 +1,10 @@
-#include "nn/resnet.h"
+#include <loom/nn/resnet.h>
 
 #include <typeinfo>
 
-#include "core/autograd.h"
-#include "nn/init.h"
-#include "ops/elementwise.h"
+#include <loom/core/autograd.h>
+#include <loom/nn/init.h>
+#include <loom/ops/elementwise.h>
 
 namespace loom::nn {
 namespace {

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "nn/layers.h"
+#include <loom/nn/layers.h>
 
 namespace loom::nn {
 

@@ -1,4 +1,4 @@
-#include "ops/autocast.h"
+#include <loom/ops/autocast.h>
 
 namespace loom::ops {
 namespace {

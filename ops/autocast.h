@@ -6,8 +6,8 @@
 // here run in the dtype they are given.
 #pragma once
 
-#include "core/autograd.h"
-#include "core/tensor.h"
+#include <loom/core/autograd.h>
+#include <loom/core/tensor.h>
 
 namespace loom::ops {
 

@@ -1,8 +1,8 @@
-#include "core/profiler.h"
-#include "ops/batch_norm.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/batch_norm.h>
 
-#include "ops/dispatch.h"
-#include "ops/elementwise.h"
+#include <loom/ops/dispatch.h>
+#include <loom/ops/elementwise.h>
 
 namespace loom {
 

@@ -1,10 +1,10 @@
-#include "ops/conv2d.h"
+#include <loom/ops/conv2d.h>
 
 #include <tuple>
 
-#include "core/profiler.h"
-#include "ops/autocast.h"
-#include "ops/dispatch.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/autocast.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom {
 

@@ -18,7 +18,7 @@
 
 #include <utility>
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom {
 

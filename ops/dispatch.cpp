@@ -1,4 +1,4 @@
-#include "ops/dispatch.h"
+#include <loom/ops/dispatch.h>
 
 namespace loom::ops {
 

@@ -2,9 +2,9 @@
 // ops/cuda (compiled only with the CUDA backend). Also the CPU compute-dtype rule.
 #pragma once
 
-#include "core/autograd.h"
-#include "core/cuda/runtime.h"
-#include "core/tensor.h"
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/tensor.h>
 
 namespace loom::ops {
 

@@ -8,7 +8,7 @@
 //   sum:  dx = g broadcast         mean: dx = g / numel broadcast
 #pragma once
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom {
 

@@ -1,8 +1,8 @@
-#include "core/profiler.h"
-#include "ops/linear.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/linear.h>
 
-#include "ops/autocast.h"
-#include "ops/dispatch.h"
+#include <loom/ops/autocast.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom {
 

@@ -4,7 +4,7 @@
 // Under autocast (ops/autocast.h) it computes in the autocast dtype.
 #pragma once
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom {
 

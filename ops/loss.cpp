@@ -1,8 +1,8 @@
-#include "core/profiler.h"
-#include "ops/loss.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/loss.h>
 
-#include "ops/autocast.h"
-#include "ops/dispatch.h"
+#include <loom/ops/autocast.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom {
 

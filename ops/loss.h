@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom {
 

@@ -1,7 +1,7 @@
-#include "core/profiler.h"
-#include "ops/pooling.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/pooling.h>
 
-#include "ops/dispatch.h"
+#include <loom/ops/dispatch.h>
 
 namespace loom {
 

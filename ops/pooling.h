@@ -16,7 +16,7 @@
 #include <array>
 #include <cstdint>
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom {
 

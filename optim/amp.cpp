@@ -1,6 +1,6 @@
-#include "optim/amp.h"
+#include <loom/optim/amp.h>
 
-#include "core/autograd.h"
+#include <loom/core/autograd.h>
 
 namespace loom::amp {
 namespace {

@@ -31,12 +31,12 @@
 #include <string>
 #include <vector>
 
-#include "nn/checkpoint.h"
-#include "nn/module.h"
-#include "ops/autocast.h"
-#include "optim/grad_scaler.h"
-#include "optim/master_weights.h"
-#include "optim/optimizer.h"
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/module.h>
+#include <loom/ops/autocast.h>
+#include <loom/optim/grad_scaler.h>
+#include <loom/optim/master_weights.h>
+#include <loom/optim/optimizer.h>
 
 namespace loom::amp {
 

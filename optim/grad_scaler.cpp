@@ -1,14 +1,14 @@
-#include "optim/grad_scaler.h"
+#include <loom/optim/grad_scaler.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <type_traits>
 
-#include "core/autograd.h"
-#include "core/parallel.h"
-#include "ops/elementwise.h"
-#include "optim/cuda/fused_update.h"
+#include <loom/core/autograd.h>
+#include <loom/core/parallel.h>
+#include <loom/ops/elementwise.h>
+#include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim {
 namespace {

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tensor.h"
-#include "nn/module.h"
+#include <loom/core/tensor.h>
+#include <loom/nn/module.h>
 
 namespace loom::optim {
 

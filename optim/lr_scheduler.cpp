@@ -1,4 +1,4 @@
-#include "optim/lr_scheduler.h"
+#include <loom/optim/lr_scheduler.h>
 
 #include <cmath>
 

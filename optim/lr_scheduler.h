@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "optim/optimizer.h"
+#include <loom/optim/optimizer.h>
 
 namespace loom::optim {
 

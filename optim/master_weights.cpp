@@ -1,8 +1,8 @@
-#include "optim/master_weights.h"
+#include <loom/optim/master_weights.h>
 
 #include <map>
 
-#include "core/autograd.h"
+#include <loom/core/autograd.h>
 
 namespace loom::optim {
 

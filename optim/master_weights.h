@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/module.h"
-#include "optim/grad_scaler.h"
+#include <loom/nn/module.h>
+#include <loom/optim/grad_scaler.h>
 
 namespace loom::optim {
 

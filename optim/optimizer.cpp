@@ -1,10 +1,10 @@
-#include "optim/optimizer.h"
+#include <loom/optim/optimizer.h>
 
 #include <cmath>
 
-#include "core/autograd.h"
-#include "core/parallel.h"
-#include "optim/cuda/fused_update.h"
+#include <loom/core/autograd.h>
+#include <loom/core/parallel.h>
+#include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim {
 namespace {

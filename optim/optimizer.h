@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "nn/module.h"
+#include <loom/core/tensor.h>
+#include <loom/nn/module.h>
 
 namespace loom::optim {
 

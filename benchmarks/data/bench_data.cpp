@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "data/cifar10.h"
-#include "data/idx.h"
-#include "data/loader.h"
+#include <loom/core/error.h>
+#include <loom/data/cifar10.h>
+#include <loom/data/idx.h>
+#include <loom/data/loader.h>
 
 using namespace loom;
 using namespace loom::data;

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "data/image_folder.h"
-#include "data/loader.h"
+#include <loom/core/error.h>
+#include <loom/data/image_folder.h>
+#include <loom/data/loader.h>
 
 using namespace loom;
 using namespace loom::data;

@@ -14,15 +14,15 @@
 #include <cmath>
 #include <cstdio>
 
-#include "core/generator.h"
-#include "core/parallel.h"
-#include "dist/ddp.h"
-#include "dist/environment.h"
-#include "dist/process_group.h"
-#include "nn/convnet.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
-#include "optim/optimizer.h"
+#include <loom/core/generator.h>
+#include <loom/core/parallel.h>
+#include <loom/dist/ddp.h>
+#include <loom/dist/environment.h>
+#include <loom/dist/process_group.h>
+#include <loom/nn/convnet.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/optimizer.h>
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;

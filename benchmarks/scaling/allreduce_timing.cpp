@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
-#include "dist/environment.h"
-#include "dist/process_group.h"
+#include <loom/core/parallel.h>
+#include <loom/dist/environment.h>
+#include <loom/dist/process_group.h>
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;

@@ -1,12 +1,12 @@
 // The caching allocator's bookkeeping (see caching_allocator.h). Plain C++:
 // compiled in every build so that its tests run without a GPU.
-#include "core/cuda/caching_allocator.h"
+#include <loom/core/cuda/caching_allocator.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <functional>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 
 namespace loom::cuda {
 

@@ -25,7 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/cuda/runtime.h"
+#include <loom/core/cuda/runtime.h>
 
 namespace loom::cuda {
 

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-#include "core/cuda/check.h"
+#include <loom/core/cuda/check.h>
 
 namespace loom::cuda {
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/dtype.h"
+#include <loom/core/dtype.h>
 
 namespace loom::cuda {
 

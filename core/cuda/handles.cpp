@@ -1,6 +1,6 @@
 // cuBLAS and cuDNN handles (handles.h): owners, per-device pools, and the
 // handle each thread borrows.
-#include "core/cuda/handles.h"
+#include <loom/core/cuda/handles.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda/check.h"
-#include "core/cuda/runtime.h"
-#include "core/error.h"
+#include <loom/core/cuda/check.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
 
 namespace loom::cuda {
 

@@ -4,7 +4,7 @@
 // cudnnHandle_t is cudnnContext*).
 #pragma once
 
-#include "core/cuda/stream.h"
+#include <loom/core/cuda/stream.h>
 
 struct cublasContext;
 struct cudnnContext;

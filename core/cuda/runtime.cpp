@@ -1,7 +1,7 @@
 // The CUDA runtime as loom sees it (runtime.h, stream.h): devices, streams and
 // events, the per-device caching allocators, pinned host memory, copies.
 // Works on a machine without a GPU: device_count() is 0 there.
-#include "core/cuda/runtime.h"
+#include <loom/core/cuda/runtime.h>
 
 #include <cuda_runtime.h>
 
@@ -16,9 +16,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/cuda/caching_allocator.h"
-#include "core/cuda/check.h"
-#include "core/error.h"
+#include <loom/core/cuda/caching_allocator.h>
+#include <loom/core/cuda/check.h>
+#include <loom/core/error.h>
 
 namespace loom::cuda {
 

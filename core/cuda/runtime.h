@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "core/cuda/stream.h"
+#include <loom/core/cuda/stream.h>
 
 namespace loom::cuda {
 

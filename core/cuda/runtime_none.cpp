@@ -1,8 +1,8 @@
 // The CUDA runtime of a build without CUDA: no devices, clear errors, and
 // destructors / frees that do nothing.
-#include "core/cuda/runtime.h"
-#include "core/cuda/tensor_kernels.h"
-#include "core/error.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/cuda/tensor_kernels.h>
+#include <loom/core/error.h>
 
 namespace loom::cuda {
 namespace {

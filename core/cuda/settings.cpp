@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/cuda/runtime.h"
+#include <loom/core/cuda/runtime.h>
 
 namespace loom::cuda {
 namespace {

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/cuda/check.h"
-#include "core/cuda/device_elements.cuh"
-#include "core/cuda/tensor_kernels.h"
-#include "core/error.h"
+#include <loom/core/cuda/check.h>
+#include <loom/core/cuda/device_elements.cuh>
+#include <loom/core/cuda/tensor_kernels.h>
+#include <loom/core/error.h>
 
 namespace loom::cuda {
 namespace {

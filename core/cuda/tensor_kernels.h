@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/cuda/stream.h"
-#include "core/dtype.h"
+#include <loom/core/cuda/stream.h>
+#include <loom/core/dtype.h>
 
 namespace loom::cuda {
 

@@ -4,16 +4,16 @@
 // (n, c) rows with per-channel coefficients computed in f64 and applied in
 // the compute dtype. Within a row, sums run in vectorised lanes of the compute
 // dtype; rows are combined in f64.
-#include "ops/batch_norm.h"
+#include <loom/ops/batch_norm.h>
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
-#include "core/parallel.h"
-#include "ops/cpu/simd.h"
-#include "ops/dispatch.h"
+#include <loom/core/parallel.h>
+#include <loom/ops/cpu/simd.h>
+#include <loom/ops/dispatch.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>

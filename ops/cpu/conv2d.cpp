@@ -2,7 +2,7 @@
 // The batch is split into one range of images per thread; each thread unfolds
 // its images into its own column buffer and runs single-threaded GEMMs (gemm
 // does not split again inside a parallel region).
-#include "ops/conv2d.h"
+#include <loom/ops/conv2d.h>
 
 #include <Eigen/Dense>
 #include <algorithm>
@@ -14,12 +14,12 @@
 #include <immintrin.h>
 #endif
 
-#include "core/parallel.h"
-#include "core/profiler.h"
-#include "ops/cpu/simd.h"
-#include "ops/cpu/gemm.h"
-#include "ops/cpu/winograd.h"
-#include "ops/dispatch.h"
+#include <loom/core/parallel.h>
+#include <loom/core/profiler.h>
+#include <loom/ops/cpu/simd.h>
+#include <loom/ops/cpu/gemm.h>
+#include <loom/ops/cpu/winograd.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom::ops::cpu {
 namespace {

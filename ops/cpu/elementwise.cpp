@@ -1,8 +1,8 @@
 // CPU kernels of the elementwise ops and whole-tensor reductions.
-#include "ops/elementwise.h"
+#include <loom/ops/elementwise.h>
 
-#include "core/parallel.h"
-#include "ops/dispatch.h"
+#include <loom/core/parallel.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom::ops::cpu {
 namespace {

@@ -2,7 +2,7 @@
 // for each KC slice, B is packed into NR-wide column strips and A into MR-tall
 // row strips, and a 6 x 16 register-blocked AVX2/FMA micro-kernel does the
 // arithmetic. Packing absorbs the transposes and zero-pads ragged edges.
-#include "ops/cpu/gemm.h"
+#include <loom/ops/cpu/gemm.h>
 
 #include <immintrin.h>
 
@@ -12,7 +12,7 @@
 #include <numeric>
 #include <vector>
 
-#include "core/parallel.h"
+#include <loom/core/parallel.h>
 
 namespace loom::ops::cpu {
 namespace {

@@ -1,11 +1,11 @@
 // CPU kernels of linear, on the CPU GEMM (ops/cpu/gemm.h).
-#include "ops/linear.h"
+#include <loom/ops/linear.h>
 
 #include <Eigen/Dense>
 
-#include "core/profiler.h"
-#include "ops/cpu/gemm.h"
-#include "ops/dispatch.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/cpu/gemm.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom::ops::cpu {
 namespace {

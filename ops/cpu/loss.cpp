@@ -1,11 +1,11 @@
 // CPU kernels of the classification losses and argmax. Rows are independent:
 // parallel over N.
-#include "ops/loss.h"
+#include <loom/ops/loss.h>
 
 #include <cmath>
 
-#include "core/parallel.h"
-#include "ops/dispatch.h"
+#include <loom/core/parallel.h>
+#include <loom/ops/dispatch.h>
 
 namespace loom::ops::cpu {
 namespace {

@@ -1,14 +1,14 @@
 // CPU kernels of max_pool2d and adaptive_avg_pool2d: one (n, c) plane per task.
-#include "ops/pooling.h"
+#include <loom/ops/pooling.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
-#include "core/parallel.h"
-#include "ops/cpu/simd.h"
-#include "ops/dispatch.h"
+#include <loom/core/parallel.h>
+#include <loom/ops/cpu/simd.h>
+#include <loom/ops/dispatch.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>

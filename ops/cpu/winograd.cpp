@@ -7,7 +7,7 @@
 // transformed back along ξ and ν into the tiles' outputs. Every transform is a
 // small matrix applied to rows that are contiguous in the tile index, so the
 // arithmetic runs 8 tiles per AVX2 instruction.
-#include "ops/cpu/winograd.h"
+#include <loom/ops/cpu/winograd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -21,10 +21,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
-#include "core/parallel.h"
-#include "ops/cpu/gemm.h"
-#include "ops/cpu/simd.h"
+#include <loom/core/error.h>
+#include <loom/core/parallel.h>
+#include <loom/ops/cpu/gemm.h>
+#include <loom/ops/cpu/simd.h>
 
 namespace loom::ops::cpu::winograd {
 namespace {

@@ -7,8 +7,8 @@
 // the CPU does.
 #include <cmath>
 
-#include "ops/batch_norm.h"
-#include "ops/cuda/common.cuh"
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/cuda/common.cuh>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;

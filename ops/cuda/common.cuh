@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "core/autograd.h"
-#include "core/cuda/check.h"
-#include "core/cuda/device_elements.cuh"
-#include "core/cuda/runtime.h"
-#include "core/tensor.h"
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/check.h>
+#include <loom/core/cuda/device_elements.cuh>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/tensor.h>
 
 namespace loom::ops::cuda_detail {
 

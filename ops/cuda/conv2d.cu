@@ -16,11 +16,11 @@
 #include <mutex>
 #include <tuple>
 
-#include "core/cuda/cudnn_descriptors.h"
-#include "core/cuda/handles.h"
-#include "ops/batch_norm.h"
-#include "ops/conv2d.h"
-#include "ops/cuda/common.cuh"
+#include <loom/core/cuda/cudnn_descriptors.h>
+#include <loom/core/cuda/handles.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/cuda/common.cuh>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;

@@ -2,8 +2,8 @@
 // (ops/elementwise.h). Elementwise kernels walk dense tensors (contiguous or
 // channels-last) in memory order and keep their strides; anything else is made
 // contiguous first. sum_all accumulates in f64 in a fixed order.
-#include "ops/cuda/common.cuh"
-#include "ops/elementwise.h"
+#include <loom/ops/cuda/common.cuh>
+#include <loom/ops/elementwise.h>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;

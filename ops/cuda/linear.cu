@@ -10,9 +10,9 @@
 //   dW = dyᵀ · x  is  dWᵀ (in, out) = x' · op_T(dy')
 #include <cublas_v2.h>
 
-#include "core/cuda/handles.h"
-#include "ops/cuda/common.cuh"
-#include "ops/linear.h"
+#include <loom/core/cuda/handles.h>
+#include <loom/ops/cuda/common.cuh>
+#include <loom/ops/linear.h>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;

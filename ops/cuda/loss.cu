@@ -6,8 +6,8 @@
 // it makes the loss and its gradient NaN instead.
 #include <cmath>
 
-#include "ops/cuda/common.cuh"
-#include "ops/loss.h"
+#include <loom/ops/cuda/common.cuh>
+#include <loom/ops/loss.h>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;

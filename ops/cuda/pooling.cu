@@ -4,8 +4,8 @@
 // gathers, one thread per input element (deterministic); max_pool2d's scatters
 // each gradient to its argmax with atomicAdd, so where windows overlap the
 // order of the additions, and the last bits of a sum, may vary.
-#include "ops/cuda/common.cuh"
-#include "ops/pooling.h"
+#include <loom/ops/cuda/common.cuh>
+#include <loom/ops/pooling.h>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;

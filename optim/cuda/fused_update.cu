@@ -8,8 +8,8 @@
 #include <tuple>
 #include <utility>
 
-#include "ops/cuda/common.cuh"
-#include "optim/cuda/fused_update.h"
+#include <loom/ops/cuda/common.cuh>
+#include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim::cuda {
 using namespace ops::cuda_detail;

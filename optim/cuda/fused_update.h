@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tensor.h"
+#include <loom/core/tensor.h>
 
 namespace loom::optim::cuda {
 

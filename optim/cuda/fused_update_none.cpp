@@ -1,6 +1,6 @@
 // The fused CUDA optimizer updates of a build without CUDA: a clear error.
-#include "core/cuda/runtime.h"
-#include "optim/cuda/fused_update.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim::cuda {
 

@@ -6,9 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/generator.h"
-#include "ops/loss.h"
-#include "optim/amp.h"
+#include <loom/core/generator.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/amp.h>
 
 namespace loom::amp_test {
 

@@ -9,14 +9,14 @@
 #include <cmath>
 #include <filesystem>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "core/parallel.h"
-#include "data/idx.h"
-#include "data/loader.h"
-#include "data/sampler.h"
-#include "nn/convnet.h"
-#include "ops/loss.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/core/parallel.h>
+#include <loom/data/idx.h>
+#include <loom/data/loader.h>
+#include <loom/data/sampler.h>
+#include <loom/nn/convnet.h>
+#include <loom/ops/loss.h>
 #include "tests/amp/helpers.h"
 
 using namespace loom;

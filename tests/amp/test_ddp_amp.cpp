@@ -8,13 +8,13 @@
 #include <cmath>
 #include <limits>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "dist/ddp.h"
-#include "dist/process_group.h"
-#include "nn/layers.h"
-#include "ops/loss.h"
-#include "optim/amp.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/dist/ddp.h>
+#include <loom/dist/process_group.h>
+#include <loom/nn/layers.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/amp.h>
 #include "tests/amp/helpers.h"
 #include "tests/dist/multiprocess.h"
 

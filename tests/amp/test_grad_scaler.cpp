@@ -6,10 +6,10 @@
 #include <cmath>
 #include <limits>
 
-#include "core/autograd.h"
-#include "core/error.h"
-#include "ops/loss.h"
-#include "optim/grad_scaler.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/grad_scaler.h>
 
 using namespace loom;
 using optim::GradScaler;

@@ -7,14 +7,14 @@
 #include <cmath>
 #include <optional>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "nn/convnet.h"
-#include "nn/resnet.h"
-#include "ops/autocast.h"
-#include "ops/conv2d.h"
-#include "ops/linear.h"
-#include "ops/loss.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/nn/convnet.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/autocast.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/linear.h>
+#include <loom/ops/loss.h>
 
 using namespace loom;
 

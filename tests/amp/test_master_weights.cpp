@@ -9,12 +9,12 @@
 #include <cstring>
 #include <limits>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "nn/convnet.h"
-#include "ops/elementwise.h"
-#include "ops/loss.h"
-#include "optim/amp.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/nn/convnet.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/amp.h>
 #include "tests/amp/helpers.h"
 
 using namespace loom;

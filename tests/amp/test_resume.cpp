@@ -10,8 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "nn/checkpoint.h"
-#include "nn/convnet.h"
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/convnet.h>
 #include "tests/amp/helpers.h"
 
 using namespace loom;

@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "apps/app_common.h"
-#include "core/error.h"
+#include <loom/core/error.h>
 
 using loom::Device;
 using loom::apps::training_device;

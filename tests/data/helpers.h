@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include <loom/core/error.h>
 #include "tests/support/temp_dir.h"
 
 namespace loom::data::testing {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "data/cifar10.h"
+#include <loom/data/cifar10.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

@@ -10,9 +10,9 @@
 #include <utility>
 #include <string>
 
-#include "core/error.h"
-#include "data/cifar10.h"
-#include "data/pickle.h"
+#include <loom/core/error.h>
+#include <loom/data/cifar10.h>
+#include <loom/data/pickle.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

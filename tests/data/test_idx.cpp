@@ -2,8 +2,8 @@
 // and every validation error.
 #include <doctest/doctest.h>
 
-#include "core/generator.h"
-#include "data/idx.h"
+#include <loom/core/generator.h>
+#include <loom/data/idx.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

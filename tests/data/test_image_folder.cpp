@@ -10,10 +10,10 @@
 #include <set>
 #include <sstream>
 
-#include "core/generator.h"
-#include "data/image_folder.h"
-#include "data/loader.h"
-#include "data/sampler.h"
+#include <loom/core/generator.h>
+#include <loom/data/image_folder.h>
+#include <loom/data/loader.h>
+#include <loom/data/sampler.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

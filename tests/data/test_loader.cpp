@@ -9,9 +9,9 @@
 #include <cstring>
 #include <thread>
 
-#include "core/cuda/runtime.h"
-#include "data/cifar10.h"
-#include "data/loader.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/data/cifar10.h>
+#include <loom/data/loader.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

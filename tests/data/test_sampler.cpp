@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "data/sampler.h"
+#include <loom/data/sampler.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

@@ -6,8 +6,8 @@
 
 #include <set>
 
-#include "data/cifar10.h"
-#include "data/transforms.h"
+#include <loom/data/cifar10.h>
+#include <loom/data/transforms.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

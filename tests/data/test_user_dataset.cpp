@@ -7,8 +7,8 @@
 #include <memory>
 #include <stdexcept>
 
-#include "core/generator.h"
-#include "data/loader.h"
+#include <loom/core/generator.h>
+#include <loom/data/loader.h>
 #include "tests/data/helpers.h"
 
 using namespace loom::data;

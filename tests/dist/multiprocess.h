@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "dist/process_group.h"
+#include <loom/core/error.h>
+#include <loom/dist/process_group.h>
 
 namespace loom::dist::testing {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "core/error.h"
-#include "dist/store.h"
+#include <loom/core/error.h>
+#include <loom/dist/store.h>
 
 using namespace loom::dist;
 using namespace std::chrono_literals;

@@ -12,14 +12,14 @@
 #include <map>
 #include <numeric>
 
-#include "core/autograd.h"
-#include "core/error.h"
-#include "core/generator.h"
-#include "dist/ddp.h"
-#include "dist/process_group_gloo.h"
-#include "nn/layers.h"
-#include "ops/elementwise.h"
-#include "ops/loss.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
+#include <loom/dist/ddp.h>
+#include <loom/dist/process_group_gloo.h>
+#include <loom/nn/layers.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/loss.h>
 #include "tests/dist/multiprocess.h"
 #include "tests/dist/tiny_mlp.h"
 

@@ -8,8 +8,8 @@
 #include <map>
 #include <sstream>
 
-#include "core/error.h"
-#include "dist/environment.h"
+#include <loom/core/error.h>
+#include <loom/dist/environment.h>
 
 using namespace loom::dist;
 

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/error.h"
-#include "dist/launcher.h"
+#include <loom/core/error.h>
+#include <loom/dist/launcher.h>
 
 using namespace loom;
 using namespace loom::dist;

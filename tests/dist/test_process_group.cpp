@@ -11,12 +11,12 @@
 #include <iostream>
 #include <thread>
 
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "dist/process_group.h"
-#include "dist/process_group_gloo.h"
-#include "dist/process_group_nccl.h"
-#include "dist/process_group_shm.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/dist/process_group.h>
+#include <loom/dist/process_group_gloo.h>
+#include <loom/dist/process_group_nccl.h>
+#include <loom/dist/process_group_shm.h>
 #include "tests/dist/multiprocess.h"
 
 using namespace loom;

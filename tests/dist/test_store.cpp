@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "core/error.h"
-#include "dist/store.h"
+#include <loom/core/error.h>
+#include <loom/dist/store.h>
 #include "tests/dist/multiprocess.h"
 
 using namespace loom::dist;

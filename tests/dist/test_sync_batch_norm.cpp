@@ -12,19 +12,19 @@
 
 #include <cmath>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "data/sampler.h"
-#include "dist/ddp.h"
-#include "dist/metrics.h"
-#include "dist/process_group_gloo.h"
-#include "dist/sync_batch_norm.h"
-#include "nn/convnet.h"
-#include "nn/resnet.h"
-#include "ops/batch_norm.h"
-#include "ops/elementwise.h"
-#include "ops/loss.h"
-#include "optim/optimizer.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/data/sampler.h>
+#include <loom/dist/ddp.h>
+#include <loom/dist/metrics.h>
+#include <loom/dist/process_group_gloo.h>
+#include <loom/dist/sync_batch_norm.h>
+#include <loom/nn/convnet.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/optimizer.h>
 #include "tests/dist/multiprocess.h"
 
 using namespace loom;

@@ -9,10 +9,10 @@
 #include <set>
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/loader.h"
-#include "data/sampler.h"
-#include "dist/ddp.h"
+#include <loom/data/dataset.h>
+#include <loom/data/loader.h>
+#include <loom/data/sampler.h>
+#include <loom/dist/ddp.h>
 #include "tests/dist/multiprocess.h"
 #include "tests/dist/tiny_mlp.h"
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "nn/layers.h"
-#include "ops/elementwise.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/nn/layers.h>
+#include <loom/ops/elementwise.h>
 #include "tests/dist/multiprocess.h"
 
 namespace loom::dist::testing {

@@ -2,8 +2,8 @@
 // with load_safetensors, then the training state in its metadata). Only
 // loom::Error may come out; a header must not make the loader allocate more
 // than the file holds.
-#include "core/error.h"
-#include "nn/checkpoint.h"
+#include <loom/core/error.h>
+#include <loom/nn/checkpoint.h>
 #include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

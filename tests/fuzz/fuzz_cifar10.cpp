@@ -1,7 +1,7 @@
 // Fuzzes the CIFAR-10 binary reader: the input is one batch file. Only
 // loom::Error may come out; every label read must be a class (0-9).
-#include "core/error.h"
-#include "data/cifar10.h"
+#include <loom/core/error.h>
+#include <loom/data/cifar10.h>
 #include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "apps/app_common.h"
-#include "core/error.h"
+#include <loom/core/error.h>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

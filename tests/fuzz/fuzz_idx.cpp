@@ -3,8 +3,8 @@
 // reader decompresses it. Only loom::Error may come out: a crash, a hang, an
 // allocation a header asks for beyond what the file holds, or another
 // exception is a bug.
-#include "core/error.h"
-#include "data/idx.h"
+#include <loom/core/error.h>
+#include <loom/data/idx.h>
 #include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

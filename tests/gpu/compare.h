@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "core/tensor.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/core/tensor.h>
 
 namespace loom::gpu_testing {
 

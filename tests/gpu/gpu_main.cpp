@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string_view>
 
-#include "core/cuda/runtime.h"
+#include <loom/core/cuda/runtime.h>
 #include "tests/gpu/no_gpu.h"
 
 int main(int argc, char** argv) {

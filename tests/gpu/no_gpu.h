@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "core/cuda/runtime.h"
+#include <loom/core/cuda/runtime.h>
 
 namespace loom::gpu_testing {
 

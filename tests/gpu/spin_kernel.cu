@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "core/cuda/check.h"
+#include <loom/core/cuda/check.h>
 
 namespace loom::gpu_testing {
 

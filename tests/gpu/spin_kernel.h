@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/cuda/stream.h"
+#include <loom/core/cuda/stream.h>
 
 namespace loom::gpu_testing {
 

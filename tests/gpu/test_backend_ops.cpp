@@ -9,13 +9,13 @@
 #include <functional>
 #include <initializer_list>
 
-#include "core/cuda/runtime.h"
-#include "ops/batch_norm.h"
-#include "ops/conv2d.h"
-#include "ops/elementwise.h"
-#include "ops/linear.h"
-#include "ops/loss.h"
-#include "ops/pooling.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/linear.h>
+#include <loom/ops/loss.h>
+#include <loom/ops/pooling.h>
 #include "tests/gpu/compare.h"
 
 using namespace loom;

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/cuda/caching_allocator.h"
-#include "core/error.h"
+#include <loom/core/cuda/caching_allocator.h>
+#include <loom/core/error.h>
 
 using namespace loom;
 using namespace loom::cuda;

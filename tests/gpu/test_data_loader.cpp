@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/cuda/runtime.h"
-#include "core/error.h"
-#include "data/cifar10.h"
-#include "data/loader.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/data/cifar10.h>
+#include <loom/data/loader.h>
 #include "tests/gpu/compare.h"
 #include "tests/gpu/spin_kernel.h"
 

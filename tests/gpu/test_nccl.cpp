@@ -19,16 +19,16 @@
 #include <string>
 #include <thread>
 
-#include "core/autograd.h"
-#include "core/cuda/runtime.h"
-#include "core/cuda/stream.h"
-#include "core/error.h"
-#include "core/generator.h"
-#include "dist/ddp.h"
-#include "dist/process_group.h"
-#include "dist/process_group_nccl.h"
-#include "nn/layers.h"
-#include "ops/elementwise.h"
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/cuda/stream.h>
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
+#include <loom/dist/ddp.h>
+#include <loom/dist/process_group.h>
+#include <loom/dist/process_group_nccl.h>
+#include <loom/nn/layers.h>
+#include <loom/ops/elementwise.h>
 #include "tests/dist/multiprocess.h"
 #include "tests/dist/tiny_mlp.h"
 #include "tests/gpu/no_gpu.h"

@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "core/cuda/runtime.h"
-#include "core/cuda/stream.h"
-#include "ops/elementwise.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/cuda/stream.h>
+#include <loom/ops/elementwise.h>
 #include "tests/gpu/compare.h"
 
 using namespace loom;

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <limits>
 
-#include "core/cuda/runtime.h"
-#include "nn/convnet.h"
-#include "ops/loss.h"
-#include "optim/grad_scaler.h"
-#include "optim/optimizer.h"
+#include <loom/core/cuda/runtime.h>
+#include <loom/nn/convnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/grad_scaler.h>
+#include <loom/optim/optimizer.h>
 #include "tests/gpu/compare.h"
 
 using namespace loom;

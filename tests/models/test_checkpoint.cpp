@@ -13,12 +13,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/generator.h"
-#include "nn/checkpoint.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
-#include "optim/lr_scheduler.h"
-#include "optim/optimizer.h"
+#include <loom/core/generator.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/lr_scheduler.h>
+#include <loom/optim/optimizer.h>
 #include "tests/models/helpers.h"
 #include "tests/support/gradcheck.h"
 

@@ -7,9 +7,9 @@
 
 #include <cstdlib>
 
-#include "core/autograd.h"
-#include "nn/checkpoint.h"
-#include "nn/resnet.h"
+#include <loom/core/autograd.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/resnet.h>
 #include "tests/models/helpers.h"
 #include "tests/support/gradcheck.h"
 

@@ -8,9 +8,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "dist/sync_batch_norm.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
+#include <loom/dist/sync_batch_norm.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
 #include "tests/support/formula_parameters.h"
 #include "tests/support/gradcheck.h"
 

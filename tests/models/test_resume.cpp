@@ -5,14 +5,14 @@
 // batch-norm buffers) breaks the equality, so each piece is shown to matter.
 #include <doctest/doctest.h>
 
-#include "core/generator.h"
-#include "data/cifar10.h"
-#include "data/loader.h"
-#include "nn/checkpoint.h"
-#include "nn/resnet.h"
-#include "ops/loss.h"
-#include "optim/lr_scheduler.h"
-#include "optim/optimizer.h"
+#include <loom/core/generator.h>
+#include <loom/data/cifar10.h>
+#include <loom/data/loader.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/resnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/lr_scheduler.h>
+#include <loom/optim/optimizer.h>
 #include "tests/models/helpers.h"
 #include "tests/support/gradcheck.h"
 

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "nn/convnet.h"
-#include "ops/loss.h"
+#include <loom/nn/convnet.h>
+#include <loom/ops/loss.h>
 #include "tests/support/formula_parameters.h"
 #include "tests/support/gradcheck.h"
 

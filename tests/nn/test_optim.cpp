@@ -5,8 +5,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "optim/lr_scheduler.h"
-#include "optim/optimizer.h"
+#include <loom/optim/lr_scheduler.h>
+#include <loom/optim/optimizer.h>
 
 using namespace loom;
 

@@ -4,13 +4,13 @@
 
 #include <filesystem>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "data/idx.h"
-#include "data/loader.h"
-#include "nn/convnet.h"
-#include "ops/loss.h"
-#include "optim/optimizer.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/data/idx.h>
+#include <loom/data/loader.h>
+#include <loom/nn/convnet.h>
+#include <loom/ops/loss.h>
+#include <loom/optim/optimizer.h>
 
 using namespace loom;
 

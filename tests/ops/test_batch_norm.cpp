@@ -3,8 +3,8 @@
 // f16 / bf16 inputs with f32 parameters.
 #include <doctest/doctest.h>
 
-#include "ops/batch_norm.h"
-#include "ops/elementwise.h"
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/elementwise.h>
 #include "tests/support/gradcheck.h"
 
 using namespace loom;

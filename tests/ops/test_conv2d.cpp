@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
-#include "ops/conv2d.h"
-#include "ops/cpu/gemm.h"
-#include "ops/cpu/winograd.h"
+#include <loom/core/parallel.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/cpu/gemm.h>
+#include <loom/ops/cpu/winograd.h>
 #include "tests/support/gradcheck.h"
 
 using namespace loom;

@@ -2,9 +2,9 @@
 // against finite differences, and the autograd engine's accumulation rules.
 #include <doctest/doctest.h>
 
-#include "core/autograd.h"
-#include "core/profiler.h"
-#include "ops/elementwise.h"
+#include <loom/core/autograd.h>
+#include <loom/core/profiler.h>
+#include <loom/ops/elementwise.h>
 #include "tests/support/gradcheck.h"
 
 using namespace loom;

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/generator.h"
-#include "core/parallel.h"
-#include "ops/cpu/gemm.h"
+#include <loom/core/generator.h>
+#include <loom/core/parallel.h>
+#include <loom/ops/cpu/gemm.h>
 
 using loom::ops::cpu::gemm;
 using loom::ops::cpu::Transpose;

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <functional>
 
-#include "core/autograd.h"
-#include "core/error.h"
-#include "ops/batch_norm.h"
-#include "ops/conv2d.h"
-#include "ops/elementwise.h"
-#include "ops/linear.h"
+#include <loom/core/autograd.h>
+#include <loom/core/error.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/linear.h>
 
 using namespace loom;
 

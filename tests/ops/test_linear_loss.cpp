@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "ops/elementwise.h"
-#include "ops/linear.h"
-#include "ops/loss.h"
+#include <loom/ops/elementwise.h>
+#include <loom/ops/linear.h>
+#include <loom/ops/loss.h>
 #include "tests/support/gradcheck.h"
 
 using namespace loom;

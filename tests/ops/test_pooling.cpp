@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/pooling.h"
+#include <loom/ops/pooling.h>
 #include "tests/support/gradcheck.h"
 
 using namespace loom;

@@ -5,10 +5,10 @@
 #include <cctype>
 #include <string>
 
-#include "core/profiler.h"
-#include "ops/conv2d.h"
-#include "ops/elementwise.h"
-#include "ops/linear.h"
+#include <loom/core/profiler.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/linear.h>
 
 using namespace loom;
 

@@ -7,9 +7,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/autograd.h"
-#include "core/tensor.h"
-#include "nn/module.h"
+#include <loom/core/autograd.h>
+#include <loom/core/tensor.h>
+#include <loom/nn/module.h>
 
 namespace loom::testing {
 

@@ -8,10 +8,10 @@
 #include <functional>
 #include <vector>
 
-#include "core/autograd.h"
-#include "core/generator.h"
-#include "core/gradcheck.h"
-#include "core/tensor.h"
+#include <loom/core/autograd.h>
+#include <loom/core/generator.h>
+#include <loom/core/gradcheck.h>
+#include <loom/core/tensor.h>
 
 namespace loom::testing {
 
