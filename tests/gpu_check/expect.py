@@ -135,7 +135,8 @@ s, st, sampler, rc, wall, d = load("D")
 statuses(st, {"env": "running", **{n: "pending" for n in ALL[1:]}}, "D")
 expect(rc == 137, "D", f"killed by SIGKILL (rc 137), not rc {rc}")
 log = "\n".join(lines(os.path.join(d, "out", "gpu-check.log")))
-expect("torch_nccl: 2.28.3" in log, "D", "the hung Python query's unflushed lines in gpu-check.log (PYTHONUNBUFFERED)")
+expect("torch_nccl: 2.28.3" in log, "D", "the hung Python query's unflushed lines in gpu-check.log (PYTHONUNBUFFERED); "
+       f"the log ended with: {log[-1500:]!r}")
 m = s.get("machine", {})
 expect(m.get("nvcc", "").endswith("/root/usr/local/cuda-13.0/bin/nvcc"), "D",
        f"nvcc from the newest /usr/local/cuda-*/bin, not {m.get('nvcc')}")

@@ -105,7 +105,9 @@ start_scenario E LOOM_GPU_CHECK_ROOT="$tmp/root" FAKE_NVSMI_FAIL=1
 
 # D: once the hanging PyTorch query's last line before the hang (printed
 # without a flush) is in gpu-check.log, SIGKILL the check.
-for _ in $(seq 400); do
+# (Up to 90 s: once in CI, beside two package builds, 40 s were not enough;
+# the failure message then shows the log's end.)
+for _ in $(seq 900); do
   grep -q 'torch_nccl: 2.28.3' "$tmp/D/out/gpu-check.log" 2>/dev/null && break
   kill -0 "$(cat "$tmp/D/pid")" 2>/dev/null || break
   sleep 0.1
