@@ -252,13 +252,16 @@ class TCPStoreServer {
 
   void read_requests(int fd, Connection& connection) {
     uint8_t buffer[64 * 1024];
+    // A client that sends its last requests and closes (a set() just before
+    // exiting) has them handled: the end of its data is acted on after them.
+    bool ended = false;
     while (true) {
       ssize_t received = ::recv(fd, buffer, sizeof(buffer), 0);
       if (received > 0) {
         connection.input.insert(connection.input.end(), buffer, buffer + received);
         continue;
       }
-      if (received == 0) connection.closed = true;
+      if (received == 0) ended = true;
       if (received < 0 && errno == EINTR) continue;
       if (received < 0 && errno != EAGAIN && errno != EWOULDBLOCK) connection.closed = true;
       break;
@@ -278,6 +281,7 @@ class TCPStoreServer {
     }
     connection.input.erase(connection.input.begin(), connection.input.begin() + static_cast<ptrdiff_t>(consumed));
     flush(connection);
+    if (ended) connection.closed = true;
   }
 
   // Handles one whole request; throws Incomplete, before changing anything,

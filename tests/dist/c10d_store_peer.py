@@ -125,6 +125,18 @@ def client_transcript(port):
     expect(struct.unpack("<q", c.recv(8))[0] == 1, "DELETE_KEY answers 1")
     c.sock.sendall(bytes([PING]) + struct.pack("<I", 4242))
     expect(struct.unpack("<I", c.recv(4))[0] == 4242, "PING echoes its number")
+    # A client that sets a key and exits at once (the SET and the end of its
+    # stream may reach the server in one read): the key is stored.
+    for i in range(20):
+        last = Client(port)
+        last.set(f"last{i}", b"z")
+        last.sock.close()
+    c.sock.sendall(bytes([WAIT]) + keys([f"last{i}" for i in range(20)]))
+    try:
+        stored = c.recv(1) == b"\x00"
+    except socket.timeout:
+        stored = False
+    expect(stored, "a SET sent just before closing is stored")
     # A connection that skips the handshake is closed without an answer.
     rogue = Client(port, validate=False)
     rogue.sock.sendall(bytes([GET]) + blob("alpha"))
