@@ -41,6 +41,19 @@ bool other_image_extension(const fs::path& path) {
   return false;
 }
 
+// The largest image decoded: PIL's limit (Image.MAX_IMAGE_PIXELS x 2, above
+// which it raises DecompressionBombError). A header is a few bytes, so without
+// a bound a small file could make a worker allocate gigabytes.
+constexpr uint64_t kMaxImagePixels = 2ull * 89'478'485;
+
+void check_image_size(uint64_t width, uint64_t height, const fs::path& path) {
+  if (width == 0 || height == 0) LOOM_FAIL("image ", path.string(), ": its header declares an empty image");
+  if (width * height > kMaxImagePixels) {
+    LOOM_FAIL("image ", path.string(), ": its header declares ", width, "x", height, " pixels, over the limit of ",
+              kMaxImagePixels, " (PIL's decompression-bomb limit)");
+  }
+}
+
 // PIL's convert("L") from RGB.
 void to_luma(DecodedImage& image) {
   if (image.channels == 1) return;
@@ -68,6 +81,7 @@ DecodedImage decode_jpeg(const std::vector<uint8_t>& bytes, const fs::path& path
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
     LOOM_FAIL("image ", path.string(), ": CMYK JPEGs are not supported; convert it to RGB");
   }
+  check_image_size(static_cast<uint64_t>(width), static_cast<uint64_t>(height), path);
   DecodedImage image;
   image.height = height;
   image.width = width;
@@ -89,25 +103,32 @@ DecodedImage decode_png(const std::vector<uint8_t>& bytes, const fs::path& path,
   if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
     LOOM_FAIL("image ", path.string(), ": not a readable PNG: ", png.message);
   }
+  struct Release {
+    png_image& png;
+    ~Release() { png_image_free(&png); }
+  } release{png};
+  check_image_size(png.width, png.height, path);
   const bool gray = mode == ColorMode::grayscale && (png.format & PNG_FORMAT_FLAG_COLOR) == 0;
   // The alpha channel is dropped as PIL's convert("RGB") drops it: read it, then discard it.
   const bool alpha = (png.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   png.format = gray ? (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY) : (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB);
   const int64_t stored = PNG_IMAGE_PIXEL_CHANNELS(png.format);
-  std::vector<uint8_t> raw(PNG_IMAGE_SIZE(png));
-  if (!png_image_finish_read(&png, nullptr, raw.data(), 0, nullptr)) {
-    const std::string message = png.message;
-    png_image_free(&png);
-    LOOM_FAIL("image ", path.string(), ": PNG data does not decode: ", message);
-  }
   DecodedImage image;
   image.height = png.height;
   image.width = png.width;
   image.channels = gray ? 1 : 3;
   const int64_t pixels = image.height * image.width;
-  image.pixels.resize(static_cast<size_t>(pixels * image.channels));
-  for (int64_t i = 0; i < pixels; ++i) {
-    for (int64_t c = 0; c < image.channels; ++c) image.pixels[i * image.channels + c] = raw[i * stored + c];
+  // Decoded with the alpha channel, if any, which is then dropped in place
+  // (each pixel moves to a lower offset): one buffer, not two.
+  image.pixels.resize(static_cast<size_t>(pixels * stored));
+  if (!png_image_finish_read(&png, nullptr, image.pixels.data(), 0, nullptr)) {
+    LOOM_FAIL("image ", path.string(), ": PNG data does not decode: ", png.message);
+  }
+  if (stored != image.channels) {
+    for (int64_t i = 0; i < pixels; ++i) {
+      for (int64_t c = 0; c < image.channels; ++c) image.pixels[i * image.channels + c] = image.pixels[i * stored + c];
+    }
+    image.pixels.resize(static_cast<size_t>(pixels * image.channels));
   }
   if (mode == ColorMode::grayscale) to_luma(image);
   return image;
