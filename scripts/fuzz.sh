@@ -17,7 +17,11 @@ seconds="${1:-30}"
 shift || true
 harnesses=("$@")
 if (( ${#harnesses[@]} == 0 )); then
-  harnesses=(idx cifar10 checkpoint device_flag)
+  # Every harness there is (tests/fuzz/fuzz_<harness>.cpp).
+  for source in tests/fuzz/fuzz_*.cpp; do
+    name=$(basename "$source" .cpp)
+    harnesses+=("${name#fuzz_}")
+  done
 fi
 dir=build-fuzz
 jobs="${JOBS:-$(nproc)}"
