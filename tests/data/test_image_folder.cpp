@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include <zlib.h>
+
 #include <loom/core/generator.h>
 #include <loom/data/image_folder.h>
 #include <loom/data/loader.h>
@@ -202,4 +204,44 @@ TEST_CASE("image folders without classes, with empty classes or other image form
             .find((dir / "cats" / "a.bmp").string() + " is an image torchvision would read but loom decodes only") !=
         std::string::npos);
   CHECK(error_message([&] { ImageFolder(dir / "nothing", {}); }).find("does not exist") != std::string::npos);
+}
+
+TEST_CASE("an image whose header declares more pixels than PIL's limit is refused before decoding") {
+  TempDir dir;
+  const std::string python = python_with("PIL");
+  REQUIRE(!python.empty());
+  run_python(python, str_args("make_image_folder.py", dir.path().string()));
+  // 60000 x 60000 pixels (3.6e9; the limit is 178956970), written into the
+  // dimensions of a real JPEG's frame header and of a real PNG's IHDR chunk
+  // (its CRC recomputed): each file is a few hundred bytes.
+  std::vector<uint8_t> jpeg, png;
+  for (const auto& entry : fs::recursive_directory_iterator(dir / "tree")) {
+    if (entry.path().extension() == ".jpg" && jpeg.empty()) jpeg = read_bytes(entry.path());
+    if (entry.path().extension() == ".png" && png.empty()) png = read_bytes(entry.path());
+  }
+  REQUIRE(!jpeg.empty());
+  REQUIRE(!png.empty());
+  bool patched = false;
+  for (size_t i = 2; i + 9 < jpeg.size() && !patched; ++i) {
+    if (jpeg[i] == 0xFF && (jpeg[i + 1] == 0xC0 || jpeg[i + 1] == 0xC1 || jpeg[i + 1] == 0xC2)) {
+      for (size_t k : {i + 5, i + 7}) {
+        jpeg[k] = 60000 >> 8;
+        jpeg[k + 1] = 60000 & 0xFF;
+      }
+      patched = true;
+    }
+  }
+  REQUIRE(patched);
+  for (size_t k : {16, 20}) {
+    const uint32_t side = 60000;
+    for (int b = 0; b < 4; ++b) png[k + b] = static_cast<uint8_t>(side >> (24 - 8 * b));
+  }
+  const uint32_t crc = static_cast<uint32_t>(crc32(0, png.data() + 12, 17));  // "IHDR" and its 13 bytes
+  for (int b = 0; b < 4; ++b) png[29 + b] = static_cast<uint8_t>(crc >> (24 - 8 * b));
+  for (const auto& [name, bytes] : {std::pair{"huge.jpg", jpeg}, std::pair{"huge.png", png}}) {
+    CAPTURE(name);
+    const std::string message = error_message([&] { decode_image(bytes, name, ColorMode::rgb); });
+    CHECK(message.find(std::string("image ") + name + ": its header declares 60000x60000 pixels, over the limit of "
+                       "178956970") != std::string::npos);
+  }
 }
