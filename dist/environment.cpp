@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <climits>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -94,24 +95,25 @@ Field read_field(const std::optional<int>& override_value, const char* argument_
 
 // SLURM_TASKS_PER_NODE looks like "4", "2(x3),1": tasks on each node in order.
 std::optional<int> slurm_tasks_on_node(const std::string& text, int node) {
-  int first_node = 0;
+  // 64-bit sums: a value of many repeats cannot overflow them.
+  int64_t first_node = 0;
   size_t position = 0;
   while (position < text.size()) {
     size_t comma = text.find(',', position);
     std::string item = text.substr(position, comma == std::string::npos ? std::string::npos : comma - position);
     position = comma == std::string::npos ? text.size() : comma + 1;
-    int tasks = 0, repeat = 1;
+    long tasks = 0, repeat = 1;
     char* end = nullptr;
-    tasks = static_cast<int>(std::strtol(item.c_str(), &end, 10));
-    if (end == item.c_str()) return std::nullopt;
+    tasks = std::strtol(item.c_str(), &end, 10);
+    if (end == item.c_str() || tasks < 0 || tasks > INT_MAX) return std::nullopt;
     if (*end == '(') {
       if (end[1] != 'x') return std::nullopt;
-      repeat = static_cast<int>(std::strtol(end + 2, &end, 10));
-      if (*end != ')') return std::nullopt;
+      repeat = std::strtol(end + 2, &end, 10);
+      if (*end != ')' || repeat < 1 || repeat > INT_MAX) return std::nullopt;
     } else if (*end != '\0') {
       return std::nullopt;
     }
-    if (node < first_node + repeat) return tasks;
+    if (node < first_node + repeat) return static_cast<int>(tasks);
     first_node += repeat;
   }
   return std::nullopt;

@@ -105,6 +105,15 @@ TEST_SUITE("environment") {
     CHECK(env.node_rank == 2);
   }
 
+  TEST_CASE("SLURM_TASKS_PER_NODE whose repeats add up past 2^31 (an int overflow before)") {
+    // Node 2147483647 is the second item's: its sum was an int overflow.
+    auto env = resolve_launch_environment(
+        {}, variables({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_NODEID", "2147483647"}, {"SLURM_TASKS_PER_NODE", "1(x2147483647),1"},
+                       {"SLURM_SRUN_COMM_HOST", "h"}, {"SLURM_STEP_ID", "0"}}));
+    CHECK(env.local_world_size == 1);
+  }
+
   TEST_CASE("Open MPI variables") {
     auto env = resolve_launch_environment(
         {}, variables({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
