@@ -206,20 +206,24 @@ DecodedImage decode_png(const std::vector<uint8_t>& bytes, const fs::path& path,
   const bool alpha = (png.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   png.format = gray ? (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY) : (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB);
   const int64_t stored = PNG_IMAGE_PIXEL_CHANNELS(png.format);
-  std::vector<uint8_t> raw(PNG_IMAGE_SIZE(png));
-  if (!png_image_finish_read(&png, nullptr, raw.data(), 0, nullptr)) {
-    const std::string message = png.message;
-    png_image_free(&png);
-    LOOM_FAIL("image ", path.string(), ": PNG data does not decode: ", message);
-  }
   DecodedImage image;
   image.height = png.height;
   image.width = png.width;
   image.channels = gray ? 1 : 3;
+  // Without alpha, libpng writes the pixels in place.
+  std::vector<uint8_t> raw(alpha ? PNG_IMAGE_SIZE(png) : 0);
+  if (!alpha) image.pixels.resize(PNG_IMAGE_SIZE(png));
+  if (!png_image_finish_read(&png, nullptr, alpha ? raw.data() : image.pixels.data(), 0, nullptr)) {
+    const std::string message = png.message;
+    png_image_free(&png);
+    LOOM_FAIL("image ", path.string(), ": PNG data does not decode: ", message);
+  }
   const int64_t pixels = image.height * image.width;
-  image.pixels.resize(static_cast<size_t>(pixels * image.channels));
-  for (int64_t i = 0; i < pixels; ++i) {
-    for (int64_t c = 0; c < image.channels; ++c) image.pixels[i * image.channels + c] = raw[i * stored + c];
+  if (alpha) {
+    image.pixels.resize(static_cast<size_t>(pixels * image.channels));
+    for (int64_t i = 0; i < pixels; ++i) {
+      for (int64_t c = 0; c < image.channels; ++c) image.pixels[i * image.channels + c] = raw[i * stored + c];
+    }
   }
   if (mode == ColorMode::grayscale) to_luma(image);
   return image;
