@@ -62,7 +62,7 @@ file(RELATIVE_PATH LOOM_PC_PREFIX_FROM_PCFILEDIR /prefix/${CMAKE_INSTALL_LIBDIR}
 string(REGEX REPLACE "/$" "" LOOM_PC_PREFIX_FROM_PCFILEDIR "${LOOM_PC_PREFIX_FROM_PCFILEDIR}")
 set(LOOM_PC_CFLAGS "-fopenmp")
 set(_loom_pc_public "-fopenmp -pthread")
-set(_loom_pc_private "$<TARGET_LINKER_FILE:gloo> ${ZLIB_LIBRARIES} ${PNG_LIBRARY} ${TURBOJPEG_LIBRARY} -lrt")
+set(_loom_pc_private "$<TARGET_LINKER_FILE:gloo> ${ZLIB_LIBRARIES} ${PNG_LIBRARY} ${JPEG_LIBRARIES} ${TURBOJPEG_LIBRARY} -lrt")
 if(LOOM_HAVE_CUDA)
   string(APPEND LOOM_PC_CFLAGS " -DLOOM_HAVE_CUDA=1")
   get_target_property(_loom_ops_definitions loom_ops INTERFACE_COMPILE_DEFINITIONS)

@@ -9,10 +9,20 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <csetjmp>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
+
+// jpeglib.h needs FILE and size_t declared first.
+#include <jpeglib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LOOM_IMAGE_SSE41 1
+#endif
 
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
@@ -95,6 +105,109 @@ DecodedImage decode_jpeg(const std::vector<uint8_t>& bytes, const fs::path& path
   }
   if (mode == ColorMode::grayscale) to_luma(image);
   return image;
+}
+
+// libjpeg's API, for what TurboJPEG 2 cannot do: decoding part of an image.
+// Errors and warnings (TurboJPEG's TJFLAG_STOPONWARNING) jump back to the
+// caller's setjmp with the message; the frames skipped are libjpeg's (C).
+struct JpegError {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit(j_common_ptr info) {
+  JpegError* error = reinterpret_cast<JpegError*>(info->err);
+  (*info->err->format_message)(info, error->message);
+  std::longjmp(error->jump, 1);
+}
+
+void jpeg_emit_message(j_common_ptr info, int level) {
+  if (level < 0) jpeg_error_exit(info);  // a warning: corrupt data
+}
+
+// One decompressor per thread, reused (libjpeg's pools are released by jpeg_abort_decompress).
+struct JpegDecoder {
+  jpeg_decompress_struct info{};
+  JpegError error{};
+  JpegDecoder() {
+    info.err = jpeg_std_error(&error.manager);
+    error.manager.error_exit = jpeg_error_exit;
+    error.manager.emit_message = jpeg_emit_message;
+    jpeg_create_decompress(&info);
+  }
+  ~JpegDecoder() { jpeg_destroy_decompress(&info); }
+  JpegDecoder(const JpegDecoder&) = delete;
+  JpegDecoder& operator=(const JpegDecoder&) = delete;
+};
+
+JpegDecoder& thread_jpeg_decoder() {
+  thread_local JpegDecoder decoder;
+  return decoder;
+}
+
+// Reads the header of `bytes` into decoder.info (image_height, image_width). Throws naming `path`.
+void jpeg_read_window_header(JpegDecoder& decoder, const std::vector<uint8_t>& bytes, const fs::path& path) {
+  jpeg_decompress_struct& info = decoder.info;
+  jpeg_abort_decompress(&info);  // whatever an earlier sample left
+  if (setjmp(decoder.error.jump)) {
+    jpeg_abort_decompress(&info);
+    LOOM_FAIL("image ", path.string(), ": not a readable JPEG: ", decoder.error.message);
+  }
+  jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
+    jpeg_abort_decompress(&info);
+    LOOM_FAIL("image ", path.string(), ": CMYK JPEGs are not supported; convert it to RGB");
+  }
+  check_image_size(info.image_width, info.image_height, path);  // the next sample's abort resets the decoder
+}
+
+// The window's pixels in `pixels`, rows `stride` bytes apart, starting at
+// pixels.data() + offset, with at least 4 readable bytes after every pixel
+// (the resampler loads 4 bytes per RGB pixel).
+struct JpegWindow {
+  std::vector<uint8_t> pixels;
+  int64_t stride = 0;
+  int64_t offset = 0;
+};
+
+// Decodes rows [top, top + height) and columns [left, left + width) after
+// jpeg_read_window_header, with TurboJPEG's defaults (islow IDCT, fancy
+// upsampling) so that the pixels are those of a full decode. libjpeg starts
+// the decoded columns at an iMCU boundary and upsamples chroma with edge
+// replication at the first and last decoded column and after skipped rows, so
+// one iMCU of context is decoded left of, right of and above the window.
+void jpeg_decode_window(JpegDecoder& decoder, const fs::path& path, int64_t top, int64_t left, int64_t height,
+                        int64_t width, JpegWindow& window) {
+  jpeg_decompress_struct& info = decoder.info;
+  if (setjmp(decoder.error.jump)) {
+    jpeg_abort_decompress(&info);
+    LOOM_FAIL("image ", path.string(), ": JPEG data does not decode: ", decoder.error.message);
+  }
+  info.out_color_space = JCS_RGB;
+  info.dct_method = JDCT_ISLOW;
+  info.do_fancy_upsampling = TRUE;
+  jpeg_start_decompress(&info);
+  const int64_t image_width = info.output_width;
+  const int64_t margin_x = int64_t{info.max_h_samp_factor} * DCTSIZE, margin_y = int64_t{info.max_v_samp_factor} * DCTSIZE;
+  const int64_t x0 = std::max<int64_t>(0, left - margin_x), x1 = std::min(image_width, left + width + margin_x);
+  // Rows below the window need no margin: libjpeg decodes the chroma context below a row before it returns it.
+  const int64_t y0 = std::max<int64_t>(0, top - margin_y), y1 = top + height;
+  JDIMENSION crop_x = static_cast<JDIMENSION>(x0), crop_width = static_cast<JDIMENSION>(x1 - x0);
+  if (crop_width < image_width) jpeg_crop_scanline(&info, &crop_x, &crop_width);
+  const int64_t decoded_width = info.output_width;  // crop_width, widened to iMCU boundaries
+  window.stride = decoded_width * 3;
+  window.offset = (top - y0) * window.stride + (left - static_cast<int64_t>(crop_x)) * 3;
+  if (window.pixels.size() < static_cast<size_t>((y1 - y0) * window.stride + 16)) {
+    window.pixels.resize(static_cast<size_t>((y1 - y0) * window.stride + 16));
+  }
+  if (y0 > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(y0));
+  while (static_cast<int64_t>(info.output_scanline) < y1) {
+    JSAMPROW row = window.pixels.data() + (static_cast<int64_t>(info.output_scanline) - y0) * window.stride;
+    jpeg_read_scanlines(&info, &row, 1);
+  }
+  jpeg_abort_decompress(&info);  // the rows below are not needed
 }
 
 DecodedImage decode_png(const std::vector<uint8_t>& bytes, const fs::path& path, ColorMode mode) {
@@ -266,6 +379,133 @@ DecodedImage flip_horizontal(const DecodedImage& in) {
   return out;
 }
 
+// PIL's coefficients with the same number of taps at every output position:
+// a range that would pass the end of the input is moved left and its weights
+// with it (the taps added weigh zero), so that the inner loops have a fixed
+// length. The sums are PIL's: only zero terms are added.
+struct FixedTaps {
+  int64_t taps = 0;
+  std::vector<int64_t> first;    // (out)
+  std::vector<int32_t> weights;  // (out, taps)
+};
+
+void fixed_taps(int64_t in_size, int64_t out_size, FixedTaps& out) {
+  const AxisCoefficients k = coefficients(in_size, out_size);
+  out.taps = std::min(k.taps, in_size);
+  out.first.resize(static_cast<size_t>(out_size));
+  out.weights.assign(static_cast<size_t>(out_size * out.taps), 0);
+  for (int64_t p = 0; p < out_size; ++p) {
+    const int64_t start = std::min(k.first[p], in_size - out.taps);
+    for (int64_t t = 0; t < k.count[p]; ++t) out.weights[p * out.taps + k.first[p] - start + t] = k.weights[p * k.taps + t];
+    out.first[p] = start;
+  }
+}
+
+// Per worker thread, so that no sample allocates once the sizes have been seen.
+struct ResampleScratch {
+  FixedTaps horizontal, vertical;
+  std::vector<uint8_t> rows;  // the horizontal pass's output, 8-bit as in PIL
+  std::vector<int32_t> sums;
+  std::vector<uint8_t> line;
+};
+
+#if LOOM_IMAGE_SSE41
+bool has_sse41() {
+  static const bool supported = __builtin_cpu_supports("sse4.1");
+  return supported;
+}
+
+// One output row of the horizontal pass, RGB: the three channels of a pixel
+// are summed in one vector (a fourth lane carries the next byte and is
+// dropped), with PIL's 32-bit products and rounding. Taps > 0 fixes the tap
+// count at compile time; 0 reads it from `k`.
+template <int Taps>
+__attribute__((target("sse4.1"))) void horizontal_row_sse41(const uint8_t* row, const FixedTaps& k, int64_t width,
+                                                             uint8_t* target) {
+  const int64_t taps = Taps > 0 ? Taps : k.taps;
+  const __m128i half = _mm_set1_epi32(int32_t{1} << (precision_bits - 1));
+  for (int64_t x = 0; x < width; ++x) {
+    const uint8_t* source = row + k.first[x] * 3;
+    const int32_t* w = k.weights.data() + x * taps;
+    __m128i sum = half;
+    for (int64_t t = 0; t < taps; ++t) {
+      int32_t bytes;
+      std::memcpy(&bytes, source + 3 * t, 4);
+      const __m128i pixel = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(bytes));
+      sum = _mm_add_epi32(sum, _mm_mullo_epi32(pixel, _mm_set1_epi32(w[t])));
+    }
+    sum = _mm_srai_epi32(sum, precision_bits);
+    // Saturating packs clamp to [0, 255] as PIL's clip8.
+    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(sum, sum), sum);
+    const int32_t out = _mm_cvtsi128_si32(packed);
+    std::memcpy(target + 3 * x, &out, 4);  // the fourth byte is overwritten by the next pixel or lands in padding
+  }
+}
+
+// Resizes the RGB window `source` (rows `stride` bytes apart, 4 bytes readable
+// after each pixel) to height x width as resize_bilinear does, then flips it
+// if asked and writes ToTensor + Normalize through `table` into (3, height,
+// width) floats.
+__attribute__((target("sse4.1"))) void resample_rgb_to_tensor_sse41(const uint8_t* source, int64_t stride,
+                                                                    int64_t in_height, int64_t in_width,
+                                                                    int64_t height, int64_t width, bool flip,
+                                                                    const float* table, float* out,
+                                                                    ResampleScratch& scratch) {
+  const uint8_t* rows = source;
+  int64_t row_stride = stride;
+  if (in_width != width) {  // as PIL, only the passes whose size changes
+    fixed_taps(in_width, width, scratch.horizontal);
+    const int64_t row_size = width * 3;
+    if (scratch.rows.size() < static_cast<size_t>(in_height * row_size + 4)) {
+      scratch.rows.resize(static_cast<size_t>(in_height * row_size + 4));
+    }
+    void (*pass)(const uint8_t*, const FixedTaps&, int64_t, uint8_t*) = horizontal_row_sse41<0>;
+    switch (scratch.horizontal.taps) {
+      case 3: pass = horizontal_row_sse41<3>; break;
+      case 5: pass = horizontal_row_sse41<5>; break;
+      case 7: pass = horizontal_row_sse41<7>; break;
+      case 9: pass = horizontal_row_sse41<9>; break;
+      default: break;
+    }
+    for (int64_t y = 0; y < in_height; ++y) {
+      pass(source + y * stride, scratch.horizontal, width, scratch.rows.data() + y * row_size);
+    }
+    rows = scratch.rows.data();
+    row_stride = row_size;
+  }
+  const int64_t row_size = width * 3, plane = height * width;
+  scratch.sums.resize(static_cast<size_t>(row_size));
+  scratch.line.resize(static_cast<size_t>(row_size));
+  int32_t* __restrict sums = scratch.sums.data();
+  uint8_t* __restrict line = scratch.line.data();
+  const bool vertical = in_height != height;
+  if (vertical) fixed_taps(in_height, height, scratch.vertical);
+  const FixedTaps& k = scratch.vertical;
+  for (int64_t y = 0; y < height; ++y) {
+    const uint8_t* values = rows + y * row_stride;
+    if (vertical) {
+      for (int64_t i = 0; i < row_size; ++i) sums[i] = int32_t{1} << (precision_bits - 1);
+      for (int64_t t = 0; t < k.taps; ++t) {
+        const uint8_t* __restrict input = rows + (k.first[y] + t) * row_stride;
+        const int32_t weight = k.weights[y * k.taps + t];
+        for (int64_t i = 0; i < row_size; ++i) sums[i] += int32_t{input[i]} * weight;
+      }
+      for (int64_t i = 0; i < row_size; ++i) line[i] = clip8(sums[i]);
+      values = line;
+    }
+    float* red = out + y * width;
+    float* green = red + plane;
+    float* blue = green + plane;
+    for (int64_t x = 0; x < width; ++x) {
+      const int64_t at = flip ? width - 1 - x : x;
+      red[at] = table[values[3 * x]];
+      green[at] = table[256 + values[3 * x + 1]];
+      blue[at] = table[512 + values[3 * x + 2]];
+    }
+  }
+}
+#endif
+
 // Python's round(): halves to even.
 int64_t round_half_even(double value) { return static_cast<int64_t>(std::nearbyint(value)); }
 
@@ -296,6 +536,10 @@ std::array<int64_t, 4> random_resized_window(const RandomResizedCrop& spec, int6
   return {(height - h) / 2, (width - w) / 2, h, w};
 }
 
+bool is_jpeg(const std::vector<uint8_t>& bytes) {
+  return bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+}
+
 std::vector<uint8_t> read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) LOOM_FAIL("image ", path.string(), " cannot be opened");
@@ -311,7 +555,7 @@ std::vector<uint8_t> read_file(const fs::path& path) {
 }  // namespace
 
 DecodedImage decode_image(const std::vector<uint8_t>& bytes, const fs::path& path, ColorMode mode) {
-  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) {
+  if (is_jpeg(bytes)) {
     return decode_jpeg(bytes, path, mode);
   }
   static constexpr uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
@@ -322,6 +566,26 @@ DecodedImage decode_image(const std::vector<uint8_t>& bytes, const fs::path& pat
 }
 
 DecodedImage read_image(const fs::path& path, ColorMode mode) { return decode_image(read_file(path), path, mode); }
+
+DecodedImage decode_jpeg_window(const std::vector<uint8_t>& bytes, const fs::path& path, int64_t top, int64_t left,
+                                int64_t height, int64_t width) {
+  if (!is_jpeg(bytes)) LOOM_FAIL("image ", path.string(), ": not a JPEG (its first bytes are not FF D8 FF)");
+  JpegDecoder& decoder = thread_jpeg_decoder();
+  jpeg_read_window_header(decoder, bytes, path);
+  const int64_t image_height = decoder.info.image_height, image_width = decoder.info.image_width;
+  if (top < 0 || left < 0 || height <= 0 || width <= 0 || top + height > image_height || left + width > image_width) {
+    jpeg_abort_decompress(&decoder.info);
+    LOOM_FAIL("image ", path.string(), ": the window ", height, "x", width, " at (", top, ", ", left,
+              ") is not inside the ", image_height, "x", image_width, " image");
+  }
+  JpegWindow window;
+  jpeg_decode_window(decoder, path, top, left, height, width, window);
+  DecodedImage image{height, width, 3, std::vector<uint8_t>(static_cast<size_t>(height * width * 3))};
+  for (int64_t y = 0; y < height; ++y) {
+    std::copy_n(window.pixels.data() + window.offset + y * window.stride, width * 3, image.pixels.data() + y * width * 3);
+  }
+  return image;
+}
 
 DecodedImage resize_bilinear(const DecodedImage& image, int64_t height, int64_t width) {
   LOOM_CHECK(height > 0 && width > 0, "resize: target size ", height, "x", width, " must be positive");
@@ -452,6 +716,29 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options)
              "with CenterCrop(size), RandomResizedCrop(size) or Resize(height, width)");
   shape_.height = size_height;
   shape_.width = size_width;
+  tensor_table_.resize(static_cast<size_t>(shape_.channels * 256));
+  for (int64_t c = 0; c < shape_.channels; ++c) {
+    // ToTensor then Normalize in f32, as torchvision computes them.
+    for (int v = 0; v < 256; ++v) tensor_table_[c * 256 + v] = (static_cast<float>(v) / 255.0f - mean_[c]) / std_[c];
+  }
+  // torchvision's training pipeline on RGB gets the fused path (get_random_resized_crop).
+  const std::vector<ImageTransform>& t = options_.transforms;
+  size_t at = 0;
+  if (options_.color == ColorMode::rgb && at < t.size() && std::holds_alternative<RandomResizedCrop>(t[at])) {
+    const RandomResizedCrop crop_spec = std::get<RandomResizedCrop>(t[at++]);
+    std::optional<double> flip;
+    if (at < t.size() && std::holds_alternative<RandomHorizontalFlip>(t[at])) {
+      flip = std::get<RandomHorizontalFlip>(t[at++]).probability;
+    }
+    if (at < t.size() && std::holds_alternative<ToTensor>(t[at])) {
+      ++at;
+      if (at < t.size() && std::holds_alternative<Normalize>(t[at])) ++at;
+      if (at == t.size()) {
+        crop_pipeline_ = crop_spec;
+        flip_probability_ = flip;
+      }
+    }
+  }
 }
 
 DecodedImage ImageFolder::transform_pixels(DecodedImage image, Generator& random) const {
@@ -492,13 +779,58 @@ void ImageFolder::write_sample(const DecodedImage& image, SampleSlot& slot) cons
              " does not match the sample shape");
   const int64_t plane = shape_.height * shape_.width;
   for (int64_t c = 0; c < shape_.channels; ++c) {
-    // ToTensor then Normalize in f32, as torchvision computes them.
-    float table[256];
-    for (int v = 0; v < 256; ++v) table[v] = (static_cast<float>(v) / 255.0f - mean_[c]) / std_[c];
+    const float* table = tensor_table_.data() + c * 256;
     float* out = slot.pixels + c * plane;
     const uint8_t* in = image.pixels.data() + c;
     for (int64_t i = 0; i < plane; ++i) out[i] = table[in[i * shape_.channels]];
   }
+}
+
+void ImageFolder::get_random_resized_crop(const std::vector<uint8_t>& bytes, const fs::path& path,
+                                          SampleSlot& slot) const {
+  thread_local JpegWindow jpeg_window;
+  const bool jpeg = is_jpeg(bytes);
+  JpegDecoder* decoder = nullptr;
+  DecodedImage whole;  // a PNG, decoded in full
+  int64_t image_height = 0, image_width = 0;
+  if (jpeg) {
+    decoder = &thread_jpeg_decoder();
+    jpeg_read_window_header(*decoder, bytes, path);
+    image_height = decoder->info.image_height;
+    image_width = decoder->info.image_width;
+  } else {
+    whole = decode_image(bytes, path, ColorMode::rgb);
+    image_height = whole.height;
+    image_width = whole.width;
+  }
+  // The draws in transform_pixels' order: the window, then the flip.
+  const auto [top, left, height, width] = random_resized_window(*crop_pipeline_, image_height, image_width, *slot.random);
+  const bool flip = flip_probability_ && slot.random->uniform() < *flip_probability_;
+  const uint8_t* window = nullptr;
+  int64_t stride = 0;
+  if (jpeg) {
+    jpeg_decode_window(*decoder, path, top, left, height, width, jpeg_window);
+    window = jpeg_window.pixels.data() + jpeg_window.offset;
+    stride = jpeg_window.stride;
+  } else {
+    whole.pixels.resize(whole.pixels.size() + 4);  // the resampler reads 4 bytes per pixel
+    window = whole.pixels.data() + (top * image_width + left) * 3;
+    stride = image_width * 3;
+  }
+#if LOOM_IMAGE_SSE41
+  if (has_sse41()) {
+    thread_local ResampleScratch scratch;
+    resample_rgb_to_tensor_sse41(window, stride, height, width, shape_.height, shape_.width, flip,
+                                 tensor_table_.data(), slot.pixels, scratch);
+    return;
+  }
+#endif
+  DecodedImage cropped{height, width, 3, std::vector<uint8_t>(static_cast<size_t>(height * width * 3))};
+  for (int64_t y = 0; y < height; ++y) {
+    std::copy_n(window + y * stride, width * 3, cropped.pixels.data() + y * width * 3);
+  }
+  DecodedImage resized = resize_bilinear(cropped, shape_.height, shape_.width);
+  write_sample(flip ? flip_horizontal(resized) : resized, slot);
 }
 
 int64_t ImageFolder::get(int64_t index, SampleSlot& slot) const {
@@ -506,11 +838,18 @@ int64_t ImageFolder::get(int64_t index, SampleSlot& slot) const {
              " images");
   for (int64_t attempt = 0; attempt < size(); ++attempt) {
     const int64_t candidate = (index + attempt) % size();
+    const fs::path& file = index_.files[candidate];
     DecodedImage decoded;
+    const Generator before = *slot.random;
     try {
-      decoded = read_image(index_.files[candidate], options_.color);
+      if (crop_pipeline_) {
+        get_random_resized_crop(read_file(file), file, slot);
+        return index_.labels[candidate];
+      }
+      decoded = read_image(file, options_.color);
     } catch (const Error& error) {
       if (options_.on_error == OnDecodeError::fail) throw;
+      *slot.random = before;  // the replacement draws as if this file had not been read
       static std::mutex reported_mutex;
       static std::set<std::string> reported;
       std::lock_guard lock(reported_mutex);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -35,6 +36,16 @@ enum class ColorMode { rgb, grayscale };
 DecodedImage decode_image(const std::vector<uint8_t>& bytes, const std::filesystem::path& path, ColorMode mode);
 // Reads the file and decodes it.
 DecodedImage read_image(const std::filesystem::path& path, ColorMode mode);
+
+// Decodes only the window [top, top + height) x [left, left + width) of a
+// JPEG into RGB: the same pixels as decode_image(bytes, path, rgb) in that
+// window, bit for bit, at a fraction of the cost (libjpeg-turbo skips the
+// rows above the window, does not decode those below it, and runs the inverse
+// DCT and colour conversion only on the columns around it). Data after the
+// window is not read, so damage there goes unnoticed. Throws loom::Error
+// naming `path` when the data does not decode or the window is not inside the image.
+DecodedImage decode_jpeg_window(const std::vector<uint8_t>& bytes, const std::filesystem::path& path, int64_t top,
+                                int64_t left, int64_t height, int64_t width);
 
 // Resizes with PIL's antialiased bilinear filter (Image.resize(size,
 // BILINEAR), which torchvision's Resize uses on PIL images): a triangle
@@ -117,18 +128,31 @@ class ImageFolder : public Dataset {
   // Files replaced because they did not decode (OnDecodeError::skip), counted per get().
   int64_t skipped() const { return skipped_.load(); }
 
+  // True when get() takes the fused path: RGB with RandomResizedCrop,
+  // optionally RandomHorizontalFlip, ToTensor, optionally Normalize.
+  bool fused_pipeline() const { return crop_pipeline_.has_value(); }
+
   // The transforms up to ToTensor applied to one decoded image: what get()
   // writes, before Normalize, as uint8 (for tests against PIL).
   DecodedImage transform_pixels(DecodedImage image, Generator& random) const;
 
  private:
   void write_sample(const DecodedImage& image, SampleSlot& slot) const;
+  // RandomResizedCrop [+ RandomHorizontalFlip] + ToTensor [+ Normalize] on RGB,
+  // torchvision's training pipeline: the window is drawn from the file's
+  // header, only it is decoded (JPEG), and resize, flip and normalize write
+  // straight into the slot. Same values as transform_pixels + write_sample.
+  void get_random_resized_crop(const std::vector<uint8_t>& bytes, const std::filesystem::path& path,
+                               SampleSlot& slot) const;
 
   std::filesystem::path root_;
   ImageFolderIndex index_;
   ImageFolderOptions options_;
   SampleShape shape_;
   std::vector<float> mean_, std_;  // per channel; identity when there is no Normalize
+  std::vector<float> tensor_table_;  // (channel, 256): ToTensor then Normalize of each 8-bit value
+  std::optional<RandomResizedCrop> crop_pipeline_;  // set when get_random_resized_crop applies
+  std::optional<double> flip_probability_;          // that pipeline's flip, if it has one
   mutable std::atomic<int64_t> skipped_{0};
 };
 

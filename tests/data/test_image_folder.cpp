@@ -245,3 +245,100 @@ TEST_CASE("an image whose header declares more pixels than PIL's limit is refuse
                        "178956970") != std::string::npos);
   }
 }
+
+namespace {
+
+// tests/data/make_jpegs.py: larger JPEGs of every subsampling, grayscale, progressive, restart markers, and a PNG.
+std::unique_ptr<TempDir> make_jpegs() {
+  const std::string python = python_with("PIL");
+  REQUIRE_MESSAGE(!python.empty(), "no python3 with PIL: apt-get install python3-pil");
+  auto dir = std::make_unique<TempDir>();
+  run_python(python, str_args("make_jpegs.py", dir->path().string()));
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("a JPEG window decoded alone equals the full decode's window, bit for bit") {
+  const auto dir = make_jpegs();
+  const ImageFolderIndex index = index_image_folder(*dir / "tree");
+  loom::Generator random(7);
+  int64_t windows = 0;
+  for (const fs::path& file : index.files) {
+    if (!is_jpeg(file)) continue;
+    CAPTURE(file.string());
+    const std::vector<uint8_t> bytes = read_bytes(file);
+    const DecodedImage full = decode_image(bytes, file, ColorMode::rgb);
+    const int64_t height = full.height, width = full.width;
+    // Corners, edges, single pixels, the whole image, then random windows.
+    std::vector<std::array<int64_t, 4>> cases = {{0, 0, height, width},          {0, 0, 1, 1},
+                                                 {height - 1, width - 1, 1, 1}, {0, width - 1, height, 1},
+                                                 {height - 1, 0, 1, width},     {height / 3, width / 3, 1, width / 2}};
+    for (int n = 0; n < 60; ++n) {
+      const int64_t h = 1 + static_cast<int64_t>(random.below(static_cast<uint64_t>(height)));
+      const int64_t w = 1 + static_cast<int64_t>(random.below(static_cast<uint64_t>(width)));
+      cases.push_back({static_cast<int64_t>(random.below(static_cast<uint64_t>(height - h + 1))),
+                       static_cast<int64_t>(random.below(static_cast<uint64_t>(width - w + 1))), h, w});
+    }
+    for (const auto& [top, left, h, w] : cases) {
+      CAPTURE(top);
+      CAPTURE(left);
+      CAPTURE(h);
+      CAPTURE(w);
+      const DecodedImage window = decode_jpeg_window(bytes, file, top, left, h, w);
+      REQUIRE(window.height == h);
+      REQUIRE(window.width == w);
+      REQUIRE(window.channels == 3);
+      bool equal = true;
+      for (int64_t y = 0; y < h && equal; ++y) {
+        equal = std::equal(window.pixels.begin() + y * w * 3, window.pixels.begin() + (y + 1) * w * 3,
+                           full.pixels.begin() + ((top + y) * width + left) * 3);
+      }
+      CHECK(equal);
+      ++windows;
+    }
+  }
+  CHECK(windows == 8 * 66);
+  const fs::path any = index.files.front();
+  CHECK(error_message([&] { decode_jpeg_window(read_bytes(any), any, 0, 0, 10000, 1); }).find("is not inside") !=
+        std::string::npos);
+}
+
+TEST_CASE("RandomResizedCrop + flip + ToTensor + Normalize: the fused path equals the transforms one by one") {
+  const auto dir = make_jpegs();
+  for (const int64_t size : {int64_t{224}, int64_t{64}}) {
+    CAPTURE(size);
+    ImageFolder folder(*dir / "tree", {ColorMode::rgb, imagenet_train_transforms(size)});
+    REQUIRE(folder.fused_pipeline());
+    const Normalize normalize = imagenet_normalize();
+    const int64_t plane = size * size;
+    std::vector<float> pixels(static_cast<size_t>(3 * plane));
+    for (int64_t i = 0; i < folder.size(); ++i) {
+      CAPTURE(folder.file(i).string());
+      for (uint64_t seed = 0; seed < 12; ++seed) {
+        CAPTURE(seed);
+        loom::Generator fused_random(seed), reference_random(seed);
+        SampleSlot slot{pixels.data(), folder.sample_shape(), &fused_random};
+        CHECK(folder.get(i, slot) == folder.label(i));
+        const DecodedImage expected = folder.transform_pixels(read_image(folder.file(i), ColorMode::rgb), reference_random);
+        CHECK(fused_random.counter() == reference_random.counter());
+        REQUIRE(expected.height == size);
+        REQUIRE(expected.width == size);
+        int64_t different = 0;
+        for (int64_t c = 0; c < 3; ++c) {
+          for (int64_t k = 0; k < plane; ++k) {
+            const float value = (static_cast<float>(expected.pixels[k * 3 + c]) / 255.0f -
+                                 static_cast<float>(normalize.mean[c])) /
+                                static_cast<float>(normalize.std[c]);
+            different += pixels[c * plane + k] != value;
+          }
+        }
+        CHECK(different == 0);
+      }
+    }
+  }
+  // Other pipelines take the general path.
+  CHECK_FALSE(ImageFolder(*dir / "tree", {ColorMode::rgb, imagenet_test_transforms(32)}).fused_pipeline());
+  CHECK_FALSE(ImageFolder(*dir / "tree", {ColorMode::grayscale, {RandomResizedCrop{32}, ToTensor{}}}).fused_pipeline());
+  CHECK(ImageFolder(*dir / "tree", {ColorMode::rgb, {RandomResizedCrop{16}, ToTensor{}}}).fused_pipeline());
+}
