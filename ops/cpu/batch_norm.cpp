@@ -253,7 +253,11 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
                         const Tensor& bias, double eps, Activation activation) {
   const Tensor input = cpu_compute_input(input_in);
   const Layout l = layout_of(input);
-  const auto [scale, shift] = affine_coefficients(mean, var, weight, bias, eps, l.channels);
+  // Not a structured binding: clang before 16 (Debian's, for the fuzz build)
+  // cannot capture one in the lambdas below.
+  const auto coefficients = affine_coefficients(mean, var, weight, bias, eps, l.channels);
+  const std::vector<double>& scale = coefficients.scale;
+  const std::vector<double>& shift = coefficients.shift;
   Tensor out = Tensor::empty(input.sizes(), input.dtype());
   visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
     const T* x = input.data<T>();

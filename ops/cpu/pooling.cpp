@@ -222,7 +222,8 @@ Tensor max_pool2d_backward(const Tensor& grad_output_in, const Tensor& indices, 
 Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
   const Tensor input = cpu_compute_input(input_in);
   const int64_t height = input.size(2), width = input.size(3);
-  const auto [out_h, out_w] = output_size;
+  // Not a structured binding: clang before 16 (the fuzz build's) cannot capture one in a lambda.
+  const int64_t out_h = output_size[0], out_w = output_size[1];
   Tensor out = Tensor::empty({input.size(0), input.size(1), out_h, out_w}, input.dtype());
   visit_compute_dtype(input.dtype(), "adaptive_avg_pool2d", [&]<class T>() {
     const T* x = input.data<T>();
