@@ -9,6 +9,7 @@
 #pragma once
 
 #include <loom/core/tensor.h>
+#include <loom/ops/elementwise_math.h>
 
 namespace loom {
 
@@ -28,22 +29,28 @@ inline Tensor operator*(const Tensor& x, double s) { return scale(x, s); }
 inline Tensor operator*(double s, const Tensor& x) { return scale(x, s); }
 inline Tensor operator+(const Tensor& x, double v) { return add_scalar(x, v); }
 
-namespace ops::cpu {
+namespace ops {
 enum class Binary { add, sub, mul };
+}  // namespace ops
+
+// The kernels, twins with one signature per backend (ops/dispatch.h).
+namespace ops::cpu {
 Tensor binary(Binary op, const Tensor& a, const Tensor& b);
 // y = x * factor + offset
 Tensor affine(const Tensor& x, double factor, double offset);
-Tensor relu_forward(const Tensor& x);
-Tensor relu_backward(const Tensor& grad, const Tensor& output);
+// y = op(x) (ops/elementwise_math.h); backward takes the output gradient and
+// what the op saves (unary_saved(op)): its input or its output.
+Tensor unary_forward(Unary op, const Tensor& x);
+Tensor unary_backward(Unary op, const Tensor& grad, const Tensor& saved);
 Tensor sum_all(const Tensor& x);  // 0-d, f64 accumulation
 Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor binary(cpu::Binary op, const Tensor& a, const Tensor& b);
+Tensor binary(Binary op, const Tensor& a, const Tensor& b);
 Tensor affine(const Tensor& x, double factor, double offset);
-Tensor relu_forward(const Tensor& x);
-Tensor relu_backward(const Tensor& grad, const Tensor& output);
+Tensor unary_forward(Unary op, const Tensor& x);
+Tensor unary_backward(Unary op, const Tensor& grad, const Tensor& saved);
 Tensor sum_all(const Tensor& x);
 Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
 }  // namespace ops::cuda
