@@ -82,6 +82,8 @@ Tensor add_scalar(const Tensor& x, double value) {
 
 Tensor relu(const Tensor& x) { return unary(ops::Unary::relu, "relu", x); }
 
+Tensor gelu(const Tensor& x) { return unary(ops::Unary::gelu, "gelu", x); }
+
 Tensor sum(const Tensor& x) {
   Tensor out;
   {

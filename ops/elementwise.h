@@ -1,10 +1,12 @@
-// Elementwise ops: add (residuals), sub, mul, scalar ops, relu; and the
+// Elementwise ops: add (residuals), sub, mul, scalar ops, relu, gelu; and the
 // whole-tensor reductions sum and mean.
 //
 // Backward rules:
 //   add:  da = g, db = g           sub: da = g, db = -g
 //   mul:  da = g * b, db = g * a   scale(x, s): dx = s * g     add_scalar: dx = g
 //   relu: dx = g * (y > 0)
+//   gelu: y = x * Phi(x) (PyTorch's approximate='none', Phi the standard normal CDF),
+//         dx = g * (Phi(x) + x * phi(x))
 //   sum:  dx = g broadcast         mean: dx = g / numel broadcast
 #pragma once
 
@@ -19,6 +21,7 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, double factor);
 Tensor add_scalar(const Tensor& x, double value);
 Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);
 Tensor sum(const Tensor& x);   // 0-d result
 Tensor mean(const Tensor& x);  // 0-d result
 

@@ -79,6 +79,7 @@ TEST_CASE("elementwise ops and reductions") {
       check_op(label("add_scalar", dtype, shape), {a},
                [](const TensorList& t) { return TensorList{add_scalar(t[0], -0.75)}; }, tol);
       check_op(label("relu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{relu(t[0])}; }, tol);
+      check_op(label("gelu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{gelu(t[0])}; }, tol);
       check_op(label("sum", dtype, shape), {a}, [](const TensorList& t) { return TensorList{sum(t[0])}; }, tol);
       check_op(label("mean", dtype, shape), {a}, [](const TensorList& t) { return TensorList{mean(t[0])}; }, tol);
     }
