@@ -9,6 +9,7 @@
 #include <optional>
 
 #include <loom/core/cuda/stream.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/tensor.h>
 #include <loom/data/dataset.h>
 #include <loom/data/sampler.h>
@@ -16,9 +17,9 @@
 
 namespace loom::data {
 
-// How a batch of images is laid out in memory. Both have logical sizes
-// (B, C, H, W); nhwc is the channels-last stride variant.
-enum class MemoryFormat { nchw, nhwc };
+// How a batch of images lies in memory (core/memory_format.h). Both have
+// logical sizes (B, C, H, W); nhwc is the channels-last stride variant.
+using ::loom::MemoryFormat;
 
 struct Batch {
   Tensor images;      // (B, C, H, W), options.dtype(), in options.memory_format(), on options.device()

@@ -15,10 +15,6 @@
 
 namespace loom::dist {
 
-namespace cpu = ops::cpu;
-namespace gpu = ops::cuda;
-using ops::on_cuda;
-
 namespace {
 
 // Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
@@ -39,19 +35,17 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& 
   {
     NoGradGuard no_grad;
     // (2, C) f64 sums and the element count, summed over ranks in one collective.
-    Tensor stats = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_stats(input)) : cpu::batch_norm_stats(input);
+    Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
     Tensor counts = Tensor::full({1}, static_cast<double>(local_count), DType::f64, input.device());
     group->all_reduce({stats, counts}, ReduceOp::sum)->wait();
     count = std::llround(counts.item());
     LOOM_CHECK(count > 1, "sync_batch_norm: training needs more than one value per channel over all ranks, got ",
                count, " (this rank's input is ", shape_str(input.sizes()), ")");
     const Tensor mean_var =
-        on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_gather_stats(stats, count, running_mean, running_var, momentum))
-                       : cpu::batch_norm_gather_stats(stats, count, running_mean, running_var, momentum);
+        LOOM_DISPATCH(input, batch_norm_gather_stats, stats, count, running_mean, running_var, momentum);
     mean = row(mean_var, 0);
     var = row(mean_var, 1);
-    out = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_apply(input, mean, var, weight, bias, eps))
-                         : cpu::batch_norm_apply(input, mean, var, weight, bias, eps);
+    out = LOOM_DISPATCH(input, batch_norm_apply, input, mean, var, weight, bias, eps);
   }
 
   record("sync_batch_norm", {input, weight, bias}, {&out},
@@ -60,8 +54,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& 
           bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
            const Tensor dy = g[0].to(x.dtype());
            // (2, C) f64: this rank's (sum dy, sum dy * xhat).
-           const Tensor sums = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_reduce(dy, x, mean, var, eps))
-                                          : cpu::batch_norm_backward_reduce(dy, x, mean, var, eps);
+           const Tensor sums = LOOM_DISPATCH(x, batch_norm_backward_reduce, dy, x, mean, var, eps);
            Tensor grad_weight = node.needs_input_grad(1) ? row(sums, 1).to(weight_dtype).clone() : Tensor();
            Tensor grad_bias = node.needs_input_grad(2) ? row(sums, 0).to(bias_dtype).clone() : Tensor();
            Tensor dx;
@@ -69,9 +62,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& 
              // Every rank's input gradient depends on every rank's output gradient.
              const Tensor global_sums = sums.clone();
              group->all_reduce(global_sums, ReduceOp::sum)->wait();
-             dx = on_cuda(x)
-                      ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_apply(dy, x, mean, var, w, global_sums, count, eps))
-                      : cpu::batch_norm_backward_apply(dy, x, mean, var, w, global_sums, count, eps);
+             dx = LOOM_DISPATCH(x, batch_norm_backward_apply, dy, x, mean, var, w, global_sums, count, eps);
            }
            return TensorList{dx, grad_weight, grad_bias};
          });

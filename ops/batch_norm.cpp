@@ -6,10 +6,6 @@
 
 namespace loom {
 
-using ops::on_cuda;
-namespace cpu = ops::cpu;
-namespace gpu = ops::cuda;
-
 namespace {
 // Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
 Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
@@ -53,11 +49,9 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   {
     NoGradGuard no_grad;
     if (training) {
-      const Tensor stats = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_stats(input)) : cpu::batch_norm_stats(input);
+      const Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
       const Tensor mean_var =
-          on_cuda(input)
-              ? LOOM_CUDA_KERNEL(gpu::batch_norm_gather_stats(stats, count, running_mean, running_var, momentum))
-              : cpu::batch_norm_gather_stats(stats, count, running_mean, running_var, momentum);
+          LOOM_DISPATCH(input, batch_norm_gather_stats, stats, count, running_mean, running_var, momentum);
       mean = row(mean_var, 0);
       var = row(mean_var, 1);
     } else if (any_requires_grad({input, weight, bias})) {
@@ -69,38 +63,26 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
       mean = running_mean;
       var = running_var;
     }
-    if (on_cuda(input)) {
-      out = LOOM_CUDA_KERNEL(gpu::batch_norm_apply(input, mean, var, weight, bias, eps));
-      if (activation == Activation::relu) out = LOOM_CUDA_KERNEL(gpu::relu_forward(out));
-    } else {
-      out = cpu::batch_norm_apply(input, mean, var, weight, bias, eps, activation);
-    }
+    out = LOOM_DISPATCH(input, batch_norm_apply, input, mean, var, weight, bias, eps, activation);
   }
-  // Under Activation::relu backward masks the gradient: on CUDA with the saved
-  // output, on the CPU by recomputing the sign from the input.
+  // Under Activation::relu backward masks the gradient, recomputing the sign from the input.
   const bool fused_relu = activation == Activation::relu;
-  const Tensor relu_output = fused_relu && on_cuda(input) ? out.detach() : Tensor();
 
   record("batch_norm", {input, weight, bias}, {&out},
          [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps,
-          relu_output, fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
+          fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
           weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
           bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
-           Tensor dy = g[0].to(x.dtype());
-           // The CUDA path masks in a separate pass; the CPU kernels mask as they read.
-           if (relu_output.defined() && on_cuda(x)) dy = LOOM_CUDA_KERNEL(gpu::relu_backward(dy, relu_output));
-           const cpu::FusedRelu cpu_relu{fused_relu && !on_cuda(x), w, b};
+           const Tensor dy = g[0].to(x.dtype());
+           const ops::FusedRelu relu_mask{fused_relu, w, b};  // the kernels mask dy as they read it
            Tensor sums;  // (2, C) f64: (sum dy, sum dy * xhat)
            if (training || node.needs_input_grad(1) || node.needs_input_grad(2)) {
-             sums = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_reduce(dy, x, mean, var, eps))
-                               : cpu::batch_norm_backward_reduce(dy, x, mean, var, eps, cpu_relu);
+             sums = LOOM_DISPATCH(x, batch_norm_backward_reduce, dy, x, mean, var, eps, relu_mask);
            }
            Tensor dx;
            if (node.needs_input_grad(0)) {
              const Tensor batch_sums = training ? sums : Tensor();
-             dx = on_cuda(x)
-                      ? LOOM_CUDA_KERNEL(gpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps))
-                      : cpu::batch_norm_backward_apply(dy, x, mean, var, w, batch_sums, count, eps, cpu_relu);
+             dx = LOOM_DISPATCH(x, batch_norm_backward_apply, dy, x, mean, var, w, batch_sums, count, eps, relu_mask);
            }
            // The (C) parameter gradients convert from f64 into their gradient destinations when offered.
            return TensorList{dx,

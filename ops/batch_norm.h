@@ -52,6 +52,19 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
 void check_batch_norm_arguments(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias,
                                 const Tensor& running_mean, const Tensor& running_var);
 
+namespace ops {
+// The fused ReLU of a forward under Activation::relu, as backward sees it: dy
+// is masked to where the forward's output was positive, recomputed from the
+// input (weight * xhat + bias > 0, ops/batch_norm_math.h) rather than read
+// from a stored output.
+struct FusedRelu {
+  bool enabled = false;
+  Tensor weight, bias;  // the forward's affine parameters (either may be undefined)
+};
+}  // namespace ops
+
+// The kernels, twins with one signature and one contract per backend
+// (ops/dispatch.h); the per-channel math they share is ops/batch_norm_math.h.
 namespace ops::cpu {
 // Per-channel (sum, sum of squares) of `input` over every dim but 1,
 // accumulated in f64: an f64 tensor of shape (2, C).
@@ -63,16 +76,9 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
                                const Tensor& running_var, double momentum);
 // y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var (C) of
 // any floating dtype; weight and bias may be undefined. With Activation::relu,
-// y = max(y, 0).
+// y = max(y, 0) in the same pass.
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
                         const Tensor& bias, double eps, Activation activation = Activation::none);
-// The fused ReLU of a forward under Activation::relu, as backward sees it: dy
-// is masked to where the forward's output was positive, recomputed from the
-// input (weight * xhat + bias > 0) rather than read from a stored output.
-struct FusedRelu {
-  bool enabled = false;
-  Tensor weight, bias;  // the forward's affine parameters (either may be undefined)
-};
 // The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});
@@ -89,12 +95,12 @@ Tensor batch_norm_stats(const Tensor& input);
 Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum);
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps);
+                        const Tensor& bias, double eps, Activation activation = Activation::none);
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                  const Tensor& var, double eps);
+                                  const Tensor& var, double eps, const FusedRelu& relu = {});
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps);
+                                 double eps, const FusedRelu& relu = {});
 }  // namespace ops::cuda
 
 }  // namespace loom

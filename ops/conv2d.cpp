@@ -8,10 +8,6 @@
 
 namespace loom {
 
-using ops::on_cuda;
-namespace cpu = ops::cpu;
-namespace gpu = ops::cuda;
-
 Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params) {
   Size2 out{};
   for (int i = 0; i < 2; ++i) {
@@ -50,8 +46,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::conv2d_forward(input, weight, bias, params))
-                         : cpu::conv2d_forward(input, weight, bias, params);
+    out = LOOM_DISPATCH(input, conv2d_forward, input, weight, bias, params);
   }
   record("conv2d", {input, weight, bias}, {&out},
          [x = input.detach(), w = weight.detach(), params](const TensorList& g, const Node& node) {
@@ -59,20 +54,17 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
            const Tensor dy = g[0].to(x.dtype());
            Tensor dx, dw, db;
            // The weight gradient is computed straight into its gradient destination
-           // (a DDP bucket) on the CPU; the small bias gradient is copied there.
-           if (node.needs_input_grad(0) && node.needs_input_grad(1) && !on_cuda(dy)) {
-             std::tie(dx, dw) = cpu::conv2d_backward_input_weight(dy, x, w, params, node.gradient_destination(1));
+           // (a DDP bucket); the small bias gradient is copied there.
+           if (node.needs_input_grad(0) && node.needs_input_grad(1)) {
+             std::tie(dx, dw) =
+                 LOOM_DISPATCH(dy, conv2d_backward_input_weight, dy, x, w, params, node.gradient_destination(1));
            } else if (node.needs_input_grad(0)) {
-             dx = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_input(dy, w, x.sizes(), params))
-                              : cpu::conv2d_backward_input(dy, w, x.sizes(), params);
-           }
-           if (node.needs_input_grad(1) && !dw.defined()) {
-             dw = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_weight(dy, x, w.sizes(), params))
-                              : cpu::conv2d_backward_weight(dy, x, w.sizes(), params, node.gradient_destination(1));
+             dx = LOOM_DISPATCH(dy, conv2d_backward_input, dy, w, x.sizes(), params);
+           } else if (node.needs_input_grad(1)) {
+             dw = LOOM_DISPATCH(dy, conv2d_backward_weight, dy, x, w.sizes(), params, node.gradient_destination(1));
            }
            if (node.needs_input_grad(2)) {
-             db = on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::conv2d_backward_bias(dy))
-                              : gradient_to_destination(node, 2, cpu::conv2d_backward_bias(dy), dy.dtype());
+             db = gradient_to_destination(node, 2, LOOM_DISPATCH(dy, conv2d_backward_bias, dy), dy.dtype());
            }
            return TensorList{dx, dw, db};
          });

@@ -40,20 +40,23 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // when the window does not fit.
 Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params);
 
+// The kernels, twins with one signature per backend (ops/dispatch.h).
 namespace ops::cpu {
 // All tensors of one dtype (f32, f64; f16 / bf16 computed in f32), which the
 // results keep. `bias` may be undefined.
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
                              const Conv2dParams& params);
-// `out`, when defined and fitting (weight_sizes, grad_output's dtype,
-// contiguous), receives the weight gradient and is returned (a gradient
-// destination, Node::gradient_destination); otherwise it is allocated.
+// `out`, when defined and fitting (weight_sizes, grad_output's dtype and
+// device, contiguous), receives the weight gradient and is returned (a
+// gradient destination, Node::gradient_destination); otherwise it is allocated.
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
                               const Conv2dParams& params, const Tensor& out = Tensor());
 // Both gradients at once: {grad_input, grad_weight}, the weight's into `out`
-// as above. Where conv2d uses Winograd (f32) the output gradient's tiles are
-// transformed once for the two; elsewhere the two functions above run.
+// as above. On the CPU, where conv2d uses Winograd (f32) the output
+// gradient's tiles are transformed once for the two; elsewhere the two
+// functions above run. On CUDA the output gradient is put into the input's
+// memory order once for cuDNN's two passes.
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
                                                        const Tensor& out = Tensor());
@@ -65,7 +68,10 @@ Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& b
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
                              const Conv2dParams& params);
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
-                              const Conv2dParams& params);
+                              const Conv2dParams& params, const Tensor& out = Tensor());
+std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
+                                                       const Tensor& weight, const Conv2dParams& params,
+                                                       const Tensor& out = Tensor());
 Tensor conv2d_backward_bias(const Tensor& grad_output);
 }  // namespace ops::cuda
 

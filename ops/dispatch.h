@@ -8,11 +8,21 @@
 
 namespace loom::ops {
 
-// True when `t` is on a CUDA device, so callers can write
-//   on_cuda(x) ? LOOM_CUDA_KERNEL(cuda::relu_forward(x)) : cpu::relu_forward(x)
-// A build without CUDA throws the one-line "built without CUDA" error instead;
-// a build whose CUDA runtime exists but whose op kernels (ops/cuda) are not
-// compiled in (LOOM_CUDA_OPS undefined) says that.
+// The one way an op reaches its kernel: the kernel `name` of the backend that
+// holds `tensor`, ops::cuda::name(args...) for a CUDA tensor and
+// ops::cpu::name(args...) otherwise. Every kernel has a CPU and a CUDA twin
+// declared together in ops/<op>.h with the same signature, so one line serves
+// both backends:
+//   Tensor y = LOOM_DISPATCH(x, relu_forward, x);
+// For a CUDA tensor, a build without CUDA throws its one-line "built without
+// CUDA" error, and a build with the CUDA runtime but without the op kernels
+// (ops/cuda, LOOM_CUDA_OPS) says that; neither references the CUDA kernels.
+#define LOOM_DISPATCH(tensor, name, ...)                                                          \
+  (::loom::ops::on_cuda(tensor) ? LOOM_CUDA_KERNEL(::loom::ops::cuda::name(__VA_ARGS__)) \
+                                : ::loom::ops::cpu::name(__VA_ARGS__))
+
+// True when `t` is on a CUDA device whose op kernels this build has; throws
+// the errors above otherwise. LOOM_DISPATCH's test.
 inline bool on_cuda(const Tensor& t) {
   if (!t.device().is_cuda()) return false;
 #if !defined(LOOM_HAVE_CUDA)
@@ -26,7 +36,12 @@ inline bool on_cuda(const Tensor& t) {
 #if defined(LOOM_CUDA_OPS)
 #define LOOM_CUDA_KERNEL(call) (call)
 #else
-#define LOOM_CUDA_KERNEL(call) (::loom::cuda::require_device(0), ::loom::Tensor())
+// Never reached (on_cuda threw); has the call's type without calling it.
+template <class Result>
+[[noreturn]] Result cuda_kernels_not_built() {
+  throw Error("this build of loom has no CUDA op kernels (ops/cuda)");
+}
+#define LOOM_CUDA_KERNEL(call) (::loom::ops::cuda_kernels_not_built<decltype(call)>())
 #endif
 
 // Checks that all defined tensors share `first`'s device and dtype.

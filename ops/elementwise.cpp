@@ -5,39 +5,54 @@
 
 namespace loom {
 
-using ops::on_cuda;
-namespace cpu = ops::cpu;
-namespace gpu = ops::cuda;
+using ops::Binary;
 
 namespace {
-Tensor dispatch_binary(cpu::Binary op, const Tensor& a, const Tensor& b) {
+Tensor dispatch_binary(Binary op, const Tensor& a, const Tensor& b) {
   ops::check_same_device_and_dtype("elementwise op", {a, b});
   LOOM_CHECK(a.sizes() == b.sizes(), "elementwise op: shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
              " differ");
   NoGradGuard no_grad;
-  return on_cuda(a) ? LOOM_CUDA_KERNEL(gpu::binary(op, a, b)) : cpu::binary(op, a, b);
+  return LOOM_DISPATCH(a, binary, op, a, b);
 }
 
 Tensor dispatch_affine(const Tensor& x, double factor, double offset) {
   NoGradGuard no_grad;
-  return on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::affine(x, factor, offset)) : cpu::affine(x, factor, offset);
+  return LOOM_DISPATCH(x, affine, x, factor, offset);
 }
 
 Tensor dispatch_broadcast(const Tensor& g, const Shape& sizes, double factor) {
-  return on_cuda(g) ? LOOM_CUDA_KERNEL(gpu::broadcast_scalar(g, sizes, factor))
-                    : cpu::broadcast_scalar(g, sizes, factor);
+  return LOOM_DISPATCH(g, broadcast_scalar, g, sizes, factor);
+}
+
+Tensor dispatch_sum(const Tensor& x) { return LOOM_DISPATCH(x, sum_all, x); }
+
+// An element-wise unary op (ops/elementwise_math.h) and its backward, which
+// reads the input or the output as the op says.
+Tensor unary(ops::Unary op, const char* name, const Tensor& x) {
+  profiler::Scope profile(name, x);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = LOOM_DISPATCH(x, unary_forward, op, x);
+  }
+  const Tensor saved = ops::unary_saved(op) == ops::UnarySaved::output ? out.detach() : x.detach();
+  record(name, {x}, {&out}, [op, saved](const TensorList& g, const Node&) {
+    return TensorList{LOOM_DISPATCH(saved, unary_backward, op, g[0], saved)};
+  });
+  return out;
 }
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   profiler::Scope profile("add", a);
-  Tensor out = dispatch_binary(cpu::Binary::add, a, b);
+  Tensor out = dispatch_binary(Binary::add, a, b);
   record("add", {a, b}, {&out}, [](const TensorList& g, const Node&) { return TensorList{g[0], g[0]}; });
   return out;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = dispatch_binary(cpu::Binary::sub, a, b);
+  Tensor out = dispatch_binary(Binary::sub, a, b);
   record("sub", {a, b}, {&out}, [](const TensorList& g, const Node& node) {
     return TensorList{g[0], node.needs_input_grad(1) ? dispatch_affine(g[0], -1.0, 0.0) : Tensor()};
   });
@@ -45,10 +60,10 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = dispatch_binary(cpu::Binary::mul, a, b);
+  Tensor out = dispatch_binary(Binary::mul, a, b);
   record("mul", {a, b}, {&out}, [a = a.detach(), b = b.detach()](const TensorList& g, const Node& node) {
-    return TensorList{node.needs_input_grad(0) ? dispatch_binary(cpu::Binary::mul, g[0], b) : Tensor(),
-                      node.needs_input_grad(1) ? dispatch_binary(cpu::Binary::mul, g[0], a) : Tensor()};
+    return TensorList{node.needs_input_grad(0) ? dispatch_binary(Binary::mul, g[0], b) : Tensor(),
+                      node.needs_input_grad(1) ? dispatch_binary(Binary::mul, g[0], a) : Tensor()};
   });
   return out;
 }
@@ -65,24 +80,15 @@ Tensor add_scalar(const Tensor& x, double value) {
   return out;
 }
 
-Tensor relu(const Tensor& x) {
-  profiler::Scope profile("relu", x);
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::relu_forward(x)) : cpu::relu_forward(x);
-  }
-  record("relu", {x}, {&out}, [y = out.detach()](const TensorList& g, const Node&) {
-    return TensorList{on_cuda(y) ? LOOM_CUDA_KERNEL(gpu::relu_backward(g[0], y)) : cpu::relu_backward(g[0], y)};
-  });
-  return out;
-}
+Tensor relu(const Tensor& x) { return unary(ops::Unary::relu, "relu", x); }
+
+Tensor gelu(const Tensor& x) { return unary(ops::Unary::gelu, "gelu", x); }
 
 Tensor sum(const Tensor& x) {
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::sum_all(x)) : cpu::sum_all(x);
+    out = dispatch_sum(x);
   }
   Shape sizes = x.sizes();
   record("sum", {x}, {&out}, [sizes](const TensorList& g, const Node&) {
@@ -97,7 +103,7 @@ Tensor mean(const Tensor& x) {
   const double inverse = 1.0 / static_cast<double>(x.numel());
   {
     NoGradGuard no_grad;
-    out = dispatch_affine(on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::sum_all(x)) : cpu::sum_all(x), inverse, 0.0);
+    out = dispatch_affine(dispatch_sum(x), inverse, 0.0);
   }
   Shape sizes = x.sizes();
   record("mean", {x}, {&out}, [sizes, inverse](const TensorList& g, const Node&) {

@@ -20,24 +20,16 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = ops::on_cuda(input) ? LOOM_CUDA_KERNEL(ops::cuda::linear_forward(input, weight, bias))
-                              : ops::cpu::linear_forward(input, weight, bias);
+    out = LOOM_DISPATCH(input, linear_forward, input, weight, bias);
   }
   record("linear", {input, weight, bias}, {&out},
          [x = input.detach(), w = weight.detach()](const TensorList& g, const Node& node) {
            TensorList grads(3);
-           if (ops::on_cuda(x)) {
-             LOOM_CUDA_KERNEL((ops::cuda::linear_backward(g[0], x, w, node.needs_input_grad(0),
-                                                          node.needs_input_grad(1), node.needs_input_grad(2),
-                                                          grads[0], grads[1], grads[2]),
-                               Tensor()));
-           } else {
-             // Weight and bias gradients straight into their gradient destinations (DDP buckets).
-             grads[1] = node.gradient_destination(1);
-             grads[2] = node.gradient_destination(2);
-             ops::cpu::linear_backward(g[0], x, w, node.needs_input_grad(0), node.needs_input_grad(1),
-                                       node.needs_input_grad(2), grads[0], grads[1], grads[2]);
-           }
+           // Weight and bias gradients straight into their gradient destinations (DDP buckets).
+           grads[1] = node.gradient_destination(1);
+           grads[2] = node.gradient_destination(2);
+           LOOM_DISPATCH(x, linear_backward, g[0], x, w, node.needs_input_grad(0), node.needs_input_grad(1),
+                         node.needs_input_grad(2), grads[0], grads[1], grads[2]);
            return grads;
          });
   return out;

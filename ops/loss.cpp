@@ -6,10 +6,6 @@
 
 namespace loom {
 
-using ops::on_cuda;
-namespace cpu = ops::cpu;
-namespace gpu = ops::cuda;
-
 namespace {
 void check_logits(const char* op, const Tensor& logits) {
   LOOM_CHECK(logits.dim() == 2, op, ": expected (N, C) scores, got ", logits.str());
@@ -29,11 +25,10 @@ Tensor log_softmax(const Tensor& logits) {
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = on_cuda(logits) ? LOOM_CUDA_KERNEL(gpu::log_softmax_forward(logits)) : cpu::log_softmax_forward(logits);
+    out = LOOM_DISPATCH(logits, log_softmax_forward, logits);
   }
   record("log_softmax", {logits}, {&out}, [y = out.detach()](const TensorList& g, const Node&) {
-    return TensorList{on_cuda(y) ? LOOM_CUDA_KERNEL(gpu::log_softmax_backward(g[0], y))
-                                 : cpu::log_softmax_backward(g[0], y)};
+    return TensorList{LOOM_DISPATCH(y, log_softmax_backward, g[0], y)};
   });
   return out;
 }
@@ -44,12 +39,10 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = on_cuda(log_probs) ? LOOM_CUDA_KERNEL(gpu::nll_loss_forward(log_probs, targets))
-                             : cpu::nll_loss_forward(log_probs, targets);
+    out = LOOM_DISPATCH(log_probs, nll_loss_forward, log_probs, targets);
   }
   record("nll_loss", {log_probs}, {&out}, [lp = log_probs.detach(), targets](const TensorList& g, const Node&) {
-    return TensorList{on_cuda(lp) ? LOOM_CUDA_KERNEL(gpu::nll_loss_backward(g[0], lp, targets))
-                                  : cpu::nll_loss_backward(g[0], lp, targets)};
+    return TensorList{LOOM_DISPATCH(lp, nll_loss_backward, g[0], lp, targets)};
   });
   return out;
 }
@@ -62,14 +55,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor out, probabilities;
   {
     NoGradGuard no_grad;
-    out = on_cuda(logits) ? LOOM_CUDA_KERNEL(gpu::cross_entropy_forward(logits, targets, probabilities))
-                          : cpu::cross_entropy_forward(logits, targets, probabilities);
+    out = LOOM_DISPATCH(logits, cross_entropy_forward, logits, targets, probabilities);
   }
   record("cross_entropy", {logits}, {&out},
          [probabilities, targets, dtype = logits.dtype()](const TensorList& g, const Node&) {
-           Tensor dx = on_cuda(probabilities)
-                           ? LOOM_CUDA_KERNEL(gpu::cross_entropy_backward(g[0], probabilities, targets))
-                           : cpu::cross_entropy_backward(g[0], probabilities, targets);
+           Tensor dx = LOOM_DISPATCH(probabilities, cross_entropy_backward, g[0], probabilities, targets);
            return TensorList{dx.to(dtype)};
          });
   return out;
@@ -78,7 +68,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
 Tensor argmax(const Tensor& x) {
   check_logits("argmax", x);
   NoGradGuard no_grad;
-  return on_cuda(x) ? LOOM_CUDA_KERNEL(gpu::argmax(x)) : cpu::argmax(x);
+  return LOOM_DISPATCH(x, argmax, x);
 }
 
 int64_t count_correct(const Tensor& logits, const Tensor& targets) {

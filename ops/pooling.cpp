@@ -5,10 +5,6 @@
 
 namespace loom {
 
-using ops::on_cuda;
-namespace cpu = ops::cpu;
-namespace gpu = ops::cuda;
-
 namespace {
 void check_nchw(const char* op, const Tensor& input) {
   LOOM_CHECK(input.defined() && input.dim() == 4, op, ": expected an input of shape (N, C, H, W), got ",
@@ -42,16 +38,13 @@ MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel, Size2
   MaxPool2dResult result;
   {
     NoGradGuard no_grad;
-    result.output = on_cuda(input)
-                        ? LOOM_CUDA_KERNEL(gpu::max_pool2d_forward(input, kernel, stride, padding, result.indices))
-                        : cpu::max_pool2d_forward(input, kernel, stride, padding, result.indices);
+    result.output = LOOM_DISPATCH(input, max_pool2d_forward, input, kernel, stride, padding, result.indices);
   }
   record("max_pool2d", {input}, {&result.output},
          [indices = result.indices, input_sizes = input.sizes(), dtype = input.dtype()](const TensorList& g,
                                                                                           const Node&) {
            const Tensor dy = g[0].to(dtype);
-           return TensorList{on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::max_pool2d_backward(dy, indices, input_sizes))
-                                         : cpu::max_pool2d_backward(dy, indices, input_sizes)};
+           return TensorList{LOOM_DISPATCH(dy, max_pool2d_backward, dy, indices, input_sizes)};
          });
   return result;
 }
@@ -66,14 +59,12 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::adaptive_avg_pool2d_forward(input, output_size))
-                         : cpu::adaptive_avg_pool2d_forward(input, output_size);
+    out = LOOM_DISPATCH(input, adaptive_avg_pool2d_forward, input, output_size);
   }
   record("adaptive_avg_pool2d", {input}, {&out},
          [input_sizes = input.sizes(), dtype = input.dtype()](const TensorList& g, const Node&) {
            const Tensor dy = g[0].to(dtype);
-           return TensorList{on_cuda(dy) ? LOOM_CUDA_KERNEL(gpu::adaptive_avg_pool2d_backward(dy, input_sizes))
-                                         : cpu::adaptive_avg_pool2d_backward(dy, input_sizes)};
+           return TensorList{LOOM_DISPATCH(dy, adaptive_avg_pool2d_backward, dy, input_sizes)};
          });
   return out;
 }

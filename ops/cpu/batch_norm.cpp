@@ -5,6 +5,7 @@
 // the compute dtype. Within a row, sums run in vectorised lanes of the compute
 // dtype; rows are combined in f64.
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/batch_norm_math.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,9 @@
 
 namespace loom::ops::cpu {
 namespace {
+namespace math = batch_norm_math;
+using math::ChannelGeometry;
+using math::channel_geometry;
 constexpr int64_t kRowGrain = 1 << 14;  // elements per task in the elementwise passes
 constexpr int kLanes = 8;               // independent accumulators in the reductions
 constexpr int64_t kShortRow = 64;       // rows shorter than this are reduced a block of channels at a time
@@ -33,7 +37,7 @@ constexpr int64_t kChannelBlock = 64;
 template <bool Masked, class T>
 T masked(T dy, const T* x, int64_t i, T a, T b) {
   if constexpr (Masked) {
-    return x[i] * a + b > T(0) ? dy : T(0);
+    return math::relu_masked(dy, x[i], a, b);
   } else {
     return dy;
   }
@@ -45,14 +49,6 @@ auto with_mask(bool enabled, Fn&& fn) {
   return enabled ? fn.template operator()<true>() : fn.template operator()<false>();
 }
 
-struct Layout {
-  int64_t batch, channels, inner;  // (N, C, S)
-};
-Layout layout_of(const Tensor& input) {
-  const int64_t n = input.size(0), c = input.size(1);
-  return {n, c, n * c == 0 ? 0 : input.numel() / (n * c)};
-}
-
 // A (C) tensor as f64 host values; `fallback` everywhere when undefined.
 std::vector<double> per_channel(const Tensor& t, int64_t channels, double fallback) {
   if (!t.defined()) return std::vector<double>(static_cast<size_t>(channels), fallback);
@@ -61,25 +57,26 @@ std::vector<double> per_channel(const Tensor& t, int64_t channels, double fallba
 
 std::vector<double> inverse_std(const std::vector<double>& var, double eps) {
   std::vector<double> out(var.size());
-  for (size_t c = 0; c < var.size(); ++c) out[c] = 1.0 / std::sqrt(var[c] + eps);
+  for (size_t c = 0; c < var.size(); ++c) out[c] = math::inverse_std(var[c], eps);
   return out;
 }
 
-// The forward as y = x * scale + shift per channel. Backward recomputes the
-// fused ReLU's mask from these, so they must come from this one function.
+// The forward as y = x * scale + shift per channel (math::affine). Backward
+// recomputes the fused ReLU's mask from these.
 struct Affine {
   std::vector<double> scale, shift;
 };
 Affine affine_coefficients(const Tensor& mean, const Tensor& var, const Tensor& weight, const Tensor& bias,
                            double eps, int64_t channels) {
   const std::vector<double> m = per_channel(mean, channels, 0.0);
-  const std::vector<double> invstd = inverse_std(per_channel(var, channels, 1.0), eps);
+  const std::vector<double> v = per_channel(var, channels, 1.0);
   const std::vector<double> w = per_channel(weight, channels, 1.0);
   const std::vector<double> b = per_channel(bias, channels, 0.0);
   Affine out{std::vector<double>(channels), std::vector<double>(channels)};
   for (int64_t c = 0; c < channels; ++c) {
-    out.scale[c] = w[c] * invstd[c];
-    out.shift[c] = b[c] - m[c] * out.scale[c];
+    const math::Affine affine = math::affine(m[c], v[c], w[c], b[c], eps);
+    out.scale[c] = affine.scale;
+    out.shift[c] = affine.shift;
   }
   return out;
 }
@@ -87,7 +84,7 @@ Affine affine_coefficients(const Tensor& mean, const Tensor& var, const Tensor& 
 // Runs fn(c, offset) for every (n, c) row, where offset is the row's first
 // element; rows are split across the thread team.
 template <class Fn>
-void for_each_row(const Layout& l, Fn&& fn) {
+void for_each_row(const ChannelGeometry& l, Fn&& fn) {
   const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, l.inner));
   parallel_for(0, l.batch * l.channels, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) fn(r % l.channels, r * l.inner);
@@ -98,7 +95,7 @@ void for_each_row(const Layout& l, Fn&& fn) {
 // channel per task, accumulating into the channel's two f64 sums a and b;
 // returns them as a (2, C) f64 tensor.
 template <class RowSums>
-Tensor channel_sums(const Layout& l, RowSums&& row_sums) {
+Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums) {
   Tensor out = Tensor::empty({2, l.channels}, DType::f64);
   double* first = out.data<double>();
   double* second = first + l.channels;
@@ -183,7 +180,7 @@ __attribute__((target("avx2"))) void backward_row_sums_avx2(const float* dy, con
 
 Tensor batch_norm_stats(const Tensor& input_in) {
   const Tensor input = cpu_compute_input(input_in);
-  const Layout l = layout_of(input);
+  const ChannelGeometry l = channel_geometry(input);
   return visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
     const T* x = input.data<T>();
     return channel_sums(l, [&](int64_t, int64_t offset, double& sum, double& sum_of_squares) {
@@ -230,17 +227,16 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
   double* var = mean + channels;
   const double n = static_cast<double>(count);
   for (int64_t c = 0; c < channels; ++c) {
-    mean[c] = sums[c] / n;
-    // E[x^2] - mean^2 in f64; clamped because rounding can make it slightly negative.
-    var[c] = std::max(0.0, sums[channels + c] / n - mean[c] * mean[c]);
+    const math::Statistics s = math::statistics(sums[c], sums[channels + c], n);
+    mean[c] = s.mean;
+    var[c] = s.var;
   }
   if (running_mean.defined()) {
     std::vector<double> rm = running_mean.to_vector<double>();
     std::vector<double> rv = running_var.to_vector<double>();
-    const double unbiased = count > 1 ? n / (n - 1) : 1.0;
     for (int64_t c = 0; c < channels; ++c) {
-      rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
-      rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbiased;
+      rm[c] = math::running_mean_update(rm[c], mean[c], momentum);
+      rv[c] = math::running_var_update(rv[c], var[c], n, momentum);
     }
     Tensor mean_buffer = running_mean, var_buffer = running_var;  // handles; copy_ writes the shared storage
     mean_buffer.copy_(Tensor::from_vector<double>(rm, {channels}));
@@ -252,7 +248,7 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
 Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
                         const Tensor& bias, double eps, Activation activation) {
   const Tensor input = cpu_compute_input(input_in);
-  const Layout l = layout_of(input);
+  const ChannelGeometry l = channel_geometry(input);
   // Not a structured binding: clang before 16 (Debian's, for the fuzz build)
   // cannot capture one in the lambdas below.
   const auto coefficients = affine_coefficients(mean, var, weight, bias, eps, l.channels);
@@ -266,9 +262,9 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
     for_each_row(l, [&](int64_t c, int64_t offset) {
       const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
       if (relu) {
-        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = std::max(x[offset + s] * a + b, T(0));
+        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = math::apply_relu(x[offset + s], a, b);
       } else {
-        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = x[offset + s] * a + b;
+        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = math::apply(x[offset + s], a, b);
       }
     });
   });
@@ -278,7 +274,7 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
 Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
-  const Layout l = layout_of(input);
+  const ChannelGeometry l = channel_geometry(input);
   const std::vector<double> m = per_channel(mean, l.channels, 0.0);
   const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
   Tensor sums = visit_compute_dtype(input.dtype(), "batch_norm backward", [&]<class T>() {
@@ -338,13 +334,12 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
   const Tensor grad_output = cpu_compute_input(grad_output_in);
   // Eval mode without a fused ReLU needs no input.
   const Tensor input = relu.enabled || grad_sums.defined() ? cpu_compute_input(input_in) : Tensor();
-  const Layout l = layout_of(grad_output);
-  const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
+  const ChannelGeometry l = channel_geometry(grad_output);
+  const std::vector<double> v = per_channel(var, l.channels, 1.0);
   const std::vector<double> w = per_channel(weight, l.channels, 1.0);
-  // dx = k * dy in eval; in training
-  //   dx = k * (dy - mean(dy)) - p * (x - mean),  k = weight * invstd,  p = k * invstd * mean(dy * xhat)
+  // dx = k * dy in eval; in training dx = k * (dy - mean_dy) - p * (x - mean) (math::backward).
   std::vector<double> k(l.channels);
-  for (int64_t c = 0; c < l.channels; ++c) k[c] = w[c] * invstd[c];
+  for (int64_t c = 0; c < l.channels; ++c) k[c] = math::eval_backward_scale(v[c], w[c], eps);
   const Affine forward = affine_coefficients(mean, var, relu.weight, relu.bias, eps, l.channels);
   Tensor grad_input = Tensor::empty(grad_output.sizes(), grad_output.dtype());
   if (!grad_sums.defined()) {
@@ -380,9 +375,9 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
     };
     std::vector<Coefficients> coefficients(static_cast<size_t>(l.channels));
     for (int64_t c = 0; c < l.channels; ++c) {
-      coefficients[c] = {static_cast<T>(k[c]), static_cast<T>(sums[c] / n), static_cast<T>(m[c]),
-                         static_cast<T>(k[c] * invstd[c] * sums[l.channels + c] / n),
-                         static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c])};
+      const math::Backward co = math::backward(v[c], w[c], eps, sums[c], sums[l.channels + c], n);
+      coefficients[c] = {static_cast<T>(co.k), static_cast<T>(co.mean_dy), static_cast<T>(m[c]),
+                         static_cast<T>(co.p), static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c])};
     }
     with_mask(relu.enabled, [&]<bool Masked>() {
       for_each_row(l, [&](int64_t c, int64_t offset) {

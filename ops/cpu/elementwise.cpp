@@ -45,23 +45,27 @@ Tensor affine(const Tensor& x_in, double factor, double offset) {
   });
 }
 
-Tensor relu_forward(const Tensor& x_in) {
+Tensor unary_forward(Unary op, const Tensor& x_in) {
   Tensor x = cpu_compute_input(x_in);
-  return unary_map(x_in, [&]<class T>(T* out, int64_t n) {
-    const T* in = x.data<T>();
-    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) out[i] = in[i] > T(0) ? in[i] : T(0);
+  return visit_unary(op, [&]<class Op>() {
+    return unary_map(x_in, [&]<class T>(T* out, int64_t n) {
+      const T* in = x.data<T>();
+      parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = Op::forward(in[i]);
+      });
     });
   });
 }
 
-Tensor relu_backward(const Tensor& grad_in, const Tensor& output_in) {
-  Tensor g = cpu_compute_input(grad_in), y = cpu_compute_input(output_in);
-  return unary_map(grad_in, [&]<class T>(T* out, int64_t n) {
-    const T* gp = g.data<T>();
-    const T* yp = y.data<T>();
-    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) out[i] = yp[i] > T(0) ? gp[i] : T(0);
+Tensor unary_backward(Unary op, const Tensor& grad_in, const Tensor& saved_in) {
+  Tensor g = cpu_compute_input(grad_in), saved = cpu_compute_input(saved_in);
+  return visit_unary(op, [&]<class Op>() {
+    return unary_map(grad_in, [&]<class T>(T* out, int64_t n) {
+      const T* gp = g.data<T>();
+      const T* sp = saved.data<T>();
+      parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = Op::backward(gp[i], sp[i]);
+      });
     });
   });
 }

@@ -4,41 +4,21 @@
 // (per-block partials, then one pass per channel), so results are
 // deterministic. The elementwise passes use per-channel coefficients computed
 // once in f64 and applied in the accumulation type (f32, or f64 for f64), as
-// the CPU does.
+// the CPU does; the per-channel math is the CPU's (ops/batch_norm_math.h). A
+// fused ReLU (Activation::relu) is applied in the forward's pass and its mask
+// recomputed from the input in the backward passes, as on the CPU.
 #include <cmath>
 
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/batch_norm_math.h>
 #include <loom/ops/cuda/common.cuh>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;
 
 namespace {
-
-// How the input's elements map to channels.
-struct ChannelLayout {
-  int64_t batch = 0, channels = 0, inner = 0;  // (N, C, S); for channels-last S = H*W
-  bool channels_last = false;                  // memory (N, S, C) rather than (N, C, S)
-  __host__ __device__ int64_t per_channel() const { return batch * inner; }
-  __host__ __device__ int64_t numel() const { return batch * channels * inner; }
-};
-
-ChannelLayout channel_layout(const Tensor& x, Layout layout) {
-  ChannelLayout l;
-  l.batch = x.size(0);
-  l.channels = x.size(1);
-  l.inner = l.batch * l.channels == 0 ? 0 : x.numel() / (l.batch * l.channels);
-  l.channels_last = layout == Layout::nhwc;
-  return l;
-}
-
-// The input as the kernels read it: channels-last 4-d tensors stay so, anything
-// else becomes contiguous.
-Layout layout_for(const Tensor& x) { return x.dim() == 4 ? layout_of(x) : Layout::nchw; }
-
-__device__ __forceinline__ int64_t channel_of(int64_t i, const ChannelLayout& l) {
-  return l.channels_last ? i % l.channels : (i / l.inner) % l.channels;
-}
+namespace math = batch_norm_math;
+using math::ChannelGeometry;
 
 // One value of a per-channel (C) tensor of any floating dtype; `fallback` when absent.
 __device__ __forceinline__ double channel_value(const void* p, DType t, int64_t c, double fallback) {
@@ -57,15 +37,29 @@ ChannelArray channel_array(const Tensor& t) {
   return {t.raw_data(), t.dtype()};
 }
 
+// The fused ReLU's per-channel (scale, shift) in the accumulation type, for
+// kernels: dy counts only where x * scale + shift > 0. Null when there is no
+// fused ReLU.
+template <class A>
+struct Mask {
+  const A* scale = nullptr;
+  const A* shift = nullptr;
+};
+
 // ---- per-channel sums ----
 
 // The two sums of one element: (x, x^2) for the statistics, or
-// (dy, dy * (x - mean_c)) for backward.
-template <class T, bool Backward>
-__device__ __forceinline__ void add_pair(const T* x, const T* dy, int64_t offset, double mean_c, double& a, double& b) {
-  const double v = static_cast<double>(to_acc(x[offset]));
+// (g, g * (x - mean_c)) for backward, g = dy masked by the fused ReLU when
+// Masked (scale_c, shift_c its coefficients).
+template <class T, bool Backward, bool Masked>
+__device__ __forceinline__ void add_pair(const T* x, const T* dy, int64_t offset, double mean_c, acc_t<T> scale_c,
+                                         acc_t<T> shift_c, double& a, double& b) {
+  const acc_t<T> xa = to_acc(x[offset]);
+  const double v = static_cast<double>(xa);
   if constexpr (Backward) {
-    const double g = static_cast<double>(to_acc(dy[offset]));
+    acc_t<T> ga = to_acc(dy[offset]);
+    if constexpr (Masked) ga = math::relu_masked(ga, xa, scale_c, shift_c);
+    const double g = static_cast<double>(ga);
     a += g;
     b += g * (v - mean_c);
   } else {
@@ -74,20 +68,34 @@ __device__ __forceinline__ void add_pair(const T* x, const T* dy, int64_t offset
   }
 }
 
+// Channel c's mask coefficients (zeros when unmasked: add_pair ignores them).
+template <class A, bool Masked>
+__device__ __forceinline__ void mask_of(const Mask<A>& mask, int64_t c, A& scale, A& shift) {
+  if constexpr (Masked) {
+    scale = mask.scale[c];
+    shift = mask.shift[c];
+  } else {
+    scale = A(0);
+    shift = A(0);
+  }
+}
+
 // (N, C, S) layout: block (c, split) sums channel c's elements j = split*256 + t,
 // stepping by 256 * splits; partials[split][c].
-template <class T, bool Backward>
-static __global__ void channel_sums_nchw_kernel(const T* x, const T* dy, ChannelArray mean, ChannelLayout l,
-                                                double* partial_a, double* partial_b) {
+template <class T, bool Backward, bool Masked>
+static __global__ void channel_sums_nchw_kernel(const T* x, const T* dy, ChannelArray mean, Mask<acc_t<T>> mask,
+                                                ChannelGeometry l, double* partial_a, double* partial_b) {
   __shared__ double scratch[32];
   const int64_t c = blockIdx.x;
   const double mean_c = Backward ? load_as_double(mean.data, mean.dtype, c) : 0.0;
+  acc_t<T> scale_c, shift_c;
+  mask_of<acc_t<T>, Masked>(mask, c, scale_c, shift_c);
   double a = 0, b = 0;
   const int64_t count = l.per_channel();
   for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < count;
        j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     const int64_t n = j / l.inner, s = j - n * l.inner;
-    add_pair<T, Backward>(x, dy, (n * l.channels + c) * l.inner + s, mean_c, a, b);
+    add_pair<T, Backward, Masked>(x, dy, (n * l.channels + c) * l.inner + s, mean_c, scale_c, shift_c, a, b);
   }
   a = block_sum(a, scratch);
   b = block_sum(b, scratch);
@@ -101,19 +109,21 @@ static __global__ void channel_sums_nchw_kernel(const T* x, const T* dy, Channel
 // thread sums rows m = split*8 + y stepping 8 * splits; the 8 row sums of a
 // channel are then added in order.
 constexpr int kNhwcChannels = 32, kNhwcRows = 8;
-template <class T, bool Backward>
-static __global__ void channel_sums_nhwc_kernel(const T* x, const T* dy, ChannelArray mean, ChannelLayout l,
-                                                double* partial_a, double* partial_b) {
+template <class T, bool Backward, bool Masked>
+static __global__ void channel_sums_nhwc_kernel(const T* x, const T* dy, ChannelArray mean, Mask<acc_t<T>> mask,
+                                                ChannelGeometry l, double* partial_a, double* partial_b) {
   __shared__ double rows_a[kNhwcRows][kNhwcChannels];
   __shared__ double rows_b[kNhwcRows][kNhwcChannels];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kNhwcChannels + threadIdx.x;
   double a = 0, b = 0;
   if (c < l.channels) {
     const double mean_c = Backward ? load_as_double(mean.data, mean.dtype, c) : 0.0;
+    acc_t<T> scale_c, shift_c;
+    mask_of<acc_t<T>, Masked>(mask, c, scale_c, shift_c);
     const int64_t rows = l.per_channel();
     for (int64_t m = static_cast<int64_t>(blockIdx.y) * kNhwcRows + threadIdx.y; m < rows;
          m += static_cast<int64_t>(gridDim.y) * kNhwcRows) {
-      add_pair<T, Backward>(x, dy, m * l.channels + c, mean_c, a, b);
+      add_pair<T, Backward, Masked>(x, dy, m * l.channels + c, mean_c, scale_c, shift_c, a, b);
     }
   }
   rows_a[threadIdx.y][threadIdx.x] = a;
@@ -140,16 +150,27 @@ static __global__ void finish_sums_kernel(const double* partial_a, const double*
       a += partial_a[s * channels + c];
       b += partial_b[s * channels + c];
     }
-    if (var.data != nullptr) b /= sqrt(load_as_double(var.data, var.dtype, c) + eps);
+    if (var.data != nullptr) b *= math::inverse_std(load_as_double(var.data, var.dtype, c), eps);
     out[c] = a;
     out[channels + c] = b;
   }
 }
 
-// The per-channel sums of `x` (and `dy` for backward) as an f64 (2, C) tensor.
+// Calls fn.template operator()<Flag>() with Flag = value.
+template <class Fn>
+void with_flag(bool value, Fn&& fn) {
+  if (value) {
+    fn.template operator()<true>();
+  } else {
+    fn.template operator()<false>();
+  }
+}
+
+// The per-channel sums of `x` (and `dy` for backward, masked when `mask`
+// holds coefficients) as an f64 (2, C) tensor.
 template <bool Backward>
-Tensor channel_sums(const Tensor& x, const Tensor& dy, const ChannelLayout& l, ChannelArray mean, ChannelArray var,
-                    double eps) {
+Tensor channel_sums(const Tensor& x, const Tensor& dy, const ChannelGeometry& l, ChannelArray mean, ChannelArray var,
+                    double eps, const Tensor& mask_coefficients = Tensor()) {
   Tensor out = Tensor::empty({2, l.channels}, DType::f64, x.device());
   if (l.channels == 0) return out;
   const cudaStream_t stream = stream_of(x);
@@ -163,17 +184,22 @@ Tensor channel_sums(const Tensor& x, const Tensor& dy, const ChannelLayout& l, C
   double* partial_a = static_cast<double*>(partials.data());
   double* partial_b = partial_a + static_cast<int64_t>(splits) * l.channels;
   visit_float(x.dtype(), "batch_norm", [&]<class T>() {
+    using A = acc_t<T>;
     const T* dy_data = Backward ? dy.data<T>() : nullptr;
-    if (l.channels_last) {
-      const dim3 grid(static_cast<unsigned>(channel_blocks), static_cast<unsigned>(splits));
-      channel_sums_nhwc_kernel<T, Backward><<<grid, dim3(kNhwcChannels, kNhwcRows), 0, stream>>>(
-          x.data<T>(), dy_data, mean, l, partial_a, partial_b);
-    } else {
-      const dim3 grid(static_cast<unsigned>(l.channels), static_cast<unsigned>(splits));
-      channel_sums_nchw_kernel<T, Backward><<<grid, kThreads, 0, stream>>>(x.data<T>(), dy_data, mean, l, partial_a,
-                                                                           partial_b);
-    }
-    LOOM_CHECK_LAUNCH();
+    Mask<A> mask;
+    if (mask_coefficients.defined()) mask = {mask_coefficients.data<A>(), mask_coefficients.data<A>() + l.channels};
+    with_flag(mask_coefficients.defined(), [&]<bool Masked>() {
+      if (l.channels_last) {
+        const dim3 grid(static_cast<unsigned>(channel_blocks), static_cast<unsigned>(splits));
+        channel_sums_nhwc_kernel<T, Backward, Masked><<<grid, dim3(kNhwcChannels, kNhwcRows), 0, stream>>>(
+            x.data<T>(), dy_data, mean, mask, l, partial_a, partial_b);
+      } else {
+        const dim3 grid(static_cast<unsigned>(l.channels), static_cast<unsigned>(splits));
+        channel_sums_nchw_kernel<T, Backward, Masked><<<grid, kThreads, 0, stream>>>(x.data<T>(), dy_data, mean, mask,
+                                                                                     l, partial_a, partial_b);
+      }
+      LOOM_CHECK_LAUNCH();
+    });
   });
   finish_sums_kernel<<<blocks_for(l.channels), kThreads, 0, stream>>>(partial_a, partial_b, l.channels, splits, var, eps,
                                                                       out.data<double>());
@@ -188,46 +214,60 @@ Tensor channel_sums(const Tensor& x, const Tensor& dy, const ChannelLayout& l, C
 static __global__ void gather_stats_kernel(const double* stats, int64_t channels, double count, void* running_mean,
                                            void* running_var, DType running_dtype, double momentum, double* mean_var) {
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
-    const double mean = stats[c] / count;
-    // E[x^2] - mean^2 in f64; clamped because rounding can make it slightly negative.
-    const double var = fmax(0.0, stats[channels + c] / count - mean * mean);
-    mean_var[c] = mean;
-    mean_var[channels + c] = var;
+    const math::Statistics s = math::statistics(stats[c], stats[channels + c], count);
+    mean_var[c] = s.mean;
+    mean_var[channels + c] = s.var;
     if (running_mean != nullptr) {
-      const double unbiased = count > 1 ? count / (count - 1) : 1.0;
       const double old_mean = load_as_double(running_mean, running_dtype, c);
       const double old_var = load_as_double(running_var, running_dtype, c);
-      store_from_double(running_mean, running_dtype, c, (1 - momentum) * old_mean + momentum * mean);
-      store_from_double(running_var, running_dtype, c, (1 - momentum) * old_var + momentum * var * unbiased);
+      store_from_double(running_mean, running_dtype, c, math::running_mean_update(old_mean, s.mean, momentum));
+      store_from_double(running_var, running_dtype, c, math::running_var_update(old_var, s.var, count, momentum));
     }
   }
 }
 
 // ---- elementwise passes ----
 
-// scale_c = weight_c / sqrt(var_c + eps), shift_c = bias_c - mean_c * scale_c.
+// The forward's (scale, shift) per channel (math::affine), in A.
 template <class A>
 static __global__ void apply_coefficients_kernel(ChannelArray mean, ChannelArray var, ChannelArray weight,
                                                  ChannelArray bias, int64_t channels, double eps, A* scale, A* shift) {
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
-    const double invstd = 1.0 / sqrt(channel_value(var.data, var.dtype, c, 1.0) + eps);
-    const double s = channel_value(weight.data, weight.dtype, c, 1.0) * invstd;
-    scale[c] = static_cast<A>(s);
-    shift[c] = static_cast<A>(channel_value(bias.data, bias.dtype, c, 0.0) - channel_value(mean.data, mean.dtype, c, 0.0) * s);
+    const math::Affine affine =
+        math::affine(channel_value(mean.data, mean.dtype, c, 0.0), channel_value(var.data, var.dtype, c, 1.0),
+                     channel_value(weight.data, weight.dtype, c, 1.0), channel_value(bias.data, bias.dtype, c, 0.0), eps);
+    scale[c] = static_cast<A>(affine.scale);
+    shift[c] = static_cast<A>(affine.shift);
   }
 }
 
-template <class T>
-static __global__ void apply_kernel(const T* x, T* y, const acc_t<T>* scale, const acc_t<T>* shift, ChannelLayout l) {
+// A (2, C) tensor of the forward's (scale, shift) in the accumulation type of `dtype`.
+Tensor apply_coefficients(const Tensor& mean, const Tensor& var, const Tensor& weight, const Tensor& bias,
+                          int64_t channels, double eps, DType dtype, Device device, cudaStream_t stream) {
+  return visit_float(dtype, "batch_norm", [&]<class T>() {
+    using A = acc_t<T>;
+    Tensor coefficients = Tensor::empty({2, channels}, dtype_of<A>(), device);
+    A* scale = coefficients.data<A>();
+    apply_coefficients_kernel<A><<<blocks_for(channels), kThreads, 0, stream>>>(
+        channel_array(mean), channel_array(var), channel_array(weight), channel_array(bias), channels, eps, scale,
+        scale + channels);
+    LOOM_CHECK_LAUNCH();
+    return coefficients;
+  });
+}
+
+template <class T, bool Relu>
+static __global__ void apply_kernel(const T* x, T* y, const acc_t<T>* scale, const acc_t<T>* shift, ChannelGeometry l) {
   const int64_t n = l.numel();
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const int64_t c = channel_of(i, l);
-    y[i] = from_acc<T>(to_acc(x[i]) * scale[c] + shift[c]);
+    const int64_t c = l.channel_of(i);
+    const acc_t<T> v = to_acc(x[i]);
+    y[i] = from_acc<T>(Relu ? math::apply_relu(v, scale[c], shift[c]) : math::apply(v, scale[c], shift[c]));
   }
 }
 
-// Training: dx = k (dy - mean_dy) - p (x - mean), k = weight * invstd,
-// p = k * invstd * mean(dy * xhat). Eval (no sums): dx = k dy.
+// Training: dx = k (dy - mean_dy) - p (x - mean) (math::backward). Eval (no
+// sums): dx = k dy. dy is masked by the fused ReLU when Masked.
 struct BackwardCoefficients {
   double* k;
   double* mean_dy;
@@ -239,31 +279,36 @@ static __global__ void backward_coefficients_kernel(ChannelArray mean, ChannelAr
                                                     const double* sums, int64_t channels, double count, double eps,
                                                     BackwardCoefficients out) {
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
-    const double invstd = 1.0 / sqrt(channel_value(var.data, var.dtype, c, 1.0) + eps);
-    const double k = channel_value(weight.data, weight.dtype, c, 1.0) * invstd;
-    out.k[c] = k;
+    const double var_c = channel_value(var.data, var.dtype, c, 1.0);
+    const double weight_c = channel_value(weight.data, weight.dtype, c, 1.0);
     if (sums != nullptr) {
-      out.mean_dy[c] = sums[c] / count;
+      const math::Backward b = math::backward(var_c, weight_c, eps, sums[c], sums[channels + c], count);
+      out.k[c] = b.k;
+      out.mean_dy[c] = b.mean_dy;
       out.mean[c] = channel_value(mean.data, mean.dtype, c, 0.0);
-      out.p[c] = k * invstd * sums[channels + c] / count;
+      out.p[c] = b.p;
+    } else {
+      out.k[c] = math::eval_backward_scale(var_c, weight_c, eps);
     }
   }
 }
 
-template <class T>
+template <class T, bool Masked>
 static __global__ void backward_apply_kernel(const T* dy, const T* x, T* dx, BackwardCoefficients coefficients,
-                                             bool training, ChannelLayout l) {
+                                             Mask<acc_t<T>> mask, bool training, ChannelGeometry l) {
   using A = acc_t<T>;
   const int64_t n = l.numel();
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const int64_t c = channel_of(i, l);
+    const int64_t c = l.channel_of(i);
     const A k = static_cast<A>(coefficients.k[c]);
+    A g = to_acc(dy[i]);
+    if constexpr (Masked) g = math::relu_masked(g, to_acc(x[i]), mask.scale[c], mask.shift[c]);
     if (training) {
       const A mean_dy = static_cast<A>(coefficients.mean_dy[c]), mean = static_cast<A>(coefficients.mean[c]);
       const A p = static_cast<A>(coefficients.p[c]);
-      dx[i] = from_acc<T>(k * (to_acc(dy[i]) - mean_dy) - p * (to_acc(x[i]) - mean));
+      dx[i] = from_acc<T>(k * (g - mean_dy) - p * (to_acc(x[i]) - mean));
     } else {
-      dx[i] = from_acc<T>(to_acc(dy[i]) * k);
+      dx[i] = from_acc<T>(g * k);
     }
   }
 }
@@ -272,9 +317,9 @@ static __global__ void backward_apply_kernel(const T* dy, const T* x, T* dx, Bac
 
 Tensor batch_norm_stats(const Tensor& input_in) {
   const auto device_guard = on_device_of("batch_norm", input_in);
-  const Layout layout = layout_for(input_in);
-  const Tensor x = in_layout(input_in, layout);
-  return channel_sums<false>(x, Tensor(), channel_layout(x, layout), {}, {}, 0.0);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format);
+  return channel_sums<false>(x, Tensor(), math::channel_geometry(x, format), {}, {}, 0.0);
 }
 
 Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tensor& running_mean,
@@ -301,53 +346,56 @@ Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tens
 }
 
 Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps) {
+                        const Tensor& bias, double eps, Activation activation) {
   const auto device_guard = on_device_of("batch_norm", input_in);
-  const Layout layout = layout_for(input_in);
-  const Tensor x = in_layout(input_in, layout);
-  const ChannelLayout l = channel_layout(x, layout);
-  Tensor y = layout == Layout::nhwc ? empty_4d(x.sizes(), x.dtype(), x.device(), layout)
-                                    : Tensor::empty(x.sizes(), x.dtype(), x.device());
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format);
+  const ChannelGeometry l = math::channel_geometry(x, format);
+  Tensor y = empty_with_format(x.sizes(), x.dtype(), x.device(), format);
   if (l.numel() == 0) return y;
   const cudaStream_t stream = stream_of(x);
+  const Tensor coefficients = apply_coefficients(mean, var, weight, bias, l.channels, eps, x.dtype(), x.device(), stream);
   visit_float(x.dtype(), "batch_norm", [&]<class T>() {
     using A = acc_t<T>;
-    Tensor coefficients = Tensor::empty({2, l.channels}, dtype_of<A>(), x.device());
-    A* scale = coefficients.data<A>();
-    apply_coefficients_kernel<A><<<blocks_for(l.channels), kThreads, 0, stream>>>(
-        channel_array(mean), channel_array(var), channel_array(weight), channel_array(bias), l.channels, eps, scale,
-        scale + l.channels);
-    LOOM_CHECK_LAUNCH();
-    apply_kernel<T><<<blocks_for(l.numel()), kThreads, 0, stream>>>(x.data<T>(), y.data<T>(), scale,
-                                                                     scale + l.channels, l);
-    LOOM_CHECK_LAUNCH();
+    const A* scale = coefficients.data<A>();
+    with_flag(activation == Activation::relu, [&]<bool Relu>() {
+      apply_kernel<T, Relu><<<blocks_for(l.numel()), kThreads, 0, stream>>>(x.data<T>(), y.data<T>(), scale,
+                                                                             scale + l.channels, l);
+      LOOM_CHECK_LAUNCH();
+    });
   });
   return y;
 }
 
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
-                                  const Tensor& var, double eps) {
+                                  const Tensor& var, double eps, const FusedRelu& relu) {
   const auto device_guard = on_device_of("batch_norm backward", input_in);
-  const Layout layout = layout_for(input_in);
-  const Tensor x = in_layout(input_in, layout);
-  const Tensor dy = in_layout(grad_output.dtype() == x.dtype() ? grad_output : grad_output.to(x.dtype()), layout);
-  return channel_sums<true>(x, dy, channel_layout(x, layout), channel_array(mean), channel_array(var), eps);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format);
+  const Tensor dy =
+      in_memory_format(grad_output.dtype() == x.dtype() ? grad_output : grad_output.to(x.dtype()), format);
+  const ChannelGeometry l = math::channel_geometry(x, format);
+  const Tensor mask = relu.enabled ? apply_coefficients(mean, var, relu.weight, relu.bias, l.channels, eps, x.dtype(),
+                                                        x.device(), stream_of(x))
+                                   : Tensor();
+  return channel_sums<true>(x, dy, l, channel_array(mean), channel_array(var), eps, mask);
 }
 
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps) {
+                                 double eps, const FusedRelu& relu) {
   const auto device_guard = on_device_of("batch_norm backward", grad_output);
   const bool training = grad_sums.defined();
   LOOM_CHECK(!training || count > 0, "batch_norm backward: sums over ", count, " elements per channel");
-  // dx follows the input's memory order; in eval mode the input is not read.
-  const Layout layout = layout_for(training ? input_in : grad_output);
-  const Tensor dy = in_layout(grad_output, layout);
-  const Tensor x = training ? in_layout(input_in.dtype() == dy.dtype() ? input_in : input_in.to(dy.dtype()), layout)
-                            : Tensor();
-  const ChannelLayout l = channel_layout(dy, layout);
-  Tensor dx = layout == Layout::nhwc ? empty_4d(dy.sizes(), dy.dtype(), dy.device(), layout)
-                                     : Tensor::empty(dy.sizes(), dy.dtype(), dy.device());
+  // dx follows the input's memory order; in eval mode without a fused ReLU the input is not read.
+  const bool reads_input = training || relu.enabled;
+  const MemoryFormat format = memory_format_of(reads_input ? input_in : grad_output);
+  const Tensor dy = in_memory_format(grad_output, format);
+  const Tensor x =
+      reads_input ? in_memory_format(input_in.dtype() == dy.dtype() ? input_in : input_in.to(dy.dtype()), format)
+                  : Tensor();
+  const ChannelGeometry l = math::channel_geometry(dy, format);
+  Tensor dx = empty_with_format(dy.sizes(), dy.dtype(), dy.device(), format);
   if (l.numel() == 0) return dx;
   const cudaStream_t stream = stream_of(dy);
   Tensor sums = training ? contiguous_input(grad_sums.dtype() == DType::f64 ? grad_sums : grad_sums.to(DType::f64))
@@ -359,10 +407,18 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_
       channel_array(mean), channel_array(var), channel_array(weight), training ? sums.data<double>() : nullptr,
       l.channels, static_cast<double>(count), eps, coefficients);
   LOOM_CHECK_LAUNCH();
+  const Tensor mask_coefficients =
+      relu.enabled ? apply_coefficients(mean, var, relu.weight, relu.bias, l.channels, eps, dy.dtype(), dy.device(), stream)
+                   : Tensor();
   visit_float(dy.dtype(), "batch_norm backward", [&]<class T>() {
-    backward_apply_kernel<T><<<blocks_for(l.numel()), kThreads, 0, stream>>>(
-        dy.data<T>(), training ? x.data<T>() : nullptr, dx.data<T>(), coefficients, training, l);
-    LOOM_CHECK_LAUNCH();
+    using A = acc_t<T>;
+    Mask<A> mask;
+    if (relu.enabled) mask = {mask_coefficients.data<A>(), mask_coefficients.data<A>() + l.channels};
+    with_flag(relu.enabled, [&]<bool Masked>() {
+      backward_apply_kernel<T, Masked><<<blocks_for(l.numel()), kThreads, 0, stream>>>(
+          dy.data<T>(), reads_input ? x.data<T>() : nullptr, dx.data<T>(), coefficients, mask, training, l);
+      LOOM_CHECK_LAUNCH();
+    });
   });
   return dx;
 }

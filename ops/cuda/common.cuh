@@ -1,7 +1,8 @@
 // What every ops/cuda/<op>.cu shares: the element helpers of
 // core/cuda/device_elements.cuh, launch sizes, warp and block reductions, the
-// dtype switch over the floating types, memory orders (NCHW / channels-last)
-// and the checks of the public entry points. CUDA and loom headers only.
+// dtype switch over the floating types and the checks of the public entry
+// points. Memory formats (NCHW / channels-last): core/memory_format.h. CUDA
+// and loom headers only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 #include <loom/core/cuda/check.h>
 #include <loom/core/cuda/device_elements.cuh>
 #include <loom/core/cuda/runtime.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/tensor.h>
 
 namespace loom::ops::cuda_detail {
@@ -141,43 +143,6 @@ inline void check_cuda(const char* op, const Tensor& t) {
 [[nodiscard]] inline ::loom::cuda::DeviceGuard on_device_of(const char* op, const Tensor& t) {
   check_cuda(op, t);
   return ::loom::cuda::DeviceGuard(t.device().index);
-}
-
-// The memory order of a 4-d (N, C, H, W) tensor: NCHW (contiguous) or NHWC
-// (channels-last strides). Other layouts are made contiguous by the caller.
-enum class Layout { nchw, nhwc };
-
-inline bool is_channels_last(const Tensor& t) {
-  if (t.dim() != 4) return false;
-  const Shape& s = t.sizes();
-  const Shape& st = t.strides();
-  const int64_t c = s[1], h = s[2], w = s[3];
-  // Size-1 dims may carry any stride.
-  return (c == 1 || st[1] == 1) && (w == 1 || st[3] == c) && (h == 1 || st[2] == w * c) &&
-         (s[0] == 1 || st[0] == h * w * c);
-}
-
-inline Layout layout_of(const Tensor& t) {
-  if (t.is_contiguous()) return Layout::nchw;
-  return is_channels_last(t) ? Layout::nhwc : Layout::nchw;
-}
-
-// An uninitialised (N, C, H, W) tensor with the memory order `layout`.
-inline Tensor empty_4d(const Shape& sizes, DType dtype, Device device, Layout layout) {
-  if (layout == Layout::nchw) return Tensor::empty(sizes, dtype, device);
-  const int64_t n = sizes[0], c = sizes[1], h = sizes[2], w = sizes[3];
-  Tensor memory = Tensor::empty({n, h, w, c}, dtype, device);
-  return make_view(memory, sizes, {h * w * c, 1, w * c, c}, 0);
-}
-
-// `t` in the memory order `layout` (a copy when it is in another).
-inline Tensor in_layout(const Tensor& t, Layout layout) {
-  NoGradGuard no_grad;
-  if (layout == Layout::nchw) return t.contiguous();
-  if (is_channels_last(t)) return t;
-  Tensor out = empty_4d(t.sizes(), t.dtype(), t.device(), Layout::nhwc);
-  out.copy_(t);
-  return out;
 }
 
 }  // namespace loom::ops::cuda_detail

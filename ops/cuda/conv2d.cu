@@ -3,7 +3,7 @@
 // its gradient is batch norm's per-channel sum (ops/cuda/batch_norm.cu). NCHW and channels-last (NHWC) inputs; the
 // output and gradients keep the input's memory order (the weight is used in
 // that order too). The algorithm of each pass is chosen once per (shapes,
-// dtype, layout, math mode) -- by timing the candidates (cudnnFind) or by
+// dtype, format, math mode) -- by timing the candidates (cudnnFind) or by
 // cuDNN's heuristic (cudnnGet), see cuda::conv_algorithm_search() -- and
 // cached; workspaces come from the caching allocator. Accumulation is fp32 for
 // f16 / bf16 (f64 for f64); f32 uses TF32 tensor cores only when
@@ -45,16 +45,16 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// A 4-d tensor descriptor of `sizes` laid out as `layout` (canonical strides,
+// A 4-d tensor descriptor of `sizes` laid out as `format` (canonical strides,
 // so size-1 dims with unusual strides do not matter).
-void describe_tensor(const lc::CudnnTensorDescriptor& d, DType dtype, const Shape& sizes, Layout layout) {
+void describe_tensor(const lc::CudnnTensorDescriptor& d, DType dtype, const Shape& sizes, MemoryFormat format) {
   const int n = as_int(sizes[0], "batch"), c = as_int(sizes[1], "channels"), h = as_int(sizes[2], "height"),
             w = as_int(sizes[3], "width");
   const int dims[4] = {n, c, h, w};
   // The legacy API takes int strides and no tensor of 2^31 elements or more.
   as_int(sizes[0] * sizes[1] * sizes[2] * sizes[3], "number of elements");
   int s[4];
-  if (layout == Layout::nhwc) {
+  if (format == MemoryFormat::nhwc) {
     s[0] = h * w * c, s[1] = 1, s[2] = w * c, s[3] = c;
   } else {
     s[0] = c * h * w, s[1] = h * w, s[2] = w, s[3] = 1;
@@ -71,13 +71,13 @@ struct Problem {
   bool tf32;
   std::array<int64_t, 16> key{};
 
-  Problem(DType dtype_in, Layout layout, const Shape& input, const Shape& weight, const Shape& output,
+  Problem(DType dtype_in, MemoryFormat format, const Shape& input, const Shape& weight, const Shape& output,
           const Conv2dParams& p)
       : dtype(dtype_in), tf32(dtype_in == DType::f32 && lc::allow_tf32()) {
-    describe_tensor(x, dtype, input, layout);
-    describe_tensor(y, dtype, output, layout);
+    describe_tensor(x, dtype, input, format);
+    describe_tensor(y, dtype, output, format);
     LOOM_CHECK_CUDNN(cudnnSetFilter4dDescriptor(
-        w.get(), data_type(dtype), layout == Layout::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+        w.get(), data_type(dtype), format == MemoryFormat::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
         as_int(weight[0], "output channels"), as_int(weight[1], "input channels"), as_int(weight[2], "kernel height"),
         as_int(weight[3], "kernel width")));
     LOOM_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(
@@ -85,7 +85,7 @@ struct Problem {
         as_int(p.stride[1], "stride"), as_int(p.dilation[0], "dilation"), as_int(p.dilation[1], "dilation"),
         CUDNN_CROSS_CORRELATION, dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
     set_math(default_math());
-    key = {static_cast<int64_t>(dtype), layout == Layout::nhwc, tf32, input[0], input[1], input[2], input[3],
+    key = {static_cast<int64_t>(dtype), format == MemoryFormat::nhwc, tf32, input[0], input[1], input[2], input[3],
            weight[0], weight[2], weight[3], p.padding[0], p.padding[1], p.stride[0], p.stride[1], p.dilation[0],
            p.dilation[1]};
   }
@@ -277,23 +277,41 @@ static __global__ void add_bias_kernel(T* y, const T* bias, int64_t n, int64_t c
   }
 }
 
+// dw = the weight gradient by cuDNN's backward-filter pass; x, dy and dw in the memory order `format`.
+void backward_filter(const Tensor& dy, const Tensor& x, const Conv2dParams& params, MemoryFormat format, Tensor& dw) {
+  const Shape& weight_sizes = dw.sizes();
+  const int device = dy.device().index;
+  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
+  const Problem problem(dy.dtype(), format, x.sizes(), weight_sizes, dy.sizes(), params);
+  const Choice choice =
+      choose(Pass::backward_filter, problem, handle, {x.raw_data(), dy.raw_data(), dw.raw_data()}, device);
+  problem.set_math_for_run(choice.math);
+  lc::DeviceBuffer workspace(choice.workspace, device);
+  const Scaling s(dy.dtype());
+  LOOM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(handle, s.one(), problem.x.get(), x.raw_data(), problem.y.get(),
+                                                  dy.raw_data(), problem.conv.get(),
+                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
+                                                  workspace.data(), workspace.size(), s.zero(), problem.w.get(),
+                                                  dw.raw_data()));
+}
+
 }  // namespace
 
 Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
                       const Conv2dParams& params) {
   const auto device_guard = on_device_of("conv2d", input_in);
-  const Layout layout = layout_of(input_in);
-  const Tensor x = in_layout(input_in, layout), w = in_layout(weight_in, layout);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format), w = in_memory_format(weight_in, format);
   const Size2 out_hw = conv2d_output_size({x.size(2), x.size(3)}, {w.size(2), w.size(3)}, params);
   const Shape out_sizes{x.size(0), w.size(0), out_hw[0], out_hw[1]};
-  Tensor y = empty_4d(out_sizes, x.dtype(), x.device(), layout);
+  Tensor y = empty_with_format(out_sizes, x.dtype(), x.device(), format);
   if (y.numel() == 0) return y;
   if (x.size(1) == 0) {
     y.zero_();  // no input channels: the output is the bias alone, as on the CPU
   } else {
     const int device = x.device().index;
     cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
-    const Problem problem(x.dtype(), layout, x.sizes(), w.sizes(), out_sizes, params);
+    const Problem problem(x.dtype(), format, x.sizes(), w.sizes(), out_sizes, params);
     const Choice choice = choose(Pass::forward, problem, handle, {x.raw_data(), w.raw_data(), y.raw_data()}, device);
     problem.set_math_for_run(choice.math);
     lc::DeviceBuffer workspace(choice.workspace, device);
@@ -308,7 +326,7 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
     const Tensor b = contiguous_input(bias_in);
     visit_float(y.dtype(), "conv2d", [&]<class T>() {
       add_bias_kernel<T><<<blocks_for(y.numel()), kThreads, 0, stream_of(y)>>>(
-          y.data<T>(), b.data<T>(), y.numel(), y.size(1), y.size(2) * y.size(3), layout == Layout::nhwc);
+          y.data<T>(), b.data<T>(), y.numel(), y.size(1), y.size(2) * y.size(3), format == MemoryFormat::nhwc);
       LOOM_CHECK_LAUNCH();
     });
   }
@@ -318,14 +336,14 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in, const Shape& input_sizes,
                              const Conv2dParams& params) {
   const auto device_guard = on_device_of("conv2d backward", grad_output);
-  const Layout layout = layout_of(grad_output);
-  const Tensor dy = in_layout(grad_output, layout), w = in_layout(weight_in, layout);
-  Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
+  const MemoryFormat format = memory_format_of(grad_output);
+  const Tensor dy = in_memory_format(grad_output, format), w = in_memory_format(weight_in, format);
+  Tensor dx = empty_with_format(input_sizes, dy.dtype(), dy.device(), format);
   if (dx.numel() == 0) return dx;
   if (dy.numel() == 0) return dx.zero_();
   const int device = dy.device().index;
   cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
-  const Problem problem(dy.dtype(), layout, input_sizes, w.sizes(), dy.sizes(), params);
+  const Problem problem(dy.dtype(), format, input_sizes, w.sizes(), dy.sizes(), params);
   const Choice choice =
       choose(Pass::backward_data, problem, handle, {w.raw_data(), dy.raw_data(), dx.raw_data()}, device);
   problem.set_math_for_run(choice.math);
@@ -340,28 +358,39 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in,
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input_in, const Shape& weight_sizes,
-                              const Conv2dParams& params) {
+                              const Conv2dParams& params, const Tensor& out) {
   const auto device_guard = on_device_of("conv2d backward", grad_output);
-  const Layout layout = layout_of(input_in);
-  const Tensor x = in_layout(input_in, layout), dy = in_layout(grad_output, layout);
-  Tensor dw = empty_4d(weight_sizes, dy.dtype(), dy.device(), layout);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format), dy = in_memory_format(grad_output, format);
+  // cuDNN writes the weight gradient in the input's memory order: straight
+  // into `out` when it fits and that order is NCHW, else copied into it.
+  const bool fits_out = fits_result(out, weight_sizes, grad_output.dtype(), grad_output.device());
+  const bool into_out = fits_out && format == MemoryFormat::nchw;
+  Tensor dw = into_out ? out : empty_with_format(weight_sizes, dy.dtype(), dy.device(), format);
   if (dw.numel() == 0) return dw;
-  if (x.size(0) == 0 || dy.numel() == 0) return dw.zero_();
-  const int device = dy.device().index;
-  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
-  const Problem problem(dy.dtype(), layout, x.sizes(), weight_sizes, dy.sizes(), params);
-  const Choice choice =
-      choose(Pass::backward_filter, problem, handle, {x.raw_data(), dy.raw_data(), dw.raw_data()}, device);
-  problem.set_math_for_run(choice.math);
-  lc::DeviceBuffer workspace(choice.workspace, device);
-  const Scaling s(dy.dtype());
-  LOOM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(handle, s.one(), problem.x.get(), x.raw_data(), problem.y.get(),
-                                                  dy.raw_data(), problem.conv.get(),
-                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
-                                                  workspace.data(), workspace.size(), s.zero(), problem.w.get(),
-                                                  dw.raw_data()));
+  if (x.size(0) == 0 || dy.numel() == 0) {
+    dw.zero_();
+  } else {
+    backward_filter(dy, x, params, format, dw);
+  }
+  if (fits_out && !into_out) {
+    Tensor written = out;
+    return written.copy_(dw);
+  }
   return dw;
 }
+
+std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
+                                                       const Tensor& weight, const Conv2dParams& params,
+                                                       const Tensor& out) {
+  const auto device_guard = on_device_of("conv2d backward", grad_output);
+  // cuDNN has no pass that computes both; the output gradient is put into the
+  // input's memory order once for the two.
+  const Tensor dy = in_memory_format(grad_output, memory_format_of(input));
+  return {conv2d_backward_input(dy, weight, input.sizes(), params),
+          conv2d_backward_weight(dy, input, weight.sizes(), params, out)};
+}
+
 
 Tensor conv2d_backward_bias(const Tensor& grad_output) {
   const auto device_guard = on_device_of("conv2d backward", grad_output);

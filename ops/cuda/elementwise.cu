@@ -13,14 +13,14 @@ namespace {
 // ---- kernels ----
 
 template <class T>
-static __global__ void binary_kernel(cpu::Binary op, const T* a, const T* b, T* out, int64_t n) {
+static __global__ void binary_kernel(Binary op, const T* a, const T* b, T* out, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const acc_t<T> x = to_acc(a[i]), y = to_acc(b[i]);
     acc_t<T> r;
     switch (op) {
-      case cpu::Binary::add: r = x + y; break;
-      case cpu::Binary::sub: r = x - y; break;
-      default: r = x * y; break;
+      case Binary::add: r = x + y; break;
+      case Binary::sub: r = x - y; break;
+      case Binary::mul: r = x * y; break;
     }
     out[i] = from_acc<T>(r);
   }
@@ -31,19 +31,17 @@ static __global__ void affine_kernel(const T* x, T* out, int64_t n, acc_t<T> fac
   for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = from_acc<T>(to_acc(x[i]) * factor + offset);
 }
 
-template <class T>
-static __global__ void relu_forward_kernel(const T* x, T* out, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const acc_t<T> v = to_acc(x[i]);
-    out[i] = from_acc<T>(v > 0 ? v : acc_t<T>(0));
-  }
+// y = Op::forward(x) (ops/elementwise_math.h), in the accumulation type.
+template <class T, class Op>
+static __global__ void unary_forward_kernel(const T* x, T* out, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = from_acc<T>(Op::forward(to_acc(x[i])));
 }
 
-// dx = dy where the forward output is positive, else 0.
-template <class T>
-static __global__ void relu_backward_kernel(const T* grad, const T* output, T* out, int64_t n) {
+// dx = Op::backward(dy, saved), saved being the forward's input or output.
+template <class T, class Op>
+static __global__ void unary_backward_kernel(const T* grad, const T* saved, T* out, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    out[i] = to_acc(output[i]) > 0 ? grad[i] : from_acc<T>(0);
+    out[i] = from_acc<T>(Op::backward(to_acc(grad[i]), to_acc(saved[i])));
   }
 }
 
@@ -76,7 +74,7 @@ static __global__ void broadcast_scalar_kernel(const T* g, double factor, T* out
 // ---- launchers ----
 
 template <class T>
-void launch_binary(cpu::Binary op, const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+void launch_binary(Binary op, const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
   binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(op, a, b, out, n);
   LOOM_CHECK_LAUNCH();
 }
@@ -107,7 +105,7 @@ Tensor dense_input(const Tensor& x) { return is_dense(x) ? x : contiguous_input(
 
 }  // namespace
 
-Tensor binary(cpu::Binary op, const Tensor& a, const Tensor& b) {
+Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
   const auto device_guard = on_device_of("elementwise op", a);
   check_cuda("elementwise op", b);
   LOOM_CHECK(a.sizes() == b.sizes() && a.dtype() == b.dtype(), "elementwise op: ", a.str(), " and ", b.str(),
@@ -131,28 +129,32 @@ Tensor affine(const Tensor& x_in, double factor, double offset) {
   return out;
 }
 
-Tensor relu_forward(const Tensor& x_in) {
-  const auto device_guard = on_device_of("relu", x_in);
+Tensor unary_forward(Unary op, const Tensor& x_in) {
+  const auto device_guard = on_device_of("unary op", x_in);
   const Tensor x = dense_input(x_in);
   Tensor out = empty_like_dense(x, x.dtype());
-  visit_float(x.dtype(), "relu", [&]<class T>() {
-    relu_forward_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(x.data<T>(), out.data<T>(),
-                                                                                   x.numel());
-    LOOM_CHECK_LAUNCH();
+  visit_unary(op, [&]<class Op>() {
+    visit_float(x.dtype(), "unary op", [&]<class T>() {
+      unary_forward_kernel<T, Op><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(x.data<T>(), out.data<T>(),
+                                                                                        x.numel());
+      LOOM_CHECK_LAUNCH();
+    });
   });
   return out;
 }
 
-Tensor relu_backward(const Tensor& grad_in, const Tensor& output_in) {
-  const auto device_guard = on_device_of("relu backward", grad_in);
-  check_cuda("relu backward", output_in);
-  // The gradient may arrive in another dtype or memory order than the output.
-  const Tensor grad = grad_in.dtype() == output_in.dtype() ? grad_in : grad_in.to(output_in.dtype());
-  Operands o = prepare(grad, output_in);
-  visit_float(o.a.dtype(), "relu backward", [&]<class T>() {
-    relu_backward_kernel<T><<<blocks_for(o.out.numel()), kThreads, 0, stream_of(o.a)>>>(
-        o.a.data<T>(), o.b.data<T>(), o.out.data<T>(), o.out.numel());
-    LOOM_CHECK_LAUNCH();
+Tensor unary_backward(Unary op, const Tensor& grad_in, const Tensor& saved) {
+  const auto device_guard = on_device_of("unary op backward", grad_in);
+  check_cuda("unary op backward", saved);
+  // The gradient may arrive in another dtype or memory order than the saved tensor.
+  const Tensor grad = grad_in.dtype() == saved.dtype() ? grad_in : grad_in.to(saved.dtype());
+  Operands o = prepare(grad, saved);
+  visit_unary(op, [&]<class Op>() {
+    visit_float(o.a.dtype(), "unary op backward", [&]<class T>() {
+      unary_backward_kernel<T, Op><<<blocks_for(o.out.numel()), kThreads, 0, stream_of(o.a)>>>(
+          o.a.data<T>(), o.b.data<T>(), o.out.data<T>(), o.out.numel());
+      LOOM_CHECK_LAUNCH();
+    });
   });
   return o.out;
 }

@@ -109,6 +109,11 @@ void linear_backward(const Tensor& grad_in, const Tensor& input_in, const Tensor
   const Tensor x = contiguous_input(input_in), w = contiguous_input(weight_in);
   const Tensor dy = contiguous_input(grad_in.dtype() == x.dtype() ? grad_in : grad_in.to(x.dtype()));
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  // Outputs the caller passed in (gradient destinations), written into where
+  // they fit, as on the CPU; the kernels compute in the tensors' own dtype.
+  const Tensor weight_out = fits_result(grad_weight, {out, in}, x.dtype(), x.device()) ? grad_weight : Tensor();
+  const Tensor bias_out = fits_result(grad_bias, {out}, x.dtype(), x.device()) ? grad_bias : Tensor();
+  grad_input = grad_weight = grad_bias = Tensor();
   if (want_input) {
     grad_input = Tensor::empty({n, in}, x.dtype(), x.device());
     if (out == 0) {
@@ -118,7 +123,7 @@ void linear_backward(const Tensor& grad_in, const Tensor& input_in, const Tensor
     }
   }
   if (want_weight) {
-    grad_weight = Tensor::empty({out, in}, x.dtype(), x.device());
+    grad_weight = weight_out.defined() ? weight_out : Tensor::empty({out, in}, x.dtype(), x.device());
     if (n == 0) {
       grad_weight.zero_();
     } else if (out > 0 && in > 0) {  // dWᵀ (in, out) = x' · op_T(dy')
@@ -126,7 +131,7 @@ void linear_backward(const Tensor& grad_in, const Tensor& input_in, const Tensor
     }
   }
   if (want_bias) {
-    grad_bias = Tensor::empty({out}, x.dtype(), x.device());
+    grad_bias = bias_out.defined() ? bias_out : Tensor::empty({out}, x.dtype(), x.device());
     if (out > 0) {
       visit_float(x.dtype(), "linear backward", [&]<class T>() {
         const dim3 block(kBiasFeatures, kBiasRowGroups);

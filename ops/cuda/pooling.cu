@@ -139,11 +139,11 @@ static __global__ void adaptive_avg_backward_kernel(const T* dy, T* dx, PoolShap
   }
 }
 
-// Runs fn.template operator()<T, ChannelsLast>() for the tensor's dtype and layout.
+// Runs fn.template operator()<T, ChannelsLast>() for the tensor's dtype and format.
 template <class Fn>
-void visit_pooling(DType dtype, Layout layout, const char* op, Fn&& fn) {
+void visit_pooling(DType dtype, MemoryFormat format, const char* op, Fn&& fn) {
   visit_float(dtype, op, [&]<class T>() {
-    if (layout == Layout::nhwc) {
+    if (format == MemoryFormat::nhwc) {
       fn.template operator()<T, true>();
     } else {
       fn.template operator()<T, false>();
@@ -159,17 +159,17 @@ int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t paddi
 
 Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
   const auto device_guard = on_device_of("max_pool2d", input_in);
-  const Layout layout = layout_of(input_in);
-  const Tensor x = in_layout(input_in, layout);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format);
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), pooled_size(x.size(2), kernel[0], stride[0], padding[0]),
                     pooled_size(x.size(3), kernel[1], stride[1], padding[1])};
   const Window window{kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1]};
   const Shape out_sizes{s.n, s.c, s.out_h, s.out_w};
-  Tensor out = empty_4d(out_sizes, x.dtype(), x.device(), layout);
-  indices = empty_4d(out_sizes, DType::i64, x.device(), layout);
+  Tensor out = empty_with_format(out_sizes, x.dtype(), x.device(), format);
+  indices = empty_with_format(out_sizes, DType::i64, x.device(), format);
   const int64_t total = out.numel();
   if (total == 0) return out;
-  visit_pooling(x.dtype(), layout, "max_pool2d", [&]<class T, bool ChannelsLast>() {
+  visit_pooling(x.dtype(), format, "max_pool2d", [&]<class T, bool ChannelsLast>() {
     max_pool_forward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(
         x.data<T>(), out.data<T>(), indices.data<int64_t>(), s, window);
     LOOM_CHECK_LAUNCH();
@@ -179,35 +179,35 @@ Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Si
 
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices_in, const Shape& input_sizes) {
   const auto device_guard = on_device_of("max_pool2d backward", grad_output);
-  const Layout layout = layout_of(indices_in);
-  const Tensor index = in_layout(indices_in, layout);
-  const Tensor dy = in_layout(grad_output, layout);
+  const MemoryFormat format = memory_format_of(indices_in);
+  const Tensor index = in_memory_format(indices_in, format);
+  const Tensor dy = in_memory_format(grad_output, format);
   const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
   const DType accumulate = dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor sums = empty_4d(input_sizes, accumulate, dy.device(), layout);
+  Tensor sums = empty_with_format(input_sizes, accumulate, dy.device(), format);
   sums.zero_();
   if (dy.numel() > 0) {
-    visit_pooling(dy.dtype(), layout, "max_pool2d backward", [&]<class T, bool ChannelsLast>() {
+    visit_pooling(dy.dtype(), format, "max_pool2d backward", [&]<class T, bool ChannelsLast>() {
       max_pool_backward_kernel<T, ChannelsLast><<<blocks_for(dy.numel()), kThreads, 0, stream_of(dy)>>>(
           dy.data<T>(), index.data<int64_t>(), sums.data<acc_t<T>>(), s);
       LOOM_CHECK_LAUNCH();
     });
   }
   if (accumulate == dy.dtype()) return sums;
-  Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
+  Tensor dx = empty_with_format(input_sizes, dy.dtype(), dy.device(), format);
   dx.copy_(sums);
   return dx;
 }
 
 Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
   const auto device_guard = on_device_of("adaptive_avg_pool2d", input_in);
-  const Layout layout = layout_of(input_in);
-  const Tensor x = in_layout(input_in, layout);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format);
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
-  Tensor out = empty_4d({s.n, s.c, s.out_h, s.out_w}, x.dtype(), x.device(), layout);
+  Tensor out = empty_with_format({s.n, s.c, s.out_h, s.out_w}, x.dtype(), x.device(), format);
   const int64_t total = out.numel();
   if (total == 0) return out;
-  visit_pooling(x.dtype(), layout, "adaptive_avg_pool2d", [&]<class T, bool ChannelsLast>() {
+  visit_pooling(x.dtype(), format, "adaptive_avg_pool2d", [&]<class T, bool ChannelsLast>() {
     adaptive_avg_forward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(
         x.data<T>(), out.data<T>(), s);
     LOOM_CHECK_LAUNCH();
@@ -217,13 +217,13 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
   const auto device_guard = on_device_of("adaptive_avg_pool2d backward", grad_output);
-  const Layout layout = layout_of(grad_output);
-  const Tensor dy = in_layout(grad_output, layout);
+  const MemoryFormat format = memory_format_of(grad_output);
+  const Tensor dy = in_memory_format(grad_output, format);
   const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
-  Tensor dx = empty_4d(input_sizes, dy.dtype(), dy.device(), layout);
+  Tensor dx = empty_with_format(input_sizes, dy.dtype(), dy.device(), format);
   const int64_t total = dx.numel();
   if (total == 0) return dx;
-  visit_pooling(dy.dtype(), layout, "adaptive_avg_pool2d backward", [&]<class T, bool ChannelsLast>() {
+  visit_pooling(dy.dtype(), format, "adaptive_avg_pool2d backward", [&]<class T, bool ChannelsLast>() {
     adaptive_avg_backward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(dy)>>>(
         dy.data<T>(), dx.data<T>(), s);
     LOOM_CHECK_LAUNCH();

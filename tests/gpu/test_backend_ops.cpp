@@ -79,6 +79,7 @@ TEST_CASE("elementwise ops and reductions") {
       check_op(label("add_scalar", dtype, shape), {a},
                [](const TensorList& t) { return TensorList{add_scalar(t[0], -0.75)}; }, tol);
       check_op(label("relu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{relu(t[0])}; }, tol);
+      check_op(label("gelu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{gelu(t[0])}; }, tol);
       check_op(label("sum", dtype, shape), {a}, [](const TensorList& t) { return TensorList{sum(t[0])}; }, tol);
       check_op(label("mean", dtype, shape), {a}, [](const TensorList& t) { return TensorList{mean(t[0])}; }, tol);
     }
@@ -226,6 +227,100 @@ TEST_CASE("batch_norm: training, eval, running statistics, mixed precision, chan
       }
     }
   }
+}
+
+TEST_CASE("batch_norm + ReLU fused: one pass forward, the mask recomputed from the input in backward") {
+  struct Case {
+    Shape input;
+    bool affine, training;
+  };
+  // Weights of both signs, so the mask differs from the sign of xhat.
+  const Case cases[] = {{{4, 3, 5, 7}, true, true},  {{6, 10}, true, true},   {{2, 16, 1, 1}, true, true},
+                        {{3, 8, 5, 6}, false, true}, {{4, 3, 5, 7}, true, false}, {{5, 4, 3}, true, false}};
+  for (DType dtype : kFloatTypes) {
+    const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
+    for (const Case& c : cases) {
+      for (bool channels_last : {false, true}) {
+        if (channels_last && c.input.size() != 4) continue;
+        const int64_t channels = c.input[1];
+        const Tensor x = leaf(c.input, 36, dtype, -2.0, 3.0);
+        const Tensor w = c.affine ? leaf({channels}, 37, param_dtype, -1.5, 1.5) : Tensor();
+        const Tensor b = c.affine ? leaf({channels}, 38, param_dtype) : Tensor();
+        const Tensor rm = random_cpu({channels}, 39, param_dtype);
+        const Tensor rv = random_cpu({channels}, 40, param_dtype, 0.5, 2.0);
+        const bool training = c.training;
+        check_op(label(training ? "batch_norm + relu train" : "batch_norm + relu eval", dtype, c.input),
+                 {x, w, b, rm, rv},
+                 [training](const TensorList& t) {
+                   Tensor y = batch_norm(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5, Activation::relu);
+                   return TensorList{y, t[3], t[4]};
+                 },
+                 tolerance_for(dtype), channels_last);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm + ReLU fused equals batch_norm then relu on CUDA, and saves no output") {
+  const Tensor x = to_gpu(random_cpu({4, 6, 5, 5}, 44, DType::f32, -2.0, 2.0)).set_requires_grad(true);
+  const Tensor w = to_gpu(random_cpu({6}, 45, DType::f32, -1.5, 1.5)).set_requires_grad(true);
+  const Tensor b = to_gpu(random_cpu({6}, 46, DType::f32)).set_requires_grad(true);
+  const Tensor upstream = to_gpu(random_cpu({4, 6, 5, 5}, 47, DType::f32));
+  const Tensor fused = batch_norm(x, w, b, Tensor(), Tensor(), true, 0.1, 1e-5, Activation::relu);
+  fused.backward(upstream);
+  const TensorList fused_grads{x.grad(), w.grad(), b.grad()};
+  const Tensor x2 = x.detach().set_requires_grad(true), w2 = w.detach().set_requires_grad(true),
+               b2 = b.detach().set_requires_grad(true);
+  const Tensor separate = relu(batch_norm(x2, w2, b2, Tensor(), Tensor(), true, 0.1, 1e-5));
+  separate.backward(upstream);
+  check_close(fused, separate, 1e-6, "fused forward");
+  check_close(fused_grads[0], x2.grad(), 1e-5, "fused input gradient");
+  check_close(fused_grads[1], w2.grad(), 1e-5, "fused weight gradient");
+  check_close(fused_grads[2], b2.grad(), 1e-5, "fused bias gradient");
+}
+
+TEST_CASE("conv2d backward kernels: input alone, weight alone, both at once, into an output tensor") {
+  const Conv2dParams params{.stride = {1, 1}, .padding = {1, 1}};
+  for (DType dtype : {DType::f32, DType::f16}) {
+    for (bool channels_last : {false, true}) {
+      INFO(dtype_name(dtype), channels_last ? " channels-last" : "");
+      const Tensor x = random_cpu({2, 3, 7, 6}, 26, dtype), w = random_cpu({4, 3, 3, 3}, 27, dtype, -0.5, 0.5);
+      const Tensor dy = random_cpu({2, 4, 7, 6}, 28, dtype);
+      const Tensor gx = to_gpu(x, channels_last), gw = to_gpu(w, channels_last), gdy = to_gpu(dy, channels_last);
+      const Tensor dx_cpu = ops::cpu::conv2d_backward_input(dy, w, x.sizes(), params);
+      const Tensor dw_cpu = ops::cpu::conv2d_backward_weight(dy, x, w.sizes(), params);
+      const Tolerance tol = tolerance_for(dtype);
+      check_close(ops::cuda::conv2d_backward_input(gdy, gw, x.sizes(), params), dx_cpu, tol.backward, "input alone");
+      check_close(ops::cuda::conv2d_backward_weight(gdy, gx, w.sizes(), params), dw_cpu, tol.backward, "weight alone");
+      // The weight gradient written into a contiguous output (a DDP bucket view).
+      Tensor out = Tensor::zeros(w.sizes(), dtype, kCuda);
+      const auto [dx, dw] = ops::cuda::conv2d_backward_input_weight(gdy, gx, gw, params, out);
+      check_close(dx, dx_cpu, tol.backward, "input of both");
+      check_close(dw, dw_cpu, tol.backward, "weight of both");
+      CHECK(dw.is_same(out));
+      check_close(out, dw_cpu, tol.backward, "the output tensor");
+      // An output that does not fit (another dtype) is left alone.
+      Tensor other = Tensor::zeros(w.sizes(), DType::f64, kCuda);
+      const Tensor dw2 = ops::cuda::conv2d_backward_weight(gdy, gx, w.sizes(), params, other);
+      CHECK_FALSE(dw2.is_same(other));
+      check_close(other, Tensor::zeros(w.sizes(), DType::f64), 0.0, "the unfitting output, untouched");
+    }
+  }
+}
+
+TEST_CASE("linear backward writes into given weight and bias gradients, as on the CPU") {
+  const Tensor x = random_cpu({5, 7}, 14, DType::f32), w = random_cpu({3, 7}, 15, DType::f32);
+  const Tensor dy = random_cpu({5, 3}, 16, DType::f32);
+  Tensor dx_cpu, dw_cpu, db_cpu;
+  ops::cpu::linear_backward(dy, x, w, true, true, true, dx_cpu, dw_cpu, db_cpu);
+  Tensor dx, dw = Tensor::zeros({3, 7}, DType::f32, kCuda), db = Tensor::zeros({3}, DType::f32, kCuda);
+  const Tensor weight_out = dw, bias_out = db;
+  ops::cuda::linear_backward(to_gpu(dy), to_gpu(x), to_gpu(w), true, true, true, dx, dw, db);
+  CHECK(dw.is_same(weight_out));
+  CHECK(db.is_same(bias_out));
+  check_close(dx, dx_cpu, 2e-4, "input gradient");
+  check_close(weight_out, dw_cpu, 2e-4, "weight gradient in place");
+  check_close(bias_out, db_cpu, 2e-4, "bias gradient in place");
 }
 
 TEST_CASE("max_pool2d and adaptive_avg_pool2d") {

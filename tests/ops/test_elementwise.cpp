@@ -44,6 +44,21 @@ TEST_CASE("elementwise backward matches finite differences") {
   check_gradients([](const TensorList& x) { return relu(x[0]); }, {mixed});
 }
 
+TEST_CASE("gelu: PyTorch's values (approximate='none') and finite differences") {
+  // x * Phi(x), from tables of the standard normal CDF; torch.nn.functional.gelu gives the same.
+  const Tensor x = Tensor::from_vector<double>({1.0, -1.0, 0.5, -2.0, 3.0, 0.0}, {6});
+  const std::vector<double> expected{0.8413447460685429, -0.15865525393145707, 0.34573123063700656,
+                                     -0.04550026389635842, 2.99595030590511, 0.0};
+  const std::vector<double> y = gelu(x).to_vector<double>();
+  for (size_t i = 0; i < expected.size(); ++i) CHECK(y[i] == doctest::Approx(expected[i]).epsilon(1e-12));
+  const std::vector<float> y32 = gelu(x.to(DType::f32)).to_vector<float>();
+  for (size_t i = 0; i < expected.size(); ++i) CHECK(y32[i] == doctest::Approx(expected[i]).epsilon(1e-6));
+  CHECK(gelu(x.to(DType::bf16)).dtype() == DType::bf16);
+  Tensor a = random_tensor({4, 9}, 6, -3.0, 3.0).set_requires_grad(true);
+  check_gradients([](const TensorList& t) { return gelu(t[0]); }, {a});
+  check_gradients([](const TensorList& t) { return gelu(mul(t[0], t[0])); }, {a});
+}
+
 TEST_CASE("views are differentiable") {
   Tensor a = random_tensor({2, 3, 4}, 5).set_requires_grad(true);
   check_gradients([](const TensorList& x) { return x[0].transpose(0, 2).contiguous(); }, {a});

@@ -1,0 +1,80 @@
+// The element-wise unary ops, written once for both backends: each is a
+// functor whose forward and backward run on the host (ops/cpu/elementwise.cpp)
+// and on the device (ops/cuda/elementwise.cu), in A = float (f32, f16, bf16)
+// or double (f64). An op is added here (enum value, functor, visit_unary
+// case) and in ops/elementwise.{h,cpp}; the kernels of both backends are generic.
+#pragma once
+
+#include <math.h>
+
+#include <type_traits>
+
+#include <loom/core/error.h>
+#include <loom/core/host_device.h>
+
+namespace loom::ops {
+
+enum class Unary { relu, gelu };
+
+// What backward reads besides the output gradient: the op's input or its output.
+enum class UnarySaved { input, output };
+
+// relu(x) = max(x, 0); dx = dy where y > 0, else 0 (from the output).
+struct Relu {
+  static constexpr UnarySaved saved = UnarySaved::output;
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    return x > A(0) ? x : A(0);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A y) {
+    return y > A(0) ? dy : A(0);
+  }
+};
+
+// PyTorch's gelu (approximate='none'): gelu(x) = x * Phi(x), Phi the standard
+// normal CDF = (1 + erf(x / sqrt 2)) / 2;  dx = dy * (Phi(x) + x * phi(x)),
+// phi(x) = exp(-x^2 / 2) / sqrt(2 pi) (from the input).
+struct Gelu {
+  static constexpr UnarySaved saved = UnarySaved::input;
+  template <class A>
+  LOOM_HOST_DEVICE static A cdf(A x) {
+    constexpr A inverse_sqrt2 = A(0.70710678118654752440);
+    if constexpr (std::is_same_v<A, float>) {
+      return A(0.5) * (A(1) + erff(x * inverse_sqrt2));
+    } else {
+      return A(0.5) * (A(1) + erf(x * inverse_sqrt2));
+    }
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    return x * cdf(x);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A x) {
+    constexpr A inverse_sqrt_2pi = A(0.39894228040143267794);
+    A density;
+    if constexpr (std::is_same_v<A, float>) {
+      density = inverse_sqrt_2pi * expf(A(-0.5) * x * x);
+    } else {
+      density = inverse_sqrt_2pi * exp(A(-0.5) * x * x);
+    }
+    return dy * (cdf(x) + x * density);
+  }
+};
+
+// Calls fn.template operator()<Op>() with Op the functor of `op` (host only).
+template <class Fn>
+decltype(auto) visit_unary(Unary op, Fn&& fn) {
+  switch (op) {
+    case Unary::relu: return fn.template operator()<Relu>();
+    case Unary::gelu: return fn.template operator()<Gelu>();
+  }
+  LOOM_FAIL("unknown unary op ", static_cast<int>(op));
+}
+
+inline UnarySaved unary_saved(Unary op) {
+  return visit_unary(op, [&]<class Op>() { return Op::saved; });
+}
+
+}  // namespace loom::ops
