@@ -621,10 +621,6 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   run_backward({*this}, {seed}, retain_graph);
 }
 
-const Tensor& Tensor::grad_destination() const {
-  check_defined("grad_destination()");
-  return impl_->grad_destination;
-}
 void Tensor::set_data(const Tensor& source) {
   check_defined("set_data");
   LOOM_CHECK(source.defined(), "set_data: the source of ", str(), " is undefined");
@@ -640,20 +636,6 @@ void Tensor::set_data(const Tensor& source) {
     return t.defined() && t.sizes() == sizes() && t.dtype() == dtype() && t.device() == device();
   };
   if (!fits(impl_->grad)) impl_->grad = Tensor();
-  if (!fits(impl_->grad_destination)) impl_->grad_destination = Tensor();
-}
-
-void Tensor::set_grad_destination(const Tensor& destination) {
-  check_defined("set_grad_destination");
-  if (destination.defined()) {
-    LOOM_CHECK(destination.sizes() == sizes() && destination.dtype() == dtype() && destination.device() == device(),
-               "set_grad_destination: destination ", destination.str(), " for tensor ", str(),
-               "; it must have the tensor's shape, dtype and device");
-    LOOM_CHECK(destination.is_contiguous(), "set_grad_destination: destination ", destination.str(),
-               " is not contiguous");
-    LOOM_CHECK(!destination.requires_grad(), "set_grad_destination: the destination must not require grad");
-  }
-  impl_->grad_destination = destination;
 }
 
 void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {
