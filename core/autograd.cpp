@@ -126,8 +126,8 @@ bool any_requires_grad(const TensorList& inputs) {
 }
 
 std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& t) {
-  LOOM_CHECK(t.defined() && t.requires_grad() && t.is_leaf(), "grad_accumulator: ", t.defined() ? t.str() : "an undefined tensor",
-             " is not a leaf that requires grad");
+  LOOM_CHECK(t.defined() && t.requires_grad() && t.is_leaf(), "grad_accumulator: ",
+             t.defined() ? t.str() : "an undefined tensor", " is not a leaf that requires grad");
   TensorImpl& impl = *t.impl();
   std::shared_ptr<Node> existing = impl.grad_accumulator.lock();
   if (existing) return std::static_pointer_cast<AccumulateGrad>(existing);

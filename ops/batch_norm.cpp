@@ -58,8 +58,9 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
       const Tensor stats = on_cuda(input) ? LOOM_CUDA_KERNEL(gpu::batch_norm_stats(input)) : cpu::batch_norm_stats(input);
       if (reduce) {
         count = reduce.forward(stats, count);
-        LOOM_CHECK(count > 1, "batch_norm: training needs more than one value per channel over all participants, got ",
-                   count, " (this one's input is ", shape_str(input.sizes()), ")");
+        LOOM_CHECK(count > 1,
+                   "batch_norm: training needs more than one value per channel over all participants, got ", count,
+                   " (this one's input is ", shape_str(input.sizes()), ")");
       }
       const Tensor mean_var =
           on_cuda(input)
@@ -89,7 +90,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   const Tensor relu_output = fused_relu && on_cuda(input) ? out.detach() : Tensor();
 
   record("batch_norm", {input, weight, bias}, {&out},
-         [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps, reduce,
+         [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps,
+          reduce,
           relu_output, fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
           weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
           bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
