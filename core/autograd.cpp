@@ -34,6 +34,8 @@ const Tensor& Node::gradient_destination(size_t i) const {
   return i < gradient_destinations_.size() ? gradient_destinations_[i] : none;
 }
 
+Tensor Node::gradient_buffer(uint32_t) const { return {}; }
+
 FunctionNode::FunctionNode(std::string name, uint32_t num_outputs, BackwardFunction backward)
     : Node(std::move(name), num_outputs), backward_(std::move(backward)) {}
 
@@ -51,26 +53,48 @@ AccumulateGrad::AccumulateGrad(Tensor variable) : Node("AccumulateGrad"), variab
   sequence_nr_ = UINT64_MAX;
 }
 
+bool AccumulateGrad::buffer_fits() const {
+  const TensorImpl& leaf = *variable_.impl();
+  return fits_result(buffer_, leaf.sizes, leaf.dtype, variable_.device());
+}
+
+void AccumulateGrad::set_gradient_buffer(const Tensor& buffer) {
+  if (buffer.defined()) {
+    LOOM_CHECK(buffer.sizes() == variable_.sizes() && buffer.dtype() == variable_.dtype() &&
+                   buffer.device() == variable_.device(),
+               "set_gradient_buffer: buffer ", buffer.str(), " for tensor ", variable_.str(),
+               "; it must have the tensor's shape, dtype and device");
+    LOOM_CHECK(buffer.is_contiguous(), "set_gradient_buffer: buffer ", buffer.str(), " is not contiguous");
+    LOOM_CHECK(!buffer.requires_grad(), "set_gradient_buffer: the buffer must not require grad");
+  }
+  buffer_ = buffer;
+}
+
+Tensor AccumulateGrad::gradient_buffer(uint32_t) const {
+  // Only a fresh .grad is computed in place; an existing one is added to.
+  if (variable_.impl()->grad.defined() || !buffer_fits()) return {};
+  return buffer_;
+}
+
 TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   Tensor gradient = std::move(grad_outputs.at(0));
   if (!gradient.defined()) return {};
   TensorImpl& impl = *variable_.impl();
   LOOM_CHECK(gradient.sizes() == impl.sizes, "gradient of shape ", shape_str(gradient.sizes()),
              " for a parameter of shape ", shape_str(impl.sizes));
-  const Tensor& destination = impl.grad_destination;
-  if (!impl.grad.defined() && fits_result(destination, gradient.sizes(), gradient.dtype(), gradient.device()) &&
-      gradient.is_contiguous() && gradient.raw_data() == destination.raw_data()) {
-    // The op wrote straight into the destination (Node::gradient_destination).
-    impl.grad = destination;
-  } else if (!impl.grad.defined()) {
+  if (impl.grad.defined()) {
+    impl.grad.add_(gradient);
+  } else if (buffer_fits()) {
+    // The producing op wrote the buffer (gradient_destination), or it is copied there.
+    if (!(gradient.is_contiguous() && gradient.raw_data() == buffer_.raw_data())) Tensor(buffer_).copy_(gradient);
+    impl.grad = buffer_;
+  } else {
     // Keep the incoming tensor when nobody else can see it; otherwise copy.
     if (gradient.dtype() != impl.dtype) gradient = gradient.to(impl.dtype);
     if (!gradient.is_contiguous() || gradient.storage().use_count() > 1 || gradient.impl_ptr().use_count() > 1) {
       gradient = gradient.clone();
     }
     impl.grad = gradient.detach();
-  } else {
-    impl.grad.add_(gradient);
   }
   for (auto& hook : impl.post_accumulate_grad_hooks) hook(variable_);
   return {};
@@ -82,8 +106,7 @@ bool fits_result(const Tensor& t, const Shape& sizes, DType dtype, Device device
 
 Tensor gradient_to_destination(const Node& node, size_t i, const Tensor& gradient, DType dtype) {
   const Tensor& destination = node.gradient_destination(i);
-  if (!gradient.defined() || !gradient.device().is_cpu() ||
-      !fits_result(destination, gradient.sizes(), dtype, gradient.device()))
+  if (!gradient.defined() || !fits_result(destination, gradient.sizes(), dtype, gradient.device()))
     return gradient.to(dtype);
   NoGradGuard no_grad;
   Tensor written = destination;
@@ -102,16 +125,22 @@ bool any_requires_grad(const TensorList& inputs) {
   return false;
 }
 
+std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& t) {
+  LOOM_CHECK(t.defined() && t.requires_grad() && t.is_leaf(), "grad_accumulator: ",
+             t.defined() ? t.str() : "an undefined tensor", " is not a leaf that requires grad");
+  TensorImpl& impl = *t.impl();
+  std::shared_ptr<Node> existing = impl.grad_accumulator.lock();
+  if (existing) return std::static_pointer_cast<AccumulateGrad>(existing);
+  auto accumulator = std::make_shared<AccumulateGrad>(t);
+  impl.grad_accumulator = accumulator;
+  return accumulator;
+}
+
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   TensorImpl& impl = *t.impl();
   if (impl.grad_fn) return {impl.grad_fn, impl.output_nr};
-  std::shared_ptr<Node> accumulator = impl.grad_accumulator.lock();
-  if (!accumulator) {
-    accumulator = std::make_shared<AccumulateGrad>(t);
-    impl.grad_accumulator = accumulator;
-  }
-  return {accumulator, 0};
+  return {grad_accumulator(t), 0};
 }
 
 bool record(const char* name, const TensorList& inputs, const std::vector<Tensor*>& outputs,
@@ -177,26 +206,23 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
       later_first);
 
-  // Decided when `node` is about to run (not in advance): a leaf whose .grad is
-  // undefined and which has no gradient pending from another node yet.
+  // Decided when `node` is about to run (not in advance): an input whose node
+  // asks for a buffer and has no gradient pending from another node yet.
   auto offer_gradient_destinations = [&](Node& node) {
     for (size_t i = 0; i < node.next_edges.size(); ++i) {
       const Edge& edge = node.next_edges[i];
-      auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.node.get());
-      if (accumulator == nullptr) continue;
-      const Tensor& variable = accumulator->variable();
-      const TensorImpl& leaf = *variable.impl();
-      if (!leaf.grad_destination.defined() || leaf.grad.defined()) continue;
-      // Checked when set; the leaf may have changed since (Module::to).
-      if (!fits_result(leaf.grad_destination, leaf.sizes, leaf.dtype, variable.device())) continue;
-      auto slot = pending.find(accumulator);
-      if (slot != pending.end() && slot->second.grads.at(0).defined()) continue;
-      // The same leaf twice among this node's inputs: offer it to the first only.
+      if (!edge.valid()) continue;
+      Tensor buffer = edge.node->gradient_buffer(edge.input_nr);
+      if (!buffer.defined()) continue;
+      auto slot = pending.find(edge.node.get());
+      if (slot != pending.end() && slot->second.grads.at(edge.input_nr).defined()) continue;
+      // The same input twice among this node's: offer it to the first only.
       bool earlier = false;
-      for (size_t j = 0; j < i && !earlier; ++j) earlier = node.next_edges[j].node == edge.node;
+      for (size_t j = 0; j < i && !earlier; ++j)
+        earlier = node.next_edges[j].node == edge.node && node.next_edges[j].input_nr == edge.input_nr;
       if (earlier) continue;
       if (node.gradient_destinations_.empty()) node.gradient_destinations_.resize(node.next_edges.size());
-      node.gradient_destinations_[i] = leaf.grad_destination;
+      node.gradient_destinations_[i] = std::move(buffer);
     }
   };
   auto deliver = [&](const Edge& edge, Tensor&& gradient) {

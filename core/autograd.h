@@ -42,12 +42,16 @@ class Node {
   uint64_t sequence_nr() const { return sequence_nr_; }
   bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
   // Where apply() may write the gradient for input `i` instead of allocating
-  // it, or an undefined tensor. Defined only during apply(), when input `i` is
-  // a leaf with a grad destination (Tensor::grad_destination), an undefined
-  // .grad and no gradient from another node yet in this pass. An op that
-  // fills it (its whole extent) returns it as that input's gradient; an op that
-  // can't ignores it (AccumulateGrad then stores or copies as usual).
+  // it, or an undefined tensor: the gradient buffer (below) of the node that
+  // input feeds, offered only during apply() and only when no other node has
+  // sent a gradient to that input yet in this pass. An op that fills it (its
+  // whole extent) returns it as that input's gradient; an op that can't
+  // ignores it, and the receiving node copies (AccumulateGrad).
   const Tensor& gradient_destination(size_t i) const;
+  // The memory this node would like the gradient arriving at its input
+  // `input_nr` computed in, or an undefined tensor (the default). The engine
+  // asks just before running the node that produces that gradient.
+  virtual Tensor gradient_buffer(uint32_t input_nr) const;
 
   std::vector<Edge> next_edges;
 
@@ -75,26 +79,42 @@ class FunctionNode final : public Node {
 };
 
 // Sums gradients into a leaf's .grad, then runs its post-accumulate hooks.
-// A gradient that is exactly the variable's grad destination (the op wrote it
-// there) becomes .grad as it is, without a copy.
+// With a gradient buffer set (DDP: the parameter's view of its bucket), .grad
+// lives there: a backward pass that reaches the leaf with .grad undefined
+// offers the buffer to the op producing the gradient (gradient_buffer), and
+// .grad becomes the buffer, written by that op or else copied into it;
+// later gradients add into .grad in place, as always.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(Tensor variable);
   TensorList apply(TensorList&& grad_outputs) override;
+  Tensor gradient_buffer(uint32_t input_nr) const override;
   const Tensor& variable() const { return variable_; }
+  // `buffer` must have the variable's shape, dtype and device and be
+  // contiguous; its values are overwritten by the backward passes that fill
+  // it. Undefined clears it. A buffer that no longer fits the variable (after
+  // Tensor::set_data) is passed over.
+  void set_gradient_buffer(const Tensor& buffer);
+  const Tensor& gradient_buffer() const { return buffer_; }
 
  private:
+  bool buffer_fits() const;
   Tensor variable_;
+  Tensor buffer_;
 };
+
+// The node that accumulates gradients into leaf `t`'s .grad, created on first
+// use. The leaf holds it weakly (a graph through it holds it strongly), so a
+// caller that sets a gradient buffer keeps the returned pointer.
+std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& t);
 
 // Whether `t` can hold a result of `sizes` and `dtype` on `device` in place:
 // defined, contiguous, of exactly that geometry.
 bool fits_result(const Tensor& t, const Shape& sizes, DType dtype, Device device);
 
 // `gradient`, converted to `dtype`, as the gradient for input `i` of `node`:
-// copied into the gradient destination offered for that input when it fits
-// (CPU only for now; the CUDA paths have not run on a GPU yet), else
-// gradient.to(dtype). For small gradients (biases, batch-norm parameters) and
+// copied into the gradient destination offered for that input when it fits,
+// else gradient.to(dtype). For small gradients (biases, batch-norm parameters) and
 // dtype conversions, where the copy replaces an allocation.
 Tensor gradient_to_destination(const Node& node, size_t i, const Tensor& gradient, DType dtype);
 

@@ -108,19 +108,11 @@ class Tensor {
   // Backpropagates from this tensor; without `gradient` it must hold one element.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   void register_post_accumulate_grad_hook(PostAccumulateGradHook hook);
-  // Where a backward pass may write this leaf's gradient (DDP: the parameter's
-  // slice of its bucket), to avoid a copy: when backward reaches the leaf with
-  // .grad undefined, the op producing its gradient is offered this tensor (see
-  // Node::gradient_destination) and, if it wrote there, .grad becomes this
-  // tensor. Its values are overwritten by any such backward pass. Must match
-  // the leaf's shape, dtype and device and be contiguous; undefined clears it.
-  const Tensor& grad_destination() const;
-  void set_grad_destination(const Tensor& destination);
   // Gives this tensor -- every handle to it -- `source`'s data: its storage,
   // geometry, dtype and device (PyTorch's `t.data = source`), so an optimizer
   // or module holding this tensor sees the new data. Autograd identity stays
-  // (requires_grad, hooks); a gradient or gradient destination that no longer
-  // fits the new shape, dtype or device is dropped. For leaves only.
+  // (requires_grad, hooks); a gradient that no longer fits the new shape,
+  // dtype or device is dropped. For leaves only.
   void set_data(const Tensor& source);
 
   TensorImpl* impl() const { return impl_.get(); }
@@ -147,7 +139,6 @@ struct TensorImpl {
   uint32_t output_nr = 0;
   std::weak_ptr<Node> grad_accumulator;
   std::vector<PostAccumulateGradHook> post_accumulate_grad_hooks;
-  Tensor grad_destination;  // see Tensor::grad_destination
 };
 
 // A view of `base`'s storage with new geometry; no autograd.

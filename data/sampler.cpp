@@ -65,4 +65,22 @@ std::vector<int64_t> DistributedSampler::indices() const {
   return order;
 }
 
+ShardSampler::ShardSampler(int64_t dataset_size, int64_t world_size, int64_t rank)
+    : dataset_size_(dataset_size), world_size_(world_size), rank_(rank) {
+  LOOM_CHECK(dataset_size >= 0, "ShardSampler: dataset size ", dataset_size, " must not be negative");
+  LOOM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "ShardSampler: rank ", rank,
+             " must be in [0, world size ", world_size, ")");
+}
+
+int64_t ShardSampler::size() const {
+  return dataset_size_ > rank_ ? (dataset_size_ - rank_ + world_size_ - 1) / world_size_ : 0;
+}
+
+std::vector<int64_t> ShardSampler::indices() const {
+  std::vector<int64_t> result;
+  result.reserve(static_cast<size_t>(size()));
+  for (int64_t i = rank_; i < dataset_size_; i += world_size_) result.push_back(i);
+  return result;
+}
+
 }  // namespace loom::data

@@ -71,4 +71,17 @@ class DistributedSampler : public Sampler {
   int64_t samples_per_rank_;
 };
 
+// Rank `rank`'s share of an evaluation set of `dataset_size` items: indices
+// rank, rank + world, rank + 2 world, ... in order, with no padding (unlike
+// DistributedSampler), so counts summed over ranks cover every item once.
+class ShardSampler final : public Sampler {
+ public:
+  ShardSampler(int64_t dataset_size, int64_t world_size, int64_t rank);
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override;
+
+ private:
+  int64_t dataset_size_, world_size_, rank_;
+};
+
 }  // namespace loom::data

@@ -109,6 +109,9 @@ struct DistributedDataParallel::Reducer {
     std::string name;
     Tensor tensor;     // the module's parameter (same TensorImpl)
     Tensor grad_view;  // its slice of the bucket buffer, shaped like the parameter
+    // The parameter's AccumulateGrad, whose gradient buffer is grad_view:
+    // backward computes the gradient there (held, or its buffer would go).
+    std::shared_ptr<AccumulateGrad> accumulator;
     size_t bucket = 0;
   };
   struct Bucket {
@@ -240,23 +243,21 @@ struct DistributedDataParallel::Reducer {
     }
     if (round != Round::collecting || !find_unused_parameters) return;
     // Parameters whose AccumulateGrad node the output cannot reach get no gradient.
-    std::unordered_set<const TensorImpl*> used;
+    std::unordered_set<const Node*> reached;  // among them the used parameters' AccumulateGrad nodes
     if (output.defined() && output.requires_grad()) {
       std::vector<Node*> stack;
-      std::unordered_set<Node*> seen;
       Edge root = gradient_edge(output);
       if (root.valid()) stack.push_back(root.node.get());
       while (!stack.empty()) {
         Node* node = stack.back();
         stack.pop_back();
-        if (!seen.insert(node).second) continue;
-        if (auto* accumulate = dynamic_cast<AccumulateGrad*>(node)) used.insert(accumulate->variable().impl());
+        if (!reached.insert(node).second) continue;
         for (const Edge& edge : node->next_edges)
           if (edge.valid()) stack.push_back(edge.node.get());
       }
     }
     for (size_t i = 0; i < parameters.size(); ++i) {
-      if (used.contains(parameters[i].tensor.impl())) continue;
+      if (reached.contains(parameters[i].accumulator.get())) continue;
       keep_grad_in_bucket(parameters[i]);
       parameters[i].grad_view.zero_();  // this rank contributes nothing for an unused parameter
       mark_ready(i);
@@ -348,7 +349,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   std::vector<Tensor> trainable;
   for (auto& [name, tensor] : module_->named_parameters()) {
     if (!tensor.requires_grad()) continue;
-    reducer.parameters.push_back({name, tensor, Tensor(), 0});
+    reducer.parameters.push_back({name, tensor, Tensor(), grad_accumulator(tensor), 0});
     trainable.push_back(tensor);
   }
   LOOM_CHECK(!trainable.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
@@ -371,9 +372,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                                       contiguous_strides(parameter.tensor.sizes()), offset);
       if (parameter.tensor.grad().defined()) parameter.grad_view.copy_(parameter.tensor.grad());
       parameter.tensor.set_grad(parameter.grad_view);
-      // Backward computes the gradient straight into the bucket where the op
-      // producing it can (zero_grad(set_to_none) leaves .grad undefined every step).
-      parameter.tensor.set_grad_destination(parameter.grad_view);
+      // Backward computes a fresh gradient (zero_grad(set_to_none) leaves .grad
+      // undefined every step) straight into the bucket, on every backend.
+      parameter.accumulator->set_gradient_buffer(parameter.grad_view);
       offset += parameter.tensor.numel();
     }
     bucket.parameters = std::move(members);
@@ -395,10 +396,10 @@ DistributedDataParallel::~DistributedDataParallel() {
   if (reducer_) {
     std::lock_guard lock(reducer_->mutex);
     reducer_->wait_launched();
-    // The buckets stop being where gradients go (unless someone else set a destination since).
+    // The buckets stop being where gradients go (unless someone else set a buffer since).
     for (Reducer::Parameter& parameter : reducer_->parameters) {
-      if (parameter.tensor.grad_destination().is_same(parameter.grad_view))
-        parameter.tensor.set_grad_destination(Tensor());
+      if (parameter.accumulator->gradient_buffer().is_same(parameter.grad_view))
+        parameter.accumulator->set_gradient_buffer(Tensor());
     }
   }
 }

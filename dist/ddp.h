@@ -87,9 +87,9 @@ class DistributedDataParallel final : public nn::Module {
  public:
   // Checks that every rank holds the same parameters (names, shapes, dtypes),
   // copies rank 0's parameters and buffers to every rank, makes each
-  // parameter's .grad a view into its bucket (and its grad destination, so
-  // that backward writes gradients there without a copy; cleared again on
-  // destruction), and registers the gradient hooks. Collective: every rank
+  // parameter's .grad a view into its bucket (and its AccumulateGrad's
+  // gradient buffer, so that backward computes gradients there without a
+  // copy; cleared again on destruction), and registers the gradient hooks. Collective: every rank
   // must construct it. Move the module to its device and dtype before
   // wrapping it.
   explicit DistributedDataParallel(std::shared_ptr<nn::Module> module,

@@ -11,18 +11,9 @@
 
 namespace loom::dist {
 
-// Rank `rank`'s share of an evaluation set of `dataset_size` items: indices
-// rank, rank + world, rank + 2 world, ... in order, with no padding (unlike
-// DistributedSampler), so counts summed over ranks cover every item once.
-class ShardSampler final : public data::Sampler {
- public:
-  ShardSampler(int64_t dataset_size, int64_t world_size, int64_t rank);
-  std::vector<int64_t> indices() const override;
-  int64_t size() const override;
-
- private:
-  int64_t dataset_size_, world_size_, rank_;
-};
+// The evaluation shards that the counts below come from: a data::Sampler,
+// defined in data/sampler.h; this name stays for code written against dist.
+using ShardSampler = data::ShardSampler;
 
 struct AccuracyCounts {
   int64_t correct = 0;

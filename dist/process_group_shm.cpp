@@ -33,12 +33,14 @@
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
 #include <loom/core/storage.h>
+#include <loom/dist/shm_internal.h>
 
 namespace loom::dist {
 
 namespace {
 
 using detail::summarize;
+using namespace shm;
 
 constexpr uint64_t kMagic = 0x316d68736d6f6f6cULL;  // "loomshm1"
 constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
@@ -94,215 +96,10 @@ struct alignas(64) Header {
 
 size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
-  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// False once `pid` has exited (gone, or a zombie not yet reaped).
-bool process_alive(int pid) {
-  if (::kill(pid, 0) == -1 && errno == ESRCH) return false;
-  std::ifstream stat(str("/proc/", pid, "/stat"));
-  std::string text;
-  if (!std::getline(stat, text)) return true;
-  size_t paren = text.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= text.size()) return true;
-  char state = text[paren + 2];
-  return state != 'Z' && state != 'X';
-}
-
-template <class T>
-using Promoted = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
-
-// out[i] = op over ranks of sources[r][i], i < count, accumulated in
-// Promoted<T> and rounded once. `out` may be one of the sources.
-template <class T>
-void reduce_elements(std::byte* out, const std::vector<const std::byte*>& sources, size_t count, ReduceOp op,
-                     int world) {
-  using P = Promoted<T>;
-  constexpr size_t kBlock = 256;
-  P acc[kBlock];
-  for (size_t begin = 0; begin < count; begin += kBlock) {
-    const size_t n = std::min(kBlock, count - begin);
-    const T* first = reinterpret_cast<const T*>(sources[0]) + begin;
-    for (size_t i = 0; i < n; ++i) acc[i] = static_cast<P>(first[i]);
-    for (size_t r = 1; r < sources.size(); ++r) {
-      const T* x = reinterpret_cast<const T*>(sources[r]) + begin;
-      switch (op) {
-        case ReduceOp::sum:
-        case ReduceOp::avg:
-          for (size_t i = 0; i < n; ++i) acc[i] = static_cast<P>(acc[i] + static_cast<P>(x[i]));
-          break;
-        case ReduceOp::max:
-          for (size_t i = 0; i < n; ++i) acc[i] = acc[i] < static_cast<P>(x[i]) ? static_cast<P>(x[i]) : acc[i];
-          break;
-        case ReduceOp::min:
-          for (size_t i = 0; i < n; ++i) acc[i] = static_cast<P>(x[i]) < acc[i] ? static_cast<P>(x[i]) : acc[i];
-          break;
-      }
-    }
-    if (op == ReduceOp::avg) {
-      for (size_t i = 0; i < n; ++i) acc[i] = static_cast<P>(acc[i] / static_cast<P>(world));
-    }
-    T* result = reinterpret_cast<T*>(out) + begin;
-    for (size_t i = 0; i < n; ++i) result[i] = static_cast<T>(acc[i]);
-  }
-}
-
-void reduce_bytes(DType dtype, std::byte* out, const std::vector<const std::byte*>& sources, size_t count,
-                  ReduceOp op, int world) {
-  visit_dtype(dtype, [&]<class T>() { reduce_elements<T>(out, sources, count, op, world); });
-}
-
-// A tensor's bytes as the collective sees them: its own memory when it is
-// contiguous, else a contiguous copy written back with finish().
-class Staged {
- public:
-  Staged(const Tensor& tensor, bool read) : tensor_(tensor) {
-    if (tensor.is_contiguous()) {
-      buffer_ = tensor;
-    } else {
-      buffer_ = Tensor::empty(tensor.sizes(), tensor.dtype());
-      if (read) copy_cpu(buffer_, tensor);
-    }
-  }
-  std::byte* data() const { return static_cast<std::byte*>(buffer_.raw_data()); }
-  size_t bytes() const { return buffer_.nbytes(); }
-  void finish() const {
-    if (!buffer_.is_same(tensor_)) copy_cpu(tensor_, buffer_);
-  }
-
- private:
-  Tensor tensor_;
-  Tensor buffer_;
-};
-
-// Several buffers read or written as one stream of bytes.
-struct Span {
-  std::byte* data;
-  size_t bytes;
-};
-using Spans = std::vector<Span>;
-
-// Calls fn(piece, n) for the pieces of `spans` covering bytes [offset, offset + bytes).
-template <class Fn>
-void for_each_piece(const Spans& spans, size_t offset, size_t bytes, Fn&& fn) {
-  for (const Span& span : spans) {
-    if (bytes == 0) return;
-    if (offset >= span.bytes) {
-      offset -= span.bytes;
-      continue;
-    }
-    size_t n = std::min(bytes, span.bytes - offset);
-    fn(span.data + offset, n);
-    bytes -= n;
-    offset = 0;
-  }
-}
-
-void copy_from_spans(const Spans& spans, size_t offset, size_t bytes, std::byte* destination) {
-  for_each_piece(spans, offset, bytes, [&](const std::byte* piece, size_t n) {
-    std::memcpy(destination, piece, n);
-    destination += n;
-  });
-}
-
-void copy_to_spans(const std::byte* source, const Spans& spans, size_t offset, size_t bytes) {
-  for_each_piece(spans, offset, bytes, [&](std::byte* piece, size_t n) {
-    std::memcpy(piece, source, n);
-    source += n;
-  });
-}
-
-size_t total_bytes(const Spans& spans) {
-  size_t total = 0;
-  for (const Span& span : spans) total += span.bytes;
-  return total;
-}
-
 void check_cpu_tensor(const char* collective, const Tensor& tensor, const std::string& role) {
   LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
   LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(),
              "; the shm backend works on CPU tensors (use the nccl backend for CUDA tensors)");
-}
-
-std::string random_hex() {
-  std::random_device device;
-  uint64_t value = (static_cast<uint64_t>(device()) << 32) ^ device();
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
-
-std::string errno_text() { return std::strerror(errno); }
-
-// Shared-memory files never keep a name while a process waits: the creator
-// unlinks the name as soon as the file is created and sized, keeps the
-// descriptor open until every rank has mapped it, and publishes
-// "<name> <pid> <descriptor>"; the others open the file through
-// /proc/<pid>/fd/<descriptor>. A rank killed while it waits (SIGKILL runs no
-// destructor) thus leaves nothing in /dev/shm: its descriptor closes with it.
-//
-// Creates /dev/shm<name> with `bytes` reserved, unlinks the name, returns the
-// descriptor (or -1 with `why` set).
-int create_unlinked(const std::string& name, size_t bytes, std::string& why) {
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    why = str("cannot create /dev/shm", name, ": ", errno_text());
-    return -1;
-  }
-  ::shm_unlink(name.c_str());
-  int reserved = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes))
-                                                                  : errno;
-  if (reserved != 0) {
-    why = str("cannot reserve ", bytes, " bytes in /dev/shm for ", name, ": ", std::strerror(reserved),
-              " (is /dev/shm mounted and large enough?)");
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// What a creator publishes for the file behind `fd`.
-std::string published_file(const std::string& name, int fd) { return str(name, " ", ::getpid(), " ", fd); }
-
-// Opens the file another rank published with published_file(); -1 with `why`
-// set when it cannot (that rank runs on another host, in another PID or IPC
-// namespace, or has ended).
-int open_published(const std::string& published, std::string& why) {
-  std::istringstream fields(published);
-  std::string name;
-  int pid = 0, fd = -1;
-  if (!(fields >> name >> pid >> fd) || pid <= 0 || fd < 0) {
-    why = str("'", published, "' does not name a shared-memory file");
-    return -1;
-  }
-  const std::string link = str("/proc/", pid, "/fd/", fd);
-  char target[PATH_MAX] = {};
-  const ssize_t length = ::readlink(link.c_str(), target, sizeof(target) - 1);
-  // The descriptor must still be that file: "/dev/shm/loom-... (deleted)".
-  if (length <= 0 || std::string(target, static_cast<size_t>(length)) != "/dev/shm" + name + " (deleted)") {
-    why = str("cannot find /dev/shm", name, " as descriptor ", fd, " of process ", pid,
-              " (that rank runs on another host or in another IPC namespace, or in another PID namespace, or has ended)");
-    return -1;
-  }
-  int opened = ::open(link.c_str(), O_RDWR | O_CLOEXEC);
-  if (opened < 0) why = str("cannot open /dev/shm", name, " through ", link, ": ", errno_text());
-  return opened;
 }
 
 int32_t dtype_code(const Tensor& tensor) { return static_cast<int32_t>(tensor.dtype()); }

@@ -1,72 +1,36 @@
-// SyncBatchNorm: the ops/batch_norm.h steps with all-reduces between them
-// (stats -> all-reduce -> gather_stats -> apply; backward_reduce -> all-reduce
-// -> backward_apply), and the BatchNorm2d -> SyncBatchNorm conversion.
+// SyncBatchNorm: batch norm (ops/batch_norm.h) with a statistics reduction
+// that all-reduces over a process group, and the BatchNorm2d -> SyncBatchNorm
+// conversion.
 #include <loom/dist/sync_batch_norm.h>
 
 #include <cmath>
-#include <tuple>
 
-#include <loom/core/autograd.h>
 #include <loom/core/error.h>
-#include <loom/core/profiler.h>
 #include <loom/ops/batch_norm.h>
-#include <loom/ops/dispatch.h>
-#include <loom/ops/elementwise.h>
 
 namespace loom::dist {
 
-namespace {
-
-// Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
-Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
-
-}  // namespace
+BatchStatisticsReduction all_reduce_statistics(std::shared_ptr<ProcessGroup> group) {
+  LOOM_CHECK(group != nullptr, "all_reduce_statistics: the process group is null");
+  BatchStatisticsReduction reduction;
+  // (2, C) f64 sums and the element count, summed over ranks in one collective.
+  reduction.forward = [group](const Tensor& sums, int64_t count) {
+    Tensor counts = Tensor::full({1}, static_cast<double>(count), DType::f64, sums.device());
+    group->all_reduce({sums, counts}, ReduceOp::sum)->wait();
+    return static_cast<int64_t>(std::llround(counts.item()));
+  };
+  // Every rank's input gradient depends on every rank's output gradient.
+  reduction.backward = [group](const Tensor& grad_sums) { group->all_reduce(grad_sums, ReduceOp::sum)->wait(); };
+  return reduction;
+}
 
 Tensor sync_batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, double momentum, double eps, std::shared_ptr<ProcessGroup> group) {
-  profiler::Scope profile("sync_batch_norm", input);
   LOOM_CHECK(group != nullptr, "sync_batch_norm: the process group is null");
   check_batch_norm_arguments("sync_batch_norm", input, weight, bias, running_mean, running_var);
   LOOM_CHECK(input.size(1) > 0, "sync_batch_norm: the input has no channels: ", shape_str(input.sizes()));
-  const int64_t local_count = input.numel() / input.size(1);
-
-  Tensor out, mean, var;
-  int64_t count = 0;  // elements per channel on all ranks together
-  {
-    NoGradGuard no_grad;
-    // (2, C) f64 sums and the element count, summed over ranks in one collective.
-    Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
-    Tensor counts = Tensor::full({1}, static_cast<double>(local_count), DType::f64, input.device());
-    group->all_reduce({stats, counts}, ReduceOp::sum)->wait();
-    count = std::llround(counts.item());
-    LOOM_CHECK(count > 1, "sync_batch_norm: training needs more than one value per channel over all ranks, got ",
-               count, " (this rank's input is ", shape_str(input.sizes()), ")");
-    const Tensor mean_var =
-        LOOM_DISPATCH(input, batch_norm_gather_stats, stats, count, running_mean, running_var, momentum);
-    mean = row(mean_var, 0);
-    var = row(mean_var, 1);
-    out = LOOM_DISPATCH(input, batch_norm_apply, input, mean, var, weight, bias, eps);
-  }
-
-  record("sync_batch_norm", {input, weight, bias}, {&out},
-         [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, count, eps, group,
-          weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
-          bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
-           const Tensor dy = g[0].to(x.dtype());
-           // (2, C) f64: this rank's (sum dy, sum dy * xhat).
-           const Tensor sums = LOOM_DISPATCH(x, batch_norm_backward_reduce, dy, x, mean, var, eps);
-           Tensor grad_weight = node.needs_input_grad(1) ? row(sums, 1).to(weight_dtype).clone() : Tensor();
-           Tensor grad_bias = node.needs_input_grad(2) ? row(sums, 0).to(bias_dtype).clone() : Tensor();
-           Tensor dx;
-           if (node.needs_input_grad(0)) {
-             // Every rank's input gradient depends on every rank's output gradient.
-             const Tensor global_sums = sums.clone();
-             group->all_reduce(global_sums, ReduceOp::sum)->wait();
-             dx = LOOM_DISPATCH(x, batch_norm_backward_apply, dy, x, mean, var, w, global_sums, count, eps);
-           }
-           return TensorList{dx, grad_weight, grad_bias};
-         });
-  return out;
+  return batch_norm(input, weight, bias, running_mean, running_var, true, momentum, eps, Activation::none,
+                    all_reduce_statistics(std::move(group)));
 }
 
 SyncBatchNorm::SyncBatchNorm(const nn::BatchNormOptions& options, std::shared_ptr<ProcessGroup> group)
@@ -85,13 +49,9 @@ Tensor SyncBatchNorm::normalize_over_ranks(const Tensor& input, Activation activ
   std::shared_ptr<ProcessGroup> group = group_;
   if (!group && is_initialized()) group = default_process_group();
   // PyTorch synchronizes only in training mode.
-  if (!is_training() || group == nullptr || group->size() == 1) {
-    return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_,
-                      options_.eps_, activation);
-  }
-  // sync_batch_norm has no fused activation: relu on its (global) result.
-  Tensor out = sync_batch_norm(input, weight, bias, running_mean, running_var, options_.momentum_, options_.eps_, group);
-  return activation == Activation::relu ? relu(out) : out;
+  const bool synchronize = is_training() && group != nullptr && group->size() > 1;
+  return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_, options_.eps_,
+                    activation, synchronize ? all_reduce_statistics(group) : BatchStatisticsReduction{});
 }
 
 namespace {

@@ -6,11 +6,17 @@
 #include <memory>
 
 #include <loom/dist/process_group.h>
+#include <loom/ops/batch_norm.h>
 #include <loom/nn/layers.h>
 
 namespace loom::dist {
 
-// Training-mode batch norm over the union of every rank's batch. Forward
+// The statistics reduction of SyncBatchNorm (see loom::batch_norm): blocking
+// sum all-reduces over `group`, one in forward and one in backward.
+BatchStatisticsReduction all_reduce_statistics(std::shared_ptr<ProcessGroup> group);
+
+// Training-mode batch norm over the union of every rank's batch: batch_norm
+// with all_reduce_statistics(group). Forward
 // all-reduces each channel's (sum, sum of squares) and the element count, so
 // mean and biased variance are global; running stats are updated from them
 // with the unbiased variance over the global count (as PyTorch does).
@@ -33,9 +39,8 @@ class SyncBatchNorm : public nn::BatchNorm2d {
       : SyncBatchNorm(nn::BatchNormOptions(num_features), std::move(group)) {}
 
   Tensor forward(const Tensor& input) override;  // (N, C, ...) -> same shape
-  // relu(forward(input)) with the same (synchronized) statistics: fused into
-  // the batch norm where no collective runs (no group, a world of one, eval
-  // mode), else the synchronized batch norm followed by relu.
+  // relu(forward(input)) with the same (synchronized) statistics, fused into
+  // the batch norm.
   Tensor forward_relu(const Tensor& input) override;
   std::string type_name() const override { return "SyncBatchNorm"; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }

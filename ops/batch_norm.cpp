@@ -35,21 +35,29 @@ void check_batch_norm_arguments(const char* op, const Tensor& input, const Tenso
 }
 
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps, Activation activation) {
+                  const Tensor& running_var, bool training, double momentum, double eps, Activation activation,
+                  const BatchStatisticsReduction& reduction) {
   profiler::Scope profile("batch_norm", input);
   check_batch_norm_arguments("batch_norm", input, weight, bias, running_mean, running_var);
   LOOM_CHECK(training || running_mean.defined(),
              "batch_norm: eval mode normalises with the running statistics, but none were given");
   const int64_t channels = input.size(1);
-  const int64_t count = channels == 0 ? 0 : input.numel() / channels;
-  LOOM_CHECK(!training || count > 1, "batch_norm: training needs more than one value per channel, got input ",
-             shape_str(input.sizes()));
+  int64_t count = channels == 0 ? 0 : input.numel() / channels;  // over every participant once reduced
+  const BatchStatisticsReduction reduce = training ? reduction : BatchStatisticsReduction{};
+  LOOM_CHECK(!training || reduce || count > 1,
+             "batch_norm: training needs more than one value per channel, got input ", shape_str(input.sizes()));
 
   Tensor out, mean, var;
   {
     NoGradGuard no_grad;
     if (training) {
       const Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
+      if (reduce) {
+        count = reduce.forward(stats, count);
+        LOOM_CHECK(count > 1,
+                   "batch_norm: training needs more than one value per channel over all participants, got ", count,
+                   " (this one's input is ", shape_str(input.sizes()), ")");
+      }
       const Tensor mean_var =
           LOOM_DISPATCH(input, batch_norm_gather_stats, stats, count, running_mean, running_var, momentum);
       mean = row(mean_var, 0);
@@ -70,7 +78,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
 
   record("batch_norm", {input, weight, bias}, {&out},
          [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps,
-          fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
+          reduce, fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
           weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
           bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
            const Tensor dy = g[0].to(x.dtype());
@@ -81,7 +89,11 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
            }
            Tensor dx;
            if (node.needs_input_grad(0)) {
-             const Tensor batch_sums = training ? sums : Tensor();
+             Tensor batch_sums = training ? sums : Tensor();
+             if (reduce) {  // the parameter gradients below keep this call's own sums
+               batch_sums = sums.clone();
+               reduce.backward(batch_sums);
+             }
              dx = LOOM_DISPATCH(x, batch_norm_backward_apply, dy, x, mean, var, w, batch_sums, count, eps, relu_mask);
            }
            // The (C) parameter gradients convert from f64 into their gradient destinations when offered.

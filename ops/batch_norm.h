@@ -16,9 +16,10 @@
 //   training: dx = weight * invstd * (dy - sum_dy / m - xhat * sum_dy_xhat / m)
 //   eval:     dx = weight * invstd * dy
 //
-// The op is built from four backend steps so that SyncBatchNorm can all-reduce
-// between them: stats -> (all-reduce sums and count) -> gather_stats -> apply
-// forward; backward_reduce -> (all-reduce the two sums) -> backward_apply.
+// The op is built from four backend steps, with an optional statistics
+// reduction between them (BatchStatisticsReduction: SyncBatchNorm's
+// all-reduces): stats -> (reduce sums and count) -> gather_stats -> apply
+// forward; backward_reduce -> (reduce the two sums) -> backward_apply.
 //
 // Mixed precision: weight, bias and the running stats may have another dtype
 // than the input (f32 parameters with an f16 / bf16 input); the output and the
@@ -27,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <loom/core/tensor.h>
 
@@ -41,9 +43,25 @@ namespace loom {
 // ConvNet and ResNet) without the separate ReLU's two full passes.
 enum class Activation { none, relu };
 
+// Where training mode's batch statistics come from: by default this call's
+// batch alone; a reduction sums them over more (SyncBatchNorm: every rank of
+// a process group, dist/sync_batch_norm.h), so one op serves both.
+struct BatchStatisticsReduction {
+  // Forward: sums the (2, C) f64 per-channel (sum, sum of squares) in place
+  // over every participant; given this batch's elements per channel, returns
+  // the total.
+  std::function<int64_t(const Tensor& sums, int64_t count)> forward;
+  // Backward: sums the (2, C) f64 per-channel (sum dy, sum dy * xhat) in
+  // place over every participant, for the input gradient (the weight and bias
+  // gradients stay this call's own).
+  std::function<void(const Tensor& grad_sums)> backward;
+  explicit operator bool() const { return forward != nullptr; }
+};
+
+// `reduction` applies in training mode only.
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
-                  Activation activation = Activation::none);
+                  Activation activation = Activation::none, const BatchStatisticsReduction& reduction = {});
 
 // The argument checks batch_norm and sync_batch_norm share, with messages
 // prefixed by `op`: an (N, C, ...) floating-point input; weight, bias and the

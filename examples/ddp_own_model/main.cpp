@@ -98,7 +98,7 @@ int main(int argc, char** argv) try {
   // Each process scores its shard of the test set; the counts are summed.
   loom::NoGradGuard no_grad;
   loom::dist::AccuracyCounts counts;
-  loom::dist::ShardSampler shard(test.size(), world, rank);
+  loom::data::ShardSampler shard(test.size(), world, rank);
   auto [points, labels] = test.batch(shard.indices());
   counts.correct = loom::count_correct((*model)(points), labels);
   counts.total = labels.numel();

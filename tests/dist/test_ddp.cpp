@@ -99,15 +99,16 @@ Tensor images(int64_t first, int64_t count) {
 }
 
 // Registers, ahead of DDP's own hooks, a hook recording per parameter whether
-// autograd left .grad as the parameter's grad destination (the bucket view):
-// then the backward op wrote it in place and DDP had nothing to copy.
+// autograd left .grad as the parameter's gradient buffer (the bucket view):
+// then backward computed it there and DDP had nothing to copy.
 std::shared_ptr<std::vector<int>> watch_gradients_in_place(nn::Module& model) {
   auto in_place = std::make_shared<std::vector<int>>();
   auto parameters = model.parameters();
   in_place->assign(parameters.size(), -1);
   for (size_t i = 0; i < parameters.size(); ++i) {
     parameters[i].register_post_accumulate_grad_hook([in_place, i](Tensor& parameter) {
-      (*in_place)[i] = parameter.grad_destination().defined() && parameter.grad().is_same(parameter.grad_destination());
+      const Tensor& buffer = grad_accumulator(parameter)->gradient_buffer();
+      (*in_place)[i] = buffer.defined() && parameter.grad().is_same(buffer);
     });
   }
   return in_place;
@@ -225,7 +226,7 @@ TEST_SUITE("ddp") {
     {
       DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
       for (auto& [name, parameter] : model->named_parameters())
-        CHECK_MESSAGE(parameter.grad_destination().defined(), name);
+        CHECK_MESSAGE(grad_accumulator(parameter)->gradient_buffer().defined(), name);
       for (int step = 0; step < 2; ++step) {
         model->zero_grad(true);  // PyTorch 2's default: .grad undefined at every backward
         reference->zero_grad(true);
@@ -244,7 +245,7 @@ TEST_SUITE("ddp") {
     }
     // Without DDP the buckets are no longer where gradients go.
     for (auto& [name, parameter] : model->named_parameters())
-      CHECK_MESSAGE(!parameter.grad_destination().defined(), name);
+      CHECK_MESSAGE(!grad_accumulator(parameter)->gradient_buffer().defined(), name);
   }
 
   TEST_CASE("world of one: unused parameters") {

@@ -1,8 +1,10 @@
-// Gradient destinations (Tensor::grad_destination): backward computes a leaf's
-// gradient straight into the given memory for conv2d, linear and batch_norm
-// parameters, with the values it computes without one (f32 and f64);
-// accumulation without zeroing, a parameter used twice, retain_graph, dtype
-// casts and ops that ignore destinations still give the right sums.
+// Gradient buffers (AccumulateGrad::set_gradient_buffer): backward computes a
+// leaf's gradient straight into the given memory for conv2d, linear and
+// batch_norm parameters (the engine offers it to the producing op as
+// Node::gradient_destination), with the values it computes without one (f32
+// and f64); accumulation without zeroing, a parameter used twice,
+// retain_graph, dtype casts and ops that ignore the offer still give the
+// right sums, in the buffer.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -56,13 +58,15 @@ void check_written_in_place(const std::vector<Shape>& shapes, DType dtype, const
   for (const Shape& s : shapes) total += shape_numel(s);
   const Tensor buffer = Tensor::full({total}, 7.0, dtype);  // stale values, as in a bucket
   std::vector<Tensor> plain, placed, destinations;
+  std::vector<std::shared_ptr<AccumulateGrad>> accumulators;  // held: they keep the buffers
   int64_t offset = 3;
   for (size_t k = 0; k < shapes.size(); ++k) {
     plain.push_back(leaf(shapes[k], dtype, static_cast<double>(k)));
     placed.push_back(leaf(shapes[k], dtype, static_cast<double>(k)));
     destinations.push_back(make_view(buffer, shapes[k], contiguous_strides(shapes[k]), offset));
     offset += shape_numel(shapes[k]);
-    placed[k].set_grad_destination(destinations[k]);
+    accumulators.push_back(grad_accumulator(placed[k]));
+    accumulators.back()->set_gradient_buffer(destinations[k]);
   }
   loss(plain).backward();
   loss(placed).backward();
@@ -144,7 +148,8 @@ TEST_SUITE("grad destination") {
     const Tensor x = values({4, 5}, DType::f64, 0.9);
     Tensor w = leaf({5, 5}, DType::f64, 0.0), reference = leaf({5, 5}, DType::f64, 0.0);
     Tensor destination = Tensor::zeros({5, 5}, DType::f64);
-    w.set_grad_destination(destination);
+    auto w_accumulator = grad_accumulator(w);
+    w_accumulator->set_gradient_buffer(destination);
     // y = W (W x): the first node to run writes the destination; the second
     // gets no offer (a gradient is already pending) and the engine sums.
     weighted_sum(linear(linear(x, w), w)).backward();
@@ -152,7 +157,8 @@ TEST_SUITE("grad destination") {
     check_close(w.grad(), reference.grad(), 1.0, "shared parameter");
     // Elementwise w * w: one node, the same leaf twice.
     Tensor v = leaf({6}, DType::f64, 0.4), v_reference = leaf({6}, DType::f64, 0.4);
-    v.set_grad_destination(Tensor::zeros({6}, DType::f64));
+    auto v_accumulator = grad_accumulator(v);
+    v_accumulator->set_gradient_buffer(Tensor::zeros({6}, DType::f64));
     weighted_sum(v * v).backward();
     weighted_sum(v_reference * v_reference).backward();
     check_close(v.grad(), v_reference.grad(), 1.0, "w * w");
@@ -162,7 +168,8 @@ TEST_SUITE("grad destination") {
     const Tensor x = values({5, 7}, DType::f64, 0.3);
     Tensor w = leaf({3, 7}, DType::f64, 0.0), reference = leaf({3, 7}, DType::f64, 0.0);
     Tensor destination = Tensor::zeros({3, 7}, DType::f64);
-    w.set_grad_destination(destination);
+    auto w_accumulator = grad_accumulator(w);
+    w_accumulator->set_gradient_buffer(destination);
     Tensor loss = weighted_sum(linear(x, w));
     loss.backward(Tensor(), true);
     loss.backward();
@@ -172,19 +179,21 @@ TEST_SUITE("grad destination") {
   }
 
   TEST_CASE("ops without destination support, casts and zero_grad(set_to_none=false)") {
-    // mul's backward ignores the offer: AccumulateGrad stores a fresh tensor.
+    // mul's backward ignores the offer: AccumulateGrad copies its gradient into the buffer.
     Tensor w = leaf({6}, DType::f64, 0.0);
     Tensor destination = Tensor::zeros({6}, DType::f64);
-    w.set_grad_destination(destination);
+    auto w_accumulator = grad_accumulator(w);
+    w_accumulator->set_gradient_buffer(destination);
     const Tensor c = values({6}, DType::f64, 1.0);
     sum(w * c).backward();
-    CHECK_FALSE(w.grad().raw_data() == destination.raw_data());
+    CHECK(w.grad().is_same(destination));
     check_close(w.grad(), c, 1.0, "mul");
 
     // A cast (autocast's f32 -> f16 of a parameter) converts into the destination.
     Tensor master = leaf({3, 7}, DType::f64, 0.0), reference = leaf({3, 7}, DType::f64, 0.0);
     Tensor master_destination = Tensor::zeros({3, 7}, DType::f64);
-    master.set_grad_destination(master_destination);
+    auto master_accumulator = grad_accumulator(master);
+    master_accumulator->set_gradient_buffer(master_destination);
     const Tensor x = values({5, 7}, DType::f32, 0.3);
     weighted_sum(linear(x, master.to(DType::f32))).backward();
     weighted_sum(linear(x, reference.to(DType::f32))).backward();
@@ -202,7 +211,8 @@ TEST_SUITE("grad destination") {
     const Tensor x = values({2, 3, 5, 5}, DType::f16, 1.1);
     Tensor w = leaf({4, 3, 3, 3}, DType::f16, 0.0), reference = leaf({4, 3, 3, 3}, DType::f16, 0.0);
     Tensor destination = Tensor::zeros({4, 3, 3, 3}, DType::f16);
-    w.set_grad_destination(destination);
+    auto w_accumulator = grad_accumulator(w);
+    w_accumulator->set_gradient_buffer(destination);
     sum(conv2d(x, w)).backward();
     sum(conv2d(x, reference)).backward();
     CHECK(w.grad().is_same(destination));
@@ -210,17 +220,71 @@ TEST_SUITE("grad destination") {
     CHECK(a == b);
   }
 
-  TEST_CASE("destinations must match the tensor, and can be cleared") {
+  TEST_CASE("buffers must match the tensor, and can be cleared") {
     Tensor w = leaf({3, 4}, DType::f32, 0.0);
-    CHECK_THROWS_WITH_AS(w.set_grad_destination(Tensor::zeros({4, 3}, DType::f32)),
+    auto accumulator = grad_accumulator(w);
+    CHECK(grad_accumulator(w) == accumulator);  // one per leaf
+    CHECK_THROWS_WITH_AS(accumulator->set_gradient_buffer(Tensor::zeros({4, 3}, DType::f32)),
                          doctest::Contains("must have the tensor's shape, dtype and device"), Error);
-    CHECK_THROWS_AS(w.set_grad_destination(Tensor::zeros({3, 4}, DType::f64)), Error);
-    CHECK_THROWS_WITH_AS(w.set_grad_destination(Tensor::zeros({4, 3}, DType::f32).transpose(0, 1)),
+    CHECK_THROWS_AS(accumulator->set_gradient_buffer(Tensor::zeros({3, 4}, DType::f64)), Error);
+    CHECK_THROWS_WITH_AS(accumulator->set_gradient_buffer(Tensor::zeros({4, 3}, DType::f32).transpose(0, 1)),
                          doctest::Contains("not contiguous"), Error);
     Tensor destination = Tensor::zeros({3, 4}, DType::f32);
-    w.set_grad_destination(destination);
-    CHECK(w.grad_destination().is_same(destination));
-    w.set_grad_destination(Tensor());
-    CHECK_FALSE(w.grad_destination().defined());
+    accumulator->set_gradient_buffer(destination);
+    CHECK(accumulator->gradient_buffer().is_same(destination));
+    accumulator->set_gradient_buffer(Tensor());
+    CHECK_FALSE(accumulator->gradient_buffer().defined());
+  }
+
+  TEST_CASE("the engine offers the buffer to the op producing the gradient, which writes it there") {
+    // An op of its own records what its backward was offered and fills it.
+    Tensor w = leaf({4}, DType::f64, 0.0);
+    Tensor destination = Tensor::full({4}, 7.0, DType::f64);
+    auto accumulator = grad_accumulator(w);
+    accumulator->set_gradient_buffer(destination);
+    Tensor offered;
+    auto identity = [&] {
+      Tensor y = w.detach().clone();
+      record("identity", {w}, {&y}, [&offered](const TensorList& g, const Node& node) {
+        offered = node.gradient_destination(0);
+        Tensor written = offered.defined() ? offered : Tensor::empty({4}, DType::f64);
+        written.copy_(g[0]);
+        return TensorList{written};
+      });
+      return y;
+    };
+    sum(identity() * values({4}, DType::f64, 0.2)).backward();
+    CHECK(offered.is_same(destination));
+    CHECK(w.grad().is_same(destination));
+    check_close(w.grad(), values({4}, DType::f64, 0.2), 1.0, "identity");
+    // .grad is defined now: the next pass adds into it and offers nothing.
+    sum(identity() * values({4}, DType::f64, 0.2)).backward();
+    CHECK_FALSE(offered.defined());
+    CHECK(w.grad().is_same(destination));
+    check_close(w.grad(), values({4}, DType::f64, 0.2), 2.0, "identity accumulated");
+  }
+
+  TEST_CASE("the CPU kernels write the weight and bias gradients into the memory given") {
+    const Tensor x = values({2, 3, 6, 5}, DType::f32, 1.1), dy = values({2, 4, 6, 5}, DType::f32, 0.4);
+    const Tensor w = values({4, 3, 3, 3}, DType::f32, 0.0);
+    const Conv2dParams params{.padding = {1, 1}};
+    Tensor out = Tensor::full({4, 3, 3, 3}, 7.0);
+    CHECK(ops::cpu::conv2d_backward_weight(dy, x, w.sizes(), params, out).is_same(out));
+    check_close(out, ops::cpu::conv2d_backward_weight(dy, x, w.sizes(), params), 1.0, "conv2d weight");
+    Tensor both_out = Tensor::full({4, 3, 3, 3}, 7.0);
+    CHECK(ops::cpu::conv2d_backward_input_weight(dy, x, w, params, both_out).second.is_same(both_out));
+    check_close(both_out, out, 1.0, "conv2d input and weight");
+
+    const Tensor a = values({5, 7}, DType::f32, 0.3), lw = values({3, 7}, DType::f32, 0.6);
+    const Tensor ldy = values({5, 3}, DType::f32, 0.8);
+    Tensor dx, dw = Tensor::full({3, 7}, 7.0), db = Tensor::full({3}, 7.0);
+    const Tensor weight_out = dw, bias_out = db;
+    ops::cpu::linear_backward(ldy, a, lw, false, true, true, dx, dw, db);
+    CHECK(dw.is_same(weight_out));
+    CHECK(db.is_same(bias_out));
+    Tensor dx2, dw2, db2;
+    ops::cpu::linear_backward(ldy, a, lw, false, true, true, dx2, dw2, db2);
+    check_close(dw, dw2, 1.0, "linear weight");
+    check_close(db, db2, 1.0, "linear bias");
   }
 }
