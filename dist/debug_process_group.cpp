@@ -390,6 +390,7 @@ class DebugProcessGroup::TracedWork final : public Work {
     std::exception_ptr error = inner_->error();
     return error ? annotated(error) : error;
   }
+  Clock::time_point enqueue_time() const override { return inner_->enqueue_time(); }
   Clock::time_point start_time() const override { return inner_->start_time(); }
   Clock::time_point end_time() const override { return inner_->end_time(); }
 

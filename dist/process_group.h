@@ -59,7 +59,7 @@ class Work {
   const std::string& description() const { return description_; }
   // When the work was enqueued, started running, and finished (success or not);
   // a time point is Clock::time_point{} until it happens.
-  Clock::time_point enqueue_time() const { return enqueue_time_; }
+  virtual Clock::time_point enqueue_time() const { return enqueue_time_; }
   virtual Clock::time_point start_time() const;
   virtual Clock::time_point end_time() const;
 

@@ -149,6 +149,7 @@ TEST_SUITE("debug") {
     CHECK(work->succeeded());
     CHECK(work->completed());
     CHECK(work->error() == nullptr);
+    CHECK(work->enqueue_time() <= work->start_time());
     CHECK(work->start_time() <= work->end_time());
     CHECK(work->start_time() != Work::Clock::time_point{});
     group.barrier()->wait();
