@@ -163,9 +163,13 @@ struct InitOptions {
   int device_index = -1;
 };
 
-// Builds a process group and makes it the default one. Throws loom::Error for
-// an unknown backend or init method, a bad launch environment, or a failed
-// rendezvous.
+// Builds a process group and makes it the default one: the backend's group
+// inside a DebugProcessGroup (debug_process_group.h: the desync report on a
+// failed collective, and LOOM_DISTRIBUTED_DEBUG's checks). Sets the log's
+// "[rank N]" prefix (core/log.h) for a world of several ranks; LOOM_LOG_LEVEL=
+// debug prints the rendezvous steps. Throws loom::Error for an unknown
+// backend or init method, a bad launch environment, a bad LOOM_LOG_LEVEL or
+// LOOM_DISTRIBUTED_DEBUG, or a failed rendezvous.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 // The group init_process_group() made; throws when there is none.
