@@ -206,15 +206,15 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   auto group_store = std::make_shared<PrefixStore>(options.group_name, store);
   std::shared_ptr<ProcessGroup> group;
-  auto make_gloo = [&] {
+  auto make_gloo = [&](const std::shared_ptr<Store>& gloo_store) {
     GlooOptions gloo;
     gloo.timeout = options.timeout;
     if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
-    return std::make_shared<ProcessGroupGloo>(group_store, rank, world_size, gloo);
+    return std::make_shared<ProcessGroupGloo>(gloo_store, rank, world_size, gloo);
   };
   if (options.backend == "gloo") {
     log_debug("rendezvous: backend gloo, as asked; connecting the mesh of ", world_size, " ranks");
-    group = make_gloo();
+    group = make_gloo(group_store);
   } else if (options.backend == "shm") {
     log_debug("rendezvous: backend shm, as asked; mapping the shared segment of ", world_size, " ranks");
     group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions{.timeout = options.timeout});
@@ -227,7 +227,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     } else {
       if (rank == 0) log_info("init_process_group: backend auto uses gloo (", why_not, ")");
       log_debug("rendezvous: backend auto chose gloo: ", why_not, "; connecting the mesh of ", world_size, " ranks");
-      group = make_gloo();
+      group = make_gloo(group_store);
     }
   } else {
     log_debug("rendezvous: backend nccl, as asked");
@@ -237,13 +237,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   // Every group gets the desync report; DETAIL adds a gloo group of its own
   // (on the CPU, whatever the backend) for the fingerprint exchange.
   std::shared_ptr<ProcessGroup> checker;
-  if (debug_level == DistributedDebugLevel::detail) {
-    GlooOptions gloo;
-    gloo.timeout = options.timeout;
-    if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
-    checker = std::make_shared<ProcessGroupGloo>(std::make_shared<PrefixStore>("debug_checker", group_store), rank,
-                                                 world_size, gloo);
-  }
+  if (debug_level == DistributedDebugLevel::detail)
+    checker = make_gloo(std::make_shared<PrefixStore>("debug_checker", group_store));
   const char* backend = group->backend_name();
   group = std::make_shared<DebugProcessGroup>(
       std::move(group), group_store, DebugOptions{.level = debug_level, .group_name = options.group_name}, checker);
