@@ -11,6 +11,7 @@
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
 #include <loom/core/gradcheck.h>
+#include <loom/core/log.h>
 #include <loom/core/parallel.h>
 #include <loom/core/tensor.h>
 #include <loom/core/version.h>
@@ -22,6 +23,7 @@
 #include <loom/data/sampler.h>
 #include <loom/data/transforms.h>
 #include <loom/dist/ddp.h>
+#include <loom/dist/debug_process_group.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/metrics.h>
 #include <loom/dist/process_group.h>

@@ -3,10 +3,11 @@
 #include <loom/dist/process_group.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 
 #include <loom/core/error.h>
+#include <loom/core/log.h>
+#include <loom/dist/debug_process_group.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group_gloo.h>
 #include <loom/dist/process_group_nccl.h>
@@ -131,6 +132,17 @@ std::pair<std::string, int> parse_host_port(const std::string& init_method, cons
   return {host, static_cast<int>(port)};
 }
 
+// Why detect_launcher() chose `launcher`, for the rendezvous debug lines.
+const char* launcher_evidence(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::none: return "no RANK / WORLD_SIZE, OMPI_COMM_WORLD_* or srun-task SLURM_PROCID variables";
+    case Launcher::torchrun: return "RANK / WORLD_SIZE are set (torchrun, loomrun, or by hand)";
+    case Launcher::slurm: return "SLURM_PROCID and SLURM_STEP_ID are set (an srun task)";
+    case Launcher::open_mpi: return "OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE are set (mpirun)";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
@@ -139,6 +151,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
               "'; expected \"gloo\" or \"shm\" (CPU tensors), \"auto\" (shm when every rank is on this host, "
               "else gloo) or \"nccl\" (CUDA tensors)");
   if (options.backend == "nccl") require_nccl();  // fails here, before any rendezvous, with the reason
+  // Bad values of the debugging variables fail here, before any rendezvous.
+  log_level();
+  const DistributedDebugLevel debug_level = distributed_debug_level_from_environment();
 
   LaunchOverrides overrides;
   if (options.rank >= 0) overrides.rank = options.rank;
@@ -153,6 +168,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     rank = options.rank;
     world_size = options.world_size;
     LOOM_CHECK(rank < world_size, "init_process_group: rank ", rank, " must be smaller than world_size ", world_size);
+    if (world_size > 1) set_log_rank(rank);
+    log_debug("rendezvous: rank ", rank, " of ", world_size, " from the caller, in the store it gave");
   } else if (options.init_method == "env://" || options.init_method.rfind("tcp://", 0) == 0) {
     if (options.init_method != "env://") {
       auto [host, port] = parse_host_port(options.init_method, options.init_method.substr(6));
@@ -163,6 +180,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     rank = environment.rank;
     world_size = environment.world_size;
     master_addr = environment.master_addr;
+    if (world_size > 1) set_log_rank(rank);
+    log_debug("rendezvous: launcher ", launcher_name(environment.launcher), " detected: ",
+              launcher_evidence(environment.launcher), "; rank ", rank, " of ", world_size, ", local rank ",
+              environment.local_rank, " of ", environment.local_world_size, ", node ", environment.node_rank);
+    log_debug("rendezvous: init_method ", options.init_method, ": the store is at ",
+              host_port(environment.master_addr, environment.master_port));
     store = connect_rendezvous_store(environment, options.timeout);
   } else if (options.init_method.rfind("file://", 0) == 0) {
     std::string path = options.init_method.substr(7);
@@ -171,6 +194,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     LaunchEnvironment environment = resolve_launch_environment(overrides);
     rank = environment.rank;
     world_size = environment.world_size;
+    if (world_size > 1) set_log_rank(rank);
+    log_debug("rendezvous: launcher ", launcher_name(environment.launcher), " detected: ",
+              launcher_evidence(environment.launcher), "; rank ", rank, " of ", world_size);
+    log_debug("rendezvous: init_method ", options.init_method, ": a FileStore at ", path);
     store = std::make_shared<FileStore>(path, options.timeout);
   } else {
     LOOM_FAIL("init_process_group: init_method '", options.init_method,
@@ -179,28 +206,46 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   auto group_store = std::make_shared<PrefixStore>(options.group_name, store);
   std::shared_ptr<ProcessGroup> group;
-  auto make_gloo = [&] {
+  auto make_gloo = [&](const std::shared_ptr<Store>& gloo_store) {
     GlooOptions gloo;
     gloo.timeout = options.timeout;
     if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
-    return std::make_shared<ProcessGroupGloo>(group_store, rank, world_size, gloo);
+    return std::make_shared<ProcessGroupGloo>(gloo_store, rank, world_size, gloo);
   };
   if (options.backend == "gloo") {
-    group = make_gloo();
+    log_debug("rendezvous: backend gloo, as asked; connecting the mesh of ", world_size, " ranks");
+    group = make_gloo(group_store);
   } else if (options.backend == "shm") {
+    log_debug("rendezvous: backend shm, as asked; mapping the shared segment of ", world_size, " ranks");
     group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions{.timeout = options.timeout});
   } else if (options.backend == "auto") {
     // Every rank reads the same verdicts, so all of them pick the same backend.
     std::string why_not;
     group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions{.timeout = options.timeout}, &why_not);
-    if (!group) {
-      if (rank == 0) std::fprintf(stderr, "init_process_group: backend auto uses gloo (%s)\n", why_not.c_str());
-      group = make_gloo();
+    if (group) {
+      log_debug("rendezvous: backend auto chose shm: every rank mapped the shared segment (all on this host)");
+    } else {
+      if (rank == 0) log_info("init_process_group: backend auto uses gloo (", why_not, ")");
+      log_debug("rendezvous: backend auto chose gloo: ", why_not, "; connecting the mesh of ", world_size, " ranks");
+      group = make_gloo(group_store);
     }
   } else {
+    log_debug("rendezvous: backend nccl, as asked");
     group = make_process_group_nccl(group_store, rank, world_size,
                                     NcclOptions{.timeout = options.timeout, .device_index = options.device_index});
   }
+  // Every group gets the desync report; DETAIL adds a gloo group of its own
+  // (on the CPU, whatever the backend) for the fingerprint exchange.
+  std::shared_ptr<ProcessGroup> checker;
+  if (debug_level == DistributedDebugLevel::detail)
+    checker = make_gloo(std::make_shared<PrefixStore>("debug_checker", group_store));
+  const char* backend = group->backend_name();
+  group = std::make_shared<DebugProcessGroup>(
+      std::move(group), group_store, DebugOptions{.level = debug_level, .group_name = options.group_name}, checker);
+  log_at(debug_level >= DistributedDebugLevel::info ? LogLevel::info : LogLevel::debug, "process group '",
+         options.group_name, "': backend ", backend, ", rank ", rank, " of ", world_size, ", collective timeout ",
+         std::chrono::duration<double>(options.timeout).count(), " s, LOOM_DISTRIBUTED_DEBUG=",
+         distributed_debug_level_name(debug_level));
   // The default group is destroyed at exit before the CUDA runtime tears down
   // what an NCCL group uses (its stream, events, communicator), which the
   // static's own destructor would be too late for.

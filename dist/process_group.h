@@ -47,23 +47,24 @@ class Work {
   virtual void synchronize();
   // Like synchronize() but gives up after `timeout`; returns whether it
   // finished. Never throws the collective's error.
-  [[nodiscard]] bool wait_for(Milliseconds timeout);
+  [[nodiscard]] virtual bool wait_for(Milliseconds timeout);
 
   // True once the collective finished (successfully or not); never blocks.
   [[nodiscard]] virtual bool completed() const;
-  [[nodiscard]] bool succeeded() const;
+  [[nodiscard]] virtual bool succeeded() const;
   // The failure (a loom::Error), or null while running or after success.
-  [[nodiscard]] std::exception_ptr error() const;
+  [[nodiscard]] virtual std::exception_ptr error() const;
   std::string error_message() const;  // "" when there is no error
 
   const std::string& description() const { return description_; }
   // When the work was enqueued, started running, and finished (success or not);
   // a time point is Clock::time_point{} until it happens.
-  Clock::time_point enqueue_time() const { return enqueue_time_; }
-  Clock::time_point start_time() const;
-  Clock::time_point end_time() const;
+  virtual Clock::time_point enqueue_time() const { return enqueue_time_; }
+  virtual Clock::time_point start_time() const;
+  virtual Clock::time_point end_time() const;
 
-  // For backends.
+  // For backends. (A Work that forwards to another, as DebugProcessGroup's
+  // does, overrides every virtual accessor instead.)
   void mark_started();
   void finish(std::exception_ptr error = nullptr);
 
@@ -162,9 +163,13 @@ struct InitOptions {
   int device_index = -1;
 };
 
-// Builds a process group and makes it the default one. Throws loom::Error for
-// an unknown backend or init method, a bad launch environment, or a failed
-// rendezvous.
+// Builds a process group and makes it the default one: the backend's group
+// inside a DebugProcessGroup (debug_process_group.h: the desync report on a
+// failed collective, and LOOM_DISTRIBUTED_DEBUG's checks). Sets the log's
+// "[rank N]" prefix (core/log.h) for a world of several ranks; LOOM_LOG_LEVEL=
+// debug prints the rendezvous steps. Throws loom::Error for an unknown
+// backend or init method, a bad launch environment, a bad LOOM_LOG_LEVEL or
+// LOOM_DISTRIBUTED_DEBUG, or a failed rendezvous.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 // The group init_process_group() made; throws when there is none.

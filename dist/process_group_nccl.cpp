@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -19,6 +18,7 @@
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/stream.h>
 #include <loom/core/error.h>
+#include <loom/core/log.h>
 #include <loom/core/storage.h>
 #include <loom/dist/process_group_nccl.h>
 
@@ -237,8 +237,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     if (communicator_->comm != nullptr) {
       ncclResult_t result = ncclCommAbort(communicator_->comm);
       if (result != ncclSuccess)
-        std::fprintf(stderr, "loom: %sfreeing the NCCL communicator failed: %s\n", communicator_->prefix().c_str(),
-                     ncclGetErrorString(result));
+        log_warn(communicator_->prefix(), "freeing the NCCL communicator failed: ", ncclGetErrorString(result));
       communicator_->comm = nullptr;
     }
   }
@@ -512,7 +511,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
       std::lock_guard lock(c.mutex);
       if (c.failure.empty()) c.failure = message;
     }
-    std::fprintf(stderr, "loom: %s\n", message.c_str());
+    log_error(message);
     for (auto& work : pending_) work->complete(std::make_exception_ptr(Error(message)));
     pending_.clear();
     std::lock_guard comm_lock(c.mutex);

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include <loom/core/error.h>
+#include <loom/core/log.h>
 
 namespace loom::dist {
 
@@ -100,15 +101,29 @@ std::shared_ptr<Store> connect_rendezvous_store(const LaunchEnvironment& launch,
                                           TCPStoreOptions{.is_server = false, .timeout = timeout});
     std::string attempt = environment("TORCHELASTIC_RESTART_COUNT").value_or("0");
     store = std::make_shared<PrefixStore>("/worker/attempt_" + attempt, tcp);
+    log_debug("rendezvous: connected to the launcher's store at ", host_port(launch.master_addr, launch.master_port),
+              " (TORCHELASTIC_USE_AGENT_STORE=True), keys under /worker/attempt_", attempt);
   } else {
+    if (launch.rank == 0) {
+      log_debug("rendezvous: rank 0 hosts the TCPStore on port ", launch.master_port, " (MASTER_PORT) of ",
+                launch.master_addr, " (MASTER_ADDR)");
+    } else {
+      log_debug("rendezvous: connecting to rank 0's TCPStore at ", host_port(launch.master_addr, launch.master_port),
+                " (MASTER_ADDR:MASTER_PORT), retrying for up to ",
+                std::chrono::duration<double>(timeout).count(), " s");
+    }
     try {
       store = std::make_shared<TCPStore>(launch.master_addr, launch.master_port,
                                          TCPStoreOptions{.is_server = launch.rank == 0, .timeout = timeout});
     } catch (const AddressInUse& error) {
       explain_address_in_use(error, launch, timeout);
     }
+    log_debug("rendezvous: connected to the TCPStore at ",
+              host_port(launch.master_addr, static_cast<TCPStore&>(*store).port()));
   }
-  claim_rank(*store, launch.rank, describe_this_process(), timeout);
+  const std::string who = describe_this_process();
+  claim_rank(*store, launch.rank, who, timeout);
+  log_debug("rendezvous: claimed rank ", launch.rank, " of ", launch.world_size, " as ", who);
   return store;
 }
 

@@ -20,6 +20,7 @@
 // The server has no deadlines: a client that gives up on a WAIT sends
 // CANCEL_WAIT. PyTorch's TCPStore client puts "/" before every key it sends;
 // loom's does too, so that both see the same keys.
+#include <netdb.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -27,10 +28,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
 #include <loom/core/error.h>
+#include <loom/core/log.h>
 #include <loom/dist/store.h>
 
 namespace loom::dist {
@@ -152,6 +155,17 @@ void append_bytes(Bytes& out, const Bytes& value) {
   out.insert(out.end(), value.begin(), value.end());
 }
 
+// "127.0.0.1:41234" for an accepted client's address.
+std::string describe_address(const sockaddr_storage& address, socklen_t length) {
+  char host[NI_MAXHOST] = {}, port[NI_MAXSERV] = {};
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "an unknown address";
+  std::string text = host;
+  if (text.rfind("::ffff:", 0) == 0 && text.find('.') != std::string::npos) text = text.substr(7);  // IPv4-mapped
+  return host_port(text, std::atoi(port));
+}
+
 // The key as PyTorch's TCPStore client sends it.
 std::string wire_key(const std::string& key) { return "/" + key; }
 
@@ -243,10 +257,17 @@ class TCPStoreServer {
 
   void accept_clients() {
     while (true) {
-      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage address{};
+      socklen_t length = sizeof(address);
+      int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &length,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or out of descriptors: retried on the next poll
       set_no_delay(fd);
       connections_[fd].socket.reset(fd);
+      if (log_enabled(LogLevel::debug)) {
+        log_debug("TCPStore server on port ", port_, ": a client connected from ", describe_address(address, length),
+                  " (", connections_.size(), " connection", connections_.size() == 1 ? "" : "s", " open)");
+      }
     }
   }
 
@@ -302,6 +323,7 @@ class TCPStoreServer {
       case Query::set: {
         std::string key = request.text();
         Bytes value = request.bytes();
+        if (log_enabled(LogLevel::debug)) log_rank_claim(key, value);
         data_[key] = std::move(value);
         release_waiters();
         return;
@@ -391,6 +413,20 @@ class TCPStoreServer {
       default: LOOM_FAIL("TCPStore: unknown query type ", int(query));
     }
     send(connection, reply);
+  }
+
+  // claim_rank() stores "<prefix>/loom/rank/<r>/owner" = who: the line
+  // that says which process joined as which rank.
+  void log_rank_claim(const std::string& key, const Bytes& value) const {
+    static const std::string kOwner = "/owner";
+    const size_t rank_at = key.rfind("loom/rank/");
+    if (rank_at == std::string::npos || key.size() < kOwner.size() ||
+        key.compare(key.size() - kOwner.size(), kOwner.size(), kOwner) != 0)
+      return;
+    const size_t begin = rank_at + 10;
+    std::string rank = key.substr(begin, key.size() - kOwner.size() - begin);
+    log_debug("TCPStore server on port ", port_, ": rank ", rank, " joined (", std::string(value.begin(), value.end()),
+              ")");
   }
 
   bool all_present(const std::vector<std::string>& keys) const {
