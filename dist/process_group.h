@@ -62,6 +62,9 @@ class Work {
   Clock::time_point enqueue_time() const { return enqueue_time_; }
   Clock::time_point start_time() const;
   Clock::time_point end_time() const;
+  // The thread that finished it (its backend's communication thread), as
+  // profiler::current_thread_id() names it; 0 until then.
+  int thread_id() const;
 
   // For backends.
   void mark_started();
@@ -74,6 +77,7 @@ class Work {
   std::condition_variable finished_;
   Clock::time_point start_time_{};
   Clock::time_point end_time_{};
+  int thread_id_ = 0;
   bool completed_ = false;
   std::exception_ptr error_;
 };
