@@ -52,9 +52,9 @@ constexpr const char* kUsage =
     "  --log_dir=DIR          write each process's output to files: DIR/<rdzv_id>_<random>/\n"
     "                         attempt_<restart>/<local rank>/stdout.log and stderr.log; without\n"
     "                         --redirects or --tee every stream is teed (as --tee=3)\n"
-    "  --redirects=STREAMS    send these streams to the files only: 0 none, 1 stdout, 2 stderr,\n"
+    "  -r, --redirects=STREAMS  send these streams to the files only: 0 none, 1 stdout, 2 stderr,\n"
     "                         3 both, or per local rank LOCAL_RANK:VALUE,... (e.g. 0:1,1:3)\n"
-    "  --tee=STREAMS          send these streams to the files and to this terminal, each line\n"
+    "  -t, --tee=STREAMS      send these streams to the files and to this terminal, each line\n"
     "                         prefixed \"[rank N]:\" (same values as --redirects). Without\n"
     "                         --log_dir the files go to a new directory under $TMPDIR\n"
     "  --local_ranks_filter=R,R  show only these local ranks' teed lines on the terminal\n"
@@ -67,8 +67,9 @@ constexpr const char* kUsage =
     "TCPStore at the master address and port) and its processes join it\n"
     "(TORCHELASTIC_USE_AGENT_STORE=True). An option given twice takes its last value.\n"
     "OMP_NUM_THREADS is set to 1 for every process when several run per node and\n"
-    "it is not set already. Restarts write new attempt_<restart> directories. Exit status: 0 when every process succeeded, 128+N\n"
-    "after forwarding signal N, otherwise 1 with the failed rank named on stderr.\n";
+    "it is not set already. Restarts write new attempt_<restart> directories.\n"
+    "Exit status: 0 when every process succeeded, 128+N after forwarding signal N,\n"
+    "otherwise 1 with the failed rank named on stderr.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "loomrun: %s (see loomrun --help)\n", message.c_str());
@@ -125,6 +126,15 @@ int main(int argc, char** argv) {
     if (argument == "--version") {
       std::fputs(apps::version_text("loomrun").c_str(), stdout);
       return 0;
+    }
+    // torchrun's short forms: -r VALUE / -rVALUE, -t VALUE / -tVALUE.
+    if (argument.size() >= 2 && (argument.compare(0, 2, "-r") == 0 || argument.compare(0, 2, "-t") == 0)) {
+      const std::string name = argument[1] == 'r' ? "--redirects" : "--tee";
+      if (argument.size() > 2) {
+        argument = name + "=" + argument.substr(2);
+      } else {
+        argument = name;
+      }
     }
     if (argument.rfind("--", 0) != 0) break;
     std::string name = argument.substr(2);

@@ -91,6 +91,7 @@ int Work::thread_id() const {
 
 void Work::finish(std::exception_ptr error) {
   Clock::time_point start, end;
+  int thread = 0;
   {
     std::lock_guard lock(mutex_);
     if (start_time_ == Clock::time_point{}) start_time_ = Clock::now();
@@ -100,10 +101,11 @@ void Work::finish(std::exception_ptr error) {
     completed_ = true;
     start = start_time_;
     end = end_time_;
+    thread = thread_id_;
   }
   finished_.notify_all();
   // The collective on the thread that ran it (a Chrome trace's "collective" events).
-  profiler::record_complete(description_, "collective", start, end, thread_id_);
+  profiler::record_complete(description_, "collective", start, end, thread);
 }
 
 // ---- ProcessGroup ----

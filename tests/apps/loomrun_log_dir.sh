@@ -59,10 +59,10 @@ expect_file "$run/attempt_0/1/stderr.log" "err 1"
 [[ ! -s $work/2.out ]] || fail "redirected output reached the terminal: $(cat "$work/2.out")"
 if grep -q "err [01]" "$work/2.err"; then fail "redirected stderr reached the terminal: $(cat "$work/2.err")"; fi
 
-# 3. --tee 1 for rank 1's terminal only; without --log_dir the files go under $TMPDIR
+# 3. --tee 1 (torchrun's short form -t1) for rank 1's terminal only; without --log_dir the files go under $TMPDIR
 TMPDIR=$work/tmp
 mkdir -p "$TMPDIR"
-TMPDIR=$TMPDIR "$loomrun" --standalone --nproc_per_node=2 --tee 1 --local_ranks_filter=1 "$work/rank.sh" >"$work/3.out" 2>"$work/3.err" ||
+TMPDIR=$TMPDIR "$loomrun" --standalone --nproc_per_node=2 -t1 --local_ranks_filter=1 "$work/rank.sh" >"$work/3.out" 2>"$work/3.err" ||
   fail "--tee run failed"
 [[ $(cat "$work/3.out") == "[rank 1]:out 1 attempt 0" ]] || fail "--tee 1 --local_ranks_filter=1 showed: $(cat "$work/3.out")"
 grep -qx "err 0" "$work/3.err" || fail "rank 0's stderr (not teed) is missing from the terminal"
@@ -92,7 +92,7 @@ expect_usage_error() {  # TEXT ARGS...
 }
 expect_usage_error "--tee=4: '4' is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)" --tee 4
 expect_usage_error "--redirects=0:1,0:2: local rank 0 is given twice" --redirects=0:1,0:2
-expect_usage_error "--redirects=all: 'all' is not 0 (none)" --redirects all
+expect_usage_error "--redirects=all: 'all' is not 0 (none)" -r all
 expect_usage_error "--local_ranks_filter: 'x' is not a whole number" --local_ranks_filter=0,x
 expect_usage_error "--log_dir is empty" --log_dir=
 touch "$work/a-file"
