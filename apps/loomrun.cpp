@@ -7,8 +7,11 @@
 //   loomrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=1 PROGRAM ARGS...
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,6 +24,7 @@
 #include <loom/dist/store.h>
 
 using namespace loom;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -45,6 +49,15 @@ constexpr const char* kUsage =
     "  --standalone           one node on 127.0.0.1 with a free port\n"
     "  --max_restarts=N       start the local processes again up to N times after a failure (default 0)\n"
     "  --term_grace=SECONDS   after a failure, time the other processes get between SIGTERM and SIGKILL (default 10)\n"
+    "  --log_dir=DIR          write each process's output to files: DIR/<rdzv_id>_<random>/\n"
+    "                         attempt_<restart>/<local rank>/stdout.log and stderr.log; without\n"
+    "                         --redirects or --tee every stream is teed (as --tee=3)\n"
+    "  -r, --redirects=STREAMS  send these streams to the files only: 0 none, 1 stdout, 2 stderr,\n"
+    "                         3 both, or per local rank LOCAL_RANK:VALUE,... (e.g. 0:1,1:3)\n"
+    "  -t, --tee=STREAMS      send these streams to the files and to this terminal, each line\n"
+    "                         prefixed \"[rank N]:\" (same values as --redirects). Without\n"
+    "                         --log_dir the files go to a new directory under $TMPDIR\n"
+    "  --local_ranks_filter=R,R  show only these local ranks' teed lines on the terminal\n"
     "  --no_python            accepted for compatibility: PROGRAM is always run as given\n"
     "                         (a PROGRAM ending in .py is run with python3 unless this is given)\n"
     "  -h, --help             this text\n"
@@ -54,8 +67,9 @@ constexpr const char* kUsage =
     "TCPStore at the master address and port) and its processes join it\n"
     "(TORCHELASTIC_USE_AGENT_STORE=True). An option given twice takes its last value.\n"
     "OMP_NUM_THREADS is set to 1 for every process when several run per node and\n"
-    "it is not set already. Exit status: 0 when every process succeeded, 128+N\n"
-    "after forwarding signal N, otherwise 1 with the failed rank named on stderr.\n";
+    "it is not set already. Restarts write new attempt_<restart> directories.\n"
+    "Exit status: 0 when every process succeeded, 128+N after forwarding signal N,\n"
+    "otherwise 1 with the failed rank named on stderr.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "loomrun: %s (see loomrun --help)\n", message.c_str());
@@ -94,6 +108,8 @@ int main(int argc, char** argv) {
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
   bool standalone = false, no_python = false;
+  std::optional<std::string> log_dir;
+  bool tee_given = false, redirects_given = false;
 
   // Options until the first argument that is not one (the program).
   int index = 1;
@@ -110,6 +126,15 @@ int main(int argc, char** argv) {
     if (argument == "--version") {
       std::fputs(apps::version_text("loomrun").c_str(), stdout);
       return 0;
+    }
+    // torchrun's short forms: -r VALUE / -rVALUE, -t VALUE / -tVALUE.
+    if (argument.size() >= 2 && (argument.compare(0, 2, "-r") == 0 || argument.compare(0, 2, "-t") == 0)) {
+      const std::string name = argument[1] == 'r' ? "--redirects" : "--tee";
+      if (argument.size() > 2) {
+        argument = name + "=" + argument.substr(2);
+      } else {
+        argument = name;
+      }
     }
     if (argument.rfind("--", 0) != 0) break;
     std::string name = argument.substr(2);
@@ -174,6 +199,25 @@ int main(int argc, char** argv) {
       spec.max_restarts = parse_int(flag, *value, 0);
     } else if (name == "term_grace") {
       spec.termination_grace = std::chrono::seconds(parse_int(flag, *value, 0));
+    } else if (name == "log_dir") {
+      if (value->empty()) usage_error("--log_dir is empty; give the directory for the processes' output");
+      log_dir = *value;
+    } else if (name == "redirects" || name == "tee") {
+      try {
+        (name == "tee" ? spec.tee : spec.redirects) = dist::parse_streams(flag, *value);
+      } catch (const Error& error) {
+        usage_error(error.what());
+      }
+      (name == "tee" ? tee_given : redirects_given) = true;
+    } else if (name == "local_ranks_filter") {
+      std::string text = *value;
+      size_t begin = 0;
+      while (begin <= text.size()) {
+        size_t end = text.find(',', begin);
+        if (end == std::string::npos) end = text.size();
+        spec.console_local_ranks.insert(parse_int(flag, text.substr(begin, end - begin), 0));
+        begin = end + 1;
+      }
     } else if (name == "monitor_interval") {
       // torchrun's polling period; loomrun polls every 10 ms.
     } else {
@@ -204,6 +248,24 @@ int main(int argc, char** argv) {
                  "node; set it yourself to tune\n",
                  spec.nproc_per_node);
     spec.environment["OMP_NUM_THREADS"] = "1";
+  }
+
+  // Output files: with --log_dir alone every stream is teed; --tee or
+  // --redirects alone write under a new temporary directory, as torchrun.
+  if (log_dir && !tee_given && !redirects_given) spec.tee.all = dist::Streams::both;
+  if (!spec.console_local_ranks.empty() && !tee_given && !redirects_given) spec.tee.all = dist::Streams::both;
+  if (spec.tee.any() || spec.redirects.any()) {
+    std::error_code error;
+    const fs::path root = log_dir ? fs::path(*log_dir) : fs::temp_directory_path(error);
+    fs::create_directories(root, error);
+    if (error) usage_error(str("--log_dir=", root.string(), ": cannot create it: ", error.message()));
+    // A directory of its own for this run, so that no earlier run's files are overwritten.
+    std::string run_directory = (root / (spec.run_id + "_XXXXXX")).string();
+    if (::mkdtemp(run_directory.data()) == nullptr)
+      usage_error(str("--log_dir=", root.string(), ": cannot create a directory in it: ", std::strerror(errno)));
+    spec.log_dir = run_directory;
+    std::fprintf(stderr, "loomrun: the processes' output goes to %s/attempt_<restart>/<local rank>/\n",
+                 run_directory.c_str());
   }
 
   try {

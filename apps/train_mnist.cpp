@@ -72,6 +72,7 @@ struct Flags {
   std::string backend = "auto";
   bool sync_bn = false;
   double timeout_s = 0;  // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
+  std::string trace;  // --trace FILE
   apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
   std::string save;  // the final model as safetensors (torch.save(net.state_dict(), ...))
 };
@@ -152,6 +153,7 @@ int run(const Flags& flags, int argc, char** argv) {
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const int rank = launch.rank, world = launch.world_size;
   const bool leader = rank == 0;
+  apps::TraceRecording trace(flags.trace, rank, world);  // --trace
 
   if (flags.threads > 0) {
     set_num_threads(flags.threads);
@@ -389,6 +391,7 @@ int run(const Flags& flags, int argc, char** argv) {
     std::printf("Saved the model to %s\n", flags.save.c_str());
   }
   std::fflush(stdout);
+  trace.finish(rank == 0 ? stdout : nullptr);
   return 0;
 }
 
@@ -438,6 +441,7 @@ int main(int argc, char** argv) {
   apps::add_version_flag(app, "train_mnist");
   app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other processes before the run fails (0 = LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")->capture_default_str()->check(apps::at_least(0));
   apps::add_checkpoint_flags(app, flags.checkpoints);
+  apps::add_trace_flag(app, flags.trace);
   app.add_option("--save", flags.save,
                  "after training, rank 0 writes the model's state_dict here as safetensors under PyTorch's names "
                  "(the tutorial's torch.save(net.state_dict(), PATH))");

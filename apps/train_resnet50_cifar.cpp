@@ -54,6 +54,7 @@ constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar.html";
 struct Flags {
   int64_t batch_size = 128;  // global: split across the ranks
   int epochs = 2;
+  std::string trace;  // --trace FILE
   apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
   std::string data = "./data";
   bool synthetic = false;
@@ -192,6 +193,7 @@ int run(const Flags& flags) {
   // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const int rank = launch.rank, world = launch.world_size;
+  apps::TraceRecording trace(flags.trace, rank, world);  // --trace
   // --device cuda / auto: this rank's GPU (cuda:LOCAL_RANK), the one its NCCL group drives.
   const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
   // auto: nccl for CUDA devices; for the CPU, init_process_group picks shm when
@@ -446,6 +448,7 @@ int run(const Flags& flags) {
     std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note, accuracy.accuracy(),
                 static_cast<long long>(accuracy.correct), static_cast<long long>(accuracy.total));
   }
+  trace.finish(rank == 0 ? stdout : nullptr);
   return 0;
 }
 
@@ -460,6 +463,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(CLI::NonNegativeNumber);
   apps::add_checkpoint_flags(app, flags.checkpoints);
+  apps::add_trace_flag(app, flags.trace);
   app.add_option("--data", flags.data, "CIFAR-10, binary or python version: DIR/cifar-10-batches-bin/, DIR/cifar-10-batches-py/ (torchvision's root) or DIR itself")->capture_default_str();
   app.add_option("--dataset", flags.dataset, "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds")
       ->check(CLI::IsMember({"auto", "cifar10", "mnist", "imagefolder"}))

@@ -261,7 +261,7 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
       // The scope reads the shape and keeps no reference (no copy of grads[0]
       // here either): AccumulateGrad takes over a gradient only when nothing
       // else holds it.
-      profiler::Scope scope(profiler::enabled() ? node->name() + " backward" : std::string(), grads[0]);
+      profiler::Scope scope(profiler::active() ? node->name() + " backward" : std::string(), grads[0]);
       input_grads = node->apply(std::move(grads));
     }
     if (!retain_graph) node->release_saved();

@@ -14,6 +14,7 @@
 
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
+#include <loom/core/profiler.h>
 #include <loom/core/generator.h>
 
 namespace loom::data {
@@ -310,6 +311,7 @@ class DataLoader::EpochRun {
   };
 
   Batch build(int64_t number) const {
+    profiler::Range range("build batch", "data");
     // Pinned host memory (cudaHostAlloc) needs a context on the calling
     // thread's device: the loader's, not a new worker thread's implicit GPU 0.
     std::optional<cuda::DeviceGuard> device_guard;
@@ -330,6 +332,7 @@ class DataLoader::EpochRun {
   }
 
   void work() {
+    profiler::set_thread_name("data worker");
     for (;;) {
       int64_t number;
       {
@@ -437,7 +440,11 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
 std::optional<Batch> DataLoader::next() {
   LOOM_CHECK(run_ != nullptr, "DataLoader: call start_epoch(epoch) (or iterate loader.epoch(epoch)) before next()");
   const Clock::time_point start = Clock::now();
-  std::optional<Batch> batch = run_->next();
+  std::optional<Batch> batch;
+  {
+    profiler::Range wait("data wait", "data");
+    batch = run_->next();
+  }
   if (batch) {
     last_wait_seconds_ = seconds_since(start);
     total_wait_seconds_ += last_wait_seconds_;

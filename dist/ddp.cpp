@@ -11,6 +11,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
+#include <loom/core/profiler.h>
 
 namespace loom::dist {
 
@@ -195,6 +196,9 @@ struct DistributedDataParallel::Reducer {
     Bucket& bucket = buckets[parameters[index].bucket];
     if (--bucket.pending == 0) {
       bucket.timing.ready = std::chrono::steady_clock::now();
+      if (profiler::tracing())
+        profiler::record_instant(str("bucket ", bucket.timing.bucket, " ready"), "ddp", bucket.timing.ready,
+                                 profiler::current_thread_id(), str("\"bytes\": ", bucket.timing.bytes));
       launch_ready_buckets();
     }
   }
@@ -206,6 +210,9 @@ struct DistributedDataParallel::Reducer {
       bucket.timing.launched = std::chrono::steady_clock::now();
       bucket.reduction = hook(*group, bucket.buffer);
       bucket.timing.wire_bytes = bucket.reduction.wire_bytes;
+      if (profiler::tracing())
+        profiler::record_instant(str("bucket ", bucket.timing.bucket, " launched"), "ddp", bucket.timing.launched,
+                                 profiler::current_thread_id());
     }
   }
 
@@ -277,6 +284,18 @@ struct DistributedDataParallel::Reducer {
     }
   }
 
+  // The bucket's collective and its end on the thread that ran it (this one
+  // without a collective); nccl's buckets are not done on the host yet.
+  static void trace_bucket_reduced(const BucketTiming& timing, const WorkHandle& work) {
+    if (timing.done == std::chrono::steady_clock::time_point{}) return;
+    const int thread = work && work->thread_id() != 0 ? work->thread_id() : profiler::current_thread_id();
+    if (work && timing.started != std::chrono::steady_clock::time_point{})
+      profiler::record_complete(str("bucket ", timing.bucket, " reduce"), "ddp", timing.started, timing.done, thread,
+                                str("\"bytes\": ", timing.bytes, ", \"wire_bytes\": ", timing.wire_bytes,
+                                    ", \"parameters\": ", timing.parameters));
+    profiler::record_instant(str("bucket ", timing.bucket, " done"), "ddp", timing.done, thread);
+  }
+
   // Completes the round: every parameter ready (or an error naming those
   // that are not), every bucket reduced.
   void finish() {
@@ -307,6 +326,7 @@ struct DistributedDataParallel::Reducer {
       }
       if (reduction.finish) reduction.finish();
       if (!reduction.work) bucket.timing.done = std::chrono::steady_clock::now();
+      if (profiler::tracing()) trace_bucket_reduced(bucket.timing, reduction.work);
     }
     timing.reduced = std::chrono::steady_clock::now();
   }

@@ -393,6 +393,7 @@ class DebugProcessGroup::TracedWork final : public Work {
   Clock::time_point enqueue_time() const override { return inner_->enqueue_time(); }
   Clock::time_point start_time() const override { return inner_->start_time(); }
   Clock::time_point end_time() const override { return inner_->end_time(); }
+  int thread_id() const override { return inner_->thread_id(); }
 
  private:
   std::exception_ptr annotated(const std::exception_ptr& error) const {

@@ -2,6 +2,8 @@
 // SIGINT / SIGTERM, end the group on the first failure, restart on request.
 #include <loom/dist/launcher.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include <loom/core/error.h>
 
@@ -79,19 +82,141 @@ std::string find_program(const std::string& program) {
   LOOM_FAIL("program '", program, "' was not found in PATH; give its path (e.g. ./", program, ")");
 }
 
+// Owns one file descriptor.
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() { reset(); }
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t written = ::write(fd, data, size);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return;  // a full disk or a closed terminal: the output is lost, the run goes on
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+// One teed stream of one process: what it writes into `pipe` goes unchanged
+// into `file` and, line by line behind `prefix`, to `console`.
+struct TeedStream {
+  FileDescriptor pipe;  // read end, non-blocking; closed at end of file
+  FileDescriptor file;
+  int console = -1;     // STDOUT_FILENO / STDERR_FILENO, -1 when filtered out
+  std::string prefix;
+  std::string partial;  // the console's unfinished line
+
+  // Moves what the pipe holds now; with `final`, also ends the unfinished
+  // line and closes the pipe (the process has exited).
+  void pump(bool final) {
+    char buffer[65536];
+    while (pipe.get() >= 0) {
+      const ssize_t got = ::read(pipe.get(), buffer, sizeof(buffer));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) break;  // EAGAIN: nothing more for now
+      if (got == 0) {
+        pipe.reset();
+        break;
+      }
+      write_all(file.get(), buffer, static_cast<size_t>(got));
+      if (console < 0) continue;
+      partial.append(buffer, static_cast<size_t>(got));
+      std::string lines;
+      size_t begin = 0;
+      for (size_t end; (end = partial.find('\n', begin)) != std::string::npos; begin = end + 1) {
+        lines += prefix;
+        lines.append(partial, begin, end + 1 - begin);
+      }
+      partial.erase(0, begin);
+      write_all(console, lines.data(), lines.size());
+    }
+    if (!final) return;
+    pipe.reset();  // what a child of the process writes later is not read
+    if (console >= 0 && !partial.empty()) {
+      std::string line = prefix + partial + "\n";
+      write_all(console, line.data(), line.size());
+    }
+    partial.clear();
+  }
+};
+
 struct Worker {
   int local_rank = 0;
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
+  std::vector<TeedStream> teed{};
 };
+
+bool has_stream(Streams set, Streams stream) {
+  return (static_cast<int>(set) & static_cast<int>(stream)) != 0;
+}
+
+// The descriptors process `worker` gets as stdout and stderr (-1: the
+// launcher's own) under the spec's redirects and tee; fills worker.teed.
+// Files go to `directory` (made here).
+std::pair<FileDescriptor, FileDescriptor> open_outputs(const WorkerGroupSpec& spec, Worker& worker,
+                                                       const std::filesystem::path& directory) {
+  std::pair<FileDescriptor, FileDescriptor> child;
+  const Streams redirected = spec.redirects.of(worker.local_rank), teed = spec.tee.of(worker.local_rank);
+  for (Streams stream : {Streams::out, Streams::err}) {
+    const bool tee = has_stream(teed, stream);
+    if (!tee && !has_stream(redirected, stream)) continue;
+    std::error_code error;
+    std::filesystem::create_directories(directory, error);
+    LOOM_CHECK(!error, spec.name, ": cannot create the log directory ", directory.string(), ": ", error.message());
+    const std::string path = (directory / (stream == Streams::out ? "stdout.log" : "stderr.log")).string();
+    FileDescriptor file(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    LOOM_CHECK(file.get() >= 0, spec.name, ": cannot write the log file ", path, ": ", std::strerror(errno));
+    FileDescriptor& child_end = stream == Streams::out ? child.first : child.second;
+    if (!tee) {
+      child_end = std::move(file);
+      continue;
+    }
+    int ends[2];
+    LOOM_CHECK(::pipe2(ends, O_CLOEXEC) == 0, spec.name, ": pipe failed: ", std::strerror(errno));
+    TeedStream teed_stream;
+    teed_stream.pipe = FileDescriptor(ends[0]);
+    child_end = FileDescriptor(ends[1]);
+    ::fcntl(ends[0], F_SETFL, ::fcntl(ends[0], F_GETFL) | O_NONBLOCK);
+    teed_stream.file = std::move(file);
+    const bool shown = spec.console_local_ranks.empty() || spec.console_local_ranks.count(worker.local_rank) > 0;
+    teed_stream.console = !shown ? -1 : stream == Streams::out ? STDOUT_FILENO : STDERR_FILENO;
+    teed_stream.prefix = str("[rank ", worker.rank, "]:");
+    worker.teed.push_back(std::move(teed_stream));
+  }
+  return child;
+}
 
 // fork + execve with the launcher's environment plus `variables`. The child
 // leads a process group of its own (signals reach whatever it starts, e.g. a
 // shell's children), gets SIGKILL when the launcher dies, and default signal
 // handling.
+// `stdout_fd` / `stderr_fd` become the child's stdout / stderr (-1: the
+// launcher's own).
 pid_t start_process(const std::string& path, const std::vector<std::string>& command,
-                    const std::map<std::string, std::string>& variables) {
+                    const std::map<std::string, std::string>& variables, int stdout_fd, int stderr_fd) {
   std::map<std::string, std::string> merged;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const char* equals = std::strchr(*entry, '=');
@@ -119,6 +244,8 @@ pid_t start_process(const std::string& path, const std::vector<std::string>& com
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (stdout_fd >= 0 && ::dup2(stdout_fd, STDOUT_FILENO) < 0) ::_exit(127);
+    if (stderr_fd >= 0 && ::dup2(stderr_fd, STDERR_FILENO) < 0) ::_exit(127);
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
@@ -163,9 +290,12 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
       worker.rank = spec.node_rank * spec.nproc_per_node + local;
       std::map<std::string, std::string> variables = worker_environment(spec, local, restart_count);
       if (!resume_report.empty()) variables["LOOM_RESUME_REPORT"] = resume_report;
-      worker.pid = start_process(path, spec.command, variables);
+      const std::filesystem::path directory =
+          std::filesystem::path(spec.log_dir) / str("attempt_", restart_count) / std::to_string(local);
+      auto [child_stdout, child_stderr] = open_outputs(spec, worker, directory);
+      worker.pid = start_process(path, spec.command, variables, child_stdout.get(), child_stderr.get());
       worker.running = true;
-      workers.push_back(worker);
+      workers.push_back(std::move(worker));
     }
   } catch (...) {
     signal_running(workers, SIGKILL);
@@ -221,7 +351,11 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
     for (auto& worker : workers) {
       if (!worker.running) continue;
       int status = 0;
-      if (::waitpid(worker.pid, &status, WNOHANG) != worker.pid) continue;
+      if (::waitpid(worker.pid, &status, WNOHANG) != worker.pid) {
+        for (TeedStream& stream : worker.teed) stream.pump(false);
+        continue;
+      }
+      for (TeedStream& stream : worker.teed) stream.pump(true);  // what it wrote before it exited
       worker.running = false;
       --running;
       ended.push_back(exit_of(worker, status));
@@ -252,7 +386,16 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
       signal_running(workers, SIGKILL);
       killed = true;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Wait 10 ms, or less when a teed stream has output.
+    std::vector<pollfd> pipes;
+    for (const auto& worker : workers)
+      for (const TeedStream& stream : worker.teed)
+        if (stream.pipe.get() >= 0) pipes.push_back({stream.pipe.get(), POLLIN, 0});
+    if (pipes.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } else {
+      ::poll(pipes.data(), pipes.size(), 10);
+    }
   }
   for (const WorkerExit& exit : later_failures)
     std::fprintf(stderr, "%s: also: %s\n", spec.name.c_str(), exit.describe().c_str());
@@ -261,6 +404,50 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
 }
 
 }  // namespace
+
+Streams StreamsPerRank::of(int local_rank) const {
+  if (per_rank.empty()) return all;
+  auto found = per_rank.find(local_rank);
+  return found == per_rank.end() ? Streams::none : found->second;
+}
+
+bool StreamsPerRank::any() const {
+  if (per_rank.empty()) return all != Streams::none;
+  for (const auto& [rank, streams] : per_rank)
+    if (streams != Streams::none) return true;
+  return false;
+}
+
+StreamsPerRank parse_streams(const std::string& flag, const std::string& text) {
+  auto value_of = [&](const std::string& item) {
+    LOOM_CHECK(item.size() == 1 && item[0] >= '0' && item[0] <= '3', flag, "=", text, ": '", item,
+               "' is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both); give one value or LOCAL_RANK:VALUE,... "
+               "(e.g. 0:3,1:2)");
+    return static_cast<Streams>(item[0] - '0');
+  };
+  StreamsPerRank result;
+  if (text.find(':') == std::string::npos) {
+    result.all = value_of(text);
+    return result;
+  }
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(begin, end - begin);
+    const size_t colon = item.find(':');
+    LOOM_CHECK(colon != std::string::npos && colon > 0, flag, "=", text, ": '", item,
+               "' is not LOCAL_RANK:VALUE (e.g. 0:3,1:2)");
+    const std::string rank_text = item.substr(0, colon);
+    LOOM_CHECK(rank_text.size() <= 6 && rank_text.find_first_not_of("0123456789") == std::string::npos, flag, "=",
+               text, ": '", rank_text, "' is not a local rank");
+    const int rank = std::stoi(rank_text);
+    LOOM_CHECK(result.per_rank.count(rank) == 0, flag, "=", text, ": local rank ", rank, " is given twice");
+    result.per_rank[rank] = value_of(item.substr(colon + 1));
+    begin = end + 1;
+  }
+  return result;
+}
 
 std::string signal_name(int signal) {
   switch (signal) {
@@ -331,6 +518,8 @@ WorkerGroupResult run_worker_group(const WorkerGroupSpec& spec) {
              " is out of range (1 to 65535)");
   LOOM_CHECK(!spec.master_addr.empty(), spec.name, ": the master address is empty");
   LOOM_CHECK(spec.max_restarts >= 0, spec.name, ": max_restarts must not be negative");
+  LOOM_CHECK(!spec.log_dir.empty() || (!spec.redirects.any() && !spec.tee.any()), spec.name,
+             ": redirected or teed output needs a log directory");
   const std::string path = find_program(spec.command[0]);
 
   // With restarts, a file where a resumed rank 0 says from which step (LOOM_RESUME_REPORT).

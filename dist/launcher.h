@@ -9,12 +9,30 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <loom/dist/environment.h>
 
 namespace loom::dist {
+
+// Which of a process's output streams an option applies to (torchrun's Std):
+// 0 neither, 1 stdout, 2 stderr, 3 both.
+enum class Streams : int { none = 0, out = 1, err = 2, both = 3 };
+
+// A Streams value for all local ranks ("3") or per local rank ("0:3,1:1";
+// ranks not named get none), as torchrun's --redirects and --tee take it.
+struct StreamsPerRank {
+  Streams all = Streams::none;
+  std::map<int, Streams> per_rank{};  // when not empty, replaces `all`
+  Streams of(int local_rank) const;
+  bool any() const;  // some rank gets a stream
+};
+
+// Parses "N" or "RANK:N,RANK:N" with N in 0..3; throws loom::Error naming
+// `flag` (e.g. "--tee") and what is wrong.
+StreamsPerRank parse_streams(const std::string& flag, const std::string& text);
 
 struct WorkerGroupSpec {
   // Program and arguments; a program without '/' is searched in PATH.
@@ -33,6 +51,20 @@ struct WorkerGroupSpec {
   std::chrono::milliseconds termination_grace = std::chrono::seconds(10);
   // Names the launcher in its messages on stderr: "loomrun: rank 1 ...".
   std::string name = "loomrun";
+
+  // Output files, as torchrun's --log-dir / --redirects / --tee: each attempt
+  // (restart) k gets log_dir/attempt_<k>/<local rank>/stdout.log and
+  // stderr.log for the streams named by `redirects` or `tee`. A redirected
+  // stream goes to its file only; a teed one to its file and to the
+  // launcher's stdout / stderr, each line prefixed "[rank N]:" (global rank).
+  // Streams named by neither stay the launcher's own (no file, no prefix).
+  // log_dir is required when any stream is redirected or teed.
+  std::string log_dir{};
+  StreamsPerRank redirects{};
+  StreamsPerRank tee{};
+  // Local ranks whose teed lines reach the terminal (torchrun's
+  // --local_ranks_filter); empty: all. Their files are written regardless.
+  std::set<int> console_local_ranks{};
 };
 
 // How one process of the group ended.

@@ -7,6 +7,7 @@
 
 #include <loom/core/error.h>
 #include <loom/core/log.h>
+#include <loom/core/profiler.h>
 #include <loom/dist/debug_process_group.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group_gloo.h>
@@ -84,15 +85,28 @@ void Work::mark_started() {
   start_time_ = Clock::now();
 }
 
+int Work::thread_id() const {
+  std::lock_guard lock(mutex_);
+  return thread_id_;
+}
+
 void Work::finish(std::exception_ptr error) {
+  Clock::time_point start, end;
+  int thread = 0;
   {
     std::lock_guard lock(mutex_);
     if (start_time_ == Clock::time_point{}) start_time_ = Clock::now();
     end_time_ = Clock::now();
+    thread_id_ = profiler::current_thread_id();
     error_ = std::move(error);
     completed_ = true;
+    start = start_time_;
+    end = end_time_;
+    thread = thread_id_;
   }
   finished_.notify_all();
+  // The collective on the thread that ran it (a Chrome trace's "collective" events).
+  profiler::record_complete(description_, "collective", start, end, thread);
 }
 
 // ---- ProcessGroup ----

@@ -62,6 +62,9 @@ class Work {
   virtual Clock::time_point enqueue_time() const { return enqueue_time_; }
   virtual Clock::time_point start_time() const;
   virtual Clock::time_point end_time() const;
+  // The thread that finished it (its backend's communication thread), as
+  // profiler::current_thread_id() names it; 0 until then.
+  virtual int thread_id() const;
 
   // For backends. (A Work that forwards to another, as DebugProcessGroup's
   // does, overrides every virtual accessor instead.)
@@ -75,6 +78,7 @@ class Work {
   std::condition_variable finished_;
   Clock::time_point start_time_{};
   Clock::time_point end_time_{};
+  int thread_id_ = 0;
   bool completed_ = false;
   std::exception_ptr error_;
 };

@@ -31,6 +31,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
+#include <loom/core/profiler.h>
 
 namespace loom::dist {
 
@@ -244,6 +245,7 @@ struct ProcessGroupGloo::Impl {
   }
 
   void run_worker() {
+    profiler::set_thread_name("gloo communication");
     set_grad_mode(false);  // collectives copy gradient buffers; nothing here is differentiable
     while (true) {
       Task task;

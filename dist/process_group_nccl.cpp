@@ -19,6 +19,7 @@
 #include <loom/core/cuda/stream.h>
 #include <loom/core/error.h>
 #include <loom/core/log.h>
+#include <loom/core/profiler.h>
 #include <loom/core/storage.h>
 #include <loom/dist/process_group_nccl.h>
 
@@ -198,6 +199,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
       }
     }
     watchdog_ = std::thread([this, device = c.device] {
+      profiler::set_thread_name("nccl watchdog");  // where collectives end in a trace
       // Its event queries would otherwise create a context on GPU 0 (the
       // thread's default device): hundreds of MiB there for every rank.
       try {

@@ -8,10 +8,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <loom/core/error.h>
 #include <loom/dist/launcher.h>
@@ -51,9 +53,164 @@ struct TemporaryDirectory {
   }
 };
 
+// Sends this process's stdout and stderr (the launcher's terminal) to files
+// while it lives.
+class CapturedTerminal {
+ public:
+  explicit CapturedTerminal(const fs::path& directory) : out_path_(directory / "terminal.out"), err_path_(directory / "terminal.err") {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    saved_out_ = ::dup(STDOUT_FILENO);
+    saved_err_ = ::dup(STDERR_FILENO);
+    std::FILE* out = std::fopen(out_path_.c_str(), "w");
+    std::FILE* err = std::fopen(err_path_.c_str(), "w");
+    ::dup2(::fileno(out), STDOUT_FILENO);
+    ::dup2(::fileno(err), STDERR_FILENO);
+    std::fclose(out);
+    std::fclose(err);
+  }
+  ~CapturedTerminal() { restore(); }
+  CapturedTerminal(const CapturedTerminal&) = delete;
+  CapturedTerminal& operator=(const CapturedTerminal&) = delete;
+  // Ends the capture; returns what went to stdout and to stderr.
+  std::pair<std::string, std::string> finish() {
+    restore();
+    return {read_file(out_path_), read_file(err_path_)};
+  }
+
+ private:
+  static std::string read_file(const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  void restore() {
+    if (saved_out_ < 0) return;
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::dup2(saved_out_, STDOUT_FILENO);
+    ::dup2(saved_err_, STDERR_FILENO);
+    ::close(saved_out_);
+    ::close(saved_err_);
+    saved_out_ = saved_err_ = -1;
+  }
+  fs::path out_path_, err_path_;
+  int saved_out_ = -1, saved_err_ = -1;
+};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 }  // namespace
 
 TEST_SUITE("launcher") {
+  TEST_CASE("--redirects / --tee values: one for all local ranks or LOCAL_RANK:VALUE pairs") {
+    StreamsPerRank all = parse_streams("--tee", "3");
+    CHECK(all.of(0) == Streams::both);
+    CHECK(all.of(7) == Streams::both);
+    StreamsPerRank none = parse_streams("--tee", "0");
+    CHECK(!none.any());
+    StreamsPerRank per_rank = parse_streams("--redirects", "0:1,2:2");
+    CHECK(per_rank.of(0) == Streams::out);
+    CHECK(per_rank.of(1) == Streams::none);  // not named
+    CHECK(per_rank.of(2) == Streams::err);
+    CHECK(per_rank.any());
+    CHECK_THROWS_WITH_AS(parse_streams("--tee", "4"), doctest::Contains("--tee=4: '4' is not 0 (none), 1 (stdout)"),
+                         Error);
+    CHECK_THROWS_WITH_AS(parse_streams("--tee", ""), doctest::Contains("--tee="), Error);
+    CHECK_THROWS_WITH_AS(parse_streams("--redirects", "0:x"), doctest::Contains("--redirects=0:x: 'x' is not 0"),
+                         Error);
+    CHECK_THROWS_WITH_AS(parse_streams("--redirects", "0:1,0:2"), doctest::Contains("local rank 0 is given twice"),
+                         Error);
+    CHECK_THROWS_WITH_AS(parse_streams("--redirects", "a:1"), doctest::Contains("'a' is not a local rank"), Error);
+    CHECK_THROWS_WITH_AS(parse_streams("--redirects", "0:1,"), doctest::Contains("'' is not LOCAL_RANK:VALUE"), Error);
+  }
+
+  TEST_CASE("tee writes each stream to its file and prefixed lines to the terminal; redirects keep them off it") {
+    TemporaryDirectory directory;
+    // An unfinished last line, and a burst larger than a pipe's buffer.
+    auto spec = shell_group(2, "echo out $RANK; echo err $RANK >&2; head -c 100000 /dev/zero | tr '\\0' x; "
+                               "echo; printf 'tail %s' $RANK");
+    const std::string burst(100000, 'x');
+    spec.log_dir = (directory.path / "logs").string();
+    spec.tee = parse_streams("--tee", "3");
+    CapturedTerminal terminal(directory.path);
+    WorkerGroupResult result = run_worker_group(spec);
+    auto [out, err] = terminal.finish();
+    CHECK(result.succeeded);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string attempt = str("logs/attempt_0/", rank, "/");
+      CHECK(directory.read(attempt + "stdout.log") == str("out ", rank, "\n", burst, "\ntail ", rank));
+      CHECK(directory.read(attempt + "stderr.log") == str("err ", rank, "\n"));
+      CHECK(contains(out, str("[rank ", rank, "]:out ", rank, "\n")));
+      CHECK(contains(out, str("[rank ", rank, "]:", burst, "\n")));
+      CHECK(contains(out, str("[rank ", rank, "]:tail ", rank, "\n")));  // ended by the launcher
+      CHECK(contains(err, str("[rank ", rank, "]:err ", rank, "\n")));
+      CHECK(!contains(out, str("err ", rank)));
+    }
+
+    // Redirected: the files only.
+    TemporaryDirectory second;
+    spec.log_dir = (second.path / "logs").string();
+    spec.tee = {};
+    spec.redirects = parse_streams("--redirects", "3");
+    CapturedTerminal quiet(second.path);
+    result = run_worker_group(spec);
+    std::tie(out, err) = quiet.finish();
+    CHECK(result.succeeded);
+    CHECK(second.read("logs/attempt_0/1/stdout.log") == str("out 1\n", burst, "\ntail 1"));
+    CHECK(second.read("logs/attempt_0/1/stderr.log") == "err 1\n");
+    CHECK(!contains(out, "out 0"));
+    CHECK(!contains(out, "tail 1"));
+    CHECK(!contains(err, "err 1"));
+  }
+
+  TEST_CASE("per-rank --redirects / --tee and --local_ranks_filter") {
+    TemporaryDirectory directory;
+    auto spec = shell_group(3, "echo out $RANK; echo err $RANK >&2");
+    spec.log_dir = (directory.path / "logs").string();
+    spec.redirects = parse_streams("--redirects", "0:3");  // rank 0: files only
+    spec.tee = parse_streams("--tee", "1:1,2:3");          // rank 1: stdout teed, stderr its own; rank 2: both teed
+    spec.console_local_ranks = {0, 1};                     // rank 2's lines stay off the terminal
+    CapturedTerminal terminal(directory.path);
+    WorkerGroupResult result = run_worker_group(spec);
+    auto [out, err] = terminal.finish();
+    CHECK(result.succeeded);
+    CHECK(directory.read("logs/attempt_0/0/stdout.log") == "out 0\n");
+    CHECK(directory.read("logs/attempt_0/0/stderr.log") == "err 0\n");
+    CHECK(directory.read("logs/attempt_0/1/stdout.log") == "out 1\n");
+    CHECK(!fs::exists(directory.path / "logs/attempt_0/1/stderr.log"));
+    CHECK(directory.read("logs/attempt_0/2/stdout.log") == "out 2\n");
+    CHECK(directory.read("logs/attempt_0/2/stderr.log") == "err 2\n");
+    CHECK(!contains(out, "out 0"));
+    CHECK(!contains(err, "err 0"));
+    CHECK(contains(out, "[rank 1]:out 1\n"));
+    CHECK(contains(err, "err 1\n"));
+    CHECK(!contains(err, "[rank 1]:err 1"));  // not teed: written by the process itself
+    CHECK(!contains(out, "out 2"));
+    CHECK(!contains(err, "err 2"));
+  }
+
+  TEST_CASE("each restart writes a new attempt directory") {
+    TemporaryDirectory directory;
+    auto spec = shell_group(2, "echo attempt $TORCHELASTIC_RESTART_COUNT rank $RANK; "
+                               "[ $TORCHELASTIC_RESTART_COUNT -ge 1 ] || [ $RANK = 0 ] || exit 4");
+    spec.max_restarts = 2;
+    spec.log_dir = (directory.path / "logs").string();
+    spec.redirects = parse_streams("--redirects", "1");
+    CapturedTerminal terminal(directory.path);
+    WorkerGroupResult result = run_worker_group(spec);
+    auto [out, err] = terminal.finish();
+    CHECK(result.succeeded);
+    CHECK(result.restarts == 1);
+    CHECK(contains(err, "rank 1 (local rank 1, pid "));  // the failure is still reported
+    CHECK(contains(err, "restarting the 2 local processes (restart 1 of 2)"));
+    CHECK(directory.read("logs/attempt_0/1/stdout.log") == "attempt 0 rank 1\n");
+    CHECK(directory.read("logs/attempt_1/0/stdout.log") == "attempt 1 rank 0\n");
+    CHECK(directory.read("logs/attempt_1/1/stdout.log") == "attempt 1 rank 1\n");
+    CHECK(!fs::exists(directory.path / "logs/attempt_2"));
+  }
+
   TEST_CASE("every process gets torchrun's variables") {
     WorkerGroupSpec spec;
     spec.nproc_per_node = 3;
@@ -178,5 +335,10 @@ TEST_SUITE("launcher") {
     spec.nnodes = 2;
     spec.node_rank = 2;
     CHECK_THROWS_WITH_AS(run_worker_group(spec), doctest::Contains("node rank 2"), Error);
+    spec.node_rank = 0;
+    spec.tee.all = Streams::both;
+    CHECK_THROWS_WITH_AS(run_worker_group(spec), doctest::Contains("needs a log directory"), Error);
+    spec.log_dir = "/proc/loom-no-such-directory";
+    CHECK_THROWS_WITH_AS(run_worker_group(spec), doctest::Contains("cannot create the log directory /proc/"), Error);
   }
 }
