@@ -223,6 +223,10 @@ int run(const Flags& flags, int argc, char** argv) {
     return apps::training_checkpoint(*model, *optimizer, /*scheduler=*/nullptr, train_loader, {epoch, epoch_step, steps},
                                      settings);
   };
+  // Rank 0's progress display, --metrics and --tensorboard.
+  apps::TrainingMonitor monitor(leader, common.progress, common.metrics, common.tensorboard,
+                                apps::describe_run("train_mnist", argc, argv, common, world, group.get(), device,
+                                                   flags.batch_size * world, flags.epochs, steps_per_epoch));
   apps::StopAgreement stop_agreement(group);
   int stop_signal = 0;
   auto steps_left = [&] { return flags.max_steps == 0 || steps < flags.max_steps; };
@@ -231,6 +235,7 @@ int run(const Flags& flags, int argc, char** argv) {
   for (int64_t epoch = first_epoch; epoch < flags.epochs && steps_left(); ++epoch) {
     int64_t step = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
     train_loader.start_epoch(epoch, step);
+    monitor.start_epoch(epoch, step);
     while (steps_left()) {
       std::optional<data::Batch> batch = train_loader.next();
       if (!batch) break;
@@ -246,15 +251,29 @@ int run(const Flags& flags, int argc, char** argv) {
       ++steps;
       images += batch->size();
       if (leader && step % common.log_interval == 0) {
+        monitor.before_output();
+        const double loss_value = loss.item();
         std::printf("Epoch [%lld/%d], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
-                    flags.epochs, static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss.item());
+                    flags.epochs, static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss_value);
         std::fflush(stdout);
+        monitor.set_loss(loss_value);
       }
+      monitor.step({.epoch_step = step,
+                    .step = steps,
+                    .images = batch->size() * world,
+                    .data_wait_seconds = train_loader.last_wait_seconds(),
+                    .loss = &loss,
+                    .lr = optimizer->optimizer().lr(0),
+                    .ddp = ddp.get(),
+                    .scaler = &optimizer->scaler()});
       bool saved_now = false;
-      if (writer && step < steps_per_epoch && writer->step_due(steps))  // an epoch checkpoint follows the last step
+      if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
+        monitor.before_output();
         saved_now = writer->write(apps::CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
+      }
       // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
       if ((stop_signal = stop_agreement.poll()) != 0) {
+        monitor.before_output();
         std::optional<fs::path> saved;
         if (writer && writer->enabled()) {
           saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, steps)
@@ -264,12 +283,20 @@ int run(const Flags& flags, int argc, char** argv) {
         break;
       }
     }
+    monitor.end_epoch_steps();
     if (stop_signal != 0) break;
     if (writer && writer->enabled() && step == steps_per_epoch)
       writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
+    if (epoch + 1 < flags.epochs && steps_left() && monitor.records_epochs()) {
+      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
+      monitor.end_epoch(apps::test_accuracy(*model, test_loader, group.get(), *optimizer));
+    }
   }
   stop_agreement.finish();
   if (stop_signal != 0) {
+    monitor.end_epoch(std::nullopt);
+    monitor.finish();
     train_loader.stop();
     if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
     return 128 + stop_signal;
@@ -297,6 +324,8 @@ int run(const Flags& flags, int argc, char** argv) {
 
   // Rank 0's model on every rank: its batch-norm statistics too.
   const dist::AccuracyCounts accuracy = apps::test_accuracy(*model, test_loader, group.get(), *optimizer);
+  monitor.end_epoch(accuracy);  // the last epoch's record
+  monitor.finish();
   if (leader) {
     std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy.accuracy(), static_cast<long long>(accuracy.correct),
                 static_cast<long long>(accuracy.total));

@@ -154,7 +154,7 @@ nn::Metadata run_settings(const Flags& flags, int world_size) {
           {"seed", std::to_string(flags.common.seed)}};
 }
 
-int run(const Flags& flags) {
+int run(const Flags& flags, int argc, char** argv) {
   apps::StopSignals::install(apps::parse_signal_name(flags.checkpoints.signal));
   const apps::CommonFlags& common = flags.common;
   // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
@@ -278,6 +278,10 @@ int run(const Flags& flags) {
     return apps::training_checkpoint(*model, *amp_optimizer, scheduler.get(), train_loader,
                                      {epoch, epoch_step, global_step}, run_settings(flags, world));
   };
+  // Rank 0's progress display, --metrics and --tensorboard.
+  apps::TrainingMonitor monitor(leader, common.progress, common.metrics, common.tensorboard,
+                                apps::describe_run("train_resnet50_cifar", argc, argv, common, world, group.get(),
+                                                   device, flags.batch_size, flags.epochs, steps_per_epoch));
   apps::StopAgreement stop_agreement(group);
   int stop_signal = 0;
 
@@ -285,6 +289,7 @@ int run(const Flags& flags) {
   for (int64_t epoch = first_epoch; epoch < flags.epochs && stop_signal == 0; ++epoch) {
     const int64_t start_batch = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
     train_loader.start_epoch(epoch, start_batch);
+    monitor.start_epoch(epoch, start_batch);
     // This epoch's rates before warm-up: the schedule's (scheduler->step() and a
     // resume set them), or --lr without one (the optimizer may still hold a
     // warm-up rate, also one loaded from a checkpoint).
@@ -313,17 +318,31 @@ int run(const Flags& flags) {
       ++global_step;
       const double training_ms = std::chrono::duration<double, std::milli>(Clock::now() - training_start).count();
       if (leader && (i + 1) % common.log_interval == 0) {
+        monitor.before_output();
+        const double loss_value = loss.item();
         std::printf("Epoch[%lld/%d], Step[%lld/%lld], Loss: %.4f, Time dataload: %.3f ms, Time training: %.3f ms\n",
                     static_cast<long long>(epoch + 1), flags.epochs, static_cast<long long>(i + 1),
-                    static_cast<long long>(steps_per_epoch), loss.item(), dataload_ms, training_ms);
+                    static_cast<long long>(steps_per_epoch), loss_value, dataload_ms, training_ms);
         std::fflush(stdout);
+        monitor.set_loss(loss_value);
       }
+      monitor.step({.epoch_step = i + 1,
+                    .step = global_step,
+                    .images = batch->size() * world,
+                    .data_wait_seconds = dataload_ms / 1000.0,
+                    .loss = &loss,
+                    .lr = optimizer.lr(0),
+                    .ddp = ddp.get(),
+                    .scaler = &amp_optimizer->scaler()});
       const bool epoch_end = i + 1 == steps_per_epoch;  // the epoch checkpoint follows
       bool saved_now = false;
-      if (writer && !epoch_end && writer->step_due(global_step))
+      if (writer && !epoch_end && writer->step_due(global_step)) {
+        monitor.before_output();
         saved_now = writer->write(apps::CheckpointKind::step, global_step, make_checkpoint(epoch, i + 1)).has_value();
+      }
       // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
       if ((stop_signal = stop_agreement.poll()) != 0) {
+        monitor.before_output();
         std::optional<fs::path> saved;
         if (writer && writer->enabled()) {
           saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, global_step)
@@ -334,13 +353,21 @@ int run(const Flags& flags) {
       }
     }
     train_loader.stop();
+    monitor.end_epoch_steps();
     if (stop_signal != 0) break;
     if (scheduler) scheduler->step();
 
     if (writer && writer->enabled()) writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
+    if (epoch + 1 < flags.epochs && monitor.records_epochs()) {
+      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
+      monitor.end_epoch(apps::test_accuracy(*model, test_loader, group.get(), *amp_optimizer));
+    }
   }
   stop_agreement.finish();
   if (stop_signal != 0) {
+    monitor.end_epoch(std::nullopt);
+    monitor.finish();
     if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
     return 128 + stop_signal;
   }
@@ -354,6 +381,8 @@ int run(const Flags& flags) {
 
   // Rank 0's model on every rank: its batch-norm statistics too.
   const dist::AccuracyCounts accuracy = apps::test_accuracy(*model, test_loader, group.get(), *amp_optimizer);
+  monitor.end_epoch(accuracy);  // the last epoch's record
+  monitor.finish();
   if (leader) {
     std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note, accuracy.accuracy(),
                 static_cast<long long>(accuracy.correct), static_cast<long long>(accuracy.total));
@@ -409,5 +438,5 @@ int main(int argc, char** argv) {
   flags.common.log_interval = 10;
   apps::add_common_flags(app, flags.common);
   apps::add_version_flag(app, "train_resnet50_cifar");
-  return apps::run_app(app, "train_resnet50_cifar", std::vector<std::string>(argv, argv + argc), [&] { return run(flags); });
+  return apps::run_app(app, "train_resnet50_cifar", std::vector<std::string>(argv, argv + argc), [&] { return run(flags, argc, argv); });
 }

@@ -42,6 +42,17 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                  "LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")
       ->capture_default_str()
       ->check(at_least(0));
+  app.add_option("--progress", flags.progress,
+                 "rank 0's progress on stderr: bar (step, images/s, loss, data wait, ETA; redrawn in place), lines "
+                 "(one per --log-interval steps), none, or auto: bar when stderr is a terminal, else lines")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
+  app.add_option("--metrics", flags.metrics,
+                 "rank 0 appends JSON Lines to FILE: a header, a record every --log-interval steps and one per epoch "
+                 "with the test accuracy (schema: docs/metrics.md)");
+  app.add_option("--tensorboard", flags.tensorboard,
+                 "rank 0 writes the --metrics numbers as TensorBoard scalars into an event file in DIR "
+                 "(tensorboard --logdir DIR)");
 }
 
 void set_threads(const CommonFlags& flags, int world) {
@@ -85,6 +96,24 @@ data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_s
       .dtype(amp::input_dtype(amp::parse_opt_level(flags.amp)))
       .pin_memory(device.is_cuda())
       .device(device);
+}
+
+RunDescription describe_run(const char* program, int argc, char** argv, const CommonFlags& flags, int world,
+                            const dist::ProcessGroup* group, Device device, int64_t global_batch_size, int64_t epochs,
+                            int64_t steps_per_epoch) {
+  RunDescription run;
+  run.program = program;
+  run.command.assign(argv, argv + argc);
+  run.world_size = world;
+  run.backend = group ? group->backend_name() : "none";
+  run.device = device;
+  run.amp = flags.amp;
+  run.dtype = dtype_name(amp::input_dtype(amp::parse_opt_level(flags.amp)));
+  run.global_batch_size = global_batch_size;
+  run.epochs = epochs;
+  run.steps_per_epoch = steps_per_epoch;
+  run.log_interval = flags.log_interval;
+  return run;
 }
 
 nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/app_common.h"
+#include "apps/monitor.h"
 #include <loom/data/loader.h>
 #include <loom/dist/metrics.h>
 #include <loom/dist/process_group.h>
@@ -39,11 +40,14 @@ struct CommonFlags {
   uint64_t seed = 0;
   int64_t log_interval = 100;     // steps between loss lines (the app sets its default)
   double timeout_s = 0;           // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
+  std::string progress = "auto";  // rank 0's progress display: auto, bar, lines or none
+  std::string metrics;            // JSON Lines file rank 0 appends to; '' = none
+  std::string tensorboard;        // TensorBoard log directory; '' = none
 };
 
 // Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
-// --log-interval and --timeout. Every flag both apps take is added here, so a
-// new one is one line.
+// --log-interval, --timeout, --progress, --metrics and --tensorboard. Every
+// flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);
 
 // --threads N: N threads; 0: all cores, or 1 when several ranks share the machine.
@@ -67,6 +71,12 @@ std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags,
 // input dtype of --amp, batches delivered on `device` (CUDA: pinned staging,
 // copies on the loader's own stream).
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device);
+
+// The header of the metrics file: the command line, the world, rank 0's
+// backend (`group` null: "none") and device, --amp and the input dtype.
+RunDescription describe_run(const char* program, int argc, char** argv, const CommonFlags& flags, int world,
+                            const dist::ProcessGroup* group, Device device, int64_t global_batch_size, int64_t epochs,
+                            int64_t steps_per_epoch);
 
 // Where a run stands: `step` optimizer steps in all, `epoch_step` of them in
 // epoch `epoch` (0-based).
