@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "apps/app_common.h"
+#include "apps/training.h"
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/generator.h>
@@ -57,22 +58,13 @@ struct Flags {
   std::string data;
   std::string dataset = "auto";  // mnist, cifar10, imagefolder, or inferred from --data
   int64_t image_size = 28;       // image folders
-  uint64_t seed = 0;
-  int threads = 0;
-  int workers = 1;
-  int64_t log_interval = 100;
-  std::string device = "cpu";
   int64_t max_steps = 0;
-  std::string amp = "O0";  // mixed precision: apex's opt level, or bf16
   bool verbose = false;
+  apps::CommonFlags common;  // --device, --backend, --amp, --workers, --log-interval, ...
   // Distributed (the tutorial's -n / -g / -nr): nodes, processes per node, this node's rank.
   int nodes = 1;
   int gpus = 1;
   int node_rank = 0;
-  std::string backend = "auto";
-  bool sync_bn = false;
-  double timeout_s = 0;  // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
-  std::string trace;  // --trace FILE
   apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
   std::string save;  // the final model as safetensors (torch.save(net.state_dict(), ...))
 };
@@ -92,29 +84,6 @@ fs::path resolve_data_dir(const std::string& flag) {
   throw Error(
       "no training data: pass --data DIR with the MNIST IDX files (or torchvision's root holding MNIST/raw/), put "
       "them in ./data/MNIST/raw or ./MNIST/raw, or install Fashion-MNIST with `apt-get install dataset-fashion-mnist`");
-}
-
-// Moves a batch to `device`: nothing to do when the loader already delivers
-// there (its options' device), as both loaders here do.
-void to_device(data::Batch& batch, Device device) {
-  if (batch.images.device() == device) return;
-  batch.images = batch.images.to(device);
-  batch.labels = batch.labels.to(device);
-}
-
-// This rank's shard of the test set, then (correct, total) summed over ranks.
-dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
-  NoGradGuard no_grad;
-  model.eval();
-  dist::AccuracyCounts counts;
-  loader.start_epoch(0);
-  while (auto batch = loader.next()) {
-    to_device(*batch, model.parameters().front().device());
-    counts.correct += count_correct(model(batch->images), batch->labels);
-    counts.total += batch->size();
-  }
-  model.train();
-  return dist::all_reduce_accuracy(counts, group);
 }
 
 // The parent of `-g N` (mp.spawn): starts N local ranks of this program, which
@@ -153,17 +122,12 @@ int run(const Flags& flags, int argc, char** argv) {
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const int rank = launch.rank, world = launch.world_size;
   const bool leader = rank == 0;
-  apps::TraceRecording trace(flags.trace, rank, world);  // --trace
+  apps::TraceRecording trace(flags.common.trace, rank, world);  // --trace
 
-  if (flags.threads > 0) {
-    set_num_threads(flags.threads);
-  } else if (world > 1) {
-    set_num_threads(1);  // several ranks share this machine's cores
-  }
-  const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
-  // auto: nccl for CUDA devices; for the CPU, init_process_group picks shm when
-  // every rank is on this host, gloo otherwise.
-  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
+  const apps::CommonFlags& common = flags.common;
+  apps::set_threads(common, world);
+  const Device device = apps::resolve_training_device(common.device, launch.local_rank);
+  const std::string backend = apps::choose_backend(common.backend, device);
 
   if (leader && !flags.save.empty()) {
     const fs::path parent = fs::path(flags.save).has_parent_path() ? fs::path(flags.save).parent_path() : ".";
@@ -187,7 +151,7 @@ int run(const Flags& flags, int argc, char** argv) {
                     shape.height, "x", shape.width, ": use --model resnet18", loaded.kind == data::DatasetKind::imagefolder ? " or --image-size 28" : ""));
   }
 
-  manual_seed(flags.seed);
+  manual_seed(common.seed);
   // The ResNets take 1-channel 28x28 images with the ImageNet stem (the ResNet-101 tutorial).
   std::shared_ptr<nn::Module> model;
   if (flags.model == "convnet") {
@@ -199,28 +163,14 @@ int run(const Flags& flags, int argc, char** argv) {
   model->to(device);  // before DDP and the optimizer take the parameters
 
   // ---- Distributed data parallel (world > 1) ----
-  std::shared_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, backend, device, world);
   std::shared_ptr<dist::DistributedDataParallel> ddp;
-  if (world > 1) {
-    const dist::Milliseconds timeout =
-        flags.timeout_s > 0 ? dist::Milliseconds(static_cast<int64_t>(flags.timeout_s * 1000))
-                            : dist::collective_timeout_from_environment(dist::kDefaultCollectiveTimeout);
-    // The rendezvous waits at least 5 minutes for the other processes (nodes
-    // are often started by hand, one after the other); collectives use --timeout.
-    // nccl works on the training device (--device cuda:N included), where DDP
-    // finds the parameters.
-    group = dist::init_process_group({.backend = backend,
-                                      .init_method = "env://",
-                                      .timeout = std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5)),
-                                      .device_index = device.is_cuda() ? device.index : -1});
-    group->set_timeout(timeout);
-  }
-  if (flags.sync_bn) model = dist::convert_sync_batchnorm(model, group);
+  if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
   // batch norm) and the optimizer over what it must step (f32 master weights
   // at O2 / O3 / bf16); after SyncBatchNorm replaced the batch norms, before
   // DDP takes the parameters.
-  const amp::OptLevel amp_level = amp::parse_opt_level(flags.amp);
+  const amp::OptLevel amp_level = amp::parse_opt_level(common.amp);
   std::unique_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
       *model,
       [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
@@ -233,37 +183,21 @@ int run(const Flags& flags, int argc, char** argv) {
 
   // Resume: the model and everything an uninterrupted run would have had
   // after the checkpoint's step, mid-epoch too.
-  int64_t first_epoch = 0, first_batch = 0, steps = 0;
-  std::optional<apps::ResumePoint> resume = apps::find_resume_point(flags.checkpoints, world, device, leader ? stdout : nullptr);
-  if (resume) {
-    nn::Checkpoint& checkpoint = resume->checkpoint;
-    if (checkpoint.training) optimizer->check_compatible(*checkpoint.training);  // --amp first: it sets the dtypes
-    nn::load_model_state(*model, checkpoint.model, "checkpoint " + resume->path.string());
-    if (checkpoint.training) {
-      const nn::TrainingState& state = *checkpoint.training;
-      optimizer->load_state(state);  // the optimizer, and the masters and loss scale of --amp
-      if (auto g = state.generators.find("default"); g != state.generators.end())
-        default_generator().set_state(g->second.seed, g->second.counter);
-      first_epoch = state.epoch;
-      first_batch = state.epoch_step;
-      steps = state.step;
-    }
-    if (leader) {
-      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
-                  static_cast<long long>(first_epoch + 1), static_cast<long long>(first_batch),
-                  static_cast<long long>(steps));
-      apps::report_resume_to_launcher(
-          str("step ", steps, " (epoch ", first_epoch + 1, ", batch ", first_batch, ") from ", resume->path.string()));
-    }
-  }
-  apps::check_same_resume_step(group.get(), resume ? steps : -1);
+  const nn::Metadata settings = {{"model", flags.model}, {"world_size", std::to_string(world)},
+                                 {"batch_size", std::to_string(flags.batch_size)}, {"seed", std::to_string(common.seed)}};
+  const apps::TrainingPosition resumed =
+      apps::resume_training(flags.checkpoints, world, device, leader, group.get(), *model, *optimizer,
+                            /*scheduler=*/nullptr, settings)
+          .value_or(apps::TrainingPosition{});
+  const int64_t first_epoch = resumed.epoch, first_batch = resumed.epoch_step;
+  int64_t steps = resumed.step;
   if (group) ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
   nn::Module& trained = ddp ? static_cast<nn::Module&>(*ddp) : *model;
   const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
   if (leader && world > 1) {
     std::printf("Distributed: %d processes (%s), backend %s, batch %lld per process%s\n", world,
                 spawned ? "spawned by train_mnist -g" : dist::launcher_name(launcher), group->backend_name(),
-                static_cast<long long>(flags.batch_size), flags.sync_bn ? ", SyncBatchNorm" : "");
+                static_cast<long long>(flags.batch_size), common.sync_bn ? ", SyncBatchNorm" : "");
   }
   if (leader && !spawned && launcher != dist::Launcher::none &&
       (flags.nodes != 1 || flags.gpus != 1 || flags.node_rank != 0)) {
@@ -277,31 +211,23 @@ int run(const Flags& flags, int argc, char** argv) {
                                                           ? data::cifar10_normalize()
                                                           : data::mnist_normalize()});
   data::DataLoader train_loader = loaded.loader(
-      true, transforms,
-      data::DataLoaderOptions().batch_size(flags.batch_size).num_workers(flags.workers).seed(flags.seed).dtype(amp::input_dtype(amp_level))
-          .pin_memory(device.is_cuda()).device(device),  // CUDA: pinned staging, copies on the loader's stream
-      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, flags.seed));
-  data::DataLoader test_loader = loaded.loader(false, transforms,
-                               data::DataLoaderOptions().batch_size(500).num_workers(flags.workers).dtype(amp::input_dtype(amp_level))
-                                   .pin_memory(device.is_cuda()).device(device),
-                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
+      true, transforms, apps::loader_options(common, flags.batch_size, device),
+      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, common.seed));
+  data::DataLoader test_loader = loaded.loader(false, transforms, apps::loader_options(common, 500, device),
+                                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
 
   const int64_t steps_per_epoch = train_loader.num_batches();
   std::optional<apps::CheckpointWriter> writer;
   if (leader) writer.emplace(flags.checkpoints, world);
   // Rank 0's checkpoint after `steps` steps, `epoch_step` of them in epoch `epoch` (0-based).
   auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
-    nn::TrainingState state;
-    state.epoch = epoch;
-    state.epoch_step = epoch_step;
-    state.step = steps;
-    state.sampler_epoch = train_loader.sampler().epoch();
-    state.generators["default"] = {default_generator().seed(), default_generator().counter()};
-    state.extra_metadata = {{"model", flags.model}, {"world_size", std::to_string(world)},
-                            {"batch_size", std::to_string(flags.batch_size)}, {"seed", std::to_string(flags.seed)}};
-    optimizer->save_state(state);  // optimizer state, f32 masters, loss scale
-    return nn::Checkpoint{model->state_dict(), std::move(state)};
+    return apps::training_checkpoint(*model, *optimizer, /*scheduler=*/nullptr, train_loader, {epoch, epoch_step, steps},
+                                     settings);
   };
+  // Rank 0's progress display, --metrics and --tensorboard.
+  apps::TrainingMonitor monitor(leader, common.progress, common.metrics, common.tensorboard,
+                                apps::describe_run("train_mnist", argc, argv, common, world, group.get(), device,
+                                                   flags.batch_size * world, flags.epochs, steps_per_epoch));
   apps::StopAgreement stop_agreement(group);
   int stop_signal = 0;
   auto steps_left = [&] { return flags.max_steps == 0 || steps < flags.max_steps; };
@@ -310,10 +236,10 @@ int run(const Flags& flags, int argc, char** argv) {
   for (int64_t epoch = first_epoch; epoch < flags.epochs && steps_left(); ++epoch) {
     int64_t step = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
     train_loader.start_epoch(epoch, step);
+    monitor.start_epoch(epoch, step);
     while (steps_left()) {
       std::optional<data::Batch> batch = train_loader.next();
       if (!batch) break;
-      to_device(*batch, device);
       Tensor loss;
       {
         auto autocast = optimizer->autocast();  // the loss in f32; --amp O1: f16 convolutions
@@ -325,16 +251,30 @@ int run(const Flags& flags, int argc, char** argv) {
       ++step;
       ++steps;
       images += batch->size();
-      if (leader && step % flags.log_interval == 0) {
+      if (leader && step % common.log_interval == 0) {
+        monitor.before_output();
+        const double loss_value = loss.item();
         std::printf("Epoch [%lld/%d], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
-                    flags.epochs, static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss.item());
+                    flags.epochs, static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss_value);
         std::fflush(stdout);
+        monitor.set_loss(loss_value);
       }
+      monitor.step({.epoch_step = step,
+                    .step = steps,
+                    .images = batch->size() * world,
+                    .data_wait_seconds = train_loader.last_wait_seconds(),
+                    .loss = &loss,
+                    .lr = optimizer->optimizer().lr(0),
+                    .ddp = ddp.get(),
+                    .scaler = &optimizer->scaler()});
       bool saved_now = false;
-      if (writer && step < steps_per_epoch && writer->step_due(steps))  // an epoch checkpoint follows the last step
+      if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
+        monitor.before_output();
         saved_now = writer->write(apps::CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
+      }
       // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
       if ((stop_signal = stop_agreement.poll()) != 0) {
+        monitor.before_output();
         std::optional<fs::path> saved;
         if (writer && writer->enabled()) {
           saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, steps)
@@ -344,12 +284,20 @@ int run(const Flags& flags, int argc, char** argv) {
         break;
       }
     }
+    monitor.end_epoch_steps();
     if (stop_signal != 0) break;
     if (writer && writer->enabled() && step == steps_per_epoch)
       writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
+    if (epoch + 1 < flags.epochs && steps_left() && monitor.records_epochs()) {
+      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
+      monitor.end_epoch(apps::test_accuracy(*model, test_loader, group.get(), *optimizer));
+    }
   }
   stop_agreement.finish();
   if (stop_signal != 0) {
+    monitor.end_epoch(std::nullopt);
+    monitor.finish();
     train_loader.stop();
     if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
     return 128 + stop_signal;
@@ -366,7 +314,7 @@ int run(const Flags& flags, int argc, char** argv) {
     std::printf("Training complete in: %s\n", apps::format_duration(elapsed).c_str());
     if (optimizer->scaler().enabled()) {
       std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n",
-                  flags.amp.c_str(), optimizer->scaler().get_scale(),
+                  common.amp.c_str(), optimizer->scaler().get_scale(),
                   static_cast<long long>(optimizer->scaler().skipped_steps()));
     }
     // Every rank trains on the same number of images per step.
@@ -375,12 +323,10 @@ int run(const Flags& flags, int argc, char** argv) {
                 train_loader.total_wait_seconds());
   }
 
-  // Evaluate rank 0's model everywhere: its batch-norm statistics too.
-  if (group) {
-    for (auto& [name, buffer] : model->named_buffers()) group->broadcast(buffer, 0)->wait();
-  }
-  auto autocast = optimizer->autocast();  // evaluate as trained
-  const dist::AccuracyCounts accuracy = evaluate(*model, test_loader, group.get());
+  // Rank 0's model on every rank: its batch-norm statistics too.
+  const dist::AccuracyCounts accuracy = apps::test_accuracy(*model, test_loader, group.get(), *optimizer);
+  monitor.end_epoch(accuracy);  // the last epoch's record
+  monitor.finish();
   if (leader) {
     std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy.accuracy(), static_cast<long long>(accuracy.correct),
                 static_cast<long long>(accuracy.total));
@@ -425,39 +371,17 @@ int main(int argc, char** argv) {
       ->check(apps::whole_at_least(8))
       ->capture_default_str();
   app.add_option("--data", flags.data, "directory with the IDX files, or torchvision's root holding MNIST/raw/ (default ./data/MNIST/raw, else ./MNIST/raw, else /usr/share/datasets/fashion-mnist)");
-  app.add_option("--seed", flags.seed, "random seed")->capture_default_str();
-  app.add_option("--threads", flags.threads, "CPU threads per process (0 = all cores, or 1 when several processes run)")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(apps::whole_at_least(1));
-  app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   app.add_flag("--verbose", flags.verbose, "print the CUDA allocator's memory counters after training");
   app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("--amp", flags.amp, "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")->capture_default_str()->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
   app.add_option("-n,--nodes", flags.nodes, "number of nodes (spawning mode, without a launcher)")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("-g,--gpus", flags.gpus, "processes per node to spawn: GPUs, or CPU processes with --device cpu")->capture_default_str()->check(apps::whole_at_least(1));
   app.add_option("--nr", flags.node_rank, "rank of this node, 0 .. nodes-1 (also -nr)")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("--backend", flags.backend, "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, else gloo)")->capture_default_str()->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
-  app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
   apps::add_version_flag(app, "train_mnist");
-  app.add_option("--timeout", flags.timeout_s, "seconds a collective may wait for the other processes before the run fails (0 = LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")->capture_default_str()->check(apps::at_least(0));
+  flags.common.log_interval = 100;
+  apps::add_common_flags(app, flags.common);
   apps::add_checkpoint_flags(app, flags.checkpoints);
-  apps::add_trace_flag(app, flags.trace);
   app.add_option("--save", flags.save,
                  "after training, rank 0 writes the model's state_dict here as safetensors under PyTorch's names "
                  "(the tutorial's torch.save(net.state_dict(), PATH))");
-  try {
-    std::vector<std::string> arguments = normalized_arguments(argc, argv);
-    std::vector<char*> pointers;
-    for (auto& argument : arguments) pointers.push_back(argument.data());
-    app.parse(static_cast<int>(pointers.size()), pointers.data());
-  } catch (const CLI::Success& e) {  // --help, --version
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return apps::report_usage_error("train_mnist", e);
-  }
-  try {
-    return run(flags, argc, argv);
-  } catch (const std::exception& e) {
-    return apps::report_fatal_error("train_mnist", e);  // names the rank when several run
-  }
+  return apps::run_app(app, "train_mnist", normalized_arguments(argc, argv), [&] { return run(flags, argc, argv); });
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "apps/app_common.h"
+#include "apps/training.h"
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/generator.h>
@@ -34,7 +35,6 @@
 #include <loom/dist/environment.h>
 #include <loom/dist/metrics.h>
 #include <loom/dist/process_group.h>
-#include <loom/dist/process_group_nccl.h>
 #include <loom/dist/sync_batch_norm.h>
 #include <loom/nn/checkpoint.h>
 #include <loom/nn/resnet.h>
@@ -54,7 +54,6 @@ constexpr const char* kCifarUrl = "https://www.cs.toronto.edu/~kriz/cifar.html";
 struct Flags {
   int64_t batch_size = 128;  // global: split across the ranks
   int epochs = 2;
-  std::string trace;  // --trace FILE
   apps::CheckpointFlags checkpoints;  // --checkpoint-dir, --resume, --checkpoint-every, ...
   std::string data = "./data";
   bool synthetic = false;
@@ -76,15 +75,8 @@ struct Flags {
   // freshly initialised ResNet-50 far off (batch 128: loss 2.8 -> 21 at step 2,
   // and the same in PyTorch with torchvision's resnet50).
   double warmup_epochs = 1;
-  int workers = 1;
-  uint64_t seed = 0;
-  int threads = 0;
-  std::string device = "cpu";
   int64_t max_steps = 0;  // per epoch; 0 = full epochs
-  int64_t log_interval = 10;
-  std::string amp = "O0";  // mixed precision: apex's opt level, or bf16
-  std::string backend = "auto";  // gloo, nccl, or auto (nccl for CUDA devices)
-  bool sync_bn = false;
+  apps::CommonFlags common;  // --device, --backend, --amp, --workers, --log-interval, ...
 };
 
 // --dataset (auto: inferred from --data, else CIFAR-10): CIFAR-10 from DIR
@@ -96,7 +88,7 @@ data::LoadedData load_data(const Flags& flags) {
     // One draw split in two: synthetic_cifar10 picks the class colours from its
     // seed, so the test images must come from the same call as the training ones.
     const int64_t train_size = flags.synthetic_size, test_size = std::max<int64_t>(1, flags.synthetic_size / 5);
-    const data::ImageDataset all = data::synthetic_cifar10(train_size + test_size, flags.seed + 1);
+    const data::ImageDataset all = data::synthetic_cifar10(train_size + test_size, flags.common.seed + 1);
     std::vector<uint8_t> test_pixels(all.image(train_size), all.image(train_size) + test_size * all.image_bytes());
     std::vector<int64_t> test_labels;
     for (int64_t i = train_size; i < train_size + test_size; ++i) test_labels.push_back(all.label(i));
@@ -139,16 +131,6 @@ double warmup_factor(int64_t step, int64_t warmup_steps) {
   return step < warmup_steps ? static_cast<double>(step + 1) / static_cast<double>(warmup_steps) : 1.0;
 }
 
-// --backend nccl says why it cannot run before any rendezvous, also in a world
-// of one (where no process group is made): no CUDA or no NCCL in this build,
-// no visible CUDA device, or CPU training.
-void check_backend(const std::string& backend, Device device) {
-  if (backend != "nccl") return;
-  dist::require_nccl();
-  LOOM_CHECK(device.is_cuda(), "--backend nccl all-reduces CUDA tensors, but this run trains on ", device.str(),
-             "; use --backend gloo (or auto) for CPU training, or --device cuda on a machine with a GPU");
-}
-
 double learning_rate(const Flags& flags) {
   return flags.lr ? *flags.lr : 0.1 * static_cast<double>(flags.batch_size) / 128.0;
 }
@@ -168,38 +150,21 @@ nn::Metadata run_settings(const Flags& flags, int world_size) {
           {"lr", str(learning_rate(flags))},
           {"schedule", flags.schedule},
           {"warmup_epochs", str(flags.warmup_epochs)},
-          {"sync_bn", flags.sync_bn ? "true" : "false"},
-          {"seed", std::to_string(flags.seed)}};
+          {"sync_bn", flags.common.sync_bn ? "true" : "false"},
+          {"seed", std::to_string(flags.common.seed)}};
 }
 
-// Every rank evaluates its shard of the test set (a ShardSampler: no padding,
-// so every image counts once); (correct, total) are summed over ranks.
-dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
-  NoGradGuard no_grad;
-  model.eval();
-  dist::AccuracyCounts counts;
-  loader.start_epoch(0);
-  while (auto batch = loader.next()) {
-    counts.correct += count_correct(model(batch->images), batch->labels);
-    counts.total += batch->size();
-  }
-  model.train();
-  return dist::all_reduce_accuracy(counts, group);
-}
-
-int run(const Flags& flags) {
+int run(const Flags& flags, int argc, char** argv) {
   apps::StopSignals::install(apps::parse_signal_name(flags.checkpoints.signal));
-  if (flags.threads > 0) set_num_threads(flags.threads);
+  const apps::CommonFlags& common = flags.common;
   // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const int rank = launch.rank, world = launch.world_size;
-  apps::TraceRecording trace(flags.trace, rank, world);  // --trace
+  apps::TraceRecording trace(common.trace, rank, world);  // --trace
+  apps::set_threads(common, world);
   // --device cuda / auto: this rank's GPU (cuda:LOCAL_RANK), the one its NCCL group drives.
-  const Device device = apps::resolve_training_device(flags.device, launch.local_rank);
-  // auto: nccl for CUDA devices; for the CPU, init_process_group picks shm when
-  // every rank is on this host, gloo otherwise.
-  const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
-  check_backend(backend, device);
+  const Device device = apps::resolve_training_device(common.device, launch.local_rank);
+  const std::string backend = apps::choose_backend(common.backend, device);
   const nn::ResNetStem stem = nn::parse_resnet_stem(flags.stem);
 
   LOOM_CHECK(flags.batch_size % world == 0, "--batch-size ", flags.batch_size,
@@ -213,13 +178,9 @@ int run(const Flags& flags) {
   // ---- Process group (world > 1) ----
   // init_process_group reads the same launch variables and meets the other
   // ranks at MASTER_ADDR:MASTER_PORT; nccl works on the training device.
-  std::shared_ptr<dist::ProcessGroup> group;
-  if (world > 1) {
-    group = dist::init_process_group(
-        {.backend = backend, .init_method = "env://", .device_index = device.is_cuda() ? device.index : -1});
-  }
+  std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, backend, device, world);
 
-  manual_seed(flags.seed);
+  manual_seed(common.seed);
   std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions()
                                                                           .num_classes(loaded.num_classes)
                                                                           .in_channels(loaded.sample_shape().channels)
@@ -228,10 +189,10 @@ int run(const Flags& flags) {
   // --sync-bn: every BatchNorm2d becomes a SyncBatchNorm over the group (same
   // names and tensors, so checkpoints are unchanged); with one process it
   // computes what BatchNorm2d does.
-  if (flags.sync_bn) dist::convert_sync_batchnorm(model, group);
+  if (common.sync_bn) dist::convert_sync_batchnorm(model, group);
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
   // batch norm), SGD over what it must step (f32 master weights at O2 / O3 / bf16).
-  const amp::OptLevel amp_level = amp::parse_opt_level(flags.amp);
+  const amp::OptLevel amp_level = amp::parse_opt_level(common.amp);
   const double lr = learning_rate(flags);
   std::unique_ptr<amp::MixedPrecisionOptimizer> amp_optimizer = amp::initialize(
       *model,
@@ -247,43 +208,12 @@ int run(const Flags& flags) {
   // Resume: the model, then everything an uninterrupted run would have had
   // after the checkpoint's step (mid-epoch too: the loader starts the epoch at
   // the checkpoint's batch).
-  int64_t first_epoch = 0, first_batch = 0, global_step = 0;
-  std::optional<apps::ResumePoint> resume = apps::find_resume_point(flags.checkpoints, world, device, leader ? stdout : nullptr);
-  if (resume) {
-    const std::string source = "checkpoint " + resume->path.string();
-    nn::Checkpoint& checkpoint = resume->checkpoint;
-    // Its --amp level first: the model's dtypes depend on it.
-    if (checkpoint.training) amp_optimizer->check_compatible(*checkpoint.training);
-    nn::load_model_state(*model, checkpoint.model, source);
-    if (checkpoint.training) {
-      const nn::TrainingState& state = *checkpoint.training;
-      amp_optimizer->load_state(state);  // the optimizer, and the masters and loss scale of --amp
-      if (scheduler && state.scheduler_last_epoch) scheduler->set_last_epoch(*state.scheduler_last_epoch);
-      if (auto g = state.generators.find("default"); g != state.generators.end()) {
-        default_generator().set_state(g->second.seed, g->second.counter);
-      }
-      first_epoch = state.epoch;
-      first_batch = state.epoch_step;
-      global_step = state.step;
-      if (leader) {
-        for (auto& [key, value] : run_settings(flags, world)) {
-          auto saved = state.extra_metadata.find(key);
-          if (saved != state.extra_metadata.end() && saved->second != value) {
-            std::printf("note: the checkpoint was written with %s %s; this run uses %s\n", key.c_str(),
-                        saved->second.c_str(), value.c_str());
-          }
-        }
-      }
-    }
-    if (leader) {
-      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
-                  static_cast<long long>(first_epoch + 1), static_cast<long long>(first_batch),
-                  static_cast<long long>(global_step));
-      apps::report_resume_to_launcher(str("step ", global_step, " (epoch ", first_epoch + 1, ", batch ", first_batch,
-                                          ") from ", resume->path.string()));
-    }
-  }
-  apps::check_same_resume_step(group.get(), resume ? global_step : -1);
+  const apps::TrainingPosition resumed =
+      apps::resume_training(flags.checkpoints, world, device, leader, group.get(), *model, *amp_optimizer,
+                            scheduler.get(), run_settings(flags, world))
+          .value_or(apps::TrainingPosition{});
+  const int64_t first_epoch = resumed.epoch, first_batch = resumed.epoch_step;
+  int64_t global_step = resumed.step;
 
   // ---- Distributed data parallel (world > 1) ----
   // DDP checks that every rank holds the same parameters, broadcasts rank 0's,
@@ -306,8 +236,8 @@ int run(const Flags& flags) {
                 static_cast<long long>(batch_per_rank));
     if (world > 1) {
       std::printf("Distributed: %d processes (%s), backend %s%s\n", world, dist::launcher_name(launch.launcher),
-                  group->backend_name(), flags.sync_bn ? ", SyncBatchNorm" : "");
-    } else if (flags.sync_bn) {
+                  group->backend_name(), common.sync_bn ? ", SyncBatchNorm" : "");
+    } else if (common.sync_bn) {
       std::printf("note: --sync-bn with one process: SyncBatchNorm computes what BatchNorm2d does\n");
     }
   }
@@ -321,16 +251,11 @@ int run(const Flags& flags) {
        normalize});
   const data::Compose test_transforms({data::ToTensor{}, normalize});
   data::DataLoader train_loader = loaded.loader(
-      true, train_transforms,
-      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).seed(flags.seed).dtype(
-          amp::input_dtype(amp_level)).pin_memory(device.is_cuda()).device(device),  // CUDA: pinned staging, own copy stream
-      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, flags.seed));
+      true, train_transforms, apps::loader_options(common, batch_per_rank, device),
+      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, common.seed));
   // Rank r tests images r, r + world, ...: every test image once, no padding.
-  data::DataLoader test_loader = loaded.loader(
-      false, test_transforms,
-      data::DataLoaderOptions().batch_size(batch_per_rank).num_workers(flags.workers).dtype(amp::input_dtype(amp_level))
-          .pin_memory(device.is_cuda()).device(device),
-      std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
+  data::DataLoader test_loader = loaded.loader(false, test_transforms, apps::loader_options(common, batch_per_rank, device),
+                                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
 
   const int64_t batches = train_loader.num_batches();
   const int64_t steps_per_epoch = flags.max_steps > 0 ? std::min(batches, flags.max_steps) : batches;
@@ -351,17 +276,13 @@ int run(const Flags& flags) {
   if (leader) writer.emplace(flags.checkpoints, world);
   // Rank 0's checkpoint after `global_step` steps, `epoch_step` of them in epoch `epoch` (0-based).
   auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
-    nn::TrainingState state;
-    state.epoch = epoch;
-    state.epoch_step = epoch_step;
-    state.step = global_step;
-    if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
-    state.sampler_epoch = train_loader.sampler().epoch();
-    state.generators["default"] = {default_generator().seed(), default_generator().counter()};
-    state.extra_metadata = run_settings(flags, world);
-    amp_optimizer->save_state(state);  // optimizer state, f32 masters, loss scale
-    return nn::Checkpoint{model->state_dict(), std::move(state)};
+    return apps::training_checkpoint(*model, *amp_optimizer, scheduler.get(), train_loader,
+                                     {epoch, epoch_step, global_step}, run_settings(flags, world));
   };
+  // Rank 0's progress display, --metrics and --tensorboard.
+  apps::TrainingMonitor monitor(leader, common.progress, common.metrics, common.tensorboard,
+                                apps::describe_run("train_resnet50_cifar", argc, argv, common, world, group.get(),
+                                                   device, flags.batch_size, flags.epochs, steps_per_epoch));
   apps::StopAgreement stop_agreement(group);
   int stop_signal = 0;
 
@@ -369,6 +290,7 @@ int run(const Flags& flags) {
   for (int64_t epoch = first_epoch; epoch < flags.epochs && stop_signal == 0; ++epoch) {
     const int64_t start_batch = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
     train_loader.start_epoch(epoch, start_batch);
+    monitor.start_epoch(epoch, start_batch);
     // This epoch's rates before warm-up: the schedule's (scheduler->step() and a
     // resume set them), or --lr without one (the optimizer may still hold a
     // warm-up rate, also one loaded from a checkpoint).
@@ -396,18 +318,32 @@ int run(const Flags& flags) {
       amp_optimizer->step();  // unscales the averaged gradients; skips the step on inf / NaN
       ++global_step;
       const double training_ms = std::chrono::duration<double, std::milli>(Clock::now() - training_start).count();
-      if (leader && (i + 1) % flags.log_interval == 0) {
+      if (leader && (i + 1) % common.log_interval == 0) {
+        monitor.before_output();
+        const double loss_value = loss.item();
         std::printf("Epoch[%lld/%d], Step[%lld/%lld], Loss: %.4f, Time dataload: %.3f ms, Time training: %.3f ms\n",
                     static_cast<long long>(epoch + 1), flags.epochs, static_cast<long long>(i + 1),
-                    static_cast<long long>(steps_per_epoch), loss.item(), dataload_ms, training_ms);
+                    static_cast<long long>(steps_per_epoch), loss_value, dataload_ms, training_ms);
         std::fflush(stdout);
+        monitor.set_loss(loss_value);
       }
+      monitor.step({.epoch_step = i + 1,
+                    .step = global_step,
+                    .images = batch->size() * world,
+                    .data_wait_seconds = dataload_ms / 1000.0,
+                    .loss = &loss,
+                    .lr = optimizer.lr(0),
+                    .ddp = ddp.get(),
+                    .scaler = &amp_optimizer->scaler()});
       const bool epoch_end = i + 1 == steps_per_epoch;  // the epoch checkpoint follows
       bool saved_now = false;
-      if (writer && !epoch_end && writer->step_due(global_step))
+      if (writer && !epoch_end && writer->step_due(global_step)) {
+        monitor.before_output();
         saved_now = writer->write(apps::CheckpointKind::step, global_step, make_checkpoint(epoch, i + 1)).has_value();
+      }
       // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
       if ((stop_signal = stop_agreement.poll()) != 0) {
+        monitor.before_output();
         std::optional<fs::path> saved;
         if (writer && writer->enabled()) {
           saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, global_step)
@@ -418,13 +354,21 @@ int run(const Flags& flags) {
       }
     }
     train_loader.stop();
+    monitor.end_epoch_steps();
     if (stop_signal != 0) break;
     if (scheduler) scheduler->step();
 
     if (writer && writer->enabled()) writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
+    if (epoch + 1 < flags.epochs && monitor.records_epochs()) {
+      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
+      monitor.end_epoch(apps::test_accuracy(*model, test_loader, group.get(), *amp_optimizer));
+    }
   }
   stop_agreement.finish();
   if (stop_signal != 0) {
+    monitor.end_epoch(std::nullopt);
+    monitor.finish();
     if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
     return 128 + stop_signal;
   }
@@ -432,18 +376,14 @@ int run(const Flags& flags) {
   const auto elapsed = Clock::now() - start;
   if (leader) std::printf(">>> Training complete in: %s\n", apps::format_duration(elapsed).c_str());
   if (leader && amp_optimizer->scaler().enabled()) {
-    std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n", flags.amp.c_str(),
+    std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n", common.amp.c_str(),
                 amp_optimizer->scaler().get_scale(), static_cast<long long>(amp_optimizer->scaler().skipped_steps()));
   }
 
-  // Evaluate with rank 0's batch-norm statistics on every rank.
-  if (group) {
-    for (auto& [name, buffer] : model->named_buffers()) group->broadcast(buffer, 0)->wait();
-  }
-  const dist::AccuracyCounts accuracy = [&] {
-    auto autocast = amp_optimizer->autocast();
-    return evaluate(*model, test_loader, group.get());
-  }();
+  // Rank 0's model on every rank: its batch-norm statistics too.
+  const dist::AccuracyCounts accuracy = apps::test_accuracy(*model, test_loader, group.get(), *amp_optimizer);
+  monitor.end_epoch(accuracy);  // the last epoch's record
+  monitor.finish();
   if (leader) {
     std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note, accuracy.accuracy(),
                 static_cast<long long>(accuracy.correct), static_cast<long long>(accuracy.total));
@@ -460,10 +400,9 @@ int main(int argc, char** argv) {
   Flags flags;
   app.add_option("-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->check(apps::whole_at_least(1));
+  app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(apps::whole_at_least(0));
   apps::add_checkpoint_flags(app, flags.checkpoints);
-  apps::add_trace_flag(app, flags.trace);
   app.add_option("--data", flags.data, "CIFAR-10, binary or python version: DIR/cifar-10-batches-bin/, DIR/cifar-10-batches-py/ (torchvision's root) or DIR itself")->capture_default_str();
   app.add_option("--dataset", flags.dataset, "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds")
       ->check(CLI::IsMember({"auto", "cifar10", "mnist", "imagefolder"}))
@@ -474,7 +413,7 @@ int main(int argc, char** argv) {
   app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
   app.add_option("--synthetic-size", flags.synthetic_size, "synthetic training images (test: a fifth as many)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(apps::whole_at_least(1));
   app.add_option("--model", flags.model, "resnet18, resnet34, resnet50, resnet101 or resnet152")
       ->capture_default_str()
       ->check(CLI::IsMember({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
@@ -495,36 +434,11 @@ int main(int argc, char** argv) {
                  "step by step (0 = no warm-up)")
       ->capture_default_str()
       ->check(apps::at_least(0));
-  app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", flags.seed, "initialisation, shuffling and augmentation seed")->capture_default_str();
-  app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  app.add_option("--backend", flags.backend, "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, else gloo)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
-  app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
   app.add_option("--max-steps", flags.max_steps, "end each epoch after this many steps (0 = full epochs)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--log-interval", flags.log_interval, "steps between loss lines")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--amp", flags.amp,
-                 "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights "
-                 "but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
+      ->check(apps::whole_at_least(0));
+  flags.common.log_interval = 10;
+  apps::add_common_flags(app, flags.common);
   apps::add_version_flag(app, "train_resnet50_cifar");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help, --version
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return apps::report_usage_error("train_resnet50_cifar", e);
-  }
-  try {
-    return run(flags);
-  } catch (const std::exception& e) {
-    return apps::report_fatal_error("train_resnet50_cifar", e);  // names the rank when several run
-  }
+  return apps::run_app(app, "train_resnet50_cifar", std::vector<std::string>(argv, argv + argc), [&] { return run(flags, argc, argv); });
 }

@@ -95,6 +95,8 @@ expect_error "unknown dataset kind" "--dataset" --dataset imagenet
 expect_error "negative epoch count" "--epochs: must be a whole number >= 0, got '-1'" --epochs -1
 expect_error "non-numeric batch size" "--batch-size: 'ten' is not a whole number" --batch-size ten
 expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"
+# Checked before any rendezvous, as in train_resnet50_cifar (apps/training.h: choose_backend).
+expect_error "--backend nccl for CPU training" "nccl" --backend nccl --device cpu --data "$work/good"
 # An environment variable with a value it does not take (read at the first 5x5 convolution).
 bin_without_env=$bin
 bin=$work/with-env.sh

@@ -211,6 +211,9 @@ expect_error "missing data directory names it" "$work/nowhere" -- --data "$work/
 expect_error "truncated CIFAR-10 file" "data_batch_2.bin" -- --data "$work/truncated"
 expect_error "batch size not divisible by the world size" "--batch-size 128 is the global batch and must divide evenly across the 3 processes" \
   RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 -- -b 128 --synthetic
+# Both apps name the rank in errors when several run (apps/training.h: run_app).
+expect_error "an error names the rank" "train_resnet50_cifar: rank 0: --batch-size 128 is the global batch" \
+  RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 -- -b 128 --synthetic
 expect_error "missing checkpoint" "nowhere.checkpoint cannot be opened" -- --synthetic -c "$work/nowhere.checkpoint"
 expect_error "corrupt checkpoint" "garbage.checkpoint" -- --synthetic -c "$work/garbage.checkpoint"
 expect_error "checkpoint of another model" "does not match the model" -- --data "$work/cifar" --model resnet34 \

@@ -1,0 +1,124 @@
+// What train_mnist and train_resnet50_cifar share around their training loops:
+// the common flags (one definition, one help text, one check each), thread,
+// backend and process-group setup, the loaders' options, resuming, the
+// training checkpoint, the test-set evaluation and main()'s error handling.
+// app_common.h holds the lower pieces (devices, checkpoint files, signals).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/app_common.h"
+#include "apps/monitor.h"
+#include <loom/data/loader.h>
+#include <loom/dist/metrics.h>
+#include <loom/dist/process_group.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/module.h>
+#include <loom/optim/amp.h>
+#include <loom/optim/lr_scheduler.h>
+
+namespace loom::apps {
+
+// The flags both training apps take, with the same meaning, help and checks.
+// (--epochs, --batch-size and --max-steps differ between them, so each app
+// declares its own.)
+struct CommonFlags {
+  std::string device = "cpu";     // cpu, cuda, cuda:N or auto
+  std::string backend = "auto";   // nccl, gloo, shm or auto
+  std::string amp = "O0";         // apex's opt level, or bf16
+  bool sync_bn = false;
+  int workers = 1;                // data loader threads
+  int threads = 0;                // 0: all cores, or 1 when several processes run
+  uint64_t seed = 0;
+  int64_t log_interval = 100;     // steps between loss lines (the app sets its default)
+  double timeout_s = 0;           // 0: LOOM_COLLECTIVE_TIMEOUT, else 30 minutes
+  std::string progress = "auto";  // rank 0's progress display: auto, bar, lines or none
+  std::string metrics;            // JSON Lines file rank 0 appends to; '' = none
+  std::string tensorboard;        // TensorBoard log directory; '' = none
+  std::string trace;              // Chrome trace file; '' = none
+};
+
+// Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
+// --log-interval, --timeout, --progress, --metrics, --tensorboard and --trace. Every
+// flag both apps take is added here, so a new one is one line.
+void add_common_flags(CLI::App& app, CommonFlags& flags);
+
+// --threads N: N threads; 0: all cores, or 1 when several ranks share the machine.
+void set_threads(const CommonFlags& flags, int world);
+
+// The backend to ask for: --backend as given, or for auto nccl on a CUDA
+// device and auto on the CPU (init_process_group then picks shm when every
+// rank is on this host, gloo otherwise). --backend nccl says why it cannot
+// run before any rendezvous, also in a world of one: no CUDA or NCCL in this
+// build, no visible GPU, or CPU training.
+std::string choose_backend(const std::string& flag, Device device);
+
+// The process group of a world > 1 (null for one process): the rendezvous
+// waits at least 5 minutes for the other processes (nodes are often started
+// by hand, one after the other); collectives wait --timeout. nccl drives the
+// training device.
+std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags, const std::string& backend,
+                                                       Device device, int world);
+
+// The loaders' options: `batch_size` images, --workers threads, --seed, the
+// input dtype of --amp, batches delivered on `device` (CUDA: pinned staging,
+// copies on the loader's own stream).
+data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device);
+
+// The header of the metrics file: the command line, the world, rank 0's
+// backend (`group` null: "none") and device, --amp and the input dtype.
+RunDescription describe_run(const char* program, int argc, char** argv, const CommonFlags& flags, int world,
+                            const dist::ProcessGroup* group, Device device, int64_t global_batch_size, int64_t epochs,
+                            int64_t steps_per_epoch);
+
+// Where a run stands: `step` optimizer steps in all, `epoch_step` of them in
+// epoch `epoch` (0-based).
+struct TrainingPosition {
+  int64_t epoch = 0;
+  int64_t epoch_step = 0;
+  int64_t step = 0;
+};
+
+// Rank 0's checkpoint at `position`: the model, the optimizer (and the masters
+// and loss scale of --amp), the schedule (null for none), the sampler's epoch,
+// the default generator and the run's `settings`.
+nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
+                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
+                                   TrainingPosition position, nn::Metadata settings);
+
+// Resumes as --resume says (find_resume_point): loads the model and
+// everything an uninterrupted run would have had after the checkpoint's step
+// (optimizer, --amp state, schedule, generator) and returns where to go on
+// from; nullopt to start from the beginning. Rank 0 (`leader`) prints
+// "note: the checkpoint was written with KEY OLD; this run uses NEW" for each
+// of `settings` that differs, then "Resuming from PATH at epoch E, batch B
+// (step S)", and tells the launcher. Then checks, collectively over `group`
+// (may be null), that every rank resumed from the same step.
+std::optional<TrainingPosition> resume_training(const CheckpointFlags& flags, int world, Device device, bool leader,
+                                                dist::ProcessGroup* group, nn::Module& model,
+                                                amp::MixedPrecisionOptimizer& optimizer,
+                                                optim::LRScheduler* scheduler, const nn::Metadata& settings);
+
+// Every rank tests its shard of the test set (a ShardSampler) with rank 0's
+// batch-norm statistics (broadcast first) and in the dtypes it trained in
+// (the optimizer's autocast); (correct, total) are summed over the ranks.
+// Collective when `group` is not null.
+dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
+                                   amp::MixedPrecisionOptimizer& optimizer);
+
+// main() of a training app: parses `arguments` into `app` (--help and
+// --version print and exit 0; a bad command line is report_usage_error's
+// "PROGRAM: MESSAGE", exit 2), then runs `run`; an exception from it is
+// report_fatal_error's "PROGRAM: rank N: MESSAGE" (the rank when several
+// run), exit 1. Returns the exit code.
+int run_app(CLI::App& app, const char* program, std::vector<std::string> arguments, const std::function<int()>& run);
+
+}  // namespace loom::apps
