@@ -115,7 +115,8 @@ struct FileStore::State {
       char* end = nullptr;
       long long current = std::strtoll(text.c_str(), &end, 10);
       if (text.empty() || *end != '\0') LOOM_FAIL("FileStore: add('", key, "') on a key whose value is not an integer");
-      value += current;
+      if (__builtin_add_overflow(value, current, &value))
+        LOOM_FAIL("FileStore: add('", key, "', ", delta, ") overflows 64 bits (the value is ", current, ")");
     }
     std::string text = std::to_string(value);
     append(key, Bytes(text.begin(), text.end()));

@@ -353,7 +353,8 @@ class TCPStoreServer {
         std::string key = request.text();
         int64_t value = request.i64();
         auto it = data_.find(key);
-        if (it != data_.end()) value += parse_counter(key, it->second);
+        if (it != data_.end() && __builtin_add_overflow(value, parse_counter(key, it->second), &value))
+          LOOM_FAIL("TCPStore: add('", key, "') overflows 64 bits");
         std::string text = std::to_string(value);
         data_[key] = Bytes(text.begin(), text.end());
         append_value<int64_t>(reply, value);

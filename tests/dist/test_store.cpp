@@ -1,6 +1,8 @@
 // Store semantics (set / get / add / wait / check, timeouts, errors) for
 // TCPStore, FileStore and PrefixStore, within one process and across processes.
 #include <doctest/doctest.h>
+
+#include <limits>
 #include <unistd.h>
 
 #include <atomic>
@@ -37,6 +39,10 @@ void check_store_semantics(Store& store, const char* store_name) {
 
   CHECK(store.add("counter", 5) == 5);
   CHECK(store.add("counter", -2) == 3);
+  CHECK(store.get_string("counter") == "3");
+  // An add past 2^63 - 1 is an error (it was a signed overflow, found by
+  // fuzz_tcp_store), and the counter keeps its value.
+  CHECK(error_of([&] { store.add("counter", std::numeric_limits<int64_t>::max()); }) != "(no error)");
   CHECK(store.get_string("counter") == "3");
 
   CHECK(store.check({"alpha", "counter"}));
