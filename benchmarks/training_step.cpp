@@ -20,6 +20,18 @@
 #include <loom/ops/loss.h>
 #include <loom/optim/optimizer.h>
 
+// Under valgrind --instr-atstart=no, instrumentation starts at the measured
+// step, so the warm-up runs at valgrind's plain speed (no-ops otherwise, and
+// without valgrind's headers).
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define LOOM_CALLGRIND_REQUESTS 1
+#else
+#define LOOM_CALLGRIND_REQUESTS 0
+#define CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_STOP_INSTRUMENTATION
+#endif
+
 using namespace loom;
 
 namespace {
@@ -37,7 +49,10 @@ double training_step(nn::Module& model, optim::SGD& optimizer, const Tensor& ima
 // Not inlined and not static: callgrind finds it by name.
 [[gnu::noinline]] double measured_training_step(nn::Module& model, optim::SGD& optimizer, const Tensor& images,
                                                 const Tensor& labels) {
-  return training_step(model, optimizer, images, labels);
+  CALLGRIND_START_INSTRUMENTATION;
+  const double loss = training_step(model, optimizer, images, labels);
+  CALLGRIND_STOP_INSTRUMENTATION;
+  return loss;
 }
 
 int main(int argc, char** argv) {
@@ -50,7 +65,14 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before the measured one")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "CPU threads")->capture_default_str()->check(CLI::PositiveNumber);
+  bool requests = false;
+  app.add_flag("--callgrind-requests", requests,
+               "print whether the measured step starts callgrind's instrumentation itself (yes / no), and exit");
   CLI11_PARSE(app, argc, argv);
+  if (requests) {
+    std::printf("%s\n", LOOM_CALLGRIND_REQUESTS ? "yes" : "no");
+    return 0;
+  }
   try {
     set_num_threads(threads);
     manual_seed(0);
