@@ -34,12 +34,12 @@ for case in "${cases[@]}"; do
   IFS=: read -r model stem batch <<<"$case"
   name="$model-$stem-b$batch-t$threads"
   file="$out/callgrind.out.$name"
-  # Only measured_training_step (one step after a warm-up step) is counted;
+  # Only counted_training_step (one step after a warm-up step) is counted;
   # instrumentation starts there too when training_step was built with
   # valgrind's headers (callgrind.h).
   OMP_NUM_THREADS=$threads valgrind --tool=callgrind --callgrind-out-file="$file" --collect-atstart=no \
     --instr-atstart="$([[ $("$step" --callgrind-requests 2>/dev/null) == yes ]] && echo no || echo yes)" \
-    --toggle-collect='measured_training_step*' \
+    --toggle-collect='counted_training_step*' \
     "$step" --model "$model" --stem "${stem/-/imagenet}" --batch "$batch" --threads "$threads" --warmup 1 \
     >"$out/$name.stdout" 2>"$out/$name.log"
   ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
