@@ -1,9 +1,9 @@
 // ResNet-50 training throughput on the CPU, the shape of
-// shared/peers/torch_resnet50_cifar.py: torchvision's ResNet-50 (ImageNet stem,
-// 10 classes) on one fixed batch of CIFAR-shaped random images, SGD with
+// benchmarks/peers/torch_resnet50_cifar.py: torchvision's ResNet-50 (ImageNet
+// stem, or the CIFAR stem with --stem cifar; 10 classes) on one fixed batch of CIFAR-shaped random images, SGD with
 // momentum. Validates that every loss is finite and that the loss on the
 // repeated batch fell, then prints images/s, step ms and peak RSS as one JSON line.
-//   resnet50_throughput --batch 32 --steps 10 --threads 2
+//   resnet50_throughput --batch 32 --steps 10 --threads 2 [--stem cifar]
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -25,20 +25,22 @@ int main(int argc, char** argv) {
   CLI::App app{"loom ResNet-50 training throughput (CIFAR-shaped input)"};
   int64_t steps = 10, warmup = 2, batch = 32;
   int threads = 2;
-  std::string arch = "resnet50";
+  std::string arch = "resnet50", stem = "imagenet";
   int64_t profile_steps = 0;
   app.add_option("--steps", steps, "measured steps")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before timing")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "CPU threads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--arch", arch, "resnet18 .. resnet152")->capture_default_str();
+  app.add_option("--stem", stem, "imagenet (7x7/2 conv + maxpool) or cifar (3x3/1 conv, no maxpool)")
+      ->capture_default_str()->check(CLI::IsMember({"imagenet", "cifar"}));
   app.add_option("--profile", profile_steps, "after the timed steps, profile this many more per op and layer (stderr)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     set_num_threads(threads);
     manual_seed(0);
-    auto model = nn::make_resnet(arch, nn::ResNetOptions().num_classes(10));
+    auto model = nn::make_resnet(arch, nn::ResNetOptions().num_classes(10).stem(nn::parse_resnet_stem(stem)));
     optim::SGD optimizer(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
     // (batch, 3, 32, 32) standard-normal images and uniform labels, as the peer's randn / randint.
     Generator gen(1);
@@ -90,9 +92,9 @@ int main(int argc, char** argv) {
                    bench::to_json(bench::measure_gemm_peak(threads)).c_str());
     }
     std::printf(
-        "{\"bench\": \"loom %s train\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, "
+        "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, "
         "\"images_per_s\": %.1f, \"step_ms\": %.1f, \"loss_first\": %.4f, \"loss_last\": %.4f, \"peak_rss_mb\": %.1f}\n",
-        arch.c_str(), threads, static_cast<long long>(batch), static_cast<long long>(steps), seconds,
+        arch.c_str(), stem.c_str(), threads, static_cast<long long>(batch), static_cast<long long>(steps), seconds,
         static_cast<double>(steps * batch) / seconds, 1000.0 * seconds / static_cast<double>(steps), losses.front(),
         losses.back(), static_cast<double>(apps::peak_rss_bytes()) / (1 << 20));
     return 0;

@@ -1,23 +1,41 @@
 #!/usr/bin/env bash
-# ConvNet training throughput, loom beside PyTorch (../shared/peers) in one run.
-# Usage: benchmarks/run_convnet.sh [threads] [steps]   (after scripts/setup.sh --peers)
+# ConvNet training throughput (Fashion-MNIST, batch 100, world 1), loom beside
+# PyTorch eager and torch.compile (benchmarks/peers/torch_mnist_ddp.py) in one
+# run: images/s, the ratios, each as a share of this machine's f32 GEMM peak
+# measured in the same run, peak RSS.
+# Usage: benchmarks/run_convnet.sh [threads] [steps]
+#   LOOM_BUILD=dir picks the build directory (default: build);
+#   LOOM_PEER_PYTHON picks the peers' python (see benchmarks/peer_python.sh).
+# PyTorch 2.x: scripts/setup.sh --peers. Without a PyTorch, loom's figures alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
 steps=${2:-300}
-peer=${LOOM_PEERS:-../shared/peers}/torch_mnist_ddp.py
-loom=$(build/benchmarks/convnet_throughput --threads "$threads" --steps "$steps")
+build=${LOOM_BUILD:-build}
+peer=benchmarks/peers/torch_mnist_ddp.py
+source benchmarks/peer_python.sh
+gemm_peak=$("$build/benchmarks/gemm_peak" --threads "$threads" | tail -n 1)
+echo "$gemm_peak"
+[[ -n "$peer_version" ]] && echo "peer: $peer_python ($peer_version)" ||
+  echo "no PyTorch for $peer_python (scripts/setup.sh --peers): loom's figures alone" >&2
+loom=$("$build/benchmarks/convnet_throughput" --threads "$threads" --steps "$steps")
 echo "$loom"
-if /usr/bin/python3 -c "import torch" 2>/dev/null && [[ -f "$peer" ]]; then
-  # Every thread pool of the peer at the same count (torch.set_num_threads leaves OpenBLAS at all cores).
-  torch=$(OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads /usr/bin/python3 "$peer" --world 1 --threads "$threads" --max-steps "$((steps + 10))" --epochs 1 | tail -n 1)
-  echo "$torch"
-  python3 - "$loom" "$torch" <<'PY'
-import json, sys
-loom, torch = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps({"loom_images_per_s": loom["images_per_s"], "torch_images_per_s": torch["images_per_s"],
-                  "ratio": round(loom["images_per_s"] / torch["images_per_s"], 3), "peer": torch["peer"]}))
-PY
-else
-  echo "PyTorch not installed (scripts/setup.sh --peers): no peer figure" >&2
+# The peer times from its first step; its steady figure (after 20 steps, the
+# compile and warm-up) is the one compared, as loom's leaves out its warm-up.
+run_peer() {
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
+    "$peer_python" "$peer" --world 1 --threads "$threads" --max-steps "$((steps + 20))" --epochs 1 "$@" | tail -n 1
+}
+peers=()
+if [[ -n "$peer_version" ]]; then
+  eager=$(run_peer) || { echo "the eager peer failed" >&2; eager=""; }
+  echo "$eager"
+  peers+=(--peer "$eager")
+  if "$peer_python" -c 'import sys, torch; sys.exit(not hasattr(torch, "compile"))'; then
+    compiled=$(run_peer --compile) || { echo "the torch.compile peer failed" >&2; compiled=""; }
+    echo "$compiled"
+    peers+=(--peer "$compiled")
+  fi
 fi
+python3 benchmarks/peer_summary.py --label "ConvNet, Fashion-MNIST, batch 100, world 1, $threads threads" \
+  --batch 100 --gemm-peak "$gemm_peak" --loom "$loom" --rate steady_images_per_s "${peers[@]}"

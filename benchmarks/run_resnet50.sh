@@ -1,40 +1,46 @@
 #!/usr/bin/env bash
-# ResNet-50 training throughput (CIFAR-shaped input), loom beside PyTorch
-# (../shared/peers/torch_resnet50_cifar.py) in one run, and their ratio.
-# Usage: benchmarks/run_resnet50.sh [threads] [steps] [batch]   (after scripts/setup.sh --peers)
-#   LOOM_BUILD=dir picks the build directory (default: build).
+# ResNet-50 training throughput (CIFAR-shaped 32x32 input), loom beside PyTorch
+# eager and torch.compile (benchmarks/peers/torch_resnet50_cifar.py) in one run,
+# for the ImageNet stem and the CIFAR stem: images/s, the ratios, each as a
+# share of this machine's f32 GEMM peak measured in the same run, peak RSS.
+# Usage: benchmarks/run_resnet50.sh [threads] [steps] [batch] [stems]
+#   stems: "imagenet cifar" (default), or one of them
+#   LOOM_BUILD=dir picks the build directory (default: build);
+#   LOOM_PEER_PYTHON picks the peers' python (see benchmarks/peer_python.sh).
+# PyTorch 2.x: scripts/setup.sh --peers. Without a PyTorch, loom's figures alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
 steps=${2:-10}
 batch=${3:-32}
+stems=${4:-imagenet cifar}
 build=${LOOM_BUILD:-build}
-peer=${LOOM_PEERS:-../shared/peers}/torch_resnet50_cifar.py
-loom=$("$build/benchmarks/resnet50_throughput" --threads "$threads" --steps "$steps" --batch "$batch")
-echo "$loom"
-if /usr/bin/python3 -c "import torch, torchvision" 2>/dev/null && [[ -f "$peer" ]]; then
-  # The peer runs under a wrapper that adds its peak RSS (getrusage, KiB) to its JSON line.
-  # Every thread pool of the peer at the same count (torch.set_num_threads leaves OpenBLAS at all cores).
-  torch=$(OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads /usr/bin/python3 - "$peer" --batch "$batch" --steps "$steps" --threads "$threads" <<'PY' | tail -n 1
-import contextlib, io, json, resource, runpy, sys
-sys.argv = sys.argv[1:]
-out = io.StringIO()
-with contextlib.redirect_stdout(out):
-    runpy.run_path(sys.argv[0], run_name="__main__")
-line = json.loads(out.getvalue().strip().splitlines()[-1])
-line["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-print(json.dumps(line))
-PY
-)
-  echo "$torch"
-  python3 - "$loom" "$torch" <<'PY'
-import json, sys
-loom, torch = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps({"loom_images_per_s": loom["images_per_s"], "torch_images_per_s": torch["images_per_s"],
-                  "ratio": round(loom["images_per_s"] / torch["images_per_s"], 3),
-                  "loom_peak_rss_mb": loom["peak_rss_mb"], "torch_peak_rss_mb": torch["peak_rss_mb"],
-                  "rss_ratio": round(loom["peak_rss_mb"] / torch["peak_rss_mb"], 3), "peer": torch["peer"]}))
-PY
-else
-  echo "PyTorch not installed (scripts/setup.sh --peers): no peer figure" >&2
-fi
+peer=benchmarks/peers/torch_resnet50_cifar.py
+source benchmarks/peer_python.sh
+# The GEMM peak at this thread count (gemm_peak prints 1 thread, then `threads`).
+gemm_peak=$("$build/benchmarks/gemm_peak" --threads "$threads" | tail -n 1)
+echo "$gemm_peak"
+[[ -n "$peer_version" ]] && echo "peer: $peer_python ($peer_version)" ||
+  echo "no PyTorch with torchvision for $peer_python (scripts/setup.sh --peers): loom's figures alone" >&2
+# Every thread pool of the peer at the same count (torch.set_num_threads leaves OpenBLAS at all cores).
+run_peer() {
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
+    "$peer_python" "$peer" --batch "$batch" --steps "$steps" --threads "$threads" "$@" | tail -n 1
+}
+for stem in $stems; do
+  loom=$("$build/benchmarks/resnet50_throughput" --threads "$threads" --steps "$steps" --batch "$batch" --stem "$stem")
+  echo "$loom"
+  peers=()
+  if [[ -n "$peer_version" ]]; then
+    eager=$(run_peer --stem "$stem") || { echo "the eager peer failed" >&2; eager=""; }
+    echo "$eager"
+    peers+=(--peer "$eager")
+    if "$peer_python" -c 'import sys, torch; sys.exit(not hasattr(torch, "compile"))'; then
+      compiled=$(run_peer --stem "$stem" --compile) || { echo "the torch.compile peer failed" >&2; compiled=""; }
+      echo "$compiled"
+      peers+=(--peer "$compiled")
+    fi
+  fi
+  python3 benchmarks/peer_summary.py --label "ResNet-50, $stem stem, 32x32, batch $batch, $threads threads" \
+    --batch "$batch" --gemm-peak "$gemm_peak" --loom "$loom" "${peers[@]}"
+done

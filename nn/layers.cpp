@@ -58,6 +58,15 @@ Tensor BatchNorm2d::forward(const Tensor& input) { return normalize(input, Activ
 
 Tensor BatchNorm2d::forward_relu(const Tensor& input) { return normalize(input, Activation::relu); }
 
+Tensor BatchNorm2d::forward_add_relu(const Tensor& input, const Tensor& residual) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
+             "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
+  const bool use_batch_stats = is_training() || !running_mean.defined();
+  count_batch();
+  return batch_norm_add_relu(input, residual, weight, bias, running_mean, running_var, use_batch_stats,
+                             options_.momentum_, options_.eps_);
+}
+
 void BatchNorm2d::count_batch() {
   if (is_training() && num_batches_tracked.defined()) {
     if (num_batches_tracked.device().is_cpu()) {

@@ -67,6 +67,10 @@ class BatchNorm2d : public Module {
   // statistics (SyncBatchNorm) gives the same ones here: a subclass that
   // overrides forward must override this too.
   virtual Tensor forward_relu(const Tensor& input);
+  // relu(forward(input) + residual) as one fused op (batch_norm_add_relu): the
+  // tail of a ResNet block. Only for this exact class; a subclass's own
+  // statistics are not used here, so callers check the type (see nn/resnet.cpp).
+  Tensor forward_add_relu(const Tensor& input, const Tensor& residual);
   std::string type_name() const override { return "BatchNorm2d"; }
   const BatchNormOptions& options() const { return options_; }
 

@@ -25,6 +25,13 @@ Tensor bn_relu(BatchNorm2d& bn, Module& relu, const Tensor& x) {
   return relu.forward(bn.forward(x));
 }
 
+// relu(bn(x) + identity), the block's tail, as one fused op under the same
+// condition as bn_relu.
+Tensor bn_add_relu(BatchNorm2d& bn, Module& relu, const Tensor& x, const Tensor& identity) {
+  if (typeid(bn) == typeid(BatchNorm2d) && typeid(relu) == typeid(ReLU)) return bn.forward_add_relu(x, identity);
+  return relu.forward(add(bn.forward(x), identity));
+}
+
 }  // namespace
 
 ResNetStem parse_resnet_stem(const std::string& name) {
@@ -49,9 +56,9 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int64_t stride, std:
 
 Tensor BasicBlock::forward(const Tensor& input) {
   Tensor out = bn_relu(*bn1, *relu, conv1->forward(input));
-  out = bn2->forward(conv2->forward(out));
+  out = conv2->forward(out);
   const Tensor identity = downsample ? downsample->forward(input) : input;
-  return relu->forward(add(out, identity));
+  return bn_add_relu(*bn2, *relu, out, identity);
 }
 
 Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int64_t stride, std::shared_ptr<Sequential> downsample_) {
@@ -68,9 +75,9 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int64_t stride, std:
 Tensor Bottleneck::forward(const Tensor& input) {
   Tensor out = bn_relu(*bn1, *relu, conv1->forward(input));
   out = bn_relu(*bn2, *relu, conv2->forward(out));
-  out = bn3->forward(conv3->forward(out));
+  out = conv3->forward(out);
   const Tensor identity = downsample ? downsample->forward(input) : input;
-  return relu->forward(add(out, identity));
+  return bn_add_relu(*bn3, *relu, out, identity);
 }
 
 ResNet::ResNet(BlockKind block, std::array<int64_t, 4> blocks_per_layer, const ResNetOptions& options)

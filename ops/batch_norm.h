@@ -63,6 +63,17 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
                   Activation activation = Activation::none, const BatchStatisticsReduction& reduction = {});
 
+// relu(batch_norm(input) + residual) in one op: the tail of a ResNet block
+// (bn3, the identity add, the ReLU). The same statistics and running-stat
+// updates as batch_norm; residual has the input's shape, dtype and device.
+// Backward, with g = dy where the output is positive, else 0:
+//   d residual = g,  d input / d weight / d bias = batch_norm's rules for g.
+// On the CPU one pass writes the output (no normalised or summed tensor in
+// between); on CUDA it runs as the three ops.
+Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                           const Tensor& running_mean, const Tensor& running_var, bool training, double momentum = 0.1,
+                           double eps = 1e-5);
+
 // The argument checks batch_norm and sync_batch_norm share, with messages
 // prefixed by `op`: an (N, C, ...) floating-point input; weight, bias and the
 // running stats each undefined or a floating-point (C) tensor on the input's
@@ -97,6 +108,10 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
 // y = max(y, 0) in the same pass.
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
                         const Tensor& bias, double eps, Activation activation = Activation::none);
+// max(x * scale + shift + residual, 0) per channel, with batch_norm_apply's
+// coefficients: the forward of batch_norm_add_relu.
+Tensor batch_norm_apply_add_relu(const Tensor& input, const Tensor& residual, const Tensor& mean, const Tensor& var,
+                                 const Tensor& weight, const Tensor& bias, double eps);
 // The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what loom needs (Debian packages; idempotent), then configures and
 # builds it in ./build. Usage: scripts/setup.sh [--peers] [extra cmake args]
-#   --peers  also installs PyTorch (python3-torch, torchvision, OpenBLAS) for the
-#            benchmarks' side-by-side measurements, and a PyTorch 2.x (CPU is
-#            enough) with pip into ./.venv for the torchrun tests (gigabytes).
+#   --peers  also installs the benchmarks' peers: PyTorch 2.x, torchvision and
+#            NumPy from the Python package index into ./.venv (gigabytes; the
+#            benchmarks/run_*.sh peers and the torchrun tests use it), Debian's
+#            PyTorch 1.13 (python3-torch, torchvision, OpenBLAS), and valgrind
+#            for benchmarks/callgrind_step.sh.
 # The real launchers the tests start loom's programs with come from Debian:
 # Open MPI (openmpi-bin) and a one-node SLURM cluster (slurm-wlm, munge).
 set -euo pipefail
@@ -18,7 +20,7 @@ peers=0
 if [[ "${1:-}" == "--peers" ]]; then
   shift
   peers=1
-  packages+=(python3-torch python3-torchvision libopenblas0-pthread python3-numpy gnuplot-nox python3-venv)
+  packages+=(python3-torch python3-torchvision libopenblas0-pthread python3-numpy gnuplot-nox python3-venv valgrind)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -33,10 +35,11 @@ if (( ${#missing[@]} )); then
 fi
 
 if (( peers )); then
-  # PyTorch 2.x for the torchrun tests: torchrun and the c10d TCPStore of today.
+  # PyTorch 2.x as users install it today: the benchmarks' peers (with
+  # torchvision) and the torchrun tests (torchrun, the c10d TCPStore of today).
   [[ -x .venv/bin/python ]] || python3 -m venv .venv
-  .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2."))' 2>/dev/null ||
-    .venv/bin/pip install -q torch
+  .venv/bin/python -c 'import sys, torch, torchvision, numpy; sys.exit(not torch.__version__.startswith("2."))' \
+    2>/dev/null || .venv/bin/pip install -q --upgrade torch torchvision numpy
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null

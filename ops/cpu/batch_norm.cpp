@@ -271,6 +271,24 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
   return out.to(input_in.dtype());
 }
 
+Tensor batch_norm_apply_add_relu(const Tensor& input_in, const Tensor& residual_in, const Tensor& mean,
+                                 const Tensor& var, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor input = cpu_compute_input(input_in), residual = cpu_compute_input(residual_in);
+  const Layout l = layout_of(input);
+  const auto [scale, shift] = affine_coefficients(mean, var, weight, bias, eps, l.channels);
+  Tensor out = Tensor::empty(input.sizes(), input.dtype());
+  visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
+    const T* x = input.data<T>();
+    const T* r = residual.data<T>();
+    T* y = out.data<T>();
+    for_each_row(l, [&](int64_t c, int64_t offset) {
+      const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
+      for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = std::max(x[offset + s] * a + b + r[offset + s], T(0));
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
 Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);

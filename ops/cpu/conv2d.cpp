@@ -161,6 +161,64 @@ Taps make_taps(const Geometry& g) {
   return t;
 }
 
+// Small planes under padding (ResNet-50's 3x3 convolutions on 2x2 and 4x4
+// planes): a tap that reads the image at some output positions reads the
+// padding at others, and the column matrix of the whole plane is mostly zeros
+// (on a 2x2 plane, 36 (tap, position) pairs of which 16 read the image). The
+// output positions are grouped by the set of taps that read inside the image
+// there; each class is a GEMM over exactly its taps, so the arithmetic is the
+// convolution's own multiply-adds. (A 2x2 plane has four classes of one
+// position and four taps each: 2.25x fewer multiply-adds than one GEMM.)
+struct PositionClass {
+  std::vector<int64_t> taps;       // kernel indices ki * kW + kj of the taps that read the image, in kernel order
+  std::vector<int32_t> positions;  // output positions oh * Wo + ow
+  std::vector<int32_t> sources;    // (taps, positions): the input element read, an offset within the plane
+  int64_t count() const { return static_cast<int64_t>(positions.size()); }
+  int64_t col_rows(const Geometry& g) const { return g.channels * static_cast<int64_t>(taps.size()); }
+};
+
+// Split when one GEMM over the plane would do this many times the true
+// multiply-adds: 2x2 planes (2.25) and 4x4 ones (1.44) under a 3x3 kernel with
+// padding 1, not 8x8 (1.19), where the smaller GEMMs would cost more than the
+// zeros they save.
+constexpr double kClassSplitWaste = 1.3;
+
+// The position classes of g, or none when one GEMM over the plane is the
+// better plan (larger planes, little padding, kernels of over 64 taps).
+std::vector<PositionClass> position_classes(const Geometry& g, const Taps& taps) {
+  const int64_t plane = g.output_plane(), active = static_cast<int64_t>(taps.taps.size());
+  if (!taps.tabled || taps.kernel > 64 || active == 0) return {};
+  std::vector<uint64_t> masks(static_cast<size_t>(plane), 0);
+  int64_t reads = 0;  // (tap, position) pairs inside the image
+  for (int64_t t = 0; t < active; ++t) {
+    for (int64_t o = 0; o < plane; ++o) {
+      if (taps.sources[t * plane + o] < 0) continue;
+      masks[o] |= uint64_t{1} << taps.taps[t].index;
+      ++reads;
+    }
+  }
+  if (static_cast<double>(active * plane) < kClassSplitWaste * static_cast<double>(reads)) return {};
+  std::vector<PositionClass> classes;
+  std::vector<uint64_t> class_masks;
+  for (int64_t o = 0; o < plane; ++o) {
+    const size_t k = static_cast<size_t>(std::find(class_masks.begin(), class_masks.end(), masks[o]) - class_masks.begin());
+    if (k == class_masks.size()) {
+      class_masks.push_back(masks[o]);
+      classes.emplace_back();
+    }
+    classes[k].positions.push_back(static_cast<int32_t>(o));
+  }
+  for (size_t k = 0; k < classes.size(); ++k) {
+    PositionClass& pc = classes[k];
+    for (int64_t t = 0; t < active; ++t) {
+      if ((class_masks[k] >> taps.taps[t].index & 1) == 0) continue;
+      pc.taps.push_back(taps.taps[t].index);
+      for (int32_t o : pc.positions) pc.sources.push_back(taps.sources[t * plane + o]);
+    }
+  }
+  return classes;
+}
+
 #if defined(__x86_64__)
 // f32, unit horizontal stride, output rows of at most 32: each output row of
 // a tap is up to four 8-lane chunks, copied with masked loads (lanes outside
@@ -414,6 +472,188 @@ const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, 
   return buffer;
 }
 
+// The position classes' GEMMs. Class k of images n0 .. n0+images has
+// columns (image, position) = images * count, rows (channel, tap) = C * taps:
+//   forward      Y_k (O, cols)   = W_k (O, C*taps) · X_k (C*taps, cols)
+//   input grad   D_k (C*taps, cols) = W_kᵀ · dY_k,  folded back into dX
+//   weight grad  dW_k (O, C*taps) += dY_k · X_kᵀ,  spread into dW at the end
+// where W_k is the weight's columns of class k's taps.
+
+// W_k for every class, one after another in scratch slot 2 (the weight itself
+// for a class with every tap of the kernel).
+template <class T>
+std::vector<const T*> class_weights(const T* weight, const Geometry& g, const std::vector<PositionClass>& classes) {
+  const int64_t kernel = g.kernel_h * g.kernel_w;
+  int64_t total = 0;
+  for (const PositionClass& pc : classes) total += g.out_channels * pc.col_rows(g);
+  T* compact = scratch<T>(2, total);
+  std::vector<const T*> out;
+  for (const PositionClass& pc : classes) {
+    const int64_t taps = static_cast<int64_t>(pc.taps.size());
+    if (taps == kernel) {
+      out.push_back(weight);
+      continue;
+    }
+    out.push_back(compact);
+    for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
+      for (int64_t j = 0; j < taps; ++j) compact[oc * taps + j] = weight[oc * kernel + pc.taps[j]];
+    }
+    compact += g.out_channels * pc.col_rows(g);
+  }
+  return out;
+}
+
+// X_k of `images` images from `input` (their first): (C*taps, images*count).
+template <class T>
+void class_im2col(const T* input, int64_t images, const Geometry& g, const PositionClass& pc, T* col) {
+  const int64_t count = pc.count(), taps = static_cast<int64_t>(pc.taps.size()), columns = images * count;
+  for (int64_t i = 0; i < images; ++i) {
+    for (int64_t c = 0; c < g.channels; ++c) {
+      const T* plane = input + (i * g.channels + c) * g.input_plane();
+      for (int64_t j = 0; j < taps; ++j) {
+        const int32_t* source = pc.sources.data() + j * count;
+        T* out = col + (c * taps + j) * columns + i * count;
+        for (int64_t p = 0; p < count; ++p) out[p] = plane[source[p]];
+      }
+    }
+  }
+}
+
+// The adjoint of class_im2col: dx (images, C, H, W) += fold of col.
+template <class T>
+void class_col2im_add(const T* col, int64_t images, const Geometry& g, const PositionClass& pc, T* dx) {
+  const int64_t count = pc.count(), taps = static_cast<int64_t>(pc.taps.size()), columns = images * count;
+  for (int64_t i = 0; i < images; ++i) {
+    for (int64_t c = 0; c < g.channels; ++c) {
+      T* plane = dx + (i * g.channels + c) * g.input_plane();
+      for (int64_t j = 0; j < taps; ++j) {
+        const int32_t* source = pc.sources.data() + j * count;
+        const T* in = col + (c * taps + j) * columns + i * count;
+        for (int64_t p = 0; p < count; ++p) plane[source[p]] += in[p];
+      }
+    }
+  }
+}
+
+// dY_k: the class's positions of `images` output images, (O, images*count).
+template <class T>
+void class_gather(const T* images_out, int64_t images, const Geometry& g, const PositionClass& pc, T* out) {
+  const int64_t count = pc.count(), columns = images * count, plane = g.output_plane();
+  for (int64_t i = 0; i < images; ++i) {
+    for (int64_t o = 0; o < g.out_channels; ++o) {
+      const T* src = images_out + (i * g.out_channels + o) * plane;
+      T* dst = out + o * columns + i * count;
+      for (int64_t p = 0; p < count; ++p) dst[p] = src[pc.positions[p]];
+    }
+  }
+}
+
+// The GEMMs' FLOPs over the batch: the convolution's true multiply-adds.
+double class_flops(const Geometry& g, const std::vector<PositionClass>& classes) {
+  int64_t reads = 0;
+  for (const PositionClass& pc : classes) reads += pc.col_rows(g) * pc.count();
+  return 2.0 * static_cast<double>(g.batch * g.out_channels * reads);
+}
+
+template <class T>
+void forward_by_class(const T* input, const T* weight, const T* bias, const Geometry& g,
+                      const std::vector<PositionClass>& classes, T* output) {
+  const int64_t plane = g.output_plane(), image_in = g.channels * g.input_plane(), image_out = g.out_channels * plane;
+  const std::vector<const T*> weights = class_weights(weight, g, classes);
+  profiler::add_flops(class_flops(g, classes));
+  for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
+    T* out = output + n0 * image_out;
+    for (size_t k = 0; k < classes.size(); ++k) {
+      const PositionClass& pc = classes[k];
+      const int64_t count = pc.count(), columns = images * count, rows = pc.col_rows(g);
+      T* y = scratch<T>(1, g.out_channels * columns);
+      if (rows > 0) {
+        T* col = scratch<T>(0, rows * columns);
+        class_im2col(input + n0 * image_in, images, g, pc, col);
+        gemm(Transpose::no, Transpose::no, g.out_channels, columns, rows, T(1), weights[k], rows, col, columns, T(0), y,
+             columns);
+      } else {
+        std::fill(y, y + g.out_channels * columns, T(0));  // every tap in the padding
+      }
+      for (int64_t i = 0; i < images; ++i) {
+        for (int64_t o = 0; o < g.out_channels; ++o) {
+          const T b = bias != nullptr ? bias[o] : T(0);
+          const T* src = y + o * columns + i * count;
+          T* dst = out + i * image_out + o * plane;
+          for (int64_t p = 0; p < count; ++p) dst[pc.positions[p]] = src[p] + b;
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void backward_input_by_class(const T* grad_output, const T* weight, const Geometry& g,
+                             const std::vector<PositionClass>& classes, T* grad_input) {
+  const int64_t image_in = g.channels * g.input_plane(), image_out = g.out_channels * g.output_plane();
+  const std::vector<const T*> weights = class_weights(weight, g, classes);
+  profiler::add_flops(class_flops(g, classes));
+  for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
+    T* dx = grad_input + n0 * image_in;
+    std::fill(dx, dx + images * image_in, T(0));
+    for (size_t k = 0; k < classes.size(); ++k) {
+      const PositionClass& pc = classes[k];
+      const int64_t columns = images * pc.count(), rows = pc.col_rows(g);
+      if (rows == 0) continue;
+      T* dy = scratch<T>(1, g.out_channels * columns);
+      class_gather(grad_output + n0 * image_out, images, g, pc, dy);
+      T* col = scratch<T>(0, rows * columns);
+      gemm(Transpose::yes, Transpose::no, rows, columns, g.out_channels, T(1), weights[k], rows, dy, columns, T(0), col,
+           columns);
+      class_col2im_add(col, images, g, pc, dx);
+    }
+  });
+}
+
+template <class T>
+void backward_weight_by_class(const T* grad_output, const T* input, const Geometry& g,
+                              const std::vector<PositionClass>& classes, T* grad_weight) {
+  const int64_t image_in = g.channels * g.input_plane(), image_out = g.out_channels * g.output_plane();
+  const int64_t kernel = g.kernel_h * g.kernel_w;
+  const BatchPlan plan = plan_batch(g);
+  // Each task accumulates every class's dW_k, one after another; task 0's are
+  // then the sum of all (added in task order: the same sum whatever the timing).
+  std::vector<int64_t> offsets;
+  int64_t size = 0;
+  for (const PositionClass& pc : classes) {
+    offsets.push_back(size);
+    size += g.out_channels * pc.col_rows(g);
+  }
+  T* accumulators = scratch<T>(3, plan.tasks * size);
+  std::fill(accumulators, accumulators + plan.tasks * size, T(0));
+  profiler::add_flops(class_flops(g, classes));
+  for_each_group(g, plan, [&](int64_t task, int64_t n0, int64_t images) {
+    for (size_t k = 0; k < classes.size(); ++k) {
+      const PositionClass& pc = classes[k];
+      const int64_t columns = images * pc.count(), rows = pc.col_rows(g);
+      if (rows == 0) continue;
+      T* col = scratch<T>(0, rows * columns);
+      class_im2col(input + n0 * image_in, images, g, pc, col);
+      T* dy = scratch<T>(1, g.out_channels * columns);
+      class_gather(grad_output + n0 * image_out, images, g, pc, dy);
+      gemm(Transpose::no, Transpose::yes, g.out_channels, rows, columns, T(1), dy, columns, col, columns, T(1),
+           accumulators + task * size + offsets[k], rows);
+    }
+  });
+  for (int64_t t = 1; t < plan.tasks; ++t) {
+    for (int64_t i = 0; i < size; ++i) accumulators[i] += accumulators[t * size + i];
+  }
+  std::fill(grad_weight, grad_weight + g.out_channels * g.col_rows(), T(0));
+  for (size_t k = 0; k < classes.size(); ++k) {
+    const PositionClass& pc = classes[k];
+    const int64_t taps = static_cast<int64_t>(pc.taps.size());
+    const T* dw = accumulators + offsets[k];
+    for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
+      for (int64_t j = 0; j < taps; ++j) grad_weight[oc * kernel + pc.taps[j]] += dw[oc * taps + j];
+    }
+  }
+}
+
 template <class T>
 void forward(const T* input, const T* weight, const T* bias, const Geometry& g, T* output) {
   const int64_t plane = g.output_plane(), output_size = g.out_channels * plane;
@@ -423,6 +663,9 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
     return;
   }
   const Taps taps = make_taps(g);
+  if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
+    return forward_by_class(input, weight, bias, g, classes, output);
+  }
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
   profiler::add_flops(conv_flops(g, k));
@@ -449,6 +692,9 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     return;
   }
   const Taps taps = make_taps(g);
+  if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
+    return backward_input_by_class(grad_output, weight, g, classes, grad_input);
+  }
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
   profiler::add_flops(conv_flops(g, k));
@@ -476,8 +722,11 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
     }
     return;
   }
-  const BatchPlan plan = plan_batch(g);
   const Taps taps = make_taps(g);
+  if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
+    return backward_weight_by_class(grad_output, input, g, classes, full_grad_weight);
+  }
+  const BatchPlan plan = plan_batch(g);
   const int64_t k = taps.col_rows(g);
   // With taps left out, the GEMMs produce (O, C*active), spread out at the end.
   T* grad_weight = taps.all_active() ? full_grad_weight : scratch<T>(3, g.out_channels * k);

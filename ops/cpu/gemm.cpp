@@ -78,6 +78,18 @@ __attribute__((target("avx2,fma"))) void pack_a_strip_rows(const float* rows, in
   }
 }
 
+// pack_a's full strips of a transposed A (stored (k, m)): each p's six values
+// are contiguous, loaded with a 6-lane mask and stored as 8 floats, the last
+// two overwritten by the next p (the strip's last store reaches 2 floats past
+// it, as in pack_a_strip_rows). The backward-input GEMMs of conv2d and linear
+// (Wᵀ · dY) pack A this way; element by element it cost as much as a GEMM
+// with a few dozen columns spends in its micro-kernel.
+__attribute__((target("avx2,fma"))) void pack_a_strip_columns(const float* columns, int64_t lda, int64_t depth,
+                                                               float* packed) {
+  const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+  for (int64_t p = 0; p < depth; ++p) _mm256_storeu_ps(packed + p * kMR, _mm256_maskload_ps(columns + p * lda, six));
+}
+
 // Packs op(A)[row0 .. row0+rows, p0 .. p0+depth] as MR-tall strips:
 // packed[strip][p][r], zero beyond `rows`. One loop per storage order, so the
 // inner loops read memory in order.
@@ -88,6 +100,8 @@ void pack_a(Transpose t, const float* a, int64_t lda, int64_t row0, int64_t rows
     if (height < kMR) std::fill(packed, packed + depth * kMR, 0.0f);
     if (t == Transpose::no && height == kMR) {
       pack_a_strip_rows(a + (row0 + strip) * lda + p0, lda, depth, packed);
+    } else if (height == kMR) {
+      pack_a_strip_columns(a + p0 * lda + row0 + strip, lda, depth, packed);
     } else if (t == Transpose::no) {
       // A is (m, k): row i of the strip is contiguous in p.
       for (int64_t r = 0; r < height; ++r) {

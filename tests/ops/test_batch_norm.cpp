@@ -206,3 +206,60 @@ TEST_CASE("batch_norm with a fused relu in f32: gradients equal relu(batch_norm)
     }
   }
 }
+
+// The ResNet block's tail, relu(batch_norm(x) + residual), as one op: the same
+// output and running statistics as the three ops, and gradients for the input,
+// the residual and both parameters against finite differences.
+TEST_CASE("batch_norm_add_relu equals relu(batch_norm + residual) and its gradients match finite differences") {
+  using loom::testing::check_gradients;
+  using loom::testing::random_tensor;
+  Tensor x = random_tensor({3, 4, 5, 6}, 61).set_requires_grad(true);
+  Tensor r = random_tensor({3, 4, 5, 6}, 62).set_requires_grad(true);
+  Tensor w = random_tensor({4}, 63, 0.5, 1.5).set_requires_grad(true);
+  Tensor b = random_tensor({4}, 64).set_requires_grad(true);
+  for (bool training : {true, false}) {
+    INFO("training ", training);
+    const Tensor rm = random_tensor({4}, 65), rv = random_tensor({4}, 66, 0.5, 2.0);
+    Tensor fused_mean = rm.clone(), fused_var = rv.clone(), composed_mean = rm.clone(), composed_var = rv.clone();
+    Tensor fused = batch_norm_add_relu(x, r, w, b, fused_mean, fused_var, training, 0.1, 1e-5);
+    Tensor composed = relu(add(batch_norm(x, w, b, composed_mean, composed_var, training, 0.1, 1e-5), r));
+    CHECK(loom::testing::max_abs_diff(fused, composed) == 0);
+    CHECK(loom::testing::max_abs_diff(fused_mean, composed_mean) == 0);
+    CHECK(loom::testing::max_abs_diff(fused_var, composed_var) == 0);
+    check_gradients(
+        [&](const TensorList& t) {
+          return batch_norm_add_relu(t[0], t[1], t[2], t[3], rm.clone(), rv.clone(), training, 0.1, 1e-5);
+        },
+        {x, r, w, b});
+  }
+  // No affine parameters, and a residual that needs no gradient.
+  check_gradients(
+      [&](const TensorList& t) {
+        return batch_norm_add_relu(t[0], r.detach(), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5);
+      },
+      {x});
+  CHECK_THROWS_WITH_AS(batch_norm_add_relu(x, random_tensor({3, 4, 5, 5}, 67), w, b, Tensor(), Tensor(), true),
+                       doctest::Contains("must have the input's shape"), loom::Error);
+}
+
+TEST_CASE("batch_norm_add_relu in f32: output and gradients equal the three ops'") {
+  using loom::testing::random_tensor;
+  const Shape shape{4, 6, 2, 2};  // ResNet's layer3 planes
+  Tensor x = random_tensor(shape, 71, -1, 1, DType::f32), r = random_tensor(shape, 72, -1, 1, DType::f32);
+  Tensor w = random_tensor({6}, 73, 0.5, 1.5, DType::f32), b = random_tensor({6}, 74, -0.5, 0.5, DType::f32);
+  Tensor dy = random_tensor(shape, 75, -1, 1, DType::f32);
+  auto gradients = [&](bool fused) {
+    Tensor xi = x.clone().set_requires_grad(true), ri = r.clone().set_requires_grad(true);
+    Tensor wi = w.clone().set_requires_grad(true), bi = b.clone().set_requires_grad(true);
+    Tensor rm = Tensor::zeros({6}), rv = Tensor::ones({6});
+    Tensor y = fused ? batch_norm_add_relu(xi, ri, wi, bi, rm, rv, true)
+                     : relu(add(batch_norm(xi, wi, bi, rm, rv, true), ri));
+    y.backward(dy);
+    return std::vector<Tensor>{y, xi.grad(), ri.grad(), wi.grad(), bi.grad()};
+  };
+  const auto fused = gradients(true), composed = gradients(false);
+  for (size_t i = 0; i < fused.size(); ++i) {
+    INFO("tensor ", i);
+    CHECK(loom::testing::max_abs_diff(fused[i], composed[i]) == 0);
+  }
+}

@@ -194,6 +194,13 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"masked rows 3 wide and 30 tall, two images per GEMM", {5, 2, 30, 3}, {3, 2, 3, 3}, {.padding = {1, 1}}},
       {"plane 225 (copied by rows), stride 2, padding 2, dilation 2", {3, 2, 31, 29}, {3, 2, 5, 3},
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
+      // Small planes where most (tap, position) pairs read the padding: a GEMM per position class.
+      {"position classes: 3x3 on 2x2 planes, four corner classes", {9, 6, 2, 2}, {7, 6, 3, 3}, {.padding = {1, 1}}},
+      {"position classes: 3x3 on 4x4 planes, corners, edges, interior, ragged folds", {37, 5, 4, 4}, {6, 5, 3, 3},
+       {.padding = {1, 1}}},
+      {"position classes: stride 2 onto a 2x2 plane", {6, 4, 4, 4}, {5, 4, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+      {"position classes: 2x3 kernel, a 3x1 plane", {5, 3, 3, 1}, {4, 3, 2, 3}, {.padding = {1, 1}}},
+      {"position classes: border outputs read only padding", {3, 2, 2, 2}, {4, 2, 1, 1}, {.padding = {1, 1}}},
   };
   const int saved_threads = get_num_threads();
   uint64_t seed = 300;
@@ -215,6 +222,30 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       }
     }
     seed += 3;
+  }
+  set_num_threads(saved_threads);
+}
+
+// The position classes' path writes each output once, bias included, also
+// where every tap reads the padding (there the output is the bias alone).
+TEST_CASE("conv2d on small padded planes adds the bias at every output position") {
+  const int saved_threads = get_num_threads();
+  for (int threads : {1, 2}) {
+    for (const Conv2dParams& params : {Conv2dParams{.padding = {1, 1}}, Conv2dParams{.padding = {2, 2}}}) {
+      INFO(threads << " threads, padding " << params.padding[0]);
+      set_num_threads(threads);
+      const Tensor x = random_tensor({5, 3, 2, 2}, 40, -1, 1, DType::f32);
+      const Tensor w = random_tensor({4, 3, params.padding[0] == 1 ? 3 : 1, params.padding[0] == 1 ? 3 : 1}, 41, -1, 1,
+                                     DType::f32);
+      const Tensor b = random_tensor({4}, 42, -1, 1, DType::f32);
+      const Tensor y = conv2d(x, w, b, params);
+      const DirectConv expected = direct_conv(x, w, Tensor::zeros(y.sizes()), params);
+      std::vector<double> with_bias = expected.y;
+      const int64_t plane = y.size(2) * y.size(3);
+      const std::vector<float> bias = b.to_vector<float>();
+      for (size_t i = 0; i < with_bias.size(); ++i) with_bias[i] += bias[(i / plane) % 4];
+      CHECK(max_relative_difference(y, with_bias) < 1e-5);
+    }
   }
   set_num_threads(saved_threads);
 }
