@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libeigen3-dev doctest-dev libgloo-dev zlib1g-dev nlohmann-json3-dev
-          libcli11-dev dataset-fashion-mnist iproute2 python3 python3-numpy python3-pil libturbojpeg0-dev libpng-dev
+          libcli11-dev dataset-fashion-mnist iproute2 python3 python3-numpy python3-pil libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
           openmpi-bin slurm-wlm munge pkgconf
           gnuplot-nox  # scripts/plot_metrics
           clang)  # clang: libFuzzer for scripts/fuzz.sh

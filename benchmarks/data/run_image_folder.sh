@@ -4,8 +4,9 @@
 # Usage: benchmarks/data/run_image_folder.sh [build-dir] [workers] [images] [rounds]
 # Rounds alternate loom and each peer, so that load on the machine falls on
 # both; each round's figures are printed, then the spread over the rounds.
-# The peers are Debian's /usr/bin/python3 and, if set, $PEER_PYTHON (another
-# python with torch, torchvision and PIL, e.g. a virtual environment's).
+# The peers are Debian's /usr/bin/python3 and $LOOM_PEER_PYTHON (another python
+# with torch, torchvision and PIL), else ./.venv/bin/python when present
+# (scripts/setup.sh --peers installs PyTorch 2.x there).
 # The CPU figure (images per CPU-second of the decoding thread, see
 # bench_image_folder.cpp and image_folder_peer.py) is the one to compare on a
 # loaded machine; the wall-clock one moves with the load.
@@ -18,8 +19,10 @@ rounds=${4:-3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+second=${LOOM_PEER_PYTHON:-}
+[[ -z "$second" && -x "$here/../../.venv/bin/python" ]] && second="$here/../../.venv/bin/python"
 peers=()
-for python in /usr/bin/python3 ${PEER_PYTHON:-}; do
+for python in /usr/bin/python3 $second; do
   if "$python" -c 'import torchvision, PIL' 2>/dev/null; then
     peers+=("$python")
   else
