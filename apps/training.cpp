@@ -7,6 +7,7 @@
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
+#include <loom/core/log.h>
 #include <loom/core/parallel.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group_nccl.h>
@@ -211,6 +212,7 @@ int run_app(CLI::App& app, const char* program, std::vector<std::string> argumen
     return report_usage_error(program, e);
   }
   try {
+    log_level();  // a bad LOOM_LOG_LEVEL fails before any work, in one process as in many
     return run();
   } catch (const std::exception& e) {
     return report_fatal_error(program, e);  // names the rank when several run
