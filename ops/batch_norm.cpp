@@ -113,7 +113,7 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
              "batch_norm_add_relu: the residual ", residual.defined() ? shape_str(residual.sizes()) : "(undefined)",
              " must have the input's shape ", input.defined() ? shape_str(input.sizes()) : "(undefined)");
   ops::check_same_device_and_dtype("batch_norm_add_relu", {input, residual});
-  if (on_cuda(input)) return relu(add(batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps), residual));
+  if (ops::on_cuda(input)) return relu(add(batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps), residual));
   profiler::Scope profile("batch_norm_add_relu", input);
   check_batch_norm_arguments("batch_norm_add_relu", input, weight, bias, running_mean, running_var);
   LOOM_CHECK(training || running_mean.defined(),
@@ -127,7 +127,7 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
   {
     NoGradGuard no_grad;
     if (training) {
-      const Tensor mean_var = cpu::batch_norm_gather_stats(cpu::batch_norm_stats(input), count, running_mean,
+      const Tensor mean_var = ops::cpu::batch_norm_gather_stats(ops::cpu::batch_norm_stats(input), count, running_mean,
                                                            running_var, momentum);
       mean = row(mean_var, 0);
       var = row(mean_var, 1);
@@ -138,7 +138,7 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
       mean = running_mean;
       var = running_var;
     }
-    out = cpu::batch_norm_apply_add_relu(input, residual, mean, var, weight, bias, eps);
+    out = ops::cpu::batch_norm_apply_add_relu(input, residual, mean, var, weight, bias, eps);
   }
   // Backward masks with the output itself (the block's output, kept anyway as
   // the next block's input), then runs batch_norm's backward on the masked
@@ -147,14 +147,14 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
          [x = input.detach(), y = out.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training,
           count, eps, weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
           bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
-           const Tensor masked = cpu::relu_backward(g[0].to(x.dtype()), y);
+           const Tensor masked = ops::cpu::unary_backward(ops::Unary::relu, g[0].to(x.dtype()), y);
            Tensor sums;  // (2, C) f64: (sum g, sum g * xhat)
            if (training || node.needs_input_grad(2) || node.needs_input_grad(3)) {
-             sums = cpu::batch_norm_backward_reduce(masked, x, mean, var, eps);
+             sums = ops::cpu::batch_norm_backward_reduce(masked, x, mean, var, eps);
            }
            Tensor dx;
            if (node.needs_input_grad(0)) {
-             dx = cpu::batch_norm_backward_apply(masked, x, mean, var, w, training ? sums : Tensor(), count, eps);
+             dx = ops::cpu::batch_norm_backward_apply(masked, x, mean, var, w, training ? sums : Tensor(), count, eps);
            }
            return TensorList{dx, node.needs_input_grad(1) ? masked : Tensor(),
                              node.needs_input_grad(2) ? gradient_to_destination(node, 2, row(sums, 1), weight_dtype)

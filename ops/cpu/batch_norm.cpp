@@ -274,8 +274,11 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
 Tensor batch_norm_apply_add_relu(const Tensor& input_in, const Tensor& residual_in, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& bias, double eps) {
   const Tensor input = cpu_compute_input(input_in), residual = cpu_compute_input(residual_in);
-  const Layout l = layout_of(input);
-  const auto [scale, shift] = affine_coefficients(mean, var, weight, bias, eps, l.channels);
+  const ChannelGeometry l = channel_geometry(input);
+  // Not a structured binding: clang before 16 (the fuzz build's) cannot capture one in a lambda.
+  const auto coefficients = affine_coefficients(mean, var, weight, bias, eps, l.channels);
+  const std::vector<double>& scale = coefficients.scale;
+  const std::vector<double>& shift = coefficients.shift;
   Tensor out = Tensor::empty(input.sizes(), input.dtype());
   visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
     const T* x = input.data<T>();
