@@ -4,8 +4,8 @@
 // hooks, gradients into the buckets). Meant for instruction counts, which a
 // loaded machine does not disturb: the measured steps run inside
 // measured_steps(), so callgrind can count just them:
-//   valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*measured_steps*' \
-//     build/benchmarks/dist/ddp_overhead --ddp on
+//   valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*measured_steps*'
+//       build/benchmarks/dist/ddp_overhead --ddp on   (one command line)
 // and the same with --ddp off; the difference of the two totals is DDP's overhead.
 #include <CLI/CLI.hpp>
 
