@@ -1,5 +1,7 @@
 #include <loom/core/device.h>
 
+#include <charconv>
+
 #include <loom/core/error.h>
 
 namespace loom {
@@ -13,7 +15,11 @@ Device parse_device(const std::string& text) {
     const std::string number = text.substr(5);
     LOOM_CHECK(!number.empty() && number.find_first_not_of("0123456789") == std::string::npos,
                "device '", text, "' is not valid; expected cpu, cuda or cuda:N");
-    return Device::cuda(std::stoi(number));
+    int index = 0;
+    const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), index);
+    LOOM_CHECK(error == std::errc() && end == number.data() + number.size(), "device '", text,
+               "' is not valid: the GPU index is out of range");
+    return Device::cuda(index);
   }
   LOOM_FAIL("device '", text, "' is not valid; expected cpu, cuda or cuda:N");
 }

@@ -38,6 +38,9 @@ TEST_SUITE("app_common") {
   TEST_CASE("resolve_training_device names what is missing") {
     CHECK(loom::apps::resolve_training_device("cpu", 1) == Device::cpu());
     CHECK_THROWS_AS(training_device("gpu", 0, 1), loom::Error);
+    // An index past int's range (found by fuzz_device_flag: std::stoi threw out_of_range).
+    CHECK_THROWS_WITH_AS(training_device("cuda:10111111111111111110", 0, 1),
+                         doctest::Contains("the GPU index is out of range"), loom::Error);
     if (loom::apps::resolve_training_device("auto", 0).is_cpu()) {  // no visible GPU here
       CHECK_THROWS_AS(loom::apps::resolve_training_device("cuda", 0), loom::Error);
       CHECK_THROWS_AS(loom::apps::resolve_training_device("cuda:1", 1), loom::Error);
