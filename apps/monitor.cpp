@@ -10,6 +10,7 @@
 #include "apps/app_common.h"
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
+#include <loom/core/json_string.h>
 #include <loom/core/version.h>
 
 namespace loom::apps {
@@ -22,28 +23,6 @@ double seconds(Clock::duration duration) { return std::chrono::duration<double>(
 
 double unix_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-void append_json_string(std::string& out, const std::string& text) {
-  out += '"';
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
-          out += escaped;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
 }
 
 // Fields that locate a record rather than measure something: not TensorBoard scalars.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <loom/core/error.h>
+#include <loom/core/json_string.h>
 
 #if LOOM_HAVE_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -83,24 +84,6 @@ void nvtx_push(const char*) {}
 void nvtx_pop() {}
 #endif
 
-// `text` as a JSON string body (without the quotes).
-std::string json_escaped(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char code[8];
-      std::snprintf(code, sizeof(code), "\\u%04x", static_cast<unsigned>(c));
-      out += code;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 }  // namespace
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
@@ -190,18 +173,18 @@ void write_chrome_trace(const std::string& path) {
   };
   if (!process_name.empty()) {
     separator();
-    std::fprintf(file, "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"%s\"}}",
-                 pid, json_escaped(process_name).c_str());
+    std::fprintf(file, "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": %s}}",
+                 pid, json_string(process_name).c_str());
   }
   for (const auto& [thread, name] : thread_names) {
     separator();
-    std::fprintf(file, "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
-                 pid, thread, json_escaped(name).c_str());
+    std::fprintf(file, "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": %s}}",
+                 pid, thread, json_string(name).c_str());
   }
   for (const TraceEvent& event : events) {
     separator();
-    std::fprintf(file, "{\"ph\": \"%c\", \"name\": \"%s\", \"cat\": \"%s\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f",
-                 event.phase, json_escaped(event.name).c_str(), event.category, pid, event.thread,
+    std::fprintf(file, "{\"ph\": \"%c\", \"name\": %s, \"cat\": \"%s\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f",
+                 event.phase, json_string(event.name).c_str(), event.category, pid, event.thread,
                  static_cast<double>(event.start_ns) / 1000.0);
     if (event.phase == 'X') std::fprintf(file, ", \"dur\": %.3f", static_cast<double>(event.duration_ns) / 1000.0);
     if (event.phase == 'i') std::fputs(", \"s\": \"t\"", file);
@@ -259,7 +242,7 @@ Scope::~Scope() {
   if (nvtx_) nvtx_pop();
   if (traced_) {
     std::string args;
-    if (key_.size() > name_size_) args = str("\"shape\": \"", json_escaped(key_.substr(name_size_ + 1)), "\"");
+    if (key_.size() > name_size_) args = str("\"shape\": ", json_string(key_.substr(name_size_ + 1)));
     if (flops_ > 0) args += str(args.empty() ? "" : ", ", "\"flops\": ", static_cast<int64_t>(flops_));
     record_complete(key_.substr(0, name_size_), "op", start_, end, current_thread_id(), args);
   }

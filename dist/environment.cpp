@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <loom/core/error.h>
+#include <loom/core/json_string.h>
 
 namespace loom::dist {
 
@@ -277,29 +278,6 @@ std::string rank_prefix(const EnvironmentLookup& environment) {
 }
 
 namespace {
-
-// `text` as a JSON string literal.
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
-          out += escaped;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 }  // namespace
 
