@@ -22,9 +22,14 @@ echo "$(mpirun --version | head -n 1)"
 common=(--data "$work/data" --max-steps 6 --log-interval 3 --timeout 60 --batch-size 50)
 
 # Two jobs at once, each with nothing set: each job's ranks meet in their own store.
+# Each mpirun gets its own session directory: Open MPI 4.1's daemons race to
+# create the shared /tmp/ompi.<host>.<uid> when started together ("mkdir ...
+# File exists", orte_init failed), which is Open MPI's, not loom's.
 pids=()
 for job in a b; do
-  (cd "$work" && env -u MASTER_ADDR -u MASTER_PORT timeout 120 "${mpirun[@]}" "$train_mnist" "${common[@]}" \
+  mkdir -p "$work/ompi-$job"
+  (cd "$work" && env -u MASTER_ADDR -u MASTER_PORT timeout 120 "${mpirun[@]}" --mca orte_tmpdir_base "$work/ompi-$job" \
+    "$train_mnist" "${common[@]}" \
     >"$work/$job.out" 2>"$work/$job.err") &
   pids+=($!)
 done
