@@ -1,5 +1,6 @@
 # Decides whether the CUDA backend is built (LOOM_CUDA = AUTO | ON | OFF) and
-# sets LOOM_HAVE_CUDA. Default architectures: 80 and 90 (A100, H100/H200).
+# sets LOOM_HAVE_CUDA. Default architectures: 80 and 90 (A100, H100/H200);
+# -DCMAKE_CUDA_ARCHITECTURES=... or the environment variable CUDAARCHS chooses others.
 #
 # The backend needs nvcc, cuBLAS and cuDNN; NCCL is optional (LOOM_HAVE_NCCL,
 # target NCCL::nccl, for the NCCL process group). Libraries outside the CUDA
@@ -26,7 +27,8 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
     endif()
   endif()
   if(CMAKE_CUDA_COMPILER)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # CMake's own CUDAARCHS environment variable, when set, chooses instead.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
       set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "CUDA architectures to build for")
     endif()
     # One CUDA runtime for loom, cuBLAS and cuDNN: the shared one.
