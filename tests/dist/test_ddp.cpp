@@ -225,8 +225,8 @@ TEST_SUITE("ddp") {
     auto reference = tiny_conv_model(11);
     {
       DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
-      for (auto& [name, parameter] : model->named_parameters())
-        CHECK_MESSAGE(grad_accumulator(parameter)->gradient_buffer().defined(), name);
+      for (auto& named : model->named_parameters())
+        CHECK_MESSAGE(grad_accumulator(named.second)->gradient_buffer().defined(), named.first);
       for (int step = 0; step < 2; ++step) {
         model->zero_grad(true);  // PyTorch 2's default: .grad undefined at every backward
         reference->zero_grad(true);
@@ -244,8 +244,8 @@ TEST_SUITE("ddp") {
       expect_close(model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
     }
     // Without DDP the buckets are no longer where gradients go.
-    for (auto& [name, parameter] : model->named_parameters())
-      CHECK_MESSAGE(!grad_accumulator(parameter)->gradient_buffer().defined(), name);
+    for (auto& named : model->named_parameters())
+      CHECK_MESSAGE(!grad_accumulator(named.second)->gradient_buffer().defined(), named.first);
   }
 
   TEST_CASE("world of one: unused parameters") {

@@ -60,7 +60,10 @@ void check_against_torch(nn::Module& model, const nlohmann::json& expected) {
   CHECK(loss.item() == doctest::Approx(expected["loss"].get<double>()).epsilon(1e-10));
   loss.backward();
 
-  for (auto& [name, p] : model.named_parameters()) {
+  for (auto& named : model.named_parameters()) {
+    // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
+    auto& name = named.first;
+    auto& p = named.second;
     INFO("parameter ", name);
     auto reference = expected["grads"][name].get<std::vector<double>>();  // sum, abs_sum, head...
     auto g = p.grad().to_vector<double>();
@@ -76,7 +79,9 @@ void check_against_torch(nn::Module& model, const nlohmann::json& expected) {
     const double typical = scale / static_cast<double>(g.size());
     for (size_t i = 2; i < reference.size(); ++i) CHECK(std::abs(g[i - 2] - reference[i]) <= 1e-6 * typical + 1e-14);
   }
-  for (auto& [name, b] : model.named_buffers()) {
+  for (auto& named : model.named_buffers()) {
+    auto& name = named.first;
+    auto& b = named.second;
     if (!expected["buffers"].contains(name)) continue;
     INFO("buffer ", name);
     auto head = expected["buffers"][name].get<std::vector<double>>();
@@ -162,7 +167,9 @@ TEST_SUITE("resnet") {
     CHECK(loom::testing::max_abs(model->fc->weight) > 0.9 * bound);
 
     auto zero = nn::resnet50(nn::ResNetOptions().num_classes(10).zero_init_residual(true));
-    for (auto& [name, t] : zero->named_parameters()) {
+    for (auto& named : zero->named_parameters()) {
+      auto& name = named.first;
+      auto& t = named.second;
       const bool last_bn = name.find(".bn3.weight") != std::string::npos;
       if (last_bn) CHECK_MESSAGE(loom::testing::max_abs(t) == 0, name);
       if (name == "layer1.0.bn2.weight") CHECK(loom::testing::max_abs(t) == 1);
@@ -202,7 +209,9 @@ TEST_SUITE("resnet") {
 
     // Every batch norm, in the tree and in the members forward() calls.
     int sync_layers = 0;
-    for (auto& [name, module] : model->named_modules()) {
+    for (auto& named : model->named_modules()) {
+      auto& name = named.first;
+      auto& module = named.second;
       CHECK_MESSAGE(module->type_name() != "BatchNorm2d", name);
       sync_layers += module->type_name() == "SyncBatchNorm";
     }

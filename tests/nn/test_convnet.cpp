@@ -70,7 +70,10 @@ TEST_CASE("forward and gradients match PyTorch on a fixed input") {
   Tensor loss = cross_entropy(logits, targets);
   CHECK(loss.item() == doctest::Approx(fixture["loss"].get<double>()).epsilon(1e-10));
   loss.backward();
-  for (auto& [name, p] : model.named_parameters()) {
+  for (auto& named : model.named_parameters()) {
+    // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
+    auto& name = named.first;
+    auto& p = named.second;
     INFO("parameter ", name);
     const auto& expected = fixture["grads"][name];
     auto g = p.grad().to_vector<double>();
@@ -87,7 +90,9 @@ TEST_CASE("forward and gradients match PyTorch on a fixed input") {
     auto head = expected["head"].get<std::vector<double>>();
     for (size_t i = 0; i < head.size(); ++i) CHECK(g[i] == doctest::Approx(head[i]).scale(1e-6).epsilon(1e-7));
   }
-  for (auto& [name, b] : model.named_buffers()) {
+  for (auto& named : model.named_buffers()) {
+    auto& name = named.first;
+    auto& b = named.second;
     if (!fixture["buffers"].contains(name)) continue;
     INFO("buffer ", name);
     auto head = fixture["buffers"][name].get<std::vector<double>>();
