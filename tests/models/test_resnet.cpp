@@ -60,34 +60,24 @@ void check_against_torch(nn::Module& model, const nlohmann::json& expected) {
   CHECK(loss.item() == doctest::Approx(expected["loss"].get<double>()).epsilon(1e-10));
   loss.backward();
 
-  for (auto& named : model.named_parameters()) {
-    // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
-    auto& name = named.first;
-    auto& p = named.second;
-    INFO("parameter ", name);
+  using loom::testing::check_each_named;
+  check_each_named(model.named_parameters(), "parameter", [&](const std::string& name, const Tensor& p) {
     auto reference = expected["grads"][name].get<std::vector<double>>();  // sum, abs_sum, head...
     auto g = p.grad().to_vector<double>();
-    double total = 0, abs_total = 0;
-    for (double v : g) {
-      total += v;
-      abs_total += std::abs(v);
-    }
+    const loom::testing::ValueSums sums = loom::testing::value_sums(g);
     const double scale = reference[1];
-    CHECK(std::abs(abs_total - scale) <= 1e-7 * scale + 1e-12);
-    CHECK(std::abs(total - reference[0]) <= 1e-7 * scale + 1e-12);
+    CHECK(std::abs(sums.abs_sum - scale) <= 1e-7 * scale + 1e-12);
+    CHECK(std::abs(sums.sum - reference[0]) <= 1e-7 * scale + 1e-12);
     // Head values compared relative to the tensor's mean magnitude.
     const double typical = scale / static_cast<double>(g.size());
     for (size_t i = 2; i < reference.size(); ++i) CHECK(std::abs(g[i - 2] - reference[i]) <= 1e-6 * typical + 1e-14);
-  }
-  for (auto& named : model.named_buffers()) {
-    auto& name = named.first;
-    auto& b = named.second;
-    if (!expected["buffers"].contains(name)) continue;
-    INFO("buffer ", name);
+  });
+  check_each_named(model.named_buffers(), "buffer", [&](const std::string& name, const Tensor& b) {
+    if (!expected["buffers"].contains(name)) return;
     auto head = expected["buffers"][name].get<std::vector<double>>();
     auto values = b.to_vector<double>();
     for (size_t i = 0; i < head.size(); ++i) CHECK(values[i] == doctest::Approx(head[i]).epsilon(1e-9).scale(1e-6));
-  }
+  });
 }
 
 }  // namespace
