@@ -15,10 +15,9 @@
 
 #include <loom/core/generator.h>
 #include <loom/core/parallel.h>
-#include <loom/nn/convnet.h>
-#include <loom/nn/resnet.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/optimizer.h>
+#include "benchmarks/benchmark_model.h"
 
 // Under valgrind --instr-atstart=no, instrumentation starts at the measured
 // step, so the warm-up runs at valgrind's plain speed (no-ops otherwise, and
@@ -83,15 +82,8 @@ int main(int argc, char** argv) {
   try {
     set_num_threads(threads);
     manual_seed(0);
-    std::shared_ptr<nn::Module> model;
-    Shape image_shape;
-    if (model_name == "convnet") {
-      model = std::make_shared<nn::ConvNet>();
-      image_shape = {batch, 1, 28, 28};
-    } else {
-      model = nn::make_resnet(model_name, nn::ResNetOptions().num_classes(10).stem(nn::parse_resnet_stem(stem_name)));
-      image_shape = {batch, 3, 32, 32};
-    }
+    const auto [model, image_shape] =
+        benchmarks::make_benchmark_model(model_name, batch, nn::parse_resnet_stem(stem_name));
     optim::SGD optimizer(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
     Generator gen(1);
     Tensor images = Tensor::empty(image_shape);

@@ -19,10 +19,9 @@
 #include <loom/dist/ddp.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group.h>
-#include <loom/nn/convnet.h>
-#include <loom/nn/resnet.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/optimizer.h>
+#include "benchmarks/benchmark_model.h"
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;
@@ -74,15 +73,7 @@ int main(int argc, char** argv) {
         {.init_method = "env://", .timeout = dist::collective_timeout_from_environment(std::chrono::minutes(5))});
     const bool leader = group->rank() == 0;
     manual_seed(0);
-    std::shared_ptr<nn::Module> model;
-    Shape input_shape;
-    if (model_name == "convnet") {
-      model = std::make_shared<nn::ConvNet>();
-      input_shape = {batch_size, 1, 28, 28};
-    } else {
-      model = nn::make_resnet(model_name, nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar));
-      input_shape = {batch_size, 3, 32, 32};
-    }
+    const auto [model, input_shape] = benchmarks::make_benchmark_model(model_name, batch_size, nn::ResNetStem::cifar);
     dist::DistributedDataParallel ddp(
         model, group,
         {.first_bucket_bytes_cap = static_cast<size_t>(first_bucket_mb * (1 << 20)),

@@ -12,37 +12,13 @@
 #include <loom/core/error.h>
 #include <loom/dist/debug_process_group.h>
 #include <loom/dist/store.h>
+#include "tests/support/finished_group.h"
 
 using namespace loom;
 using namespace loom::dist;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Finishes every collective at once: what is left to time is the caller's side.
-class NoOpGroup final : public ProcessGroup {
- public:
-  NoOpGroup() : ProcessGroup(0, 1) {}
-  const char* backend_name() const override { return "no-op"; }
-  WorkHandle all_reduce(const std::vector<Tensor>&, ReduceOp) override { return done("all_reduce"); }
-  WorkHandle broadcast(const Tensor&, int) override { return done("broadcast"); }
-  WorkHandle all_gather(const std::vector<Tensor>&, const Tensor&) override { return done("all_gather"); }
-  WorkHandle all_gather_into(const Tensor&, const Tensor&) override { return done("all_gather"); }
-  WorkHandle reduce_scatter(const Tensor&, const std::vector<Tensor>&, ReduceOp) override {
-    return done("reduce_scatter");
-  }
-  WorkHandle reduce_scatter_from(const Tensor&, const Tensor&, ReduceOp) override { return done("reduce_scatter"); }
-  WorkHandle barrier() override { return done("barrier"); }
-  void set_timeout(Milliseconds) override {}
-  Milliseconds timeout() const override { return std::chrono::seconds(1); }
-
- private:
-  WorkHandle done(const char* name) {
-    auto work = std::make_shared<Work>(name);
-    work->finish();
-    return work;
-  }
-};
 
 // Nanoseconds per all_reduce(tensor) + wait(), the best of `rounds` runs.
 double time_calls(ProcessGroup& group, const Tensor& tensor, int64_t calls, int rounds) {
@@ -65,7 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "timed runs; the best is reported")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   try {
-    auto inner = std::make_shared<NoOpGroup>();
+    auto inner = std::make_shared<loom::testing::FinishedGroup>();
     auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true});
     DebugProcessGroup wrapped(inner, store);
     const Tensor tensor = Tensor::zeros({1000});

@@ -15,6 +15,7 @@
 #include <loom/core/parallel.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group.h>
+#include "benchmarks/scaling/rank_result.h"
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;
@@ -71,14 +72,10 @@ int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, c
                     {"max_ms", ms.back()},
                     {"iterations", ms.size()}});
   }
-  if (rank == 0) {
-    nlohmann::json out = {{"program", "loom allreduce_timing"}, {"world", world},
-                          {"backend", group->backend_name()}, {"device", device.str()},
-                          {"buffers", plain_buffers ? "plain" : "group"}, {"sizes", rows}};
-    std::printf("%s\n", out.dump().c_str());
-  }
-  group->barrier()->wait();
-  dist::destroy_process_group();
+  const nlohmann::json out = {{"program", "loom allreduce_timing"}, {"world", world},
+                              {"backend", group->backend_name()}, {"device", device.str()},
+                              {"buffers", plain_buffers ? "plain" : "group"}, {"sizes", rows}};
+  benchmarks::write_result_and_finish(*group, out, "", "allreduce_timing");
   return 0;
 }
 

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +31,7 @@
 #include <loom/nn/resnet.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/optimizer.h>
+#include "benchmarks/scaling/rank_result.h"
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;
@@ -122,6 +122,21 @@ void synchronize(const std::vector<Tensor>& parameters, Device device) {
   if (device.is_cuda()) static_cast<void>(parameters.back().flatten().slice(0, 0, 1).to(Device::cpu()));
 }
 
+// When a step's phases began and ended.
+struct StepTimes {
+  Clock::time_point start, backward_start, backward_end, reduced, optimizer_start, end;
+};
+
+// A step's phases in milliseconds, from its start (the optimizer's from its own).
+json phase_times(const StepTimes& t) {
+  return {{"step_ms", ms_between(t.start, t.end)},
+          {"forward_ms", ms_between(t.start, t.backward_start)},
+          {"backward_start_ms", ms_between(t.start, t.backward_start)},
+          {"backward_end_ms", ms_between(t.start, t.backward_end)},
+          {"reduced_ms", ms_between(t.start, t.reduced)},
+          {"optimizer_ms", ms_between(t.optimizer_start, t.end)}};
+}
+
 // One timed training step of a DDP-wrapped model.
 json ddp_step(dist::DistributedDataParallel& ddp, optim::Optimizer& optimizer, const data::Batch& batch,
               const std::vector<Tensor>& parameters, Device device, double& loss_value) {
@@ -153,14 +168,10 @@ json ddp_step(dist::DistributedDataParallel& ddp, optim::Optimizer& optimizer, c
     for (const auto& b : timing.buckets) backward_end = std::max(backward_end, b.ready);
   }
   const Clock::time_point reduced = timing.reduced != Clock::time_point{} ? timing.reduced : optimizer_start;
-  return {{"step_ms", ms_between(start, end)},
-          {"forward_ms", ms_between(start, backward_start)},
-          {"backward_start_ms", ms_between(start, backward_start)},
-          {"backward_end_ms", ms_between(start, backward_end)},
-          {"reduced_ms", ms_between(start, reduced)},
-          {"optimizer_ms", ms_between(optimizer_start, end)},
-          {"loss", loss_value},
-          {"buckets", std::move(buckets)}};
+  json record = phase_times({start, backward_start, backward_end, reduced, optimizer_start, end});
+  record["loss"] = loss_value;
+  record["buckets"] = std::move(buckets);
+  return record;
 }
 
 // The bare model's step, the same work without the reducer. Each
@@ -179,13 +190,10 @@ json bare_step(nn::Module& model, optim::Optimizer& optimizer, const data::Batch
   const Clock::time_point end = Clock::now();
   ready_ms.resize(ready.size());
   for (size_t i = 0; i < ready.size(); ++i) ready_ms[i] = ms_between(backward_start, ready[i]);
-  return {{"step_ms", ms_between(start, end)},
-          {"forward_ms", ms_between(start, backward_start)},
-          {"backward_start_ms", ms_between(start, backward_start)},
-          {"backward_end_ms", ms_between(start, optimizer_start)},
-          {"reduced_ms", ms_between(start, optimizer_start)},
-          {"optimizer_ms", ms_between(optimizer_start, end)},
-          {"loss", loss.item()}};
+  // Without a reducer, backward ends with the gradients final.
+  json record = phase_times({start, backward_start, optimizer_start, optimizer_start, optimizer_start, end});
+  record["loss"] = loss.item();
+  return record;
 }
 
 // Sum and sum of squares of every parameter, in f64.
@@ -313,7 +321,7 @@ int run(const Flags& flags) {
     // block, so that both see the same machine load.
     ddp_steps(flags.warmup);
     bare_steps_run(flags.warmup);
-    for (; ddp_done < total || bare_done < total; ++block_index) {
+    while (ddp_done < total || bare_done < total) {  // the step functions count ddp_done and bare_done
       if (block_index % 2 == 0) {
         ddp_steps(flags.block);
         bare_steps_run(flags.block);
@@ -321,6 +329,7 @@ int run(const Flags& flags) {
         bare_steps_run(flags.block);
         ddp_steps(flags.block);
       }
+      ++block_index;
     }
   }
 
@@ -355,17 +364,7 @@ int run(const Flags& flags) {
     out["parameter_ready_ms"] = std::move(ready_samples);  // per measured bare step, in parameter order
   }
 
-  std::string path = flags.output;
-  if (path.empty()) {
-    if (rank == 0) std::printf("%s\n", out.dump().c_str());
-  } else {
-    if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
-    std::ofstream file(path);
-    LOOM_CHECK(file.good(), "scaling_step: cannot write ", path);
-    file << out.dump() << "\n";
-  }
-  group->barrier()->wait();
-  dist::destroy_process_group();
+  benchmarks::write_result_and_finish(*group, out, flags.output, "scaling_step");
   return 0;
 }
 

@@ -101,13 +101,16 @@ void check_against_f32(const ModelFactory& make, const Shape& input_shape, DType
   Tensor loss = cross_entropy(logits.to(DType::f32), labels);
   loss.backward();
 
-  for (auto& [name, parameter] : model->named_parameters()) {
+  for (auto& named : model->named_parameters()) {
+    // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
+    auto& name = named.first;
+    auto& parameter = named.second;
     CAPTURE(name);
     REQUIRE(parameter.grad().defined());
     CHECK(parameter.grad().dtype() == parameter.dtype());
     CHECK(all_finite(parameter.grad()));
   }
-  for (auto& [name, buffer] : model->named_buffers()) CHECK_MESSAGE(all_finite(buffer), name);
+  for (auto& named : model->named_buffers()) CHECK_MESSAGE(all_finite(named.second), named.first);
   const double rounding_logits = relative_error(rounded_logits, exact_logits);
   const double rounding_gradient = gradient_error(*rounded, *exact);
   const double logits_error = relative_error(logits, exact_logits);

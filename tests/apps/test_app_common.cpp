@@ -57,6 +57,7 @@ TEST_SUITE("app_common") {
 #include <filesystem>
 #include <set>
 
+#include "tests/support/memory_stream.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
@@ -74,21 +75,6 @@ std::set<std::string> names_in(const fs::path& dir) {
   for (auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
   return names;
 }
-
-// Captures what find_resume_point prints.
-struct Log {
-  char* text = nullptr;
-  size_t size = 0;
-  std::FILE* file = open_memstream(&text, &size);
-  ~Log() {
-    std::fclose(file);
-    std::free(text);
-  }
-  std::string str() {
-    std::fflush(file);
-    return std::string(text, size);
-  }
-};
 
 }  // namespace
 
@@ -139,7 +125,7 @@ TEST_SUITE("app_common") {
 
     flags.resume = "auto";
     {
-      Log log;
+      loom::testing::MemoryStream log;  // what find_resume_point prints
       auto point = loom::apps::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
       REQUIRE(point.has_value());
       CHECK(point->path.filename() == "2GPU_step30.checkpoint");
@@ -148,7 +134,7 @@ TEST_SUITE("app_common") {
     // The newest truncated: reported, and the one with the most steps after it is taken.
     fs::resize_file(dir / "2GPU_step30.checkpoint", fs::file_size(dir / "2GPU_step30.checkpoint") - 4);
     {
-      Log log;
+      loom::testing::MemoryStream log;
       auto point = loom::apps::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
       REQUIRE(point.has_value());
       CHECK(point->path.filename() == "2GPU_1epoch.checkpoint");  // step 25

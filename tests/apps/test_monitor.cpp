@@ -11,6 +11,7 @@
 
 #include "apps/monitor.h"
 #include "apps/progress.h"
+#include "tests/support/memory_stream.h"
 #include "tests/support/temp_dir.h"
 #include <loom/core/error.h>
 
@@ -19,21 +20,6 @@ using loom::apps::ProgressSnapshot;
 using loom::apps::ProgressStyle;
 
 namespace {
-
-// What a ProgressDisplay wrote, through a memory stream.
-struct Captured {
-  char* text = nullptr;
-  size_t size = 0;
-  std::FILE* file = open_memstream(&text, &size);
-  ~Captured() {
-    std::fclose(file);
-    std::free(text);
-  }
-  std::string str() {
-    std::fflush(file);
-    return std::string(text, size);
-  }
-};
 
 size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;
@@ -80,7 +66,7 @@ TEST_SUITE("progress") {
   }
 
   TEST_CASE("the bar redraws in place at most once per interval and is cleared at the epoch's end") {
-    Captured out;
+    loom::testing::MemoryStream out;  // what the display writes
     int reads = 0;
     auto loss = [&] {
       ++reads;
@@ -102,13 +88,13 @@ TEST_SUITE("progress") {
   }
 
   TEST_CASE("with no interval every update redraws; lines print every log interval and at the epoch's end") {
-    Captured bar_out;
+    loom::testing::MemoryStream bar_out;
     ProgressDisplay bar(ProgressStyle::bar, bar_out.file, 10, std::chrono::steady_clock::duration::zero());
     bar.start_epoch(0, 1, 0, 50);
     for (int64_t step = 1; step <= 50; ++step) bar.update(step, 1, 0.0, [] { return 1.0; });
     CHECK(bar.draws() == 50);
 
-    Captured lines_out;
+    loom::testing::MemoryStream lines_out;
     ProgressDisplay lines(ProgressStyle::lines, lines_out.file, 10);
     lines.start_epoch(1, 3, 0, 25);
     for (int64_t step = 1; step <= 25; ++step) lines.update(step, 1, 0.0, [] { return 1.0; });
@@ -118,7 +104,7 @@ TEST_SUITE("progress") {
     CHECK(text.find("Epoch 2/3, step 25/25,") != std::string::npos);
     CHECK(text.find('\r') == std::string::npos);
 
-    Captured none_out;
+    loom::testing::MemoryStream none_out;
     ProgressDisplay none(ProgressStyle::none, none_out.file, 1);
     none.start_epoch(0, 1, 0, 5);
     for (int64_t step = 1; step <= 5; ++step) none.update(step, 1, 0.0, [] { return 1.0; });

@@ -87,8 +87,11 @@ TEST_CASE("torchvision's own CIFAR10 dataset sees the same images and labels in 
                                 "--train-per-file 4 --test 3"));
     run_python(python, str_args("torchvision_view.py cifar", dir.path().string(), (dir / "view").string()));
     const TrainTestSplit split = load_cifar10(dir.path());
-    for (const auto& [name, dataset] : {std::pair<std::string, const ImageDataset*>{"train", &split.train},
-                                        std::pair<std::string, const ImageDataset*>{"test", &split.test}}) {
+    for (const auto& named : {std::pair<std::string, const ImageDataset*>{"train", &split.train},
+                              std::pair<std::string, const ImageDataset*>{"test", &split.test}}) {
+      // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
+      const std::string& name = named.first;
+      const ImageDataset* dataset = named.second;
       CAPTURE(name);
       const std::vector<uint8_t> hwc = read_bytes(dir / "view" / (name + ".hwc"));  // torchvision's .data
       std::ifstream labels(dir / "view" / (name + ".labels"));

@@ -238,7 +238,10 @@ TEST_CASE("an image whose header declares more pixels than PIL's limit is refuse
   }
   const uint32_t crc = static_cast<uint32_t>(crc32(0, png.data() + 12, 17));  // "IHDR" and its 13 bytes
   for (int b = 0; b < 4; ++b) png[29 + b] = static_cast<uint8_t>(crc >> (24 - 8 * b));
-  for (const auto& [name, bytes] : {std::pair{"huge.jpg", jpeg}, std::pair{"huge.png", png}}) {
+  for (const auto& image : {std::pair{"huge.jpg", jpeg}, std::pair{"huge.png", png}}) {
+    // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
+    const char* name = image.first;
+    const std::vector<uint8_t>& bytes = image.second;
     CAPTURE(name);
     const std::string message = error_message([&] { decode_image(bytes, name, ColorMode::rgb); });
     CHECK(message.find(std::string("image ") + name + ": its header declares 60000x60000 pixels, over the limit of "
@@ -280,7 +283,9 @@ TEST_CASE("a JPEG window decoded alone equals the full decode's window, bit for 
       cases.push_back({static_cast<int64_t>(random.below(static_cast<uint64_t>(height - h + 1))),
                        static_cast<int64_t>(random.below(static_cast<uint64_t>(width - w + 1))), h, w});
     }
-    for (const auto& [top, left, h, w] : cases) {
+    for (const std::array<int64_t, 4>& window_case : cases) {
+      // Variables, not structured bindings: clang 14 cannot capture those in doctest's INFO.
+      const int64_t top = window_case[0], left = window_case[1], h = window_case[2], w = window_case[3];
       CAPTURE(top);
       CAPTURE(left);
       CAPTURE(h);

@@ -10,9 +10,11 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/core/error.h>
+#include <loom/dist/environment.h>
 #include <loom/dist/process_group.h>
 
 namespace loom::dist::testing {
@@ -84,9 +86,32 @@ std::string error_of(Fn&& fn) {
   return "(no error)";
 }
 
+// The message of the loom::Error that `fn` throws, and the seconds until it
+// threw (or returned).
+struct TimedError {
+  std::string message;
+  double seconds = 0;
+};
+template <class Fn>
+TimedError timed_error_of(Fn&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = error_of(std::forward<Fn>(fn));
+  return {std::move(message), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
 // A doctest check per rank that it exited 0, with the rank's description.
 inline void expect_all_ok(const std::vector<RankResult>& results) {
   for (const auto& result : results) CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+// An environment that holds exactly `values`, for the parsers that take an
+// EnvironmentLookup instead of reading the process's own variables.
+inline EnvironmentLookup environment_from(std::map<std::string, std::string> values) {
+  return [values = std::move(values)](const std::string& name) -> std::optional<std::string> {
+    auto it = values.find(name);
+    if (it == values.end()) return std::nullopt;
+    return it->second;
+  };
 }
 
 int env_int(const char* name);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -36,6 +37,31 @@ std::shared_ptr<ProcessGroup> group_from_environment() { return testing::group_f
 std::shared_ptr<ProcessGroup> world_of_one() {
   auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
   return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions{.timeout = 5s});
+}
+
+// A scenario's group, and tiny_model(seed) under DDP in buckets of 64 bytes
+// first and 128 after (the MLP's parameters span several).
+struct TinyDdp {
+  explicit TinyDdp(uint64_t seed)
+      : model(tiny_model(seed)), ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128}) {}
+  std::shared_ptr<ProcessGroup> group = group_from_environment();
+  int rank = group->rank(), world = group->size();
+  std::shared_ptr<nn::Module> model;
+  DistributedDataParallel ddp;
+};
+
+// Forward and backward of a rank's two micro-batches of kSamples / world / 2
+// rows (rank r's are the 2r-th and the (2r + 1)-th), each loss times
+// `loss_scale`, the first under no_sync; `under_no_sync` runs before that
+// guard ends.
+void backward_two_micro_batches(TinyDdp& run, double loss_scale, const std::function<void()>& under_no_sync = [] {}) {
+  const int64_t micro = kSamples / run.world / 2, first = run.rank * 2 * micro;
+  {
+    auto guard = run.ddp.no_sync();
+    (mse(run.ddp.forward(inputs(first, micro)), targets(first, micro)) * loss_scale).backward();
+    under_no_sync();
+  }
+  (mse(run.ddp.forward(inputs(first + micro, micro)), targets(first + micro, micro)) * loss_scale).backward();
 }
 
 // A module with a branch forward never uses.
@@ -225,8 +251,8 @@ TEST_SUITE("ddp") {
     auto reference = tiny_conv_model(11);
     {
       DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
-      for (auto& [name, parameter] : model->named_parameters())
-        CHECK_MESSAGE(grad_accumulator(parameter)->gradient_buffer().defined(), name);
+      for (auto& named : model->named_parameters())
+        CHECK_MESSAGE(grad_accumulator(named.second)->gradient_buffer().defined(), named.first);
       for (int step = 0; step < 2; ++step) {
         model->zero_grad(true);  // PyTorch 2's default: .grad undefined at every backward
         reference->zero_grad(true);
@@ -244,8 +270,8 @@ TEST_SUITE("ddp") {
       expect_close(model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
     }
     // Without DDP the buckets are no longer where gradients go.
-    for (auto& [name, parameter] : model->named_parameters())
-      CHECK_MESSAGE(!grad_accumulator(parameter)->gradient_buffer().defined(), name);
+    for (auto& named : model->named_parameters())
+      CHECK_MESSAGE(!grad_accumulator(named.second)->gradient_buffer().defined(), named.first);
   }
 
   TEST_CASE("world of one: unused parameters") {
@@ -294,26 +320,20 @@ LOOM_DIST_SCENARIO("ddp_equivalence") {
 // Accumulating two micro-batches under no_sync, then reducing, equals one
 // process accumulating every micro-batch.
 LOOM_DIST_SCENARIO("ddp_no_sync") {
-  auto group = group_from_environment();
-  int rank = group->rank(), world = group->size();
-  auto model = tiny_model(200);
-  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
-  int64_t micro = kSamples / world / 2;
-  int64_t first = rank * 2 * micro;
-  {
-    auto guard = ddp.no_sync();
-    mse(ddp.forward(inputs(first, micro)), targets(first, micro)).backward();
-    ddp.wait_for_gradients();  // returns at once: nothing to reduce
-    for (const auto& timing : ddp.bucket_timings())
+  TinyDdp run(200);
+  backward_two_micro_batches(run, 1.0, [&] {
+    run.ddp.wait_for_gradients();  // returns at once: nothing to reduce
+    for (const auto& timing : run.ddp.bucket_timings())
       expect(timing.launched == std::chrono::steady_clock::time_point{}, "a bucket was launched under no_sync");
-  }
-  mse(ddp.forward(inputs(first + micro, micro)), targets(first + micro, micro)).backward();
+  });
 
   auto reference = tiny_model(200);
-  for (int64_t m = 0; m < 2 * world; ++m) mse(reference->forward(inputs(m * micro, micro)), targets(m * micro, micro)).backward();
-  for (auto& [name, parameter] : reference->named_parameters()) parameter.mutable_grad().mul_(1.0 / world);
-  expect_close(model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
-  group->barrier()->wait();
+  const int64_t micro = kSamples / run.world / 2;
+  for (int64_t m = 0; m < 2 * run.world; ++m)
+    mse(reference->forward(inputs(m * micro, micro)), targets(m * micro, micro)).backward();
+  for (auto& [name, parameter] : reference->named_parameters()) parameter.mutable_grad().mul_(1.0 / run.world);
+  expect_close(run.model->named_parameters(), reference->named_parameters(), "accumulated gradients", true);
+  run.group->barrier()->wait();
 }
 
 // Gradients computed straight into the buckets on 2 ranks: no copy into the
@@ -393,27 +413,18 @@ LOOM_DIST_SCENARIO("ddp_mismatch") {
 // Gradient accumulation: two micro-batches per rank, each loss halved, the
 // first under no_sync, equal one process on one batch of all the samples.
 LOOM_DIST_SCENARIO("ddp_no_sync_double_batch") {
-  auto group = group_from_environment();
-  int rank = group->rank(), world = group->size();
-  auto model = tiny_model(300);
-  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
-  const int64_t micro = kSamples / world / 2;
-  const int64_t first = rank * 2 * micro;
+  TinyDdp run(300);
   for (int step = 0; step < 2; ++step) {
-    {
-      auto guard = ddp.no_sync();
-      (mse(ddp.forward(inputs(first, micro)), targets(first, micro)) * 0.5).backward();
-    }
-    (mse(ddp.forward(inputs(first + micro, micro)), targets(first + micro, micro)) * 0.5).backward();
-    sgd_step(*model, 0.1);
+    backward_two_micro_batches(run, 0.5);
+    sgd_step(*run.model, 0.1);
   }
   auto reference = tiny_model(300);
   for (int step = 0; step < 2; ++step) {
     mse(reference->forward(inputs(0, kSamples)), targets(0, kSamples)).backward();
     sgd_step(*reference, 0.1);
   }
-  expect_close(model->named_parameters(), reference->named_parameters(), "parameters after 2 accumulated steps");
-  group->barrier()->wait();
+  expect_close(run.model->named_parameters(), reference->named_parameters(), "parameters after 2 accumulated steps");
+  run.group->barrier()->wait();
 }
 
 // compress_hook divides before casting: values near f16's limit (65504) on

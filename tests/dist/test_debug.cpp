@@ -17,6 +17,7 @@
 #include <loom/dist/process_group_gloo.h>
 #include <loom/dist/store.h>
 #include "tests/dist/multiprocess.h"
+#include "tests/support/finished_group.h"
 
 using namespace loom;
 using namespace loom::dist;
@@ -24,42 +25,6 @@ using namespace loom::dist::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-EnvironmentLookup lookup(std::map<std::string, std::string> variables) {
-  return [variables](const std::string& name) -> std::optional<std::string> {
-    auto it = variables.find(name);
-    if (it == variables.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-// A group of one rank whose collectives all fail with `message`, as a
-// backend's timed-out collective does.
-class FailingGroup final : public ProcessGroup {
- public:
-  explicit FailingGroup(std::string message) : ProcessGroup(0, 1), message_(std::move(message)) {}
-  const char* backend_name() const override { return "failing"; }
-  WorkHandle all_reduce(const std::vector<Tensor>&, ReduceOp) override { return failed("all_reduce"); }
-  WorkHandle broadcast(const Tensor&, int) override { return failed("broadcast"); }
-  WorkHandle all_gather(const std::vector<Tensor>&, const Tensor&) override { return failed("all_gather"); }
-  WorkHandle all_gather_into(const Tensor&, const Tensor&) override { return failed("all_gather"); }
-  WorkHandle reduce_scatter(const Tensor&, const std::vector<Tensor>&, ReduceOp) override {
-    return failed("reduce_scatter");
-  }
-  WorkHandle reduce_scatter_from(const Tensor&, const Tensor&, ReduceOp) override { return failed("reduce_scatter"); }
-  WorkHandle barrier() override { return failed("barrier"); }
-  void set_timeout(Milliseconds) override {}
-  Milliseconds timeout() const override { return 1s; }
-
- private:
-  WorkHandle failed(const char* name) {
-    auto work = std::make_shared<Work>(name);
-    work->mark_started();
-    work->finish(std::make_exception_ptr(Error(message_)));
-    return work;
-  }
-  std::string message_;
-};
 
 std::shared_ptr<TCPStore> local_store() {
   return std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
@@ -99,15 +64,15 @@ TEST_SUITE("debug") {
   }
 
   TEST_CASE("LOOM_DISTRIBUTED_DEBUG values") {
-    CHECK(distributed_debug_level_from_environment(lookup({})) == DistributedDebugLevel::off);
-    CHECK(distributed_debug_level_from_environment(lookup({{"LOOM_DISTRIBUTED_DEBUG", "OFF"}})) ==
+    CHECK(distributed_debug_level_from_environment(environment_from({})) == DistributedDebugLevel::off);
+    CHECK(distributed_debug_level_from_environment(environment_from({{"LOOM_DISTRIBUTED_DEBUG", "OFF"}})) ==
           DistributedDebugLevel::off);
-    CHECK(distributed_debug_level_from_environment(lookup({{"LOOM_DISTRIBUTED_DEBUG", "info"}})) ==
+    CHECK(distributed_debug_level_from_environment(environment_from({{"LOOM_DISTRIBUTED_DEBUG", "info"}})) ==
           DistributedDebugLevel::info);
-    CHECK(distributed_debug_level_from_environment(lookup({{"LOOM_DISTRIBUTED_DEBUG", "Detail"}})) ==
+    CHECK(distributed_debug_level_from_environment(environment_from({{"LOOM_DISTRIBUTED_DEBUG", "Detail"}})) ==
           DistributedDebugLevel::detail);
     std::string message =
-        error_of([] { distributed_debug_level_from_environment(lookup({{"LOOM_DISTRIBUTED_DEBUG", "FULL"}})); });
+        error_of([] { distributed_debug_level_from_environment(environment_from({{"LOOM_DISTRIBUTED_DEBUG", "FULL"}})); });
     CHECK_MESSAGE(contains(message, "LOOM_DISTRIBUTED_DEBUG='FULL' is not a debug level; expected OFF"), message);
     CHECK(contains(message, "INFO"));
     CHECK(contains(message, "DETAIL"));
@@ -166,7 +131,7 @@ TEST_SUITE("debug") {
 
   TEST_CASE("a failed collective's error carries the desync report") {
     auto store = local_store();
-    DebugProcessGroup group(std::make_shared<FailingGroup>("the backend gave up"), store);
+    DebugProcessGroup group(std::make_shared<loom::testing::FinishedGroup>("the backend gave up"), store);
     WorkHandle work = group.all_reduce(Tensor::zeros({4}));
     CHECK(work->completed());
     CHECK_FALSE(work->succeeded());

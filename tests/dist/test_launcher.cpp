@@ -99,6 +99,21 @@ class CapturedTerminal {
   int saved_out_ = -1, saved_err_ = -1;
 };
 
+// A worker group's result and what the launcher printed to stdout and stderr.
+struct TerminalRun {
+  WorkerGroupResult result;
+  std::string out, err;
+};
+
+// Runs `spec` with its log files under `directory`/logs and the terminal captured.
+TerminalRun run_with_logs(WorkerGroupSpec spec, const fs::path& directory) {
+  spec.log_dir = (directory / "logs").string();
+  CapturedTerminal terminal(directory);
+  TerminalRun run{run_worker_group(spec), "", ""};
+  std::tie(run.out, run.err) = terminal.finish();
+  return run;
+}
+
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
@@ -132,11 +147,8 @@ TEST_SUITE("launcher") {
     auto spec = shell_group(2, "echo out $RANK; echo err $RANK >&2; head -c 100000 /dev/zero | tr '\\0' x; "
                                "echo; printf 'tail %s' $RANK");
     const std::string burst(100000, 'x');
-    spec.log_dir = (directory.path / "logs").string();
     spec.tee = parse_streams("--tee", "3");
-    CapturedTerminal terminal(directory.path);
-    WorkerGroupResult result = run_worker_group(spec);
-    auto [out, err] = terminal.finish();
+    const auto [result, out, err] = run_with_logs(spec, directory.path);
     CHECK(result.succeeded);
     for (int rank = 0; rank < 2; ++rank) {
       const std::string attempt = str("logs/attempt_0/", rank, "/");
@@ -151,30 +163,24 @@ TEST_SUITE("launcher") {
 
     // Redirected: the files only.
     TemporaryDirectory second;
-    spec.log_dir = (second.path / "logs").string();
     spec.tee = {};
     spec.redirects = parse_streams("--redirects", "3");
-    CapturedTerminal quiet(second.path);
-    result = run_worker_group(spec);
-    std::tie(out, err) = quiet.finish();
-    CHECK(result.succeeded);
+    const TerminalRun quiet = run_with_logs(spec, second.path);
+    CHECK(quiet.result.succeeded);
     CHECK(second.read("logs/attempt_0/1/stdout.log") == str("out 1\n", burst, "\ntail 1"));
     CHECK(second.read("logs/attempt_0/1/stderr.log") == "err 1\n");
-    CHECK(!contains(out, "out 0"));
-    CHECK(!contains(out, "tail 1"));
-    CHECK(!contains(err, "err 1"));
+    CHECK(!contains(quiet.out, "out 0"));
+    CHECK(!contains(quiet.out, "tail 1"));
+    CHECK(!contains(quiet.err, "err 1"));
   }
 
   TEST_CASE("per-rank --redirects / --tee and --local_ranks_filter") {
     TemporaryDirectory directory;
     auto spec = shell_group(3, "echo out $RANK; echo err $RANK >&2");
-    spec.log_dir = (directory.path / "logs").string();
     spec.redirects = parse_streams("--redirects", "0:3");  // rank 0: files only
     spec.tee = parse_streams("--tee", "1:1,2:3");          // rank 1: stdout teed, stderr its own; rank 2: both teed
     spec.console_local_ranks = {0, 1};                     // rank 2's lines stay off the terminal
-    CapturedTerminal terminal(directory.path);
-    WorkerGroupResult result = run_worker_group(spec);
-    auto [out, err] = terminal.finish();
+    const auto [result, out, err] = run_with_logs(spec, directory.path);
     CHECK(result.succeeded);
     CHECK(directory.read("logs/attempt_0/0/stdout.log") == "out 0\n");
     CHECK(directory.read("logs/attempt_0/0/stderr.log") == "err 0\n");
@@ -196,11 +202,8 @@ TEST_SUITE("launcher") {
     auto spec = shell_group(2, "echo attempt $TORCHELASTIC_RESTART_COUNT rank $RANK; "
                                "[ $TORCHELASTIC_RESTART_COUNT -ge 1 ] || [ $RANK = 0 ] || exit 4");
     spec.max_restarts = 2;
-    spec.log_dir = (directory.path / "logs").string();
     spec.redirects = parse_streams("--redirects", "1");
-    CapturedTerminal terminal(directory.path);
-    WorkerGroupResult result = run_worker_group(spec);
-    auto [out, err] = terminal.finish();
+    const auto [result, out, err] = run_with_logs(spec, directory.path);
     CHECK(result.succeeded);
     CHECK(result.restarts == 1);
     CHECK(contains(err, "rank 1 (local rank 1, pid "));  // the failure is still reported
@@ -222,19 +225,13 @@ TEST_SUITE("launcher") {
     spec.run_id = "job7";
     spec.environment = {{"OMP_NUM_THREADS", "1"}};
     auto variables = worker_environment(spec, 2, 1);
-    CHECK(variables["RANK"] == "5");
-    CHECK(variables["WORLD_SIZE"] == "6");
-    CHECK(variables["LOCAL_RANK"] == "2");
-    CHECK(variables["LOCAL_WORLD_SIZE"] == "3");
-    CHECK(variables["GROUP_RANK"] == "1");
-    CHECK(variables["GROUP_WORLD_SIZE"] == "2");
-    CHECK(variables["ROLE_RANK"] == "5");
-    CHECK(variables["MASTER_ADDR"] == "10.1.2.3");
-    CHECK(variables["MASTER_PORT"] == "29555");
-    CHECK(variables["TORCHELASTIC_RESTART_COUNT"] == "1");
-    CHECK(variables["TORCHELASTIC_MAX_RESTARTS"] == "4");
-    CHECK(variables["TORCHELASTIC_RUN_ID"] == "job7");
-    CHECK(variables["OMP_NUM_THREADS"] == "1");
+    const std::pair<const char*, const char*> expected[] = {
+        {"RANK", "5"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"},
+        {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_RANK", "5"},
+        {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29555"},
+        {"TORCHELASTIC_RESTART_COUNT", "1"}, {"TORCHELASTIC_MAX_RESTARTS", "4"}, {"TORCHELASTIC_RUN_ID", "job7"},
+        {"OMP_NUM_THREADS", "1"}};
+    for (const auto& variable : expected) CHECK_MESSAGE(variables[variable.first] == variable.second, variable.first);
   }
 
   TEST_CASE("a successful group: each process sees its own rank") {

@@ -264,9 +264,7 @@ LOOM_DIST_SCENARIO("dead_peer") {
   group->barrier()->wait();
   if (group->rank() == 1) ::raise(SIGKILL);
   Tensor tensor = Tensor::ones({1000}, DType::f32);
-  auto start = std::chrono::steady_clock::now();
-  std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
-  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto [message, waited] = timed_error_of([&] { group->all_reduce(tensor)->wait(); });
   std::cout << "rank 0 error after " << waited << " s: " << message << "\n";
   expect(contains(message, "all_reduce #"), "error does not name the collective: ", message);
   expect(contains(message, "rank 0 of 2"), "error does not name this rank: ", message);
@@ -338,9 +336,7 @@ LOOM_DIST_SCENARIO("stalled_peer") {
   }
   group->set_timeout(1500ms);
   Tensor tensor = Tensor::ones({10}, DType::f32);
-  auto start = std::chrono::steady_clock::now();
-  std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
-  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto [message, waited] = timed_error_of([&] { group->all_reduce(tensor)->wait(); });
   std::cout << "rank 0 error after " << waited << " s: " << message << "\n";
   expect(contains(message, "all_reduce #"), "error does not name the collective: ", message);
   expect(contains(message, "timeout 1.5 s"), "error does not give the timeout: ", message);

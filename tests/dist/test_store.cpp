@@ -49,9 +49,7 @@ void check_store_semantics(Store& store, const char* store_name) {
   CHECK_FALSE(store.check({"alpha", "missing"}));
   store.wait({"alpha", "counter"}, 100ms);
 
-  auto start = std::chrono::steady_clock::now();
-  std::string message = error_of([&] { store.get("missing", 200ms); });
-  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto [message, waited] = timed_error_of([&] { store.get("missing", 200ms); });
   CHECK(contains(message, std::string(store_name) + ": timed out after 0.2 s waiting for key 'missing'"));
   CHECK(waited >= 0.19);
   CHECK(waited < 2.0);
@@ -113,9 +111,7 @@ TEST_SUITE("store") {
 
   TEST_CASE("TCPStore: could not reach master") {
     int port = free_port();
-    auto start = std::chrono::steady_clock::now();
-    std::string message = error_of([&] { TCPStore client("127.0.0.1", port, {.timeout = 1s}); });
-    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto [message, waited] = timed_error_of([&] { TCPStore client("127.0.0.1", port, {.timeout = 1s}); });
     CHECK(contains(message, "TCPStore: could not reach master 127.0.0.1:" + std::to_string(port) + " after 1 s"));
     CHECK(waited >= 0.9);
     CHECK(waited < 3.0);

@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 
 #include <loom/core/autograd.h>
 #include <loom/core/generator.h>
@@ -116,15 +117,29 @@ Tensor synthetic_labels(const std::vector<int64_t>& indices) {
   return Tensor::from_vector<int64_t>(labels, {static_cast<int64_t>(labels.size())});
 }
 
-// Trains `model` (through `trained`, the model or its DDP wrapper) for `steps`
-// SGD steps of `batch` images from `sampler`'s epoch-0 order.
-void train(nn::Module& trained, nn::Module& model, data::Sampler& sampler, int64_t batch, int steps) {
-  optim::SGD sgd(model.parameters(), optim::SGDOptions(0.05).momentum(0.9));
+// The images of a set's samples, by index (labels are synthetic_labels).
+using ImagesOf = std::function<Tensor(const std::vector<int64_t>& indices)>;
+
+// How the equivalence scenarios train: `steps` SGD steps with `sgd` on
+// batches of `global_batch` images, in the epoch-0 order of a
+// DistributedSampler of `set_size` indices shuffled with `sampler_seed`.
+struct Training {
+  int64_t set_size, global_batch;
+  int steps;
+  uint64_t sampler_seed;
+  optim::SGDOptions sgd;
+  ImagesOf images;
+};
+
+// Trains `model` (through `trained`, the model or its DDP wrapper) on
+// `batch` images a step from `sampler`.
+void train(nn::Module& trained, nn::Module& model, data::Sampler& sampler, int64_t batch, const Training& training) {
+  optim::SGD sgd(model.parameters(), training.sgd);
   sampler.set_epoch(0);
   const std::vector<int64_t> order = sampler.indices();
-  for (int step = 0; step < steps; ++step) {
+  for (int step = 0; step < training.steps; ++step) {
     std::vector<int64_t> indices(order.begin() + step * batch, order.begin() + (step + 1) * batch);
-    Tensor loss = cross_entropy(trained(synthetic_images(indices)), synthetic_labels(indices));
+    Tensor loss = cross_entropy(trained(training.images(indices)), synthetic_labels(indices));
     sgd.zero_grad();
     loss.backward();
     sgd.step();
@@ -152,6 +167,55 @@ void expect_same_state(nn::Module& model, nn::Module& reference, int steps) {
   }
   expect(worst < 1e-9, "after ", steps, " steps '", worst_name, "' differs from one process by ", worst,
          " (relative to its largest value)");
+}
+
+// Trains `model` under DDP on this rank's share of every batch and
+// `reference` alone on the whole batches; throws unless both end in the same
+// state (f64 throughout: only the summation order differs).
+void expect_ddp_equals_one_process(const std::shared_ptr<ProcessGroup>& group, const std::shared_ptr<nn::Module>& model,
+                                   nn::Module& reference, const Training& training) {
+  DistributedDataParallel ddp(model, group);
+  data::DistributedSampler sampler(training.set_size, group->size(), group->rank(), /*shuffle=*/true,
+                                   training.sampler_seed);
+  train(ddp, *model, sampler, training.global_batch / group->size(), training);
+  data::DistributedSampler whole(training.set_size, 1, 0, /*shuffle=*/true, training.sampler_seed);
+  train(reference, reference, whole, training.global_batch, training);
+  expect_same_state(*model, reference, training.steps);
+}
+
+// Rank 0 holds rows [0, 2), rank 1 rows [2, 6) of one batch of 6.
+struct UnevenShare {
+  int64_t first, count;
+};
+UnevenShare uneven_share(int rank) { return rank == 0 ? UnevenShare{0, 2} : UnevenShare{2, 4}; }
+
+// Backward of the loss sum(out * weights) over this rank's rows.
+void backward_share(const Tensor& out, UnevenShare share) {
+  sum(out * loss_weights(share.first, share.count)).backward();
+}
+
+// Throws unless `sync`'s step on this rank's rows (`x` in, `out` out, the
+// loss backward_share's) is one BatchNorm2d's on all 6 rows, followed by
+// `activation`: the output and input-gradient rows are this rank's of the
+// whole batch's, the running stats the same, and the parameter gradients
+// (this rank's share) summed over ranks the whole batch's.
+void expect_whole_batch(ProcessGroup& group, SyncBatchNorm& sync, const Tensor& x, const Tensor& out,
+                        UnevenShare share, Activation activation) {
+  auto reference = make_batch_norm<nn::BatchNorm2d>();
+  Tensor x_all = batch_rows(0, 6).set_requires_grad(true);
+  Tensor out_all = reference->forward(x_all);
+  if (activation == Activation::relu) out_all = relu(out_all);
+  backward_share(out_all, {0, 6});
+
+  const int64_t end = share.first + share.count;
+  expect_near(out, out_all.slice(0, share.first, end), 1e-12, "output rows");
+  expect_near(x.grad(), x_all.grad().slice(0, share.first, end), 1e-12, "input gradient rows");
+  expect_near(sync.running_mean, reference->running_mean, 1e-12, "running_mean");
+  expect_near(sync.running_var, reference->running_var, 1e-12, "running_var (unbiased over 6 x 20 values)");
+  Tensor weight_grad = sync.weight.grad().clone(), bias_grad = sync.bias.grad().clone();
+  group.all_reduce({weight_grad, bias_grad})->wait();
+  expect_near(weight_grad, reference->weight.grad(), 1e-12, "weight gradient summed over ranks");
+  expect_near(bias_grad, reference->bias.grad(), 1e-12, "bias gradient summed over ranks");
 }
 
 }  // namespace
@@ -252,31 +316,15 @@ TEST_SUITE("sync_batch_norm") {
   }
 }
 
-// Rank 0 holds rows [0, 2), rank 1 rows [2, 6) of one batch: SyncBatchNorm on
-// each equals BatchNorm2d on all 6 rows.
+// SyncBatchNorm on each rank's uneven share equals BatchNorm2d on all 6 rows.
 LOOM_DIST_SCENARIO("sync_bn_uneven_shares") {
   auto group = group_from_environment(20s);
-  const int rank = group->rank();
-  const int64_t first = rank == 0 ? 0 : 2, count = rank == 0 ? 2 : 4;
+  const UnevenShare share = uneven_share(group->rank());
   auto sync = make_batch_norm<SyncBatchNorm>(group);
-  Tensor x = batch_rows(first, count).set_requires_grad(true);
+  Tensor x = batch_rows(share.first, share.count).set_requires_grad(true);
   Tensor out = sync->forward(x);
-  sum(out * loss_weights(first, count)).backward();
-
-  auto reference = make_batch_norm<nn::BatchNorm2d>();
-  Tensor x_all = batch_rows(0, 6).set_requires_grad(true);
-  Tensor out_all = reference->forward(x_all);
-  sum(out_all * loss_weights(0, 6)).backward();
-
-  expect_near(out, out_all.slice(0, first, first + count), 1e-12, "output rows");
-  expect_near(x.grad(), x_all.grad().slice(0, first, first + count), 1e-12, "input gradient rows");
-  expect_near(sync->running_mean, reference->running_mean, 1e-12, "running_mean");
-  expect_near(sync->running_var, reference->running_var, 1e-12, "running_var (unbiased over 6 x 20 values)");
-  // Parameter gradients are this rank's share; their sum is the full batch's.
-  Tensor weight_grad = sync->weight.grad().clone(), bias_grad = sync->bias.grad().clone();
-  group->all_reduce({weight_grad, bias_grad})->wait();
-  expect_near(weight_grad, reference->weight.grad(), 1e-12, "weight gradient summed over ranks");
-  expect_near(bias_grad, reference->bias.grad(), 1e-12, "bias gradient summed over ranks");
+  backward_share(out, share);
+  expect_whole_batch(*group, *sync, x, out, share, Activation::none);
   group->barrier()->wait();
 }
 
@@ -287,39 +335,25 @@ LOOM_DIST_SCENARIO("sync_bn_uneven_shares") {
 // batch's too. The inherited, rank-local BatchNorm2d::forward_relu fails this.
 LOOM_DIST_SCENARIO("sync_bn_forward_relu") {
   auto group = group_from_environment(20s);
-  const int rank = group->rank();
-  const int64_t first = rank == 0 ? 0 : 2, count = rank == 0 ? 2 : 4;
+  const UnevenShare share = uneven_share(group->rank());
   auto sync = make_batch_norm<SyncBatchNorm>(group);
   nn::BatchNorm2d& base = *sync;
-  Tensor x = batch_rows(first, count).set_requires_grad(true);
+  Tensor x = batch_rows(share.first, share.count).set_requires_grad(true);
   Tensor out = base.forward_relu(x);
-  sum(out * loss_weights(first, count)).backward();
+  backward_share(out, share);
   expect(sync->num_batches_tracked.item() == 1, "num_batches_tracked is ", sync->num_batches_tracked.item());
 
   // The same module's synchronized forward, then relu (a second module: the
   // running stats above must see one update).
   auto composed = make_batch_norm<SyncBatchNorm>(group);
-  Tensor x_composed = batch_rows(first, count).set_requires_grad(true);
+  Tensor x_composed = batch_rows(share.first, share.count).set_requires_grad(true);
   Tensor out_composed = relu(composed->forward(x_composed));
-  sum(out_composed * loss_weights(first, count)).backward();
-
-  // One process on all 6 rows.
-  auto reference = make_batch_norm<nn::BatchNorm2d>();
-  Tensor x_all = batch_rows(0, 6).set_requires_grad(true);
-  Tensor out_all = relu(reference->forward(x_all));
-  sum(out_all * loss_weights(0, 6)).backward();
+  backward_share(out_composed, share);
 
   for (double value : out.to_vector<double>()) expect(value >= 0, "forward_relu gave ", value);
   expect_near(out, out_composed, 0, "forward_relu vs relu(forward)");
   expect_near(x.grad(), x_composed.grad(), 0, "input gradient vs relu(forward)'s");
-  expect_near(out, out_all.slice(0, first, first + count), 1e-12, "output rows");
-  expect_near(x.grad(), x_all.grad().slice(0, first, first + count), 1e-12, "input gradient rows");
-  expect_near(sync->running_mean, reference->running_mean, 1e-12, "running_mean");
-  expect_near(sync->running_var, reference->running_var, 1e-12, "running_var");
-  Tensor weight_grad = sync->weight.grad().clone(), bias_grad = sync->bias.grad().clone();
-  group->all_reduce({weight_grad, bias_grad})->wait();
-  expect_near(weight_grad, reference->weight.grad(), 1e-12, "weight gradient summed over ranks");
-  expect_near(bias_grad, reference->bias.grad(), 1e-12, "bias gradient summed over ranks");
+  expect_whole_batch(*group, *sync, x, out, share, Activation::relu);
   group->barrier()->wait();
 }
 
@@ -328,26 +362,21 @@ LOOM_DIST_SCENARIO("sync_bn_forward_relu") {
 // the same 100 images (DistributedSampler deals the epoch's permutation out).
 LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
   auto group = group_from_environment(30s);
-  const int rank = group->rank(), world = group->size();
-  constexpr int kSteps = 3;
-  constexpr int64_t kGlobalBatch = 100;
-
-  manual_seed(11 + rank);  // different on every rank until DDP broadcasts rank 0's
+  manual_seed(11 + group->rank());  // different on every rank until DDP broadcasts rank 0's
   std::shared_ptr<nn::Module> model = std::make_shared<nn::ConvNet>();
   model->to(DType::f64);
   model = convert_sync_batchnorm(model, group);
-  DistributedDataParallel ddp(model, group);
-  data::DistributedSampler sampler(kImages, world, rank, /*shuffle=*/true, /*seed=*/7);
-  train(ddp, *model, sampler, kGlobalBatch / world, kSteps);
 
   manual_seed(11);
   auto reference = std::make_shared<nn::ConvNet>();
   reference->to(DType::f64);
-  data::DistributedSampler whole(kImages, 1, 0, /*shuffle=*/true, /*seed=*/7);
-  train(*reference, *reference, whole, kGlobalBatch, kSteps);
-
-  // f64 throughout: only the summation order differs.
-  expect_same_state(*model, *reference, kSteps);
+  expect_ddp_equals_one_process(group, model, *reference,
+                                {.set_size = kImages,
+                                 .global_batch = 100,
+                                 .steps = 3,
+                                 .sampler_seed = 7,
+                                 .sgd = optim::SGDOptions(0.05).momentum(0.9),
+                                 .images = synthetic_images});
   group->barrier()->wait();
 }
 
@@ -360,37 +389,18 @@ LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
 // one would give clearly different statistics.
 LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
   auto group = group_from_environment(30s);
-  const int rank = group->rank(), world = group->size();
   constexpr int kSteps = 3;
   constexpr int64_t kGlobalBatch = 8, kSide = 8;
   const auto options = nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar).width(4);
-  // (count, 3, 8, 8) f64 images with a class-dependent offset, labels n % 10.
+  // (count, 3, 8, 8) f64 images with a class-dependent offset (labels n % 10).
   auto images = [](const std::vector<int64_t>& indices) {
     std::vector<double> values;
     for (int64_t n : indices)
       for (int64_t k = 0; k < 3 * kSide * kSide; ++k) values.push_back(0.1 * (n % 10) + hashed(n * 192 + k, 5));
     return Tensor::from_vector_as(values, {static_cast<int64_t>(indices.size()), 3, kSide, kSide}, DType::f64);
   };
-  auto labels = [](const std::vector<int64_t>& indices) {
-    std::vector<int64_t> values;
-    for (int64_t n : indices) values.push_back(n % 10);
-    return Tensor::from_vector<int64_t>(values, {static_cast<int64_t>(values.size())});
-  };
-  // `steps` SGD steps of `batch` images of this sampler's epoch-0 order.
-  auto train_resnet = [&](nn::Module& trained, nn::Module& model, data::Sampler& sampler, int64_t batch) {
-    optim::SGD sgd(model.parameters(), optim::SGDOptions(0.05).momentum(0.9).weight_decay(5e-4));
-    sampler.set_epoch(0);
-    const std::vector<int64_t> order = sampler.indices();
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<int64_t> indices(order.begin() + step * batch, order.begin() + (step + 1) * batch);
-      Tensor loss = cross_entropy(trained(images(indices)), labels(indices));
-      sgd.zero_grad();
-      loss.backward();
-      sgd.step();
-    }
-  };
 
-  manual_seed(21 + rank);  // different on every rank until DDP broadcasts rank 0's
+  manual_seed(21 + group->rank());  // different on every rank until DDP broadcasts rank 0's
   std::shared_ptr<nn::ResNet> resnet = nn::resnet18(options);
   resnet->to(DType::f64);
   std::shared_ptr<nn::Module> model = convert_sync_batchnorm(resnet, group);
@@ -401,18 +411,17 @@ LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
   }
   expect(sync_layers == 20, sync_layers, " SyncBatchNorm layers; ResNet-18 has 20 batch norms");
   expect(resnet->layer2->named_children().size() == 2, "layer2 lost a block");
-  DistributedDataParallel ddp(model, group);
-  data::DistributedSampler sampler(kGlobalBatch * kSteps, world, rank, /*shuffle=*/true, /*seed=*/9);
-  train_resnet(ddp, *model, sampler, kGlobalBatch / world);
 
   manual_seed(21);
   auto reference = nn::resnet18(options);
   reference->to(DType::f64);
-  data::DistributedSampler whole(kGlobalBatch * kSteps, 1, 0, /*shuffle=*/true, /*seed=*/9);
-  train_resnet(*reference, *reference, whole, kGlobalBatch);
-
-  // f64 throughout: only the summation order differs.
-  expect_same_state(*model, *reference, kSteps);
+  expect_ddp_equals_one_process(group, model, *reference,
+                                {.set_size = kGlobalBatch * kSteps,
+                                 .global_batch = kGlobalBatch,
+                                 .steps = kSteps,
+                                 .sampler_seed = 9,
+                                 .sgd = optim::SGDOptions(0.05).momentum(0.9).weight_decay(5e-4),
+                                 .images = images});
   group->barrier()->wait();
 }
 

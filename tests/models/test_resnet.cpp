@@ -60,29 +60,24 @@ void check_against_torch(nn::Module& model, const nlohmann::json& expected) {
   CHECK(loss.item() == doctest::Approx(expected["loss"].get<double>()).epsilon(1e-10));
   loss.backward();
 
-  for (auto& [name, p] : model.named_parameters()) {
-    INFO("parameter ", name);
+  using loom::testing::check_each_named;
+  check_each_named(model.named_parameters(), "parameter", [&](const std::string& name, const Tensor& p) {
     auto reference = expected["grads"][name].get<std::vector<double>>();  // sum, abs_sum, head...
     auto g = p.grad().to_vector<double>();
-    double total = 0, abs_total = 0;
-    for (double v : g) {
-      total += v;
-      abs_total += std::abs(v);
-    }
+    const loom::testing::ValueSums sums = loom::testing::value_sums(g);
     const double scale = reference[1];
-    CHECK(std::abs(abs_total - scale) <= 1e-7 * scale + 1e-12);
-    CHECK(std::abs(total - reference[0]) <= 1e-7 * scale + 1e-12);
+    CHECK(std::abs(sums.abs_sum - scale) <= 1e-7 * scale + 1e-12);
+    CHECK(std::abs(sums.sum - reference[0]) <= 1e-7 * scale + 1e-12);
     // Head values compared relative to the tensor's mean magnitude.
     const double typical = scale / static_cast<double>(g.size());
     for (size_t i = 2; i < reference.size(); ++i) CHECK(std::abs(g[i - 2] - reference[i]) <= 1e-6 * typical + 1e-14);
-  }
-  for (auto& [name, b] : model.named_buffers()) {
-    if (!expected["buffers"].contains(name)) continue;
-    INFO("buffer ", name);
+  });
+  check_each_named(model.named_buffers(), "buffer", [&](const std::string& name, const Tensor& b) {
+    if (!expected["buffers"].contains(name)) return;
     auto head = expected["buffers"][name].get<std::vector<double>>();
     auto values = b.to_vector<double>();
     for (size_t i = 0; i < head.size(); ++i) CHECK(values[i] == doctest::Approx(head[i]).epsilon(1e-9).scale(1e-6));
-  }
+  });
 }
 
 }  // namespace
@@ -162,7 +157,9 @@ TEST_SUITE("resnet") {
     CHECK(loom::testing::max_abs(model->fc->weight) > 0.9 * bound);
 
     auto zero = nn::resnet50(nn::ResNetOptions().num_classes(10).zero_init_residual(true));
-    for (auto& [name, t] : zero->named_parameters()) {
+    for (auto& named : zero->named_parameters()) {
+      auto& name = named.first;
+      auto& t = named.second;
       const bool last_bn = name.find(".bn3.weight") != std::string::npos;
       if (last_bn) CHECK_MESSAGE(loom::testing::max_abs(t) == 0, name);
       if (name == "layer1.0.bn2.weight") CHECK(loom::testing::max_abs(t) == 1);
@@ -202,7 +199,9 @@ TEST_SUITE("resnet") {
 
     // Every batch norm, in the tree and in the members forward() calls.
     int sync_layers = 0;
-    for (auto& [name, module] : model->named_modules()) {
+    for (auto& named : model->named_modules()) {
+      auto& name = named.first;
+      auto& module = named.second;
       CHECK_MESSAGE(module->type_name() != "BatchNorm2d", name);
       sync_layers += module->type_name() == "SyncBatchNorm";
     }

@@ -70,30 +70,25 @@ TEST_CASE("forward and gradients match PyTorch on a fixed input") {
   Tensor loss = cross_entropy(logits, targets);
   CHECK(loss.item() == doctest::Approx(fixture["loss"].get<double>()).epsilon(1e-10));
   loss.backward();
-  for (auto& [name, p] : model.named_parameters()) {
-    INFO("parameter ", name);
+  using loom::testing::check_each_named;
+  check_each_named(model.named_parameters(), "parameter", [&](const std::string& name, const Tensor& p) {
     const auto& expected = fixture["grads"][name];
     auto g = p.grad().to_vector<double>();
-    double total = 0, abs_total = 0;
-    for (double v : g) {
-      total += v;
-      abs_total += std::abs(v);
-    }
+    const loom::testing::ValueSums sums = loom::testing::value_sums(g);
     // Conv biases ahead of batch norm get gradients that cancel to rounding
     // noise (~1e-16): compare with a tolerance relative to the gradient's size.
     const double expected_abs = expected["abs_sum"].get<double>();
-    CHECK(std::abs(abs_total - expected_abs) <= 1e-8 * expected_abs + 1e-12);
-    CHECK(std::abs(total - expected["sum"].get<double>()) <= 1e-8 * expected_abs + 1e-12);
+    CHECK(std::abs(sums.abs_sum - expected_abs) <= 1e-8 * expected_abs + 1e-12);
+    CHECK(std::abs(sums.sum - expected["sum"].get<double>()) <= 1e-8 * expected_abs + 1e-12);
     auto head = expected["head"].get<std::vector<double>>();
     for (size_t i = 0; i < head.size(); ++i) CHECK(g[i] == doctest::Approx(head[i]).scale(1e-6).epsilon(1e-7));
-  }
-  for (auto& [name, b] : model.named_buffers()) {
-    if (!fixture["buffers"].contains(name)) continue;
-    INFO("buffer ", name);
+  });
+  check_each_named(model.named_buffers(), "buffer", [&](const std::string& name, const Tensor& b) {
+    if (!fixture["buffers"].contains(name)) return;
     auto head = fixture["buffers"][name].get<std::vector<double>>();
     auto values = b.to_vector<double>();
     for (size_t i = 0; i < head.size(); ++i) CHECK(values[i] == doctest::Approx(head[i]).epsilon(1e-9));
-  }
+  });
 }
 
 TEST_CASE("state_dict round trip and mismatches reported by name") {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
@@ -31,6 +32,19 @@ Tensor leaf(const Shape& sizes, DType dtype, double phase) {
   Tensor t = values(sizes, dtype, phase);
   t.set_requires_grad(true);
   return t;
+}
+
+// A leaf whose gradient goes into `destination` (zeros of its shape and
+// dtype), and a `reference` leaf of the same values without one.
+struct LeafWithDestination {
+  Tensor leaf, reference, destination;
+  std::shared_ptr<AccumulateGrad> accumulator;  // held: it keeps the destination
+};
+LeafWithDestination leaf_with_destination(const Shape& sizes, DType dtype, double phase = 0.0) {
+  LeafWithDestination w{leaf(sizes, dtype, phase), leaf(sizes, dtype, phase), Tensor::zeros(sizes, dtype), nullptr};
+  w.accumulator = grad_accumulator(w.leaf);
+  w.accumulator->set_gradient_buffer(w.destination);
+  return w;
 }
 
 // Weights the loss so that every output element gets a different gradient.
@@ -146,77 +160,60 @@ TEST_SUITE("grad destination") {
 
   TEST_CASE("a parameter used twice gets the right sum and keeps its destination memory") {
     const Tensor x = values({4, 5}, DType::f64, 0.9);
-    Tensor w = leaf({5, 5}, DType::f64, 0.0), reference = leaf({5, 5}, DType::f64, 0.0);
-    Tensor destination = Tensor::zeros({5, 5}, DType::f64);
-    auto w_accumulator = grad_accumulator(w);
-    w_accumulator->set_gradient_buffer(destination);
+    LeafWithDestination w = leaf_with_destination({5, 5}, DType::f64);
     // y = W (W x): the first node to run writes the destination; the second
     // gets no offer (a gradient is already pending) and the engine sums.
-    weighted_sum(linear(linear(x, w), w)).backward();
-    weighted_sum(linear(linear(x, reference), reference)).backward();
-    check_close(w.grad(), reference.grad(), 1.0, "shared parameter");
+    weighted_sum(linear(linear(x, w.leaf), w.leaf)).backward();
+    weighted_sum(linear(linear(x, w.reference), w.reference)).backward();
+    check_close(w.leaf.grad(), w.reference.grad(), 1.0, "shared parameter");
     // Elementwise w * w: one node, the same leaf twice.
-    Tensor v = leaf({6}, DType::f64, 0.4), v_reference = leaf({6}, DType::f64, 0.4);
-    auto v_accumulator = grad_accumulator(v);
-    v_accumulator->set_gradient_buffer(Tensor::zeros({6}, DType::f64));
-    weighted_sum(v * v).backward();
-    weighted_sum(v_reference * v_reference).backward();
-    check_close(v.grad(), v_reference.grad(), 1.0, "w * w");
+    LeafWithDestination v = leaf_with_destination({6}, DType::f64, 0.4);
+    weighted_sum(v.leaf * v.leaf).backward();
+    weighted_sum(v.reference * v.reference).backward();
+    check_close(v.leaf.grad(), v.reference.grad(), 1.0, "w * w");
   }
 
   TEST_CASE("retain_graph: the second backward adds into the destination") {
     const Tensor x = values({5, 7}, DType::f64, 0.3);
-    Tensor w = leaf({3, 7}, DType::f64, 0.0), reference = leaf({3, 7}, DType::f64, 0.0);
-    Tensor destination = Tensor::zeros({3, 7}, DType::f64);
-    auto w_accumulator = grad_accumulator(w);
-    w_accumulator->set_gradient_buffer(destination);
-    Tensor loss = weighted_sum(linear(x, w));
+    LeafWithDestination w = leaf_with_destination({3, 7}, DType::f64);
+    Tensor loss = weighted_sum(linear(x, w.leaf));
     loss.backward(Tensor(), true);
     loss.backward();
-    weighted_sum(linear(x, reference)).backward();
-    CHECK(w.grad().is_same(destination));
-    check_close(w.grad(), reference.grad(), 2.0, "retained graph");
+    weighted_sum(linear(x, w.reference)).backward();
+    CHECK(w.leaf.grad().is_same(w.destination));
+    check_close(w.leaf.grad(), w.reference.grad(), 2.0, "retained graph");
   }
 
   TEST_CASE("ops without destination support, casts and zero_grad(set_to_none=false)") {
     // mul's backward ignores the offer: AccumulateGrad copies its gradient into the buffer.
-    Tensor w = leaf({6}, DType::f64, 0.0);
-    Tensor destination = Tensor::zeros({6}, DType::f64);
-    auto w_accumulator = grad_accumulator(w);
-    w_accumulator->set_gradient_buffer(destination);
+    LeafWithDestination w = leaf_with_destination({6}, DType::f64);
     const Tensor c = values({6}, DType::f64, 1.0);
-    sum(w * c).backward();
-    CHECK(w.grad().is_same(destination));
-    check_close(w.grad(), c, 1.0, "mul");
+    sum(w.leaf * c).backward();
+    CHECK(w.leaf.grad().is_same(w.destination));
+    check_close(w.leaf.grad(), c, 1.0, "mul");
 
     // A cast (autocast's f32 -> f16 of a parameter) converts into the destination.
-    Tensor master = leaf({3, 7}, DType::f64, 0.0), reference = leaf({3, 7}, DType::f64, 0.0);
-    Tensor master_destination = Tensor::zeros({3, 7}, DType::f64);
-    auto master_accumulator = grad_accumulator(master);
-    master_accumulator->set_gradient_buffer(master_destination);
+    LeafWithDestination master = leaf_with_destination({3, 7}, DType::f64);
     const Tensor x = values({5, 7}, DType::f32, 0.3);
-    weighted_sum(linear(x, master.to(DType::f32))).backward();
-    weighted_sum(linear(x, reference.to(DType::f32))).backward();
-    CHECK(master.grad().is_same(master_destination));
-    check_close(master.grad(), reference.grad(), 1.0, "through a cast");
+    weighted_sum(linear(x, master.leaf.to(DType::f32))).backward();
+    weighted_sum(linear(x, master.reference.to(DType::f32))).backward();
+    CHECK(master.leaf.grad().is_same(master.destination));
+    check_close(master.leaf.grad(), master.reference.grad(), 1.0, "through a cast");
 
     // zero_grad(set_to_none=false): .grad stays defined and is summed into.
-    master.mutable_grad().zero_();
-    weighted_sum(linear(x, master.to(DType::f32))).backward();
-    CHECK(master.grad().is_same(master_destination));
-    check_close(master.grad(), reference.grad(), 1.0, "after zeroing in place");
+    master.leaf.mutable_grad().zero_();
+    weighted_sum(linear(x, master.leaf.to(DType::f32))).backward();
+    CHECK(master.leaf.grad().is_same(master.destination));
+    check_close(master.leaf.grad(), master.reference.grad(), 1.0, "after zeroing in place");
   }
 
   TEST_CASE("f16 parameters: conv2d computes in f32 and converts into the destination") {
     const Tensor x = values({2, 3, 5, 5}, DType::f16, 1.1);
-    Tensor w = leaf({4, 3, 3, 3}, DType::f16, 0.0), reference = leaf({4, 3, 3, 3}, DType::f16, 0.0);
-    Tensor destination = Tensor::zeros({4, 3, 3, 3}, DType::f16);
-    auto w_accumulator = grad_accumulator(w);
-    w_accumulator->set_gradient_buffer(destination);
-    sum(conv2d(x, w)).backward();
-    sum(conv2d(x, reference)).backward();
-    CHECK(w.grad().is_same(destination));
-    std::vector<double> a = w.grad().to_vector<double>(), b = reference.grad().to_vector<double>();
+    LeafWithDestination w = leaf_with_destination({4, 3, 3, 3}, DType::f16);
+    sum(conv2d(x, w.leaf)).backward();
+    sum(conv2d(x, w.reference)).backward();
+    CHECK(w.leaf.grad().is_same(w.destination));
+    std::vector<double> a = w.leaf.grad().to_vector<double>(), b = w.reference.grad().to_vector<double>();
     CHECK(a == b);
   }
 
