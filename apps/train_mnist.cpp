@@ -354,7 +354,8 @@ int main(int argc, char** argv) {
                    {"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
   apps::add_choice(app, "--optimizer", flags.optimizer, "sgd or adam", {"sgd", "adam"});
   apps::add_choice(app, "--dataset", flags.dataset,
-                   "mnist, cifar10 (with --model resnet*), imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/, read in grayscale), or auto: what --data holds",
+                   "mnist, cifar10 (with --model resnet*), imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/, "
+                   "read in grayscale), or auto: what --data holds",
                    {"auto", "mnist", "cifar10", "imagefolder"});
   apps::add_count(app, "--image-size", flags.image_size, "image folders: Resize(size) + CenterCrop(size)", 8);
   app.add_option("--data", flags.data, "directory with the IDX files, or torchvision's root holding MNIST/raw/ (default ./data/MNIST/raw, else ./MNIST/raw, else /usr/share/datasets/fashion-mnist)");

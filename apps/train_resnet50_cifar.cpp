@@ -396,7 +396,8 @@ int main(int argc, char** argv) {
                    "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds",
                    {"auto", "cifar10", "mnist", "imagefolder"});
   apps::add_count(app, "--image-size", flags.image_size,
-                  "image folders: RandomResizedCrop size for training, Resize(size * 8 / 7) + CenterCrop(size) for testing",
+                  "image folders: RandomResizedCrop size for training, Resize(size * 8 / 7) + CenterCrop(size) "
+                  "for testing",
                   8);
   app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
   apps::add_count(app, "--synthetic-size", flags.synthetic_size,

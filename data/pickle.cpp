@@ -366,7 +366,9 @@ class Parser {
       case 'X': push(make(Text{take(unsigned_le(4), "BINUNICODE"), true})); return;
       case 0x8d: push(make(Text{take(unsigned_le(8), "BINUNICODE8"), true})); return;
       case 't': push(make_tuple(pop_mark("TUPLE"), "TUPLE")); return;
-      case 0x85: case 0x86: case 0x87: push(make_tuple(pop_values(static_cast<size_t>(opcode - 0x84), "TUPLEn"), "TUPLEn")); return;  // TUPLE1..3
+      case 0x85: case 0x86: case 0x87:  // TUPLE1..3
+        push(make_tuple(pop_values(static_cast<size_t>(opcode - 0x84), "TUPLEn"), "TUPLEn"));
+        return;
       case 'a': case 'e': {  // APPEND (one item), APPENDS (the items above the MARK)
         const char* name = opcode == 'a' ? "APPEND" : "APPENDS";
         const std::vector<ValuePtr> items = opcode == 'a' ? pop_values(1, name) : pop_mark(name);

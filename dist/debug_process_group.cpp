@@ -24,7 +24,9 @@ constexpr EnumNames<DistributedDebugLevel, 3> kDebugLevelNames{{{DistributedDebu
                                                                 {DistributedDebugLevel::detail, "DETAIL"}}};
 }  // namespace
 
-const char* distributed_debug_level_name(DistributedDebugLevel level) { return kDebugLevelNames.name(level, "unknown"); }
+const char* distributed_debug_level_name(DistributedDebugLevel level) {
+  return kDebugLevelNames.name(level, "unknown");
+}
 
 DistributedDebugLevel distributed_debug_level_from_environment(const EnvironmentLookup& environment) {
   auto text = environment("LOOM_DISTRIBUTED_DEBUG");
@@ -82,9 +84,6 @@ CollectiveFingerprint of_tensors(CollectiveFingerprint::Op op, const std::vector
   return fingerprint;
 }
 
-}  // namespace
-
-namespace {
 // Calls visit(field) for every field of `fingerprint` (const or not) in the
 // order of the words exchanged: encode and decode share this one layout.
 template <class Fingerprint, class Visit>
@@ -100,6 +99,7 @@ void for_each_word(Fingerprint& fingerprint, Visit&& visit) {
   visit(fingerprint.shapes_hash);
   for (auto& size : fingerprint.shape) visit(size);
 }
+
 }  // namespace
 
 std::array<int64_t, CollectiveFingerprint::kWords> CollectiveFingerprint::encode() const {

@@ -33,14 +33,16 @@ int64_t positive(int64_t value, const char* what) {
 }  // namespace
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
-    : LRScheduler(optimizer, [step_size = positive(step_size, "StepLR: step_size"), gamma](double base_lr, int64_t epoch) {
-        return base_lr * std::pow(gamma, static_cast<double>(epoch / step_size));
-      }) {}
+    : LRScheduler(optimizer,
+                  [step_size = positive(step_size, "StepLR: step_size"), gamma](double base_lr, int64_t epoch) {
+                    return base_lr * std::pow(gamma, static_cast<double>(epoch / step_size));
+                  }) {}
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
-    : LRScheduler(optimizer, [t_max = positive(t_max, "CosineAnnealingLR: T_max"), eta_min](double base_lr,
-                                                                                              int64_t epoch) {
-        return eta_min + (base_lr - eta_min) * (1 + std::cos(M_PI * static_cast<double>(epoch) / t_max)) / 2;
-      }) {}
+    : LRScheduler(optimizer,
+                  [t_max = positive(t_max, "CosineAnnealingLR: T_max"), eta_min](double base_lr, int64_t epoch) {
+                    const double cosine = std::cos(M_PI * static_cast<double>(epoch) / t_max);
+                    return eta_min + (base_lr - eta_min) * (1 + cosine) / 2;
+                  }) {}
 
 }  // namespace loom::optim
