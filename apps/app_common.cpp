@@ -96,6 +96,11 @@ CLI::Validator whole_at_least(long long minimum) {
       ">= " + std::to_string(minimum));
 }
 
+CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& value, const std::string& help,
+                        const std::vector<std::string>& choices) {
+  return app.add_option(name, value, help)->capture_default_str()->check(CLI::IsMember(choices));
+}
+
 void add_version_flag(CLI::App& app, const std::string& program) {
   // app.exit() ends the text with a newline of its own.
   auto text = [program] {
@@ -119,22 +124,17 @@ void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
                  "where rank 0 saves {world}GPU_{epoch}epoch.checkpoint after each epoch and "
                  "{world}GPU_step{N}.checkpoint every --checkpoint-every steps ('' = save nothing)")
       ->capture_default_str();
-  app.add_option("--checkpoint-every", flags.every, "steps between step checkpoints (0 = only at epoch ends)")
-      ->capture_default_str()
-      ->check(whole_at_least(0));
-  app.add_option("--keep-checkpoints", flags.keep,
-                 "step checkpoints kept, the newest (older ones are removed; epoch checkpoints are all kept; 0 = all)")
-      ->capture_default_str()
-      ->check(whole_at_least(0));
+  add_count(app, "--checkpoint-every", flags.every, "steps between step checkpoints (0 = only at epoch ends)", 0);
+  add_count(app, "--keep-checkpoints", flags.keep,
+            "step checkpoints kept, the newest (older ones are removed; epoch checkpoints are all kept; 0 = all)", 0);
   app.add_option("--resume", flags.resume,
                  "auto (the newest valid checkpoint in --checkpoint-dir), none, or a checkpoint file "
                  "[default: auto when a launcher restarted the job, else none]");
   app.add_option("-c,--checkpoint", flags.resume, "checkpoint file to resume from (the same as --resume FILE)");
-  app.add_option("--on-checkpoint-error", flags.on_error,
-                 "when writing a checkpoint fails (full disk, I/O error, read-only directory): stop, or continue "
-                 "training without it")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"stop", "continue"}));
+  add_choice(app, "--on-checkpoint-error", flags.on_error,
+             "when writing a checkpoint fails (full disk, I/O error, read-only directory): stop, or continue "
+             "training without it",
+             {"stop", "continue"});
   app.add_option("--checkpoint-signal", flags.signal,
                  "signal that, like SIGTERM and SIGINT, stops every rank at the same step with a checkpoint "
                  "(USR1 pairs with sbatch --signal=USR1@90; none = only SIGTERM and SIGINT)")

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <loom/core/device.h>
 #include <loom/dist/process_group.h>
@@ -53,6 +54,17 @@ namespace loom::apps {
 CLI::Validator at_least(double minimum);
 // The same for whole numbers.
 CLI::Validator whole_at_least(long long minimum);
+
+// An option taking one of `choices`, which --help lists with the default.
+CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& value, const std::string& help,
+                        const std::vector<std::string>& choices);
+
+// A whole-number option of at least `minimum` (whole_at_least), its default shown in --help.
+template <class Integer>
+CLI::Option* add_count(CLI::App& app, const std::string& name, Integer& value, const std::string& help,
+                       long long minimum) {
+  return app.add_option(name, value, help)->capture_default_str()->check(whole_at_least(minimum));
+}
 
 // Adds --version (version_text); CLI11 reports it as CLI::CallForVersion, a
 // CLI::Success, which app.exit() prints to stdout with exit status 0.

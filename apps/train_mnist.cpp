@@ -295,14 +295,8 @@ int run(const Flags& flags, int argc, char** argv) {
     }
   }
   stop_agreement.finish();
-  if (stop_signal != 0) {
-    monitor.end_epoch(std::nullopt);
-    monitor.finish();
-    train_loader.stop();
-    if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
-    return 128 + stop_signal;
-  }
   train_loader.stop();
+  if (stop_signal != 0) return apps::end_stopped_run(monitor, group.get(), stop_signal);
   // The time is the slowest rank's, queued GPU work included (an NCCL
   // barrier only orders the stream: the device synchronisation waits for it).
   if (group) group->barrier()->wait();
@@ -312,21 +306,15 @@ int run(const Flags& flags, int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(elapsed).count();
   if (leader) {
     std::printf("Training complete in: %s\n", apps::format_duration(elapsed).c_str());
-    if (optimizer->scaler().enabled()) {
-      std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n",
-                  common.amp.c_str(), optimizer->scaler().get_scale(),
-                  static_cast<long long>(optimizer->scaler().skipped_steps()));
-    }
+    apps::print_loss_scaling(*optimizer, common.amp);
     // Every rank trains on the same number of images per step.
     std::printf("Throughput: %.1f images/s (%d process%s), time waiting for data: %.3f s\n",
                 seconds > 0 ? static_cast<double>(images * world) / seconds : 0.0, world, world == 1 ? "" : "es",
                 train_loader.total_wait_seconds());
   }
 
-  // Rank 0's model on every rank: its batch-norm statistics too.
-  const dist::AccuracyCounts accuracy = apps::test_accuracy(*model, test_loader, group.get(), *optimizer);
-  monitor.end_epoch(accuracy);  // the last epoch's record
-  monitor.finish();
+  const dist::AccuracyCounts accuracy =
+      apps::final_test_accuracy(*model, test_loader, group.get(), *optimizer, monitor);
   if (leader) {
     std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy.accuracy(), static_cast<long long>(accuracy.correct),
                 static_cast<long long>(accuracy.total));
@@ -358,24 +346,25 @@ int main(int argc, char** argv) {
   CLI::App app{"Train the tutorials' ConvNet on MNIST / Fashion-MNIST with loom"};
   apps::argparse_option_rules(app);
   Flags flags;
-  app.add_option("--epochs", flags.epochs, "number of epochs")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("--batch-size", flags.batch_size, "images per step")->capture_default_str()->check(apps::whole_at_least(1));
+  apps::add_count(app, "--epochs", flags.epochs, "number of epochs", 0);
+  apps::add_count(app, "--batch-size", flags.batch_size, "images per step", 1);
   app.add_option("--lr", flags.lr, "learning rate")->capture_default_str()->check(apps::at_least(0));
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  app.add_option("--model", flags.model, "convnet, resnet18, resnet50 or resnet101")->capture_default_str()->check(CLI::IsMember({"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
-  app.add_option("--optimizer", flags.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
-  app.add_option("--dataset", flags.dataset, "mnist, cifar10 (with --model resnet*), imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/, read in grayscale), or auto: what --data holds")
-      ->check(CLI::IsMember({"auto", "mnist", "cifar10", "imagefolder"}))
-      ->capture_default_str();
-  app.add_option("--image-size", flags.image_size, "image folders: Resize(size) + CenterCrop(size)")
-      ->check(apps::whole_at_least(8))
-      ->capture_default_str();
+  apps::add_choice(app, "--model", flags.model, "convnet, resnet18, resnet50 or resnet101",
+                   {"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
+  apps::add_choice(app, "--optimizer", flags.optimizer, "sgd or adam", {"sgd", "adam"});
+  apps::add_choice(app, "--dataset", flags.dataset,
+                   "mnist, cifar10 (with --model resnet*), imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/, "
+                   "read in grayscale), or auto: what --data holds",
+                   {"auto", "mnist", "cifar10", "imagefolder"});
+  apps::add_count(app, "--image-size", flags.image_size, "image folders: Resize(size) + CenterCrop(size)", 8);
   app.add_option("--data", flags.data, "directory with the IDX files, or torchvision's root holding MNIST/raw/ (default ./data/MNIST/raw, else ./MNIST/raw, else /usr/share/datasets/fashion-mnist)");
   app.add_flag("--verbose", flags.verbose, "print the CUDA allocator's memory counters after training");
-  app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)")->capture_default_str()->check(apps::whole_at_least(0));
-  app.add_option("-n,--nodes", flags.nodes, "number of nodes (spawning mode, without a launcher)")->capture_default_str()->check(apps::whole_at_least(1));
-  app.add_option("-g,--gpus", flags.gpus, "processes per node to spawn: GPUs, or CPU processes with --device cpu")->capture_default_str()->check(apps::whole_at_least(1));
-  app.add_option("--nr", flags.node_rank, "rank of this node, 0 .. nodes-1 (also -nr)")->capture_default_str()->check(apps::whole_at_least(0));
+  apps::add_count(app, "--max-steps", flags.max_steps, "stop after this many steps (0 = full epochs)", 0);
+  apps::add_count(app, "-n,--nodes", flags.nodes, "number of nodes (spawning mode, without a launcher)", 1);
+  apps::add_count(app, "-g,--gpus", flags.gpus,
+                  "processes per node to spawn: GPUs, or CPU processes with --device cpu", 1);
+  apps::add_count(app, "--nr", flags.node_rank, "rank of this node, 0 .. nodes-1 (also -nr)", 0);
   apps::add_version_flag(app, "train_mnist");
   flags.common.log_interval = 100;
   apps::add_common_flags(app, flags.common);

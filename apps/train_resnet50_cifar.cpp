@@ -366,24 +366,14 @@ int run(const Flags& flags, int argc, char** argv) {
     }
   }
   stop_agreement.finish();
-  if (stop_signal != 0) {
-    monitor.end_epoch(std::nullopt);
-    monitor.finish();
-    if (group) group->barrier()->wait();  // rank 0's checkpoint is on disk before any rank exits
-    return 128 + stop_signal;
-  }
+  if (stop_signal != 0) return apps::end_stopped_run(monitor, group.get(), stop_signal);
   if (device.is_cuda()) cuda::synchronize(device.index);  // the queued steps count too
   const auto elapsed = Clock::now() - start;
   if (leader) std::printf(">>> Training complete in: %s\n", apps::format_duration(elapsed).c_str());
-  if (leader && amp_optimizer->scaler().enabled()) {
-    std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n", common.amp.c_str(),
-                amp_optimizer->scaler().get_scale(), static_cast<long long>(amp_optimizer->scaler().skipped_steps()));
-  }
+  if (leader) apps::print_loss_scaling(*amp_optimizer, common.amp);
 
-  // Rank 0's model on every rank: its batch-norm statistics too.
-  const dist::AccuracyCounts accuracy = apps::test_accuracy(*model, test_loader, group.get(), *amp_optimizer);
-  monitor.end_epoch(accuracy);  // the last epoch's record
-  monitor.finish();
+  const dist::AccuracyCounts accuracy =
+      apps::final_test_accuracy(*model, test_loader, group.get(), *amp_optimizer, monitor);
   if (leader) {
     std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note, accuracy.accuracy(),
                 static_cast<long long>(accuracy.correct), static_cast<long long>(accuracy.total));
@@ -398,45 +388,39 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a ResNet on CIFAR-10 with loom (the SLURM DDP tutorial)"};
   apps::argparse_option_rules(app);
   Flags flags;
-  app.add_option("-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes")
-      ->capture_default_str()
-      ->check(apps::whole_at_least(1));
-  app.add_option("-e,--epochs", flags.epochs, "total epochs to run")->capture_default_str()->check(apps::whole_at_least(0));
+  apps::add_count(app, "-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes", 1);
+  apps::add_count(app, "-e,--epochs", flags.epochs, "total epochs to run", 0);
   apps::add_checkpoint_flags(app, flags.checkpoints);
   app.add_option("--data", flags.data, "CIFAR-10, binary or python version: DIR/cifar-10-batches-bin/, DIR/cifar-10-batches-py/ (torchvision's root) or DIR itself")->capture_default_str();
-  app.add_option("--dataset", flags.dataset, "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds")
-      ->check(CLI::IsMember({"auto", "cifar10", "mnist", "imagefolder"}))
-      ->capture_default_str();
-  app.add_option("--image-size", flags.image_size, "image folders: RandomResizedCrop size for training, Resize(size * 8 / 7) + CenterCrop(size) for testing")
-      ->check(apps::whole_at_least(8))
-      ->capture_default_str();
+  apps::add_choice(app, "--dataset", flags.dataset,
+                   "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds",
+                   {"auto", "cifar10", "mnist", "imagefolder"});
+  apps::add_count(app, "--image-size", flags.image_size,
+                  "image folders: RandomResizedCrop size for training, Resize(size * 8 / 7) + CenterCrop(size) "
+                  "for testing",
+                  8);
   app.add_flag("--synthetic", flags.synthetic, "train on generated CIFAR-shaped images instead of CIFAR-10");
-  app.add_option("--synthetic-size", flags.synthetic_size, "synthetic training images (test: a fifth as many)")
-      ->capture_default_str()
-      ->check(apps::whole_at_least(1));
-  app.add_option("--model", flags.model, "resnet18, resnet34, resnet50, resnet101 or resnet152")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
-  app.add_option("--stem", flags.stem, "imagenet (7x7/2 conv + maxpool, torchvision) or cifar (3x3/1 conv)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"imagenet", "cifar"}));
+  apps::add_count(app, "--synthetic-size", flags.synthetic_size,
+                  "synthetic training images (test: a fifth as many)", 1);
+  apps::add_choice(app, "--model", flags.model, "resnet18, resnet34, resnet50, resnet101 or resnet152",
+                   {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
+  apps::add_choice(app, "--stem", flags.stem, "imagenet (7x7/2 conv + maxpool, torchvision) or cifar (3x3/1 conv)",
+                   {"imagenet", "cifar"});
   app.add_option("--lr", flags.lr,
                  "SGD learning rate [default: 0.1 x batch-size / 128, the linear scaling rule; 0.1 at -b 128] "
                  "(the tutorial uses 1e-4 without momentum)")
       ->check(apps::at_least(0));
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", flags.weight_decay, "SGD weight decay")->capture_default_str()->check(apps::at_least(0));
-  app.add_option("--schedule", flags.schedule, "learning-rate schedule per epoch: none, step (x0.1 every third of the run) or cosine")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "step", "cosine"}));
+  apps::add_choice(app, "--schedule", flags.schedule,
+                   "learning-rate schedule per epoch: none, step (x0.1 every third of the run) or cosine",
+                   {"none", "step", "cosine"});
   app.add_option("--warmup-epochs", flags.warmup_epochs,
                  "epochs (fractions allowed) over which the learning rate rises linearly from lr / steps to lr, "
                  "step by step (0 = no warm-up)")
       ->capture_default_str()
       ->check(apps::at_least(0));
-  app.add_option("--max-steps", flags.max_steps, "end each epoch after this many steps (0 = full epochs)")
-      ->capture_default_str()
-      ->check(apps::whole_at_least(0));
+  apps::add_count(app, "--max-steps", flags.max_steps, "end each epoch after this many steps (0 = full epochs)", 0);
   flags.common.log_interval = 10;
   apps::add_common_flags(app, flags.common);
   apps::add_version_flag(app, "train_resnet50_cifar");

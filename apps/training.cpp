@@ -17,37 +17,29 @@ namespace loom::apps {
 
 void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  app.add_option("--backend", flags.backend,
-                 "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, "
-                 "else gloo)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "nccl", "gloo", "shm"}));
-  app.add_option("--amp", flags.amp,
-                 "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights "
-                 "but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
+  add_choice(app, "--backend", flags.backend,
+             "nccl, gloo, shm or auto (nccl for CUDA devices; for the CPU shm when every rank is on this host, "
+             "else gloo)",
+             {"auto", "nccl", "gloo", "shm"});
+  add_choice(app, "--amp", flags.amp,
+             "mixed precision, apex's opt levels: O0 (f32), O1 (f16 convolutions, f32 weights), O2 (f16 weights "
+             "but batch norm, f32 masters, loss scaling), O3 (pure f16), bf16 (bf16 weights, f32 masters)",
+             {"O0", "O1", "O2", "O3", "bf16"});
   app.add_flag("--sync-bn", flags.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
-  app.add_option("--workers", flags.workers, "data loader threads (0 = load in the training thread)")
-      ->capture_default_str()
-      ->check(whole_at_least(0));
-  app.add_option("--threads", flags.threads, "CPU threads per process (0 = all cores, or 1 when several processes run)")
-      ->capture_default_str()
-      ->check(whole_at_least(0));
+  add_count(app, "--workers", flags.workers, "data loader threads (0 = load in the training thread)", 0);
+  add_count(app, "--threads", flags.threads,
+            "CPU threads per process (0 = all cores, or 1 when several processes run)", 0);
   app.add_option("--seed", flags.seed, "initialisation, shuffling and augmentation seed")->capture_default_str();
-  app.add_option("--log-interval", flags.log_interval, "steps between loss lines")
-      ->capture_default_str()
-      ->check(whole_at_least(1));
+  add_count(app, "--log-interval", flags.log_interval, "steps between loss lines", 1);
   app.add_option("--timeout", flags.timeout_s,
                  "seconds a collective may wait for the other processes before the run fails (0 = "
                  "LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")
       ->capture_default_str()
       ->check(at_least(0));
-  app.add_option("--progress", flags.progress,
-                 "rank 0's progress on stderr: bar (step, images/s, loss, data wait, ETA; redrawn in place), lines "
-                 "(one per --log-interval steps), none, or auto: bar when stderr is a terminal, else lines")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
+  add_choice(app, "--progress", flags.progress,
+             "rank 0's progress on stderr: bar (step, images/s, loss, data wait, ETA; redrawn in place), lines "
+             "(one per --log-interval steps), none, or auto: bar when stderr is a terminal, else lines",
+             {"auto", "bar", "lines", "none"});
   app.add_option("--metrics", flags.metrics,
                  "rank 0 appends JSON Lines to FILE: a header, a record every --log-interval steps and one per epoch "
                  "with the test accuracy (schema: docs/metrics.md)");
@@ -199,6 +191,28 @@ dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, 
   }
   auto autocast = optimizer.autocast();  // evaluate as trained
   return evaluate(model, loader, group);
+}
+
+int end_stopped_run(TrainingMonitor& monitor, dist::ProcessGroup* group, int stop_signal) {
+  monitor.end_epoch(std::nullopt);
+  monitor.finish();
+  if (group) group->barrier()->wait();
+  return 128 + stop_signal;
+}
+
+void print_loss_scaling(const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp) {
+  if (!optimizer.scaler().enabled()) return;
+  std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n", amp.c_str(),
+              optimizer.scaler().get_scale(), static_cast<long long>(optimizer.scaler().skipped_steps()));
+}
+
+dist::AccuracyCounts final_test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
+                                         amp::MixedPrecisionOptimizer& optimizer, TrainingMonitor& monitor) {
+  // Rank 0's model on every rank: its batch-norm statistics too.
+  const dist::AccuracyCounts accuracy = test_accuracy(model, loader, group, optimizer);
+  monitor.end_epoch(accuracy);
+  monitor.finish();
+  return accuracy;
 }
 
 int run_app(CLI::App& app, const char* program, std::vector<std::string> arguments, const std::function<int()>& run) {

@@ -114,6 +114,19 @@ std::optional<TrainingPosition> resume_training(const CheckpointFlags& flags, in
 dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
                                    amp::MixedPrecisionOptimizer& optimizer);
 
+// Ends a run that a signal stopped: the monitor's last epoch has no accuracy,
+// and the ranks meet at a barrier of `group` (may be null) so that rank 0's
+// checkpoint is on disk before any rank exits. Returns the exit code, 128 + the signal.
+int end_stopped_run(TrainingMonitor& monitor, dist::ProcessGroup* group, int stop_signal);
+
+// "Mixed precision --amp LEVEL: loss scale S, N steps skipped for inf / NaN
+// gradients" when `optimizer` scaled the loss (`amp` is the --amp flag).
+void print_loss_scaling(const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp);
+
+// The final evaluation (test_accuracy), recorded as the last epoch's; then the monitor finishes.
+dist::AccuracyCounts final_test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
+                                         amp::MixedPrecisionOptimizer& optimizer, TrainingMonitor& monitor);
+
 // main() of a training app: parses `arguments` into `app` (--help and
 // --version print and exit 0; a bad command line is report_usage_error's
 // "PROGRAM: MESSAGE", exit 2), then runs `run`; an exception from it is

@@ -115,6 +115,13 @@ class Parser {
 
   ValuePtr pop_value(const char* for_opcode) { return pop(for_opcode); }
 
+  // The top `count` values, in the order they were pushed.
+  std::vector<ValuePtr> pop_values(size_t count, const char* for_opcode) {
+    std::vector<ValuePtr> items(count);
+    for (size_t i = count; i-- > 0;) items[i] = pop_value(for_opcode);
+    return items;
+  }
+
   // The items above the most recent MARK, which is removed.
   std::vector<ValuePtr> pop_mark(const char* for_opcode) {
     if (marks_.empty()) fail(opcode_at_, for_opcode, " without a MARK");
@@ -359,35 +366,19 @@ class Parser {
       case 'X': push(make(Text{take(unsigned_le(4), "BINUNICODE"), true})); return;
       case 0x8d: push(make(Text{take(unsigned_le(8), "BINUNICODE8"), true})); return;
       case 't': push(make_tuple(pop_mark("TUPLE"), "TUPLE")); return;
-      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
-        std::vector<ValuePtr> items(opcode - 0x84);
-        for (size_t i = items.size(); i-- > 0;) items[i] = pop_value("TUPLEn");
-        push(make_tuple(std::move(items), "TUPLEn"));
+      case 0x85: case 0x86: case 0x87:  // TUPLE1..3
+        push(make_tuple(pop_values(static_cast<size_t>(opcode - 0x84), "TUPLEn"), "TUPLEn"));
+        return;
+      case 'a': case 'e': {  // APPEND (one item), APPENDS (the items above the MARK)
+        const char* name = opcode == 'a' ? "APPEND" : "APPENDS";
+        const std::vector<ValuePtr> items = opcode == 'a' ? pop_values(1, name) : pop_mark(name);
+        append(top(name), items, name);
         return;
       }
-      case 'a': {
-        ValuePtr item = pop_value("APPEND");
-        ValuePtr list = top("APPEND");
-        append(list, {item}, "APPEND");
-        return;
-      }
-      case 'e': {
-        std::vector<ValuePtr> items = pop_mark("APPENDS");
-        ValuePtr list = top("APPENDS");
-        append(list, items, "APPENDS");
-        return;
-      }
-      case 's': {
-        ValuePtr value = pop_value("SETITEM");
-        ValuePtr key = pop_value("SETITEM");
-        ValuePtr dict = top("SETITEM");
-        set_items(dict, {key, value}, "SETITEM");
-        return;
-      }
-      case 'u': {
-        std::vector<ValuePtr> items = pop_mark("SETITEMS");
-        ValuePtr dict = top("SETITEMS");
-        set_items(dict, items, "SETITEMS");
+      case 's': case 'u': {  // SETITEM (one key and value), SETITEMS (the pairs above the MARK)
+        const char* name = opcode == 's' ? "SETITEM" : "SETITEMS";
+        const std::vector<ValuePtr> items = opcode == 's' ? pop_values(2, name) : pop_mark(name);
+        set_items(top(name), items, name);
         return;
       }
       case 'q': memo_put(unsigned_le(1)); return;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include <loom/core/enum_names.h>
 #include <loom/core/error.h>
 #include <loom/data/cifar10.h>
 #include <loom/data/idx.h>
@@ -12,20 +13,16 @@
 namespace loom::data {
 namespace fs = std::filesystem;
 
-const char* dataset_kind_name(DatasetKind kind) {
-  switch (kind) {
-    case DatasetKind::mnist: return "mnist";
-    case DatasetKind::cifar10: return "cifar10";
-    case DatasetKind::imagefolder: return "imagefolder";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumNames<DatasetKind, 3> kDatasetKindNames{
+    {{DatasetKind::mnist, "mnist"}, {DatasetKind::cifar10, "cifar10"}, {DatasetKind::imagefolder, "imagefolder"}}};
+}  // namespace
+
+const char* dataset_kind_name(DatasetKind kind) { return kDatasetKindNames.name(kind); }
 
 std::optional<DatasetKind> parse_dataset_kind(const std::string& name) {
   if (name == "auto") return std::nullopt;
-  for (const DatasetKind kind : {DatasetKind::mnist, DatasetKind::cifar10, DatasetKind::imagefolder}) {
-    if (name == dataset_kind_name(kind)) return kind;
-  }
+  if (auto kind = kDatasetKindNames.parse(name)) return kind;
   LOOM_FAIL("--dataset ", name, ": expected mnist, cifar10, imagefolder or auto");
 }
 

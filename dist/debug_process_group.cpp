@@ -10,19 +10,22 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 
+#include <loom/core/enum_names.h>
 #include <loom/core/error.h>
 #include <loom/core/log.h>
 
 namespace loom::dist {
 
+namespace {
+constexpr EnumNames<DistributedDebugLevel, 3> kDebugLevelNames{{{DistributedDebugLevel::off, "OFF"},
+                                                                {DistributedDebugLevel::info, "INFO"},
+                                                                {DistributedDebugLevel::detail, "DETAIL"}}};
+}  // namespace
+
 const char* distributed_debug_level_name(DistributedDebugLevel level) {
-  switch (level) {
-    case DistributedDebugLevel::off: return "OFF";
-    case DistributedDebugLevel::info: return "INFO";
-    case DistributedDebugLevel::detail: return "DETAIL";
-  }
-  return "unknown";
+  return kDebugLevelNames.name(level, "unknown");
 }
 
 DistributedDebugLevel distributed_debug_level_from_environment(const EnvironmentLookup& environment) {
@@ -30,8 +33,7 @@ DistributedDebugLevel distributed_debug_level_from_environment(const Environment
   if (!text) return DistributedDebugLevel::off;
   std::string upper;
   for (unsigned char c : *text) upper += static_cast<char>(std::toupper(c));
-  for (auto level : {DistributedDebugLevel::off, DistributedDebugLevel::info, DistributedDebugLevel::detail})
-    if (upper == distributed_debug_level_name(level)) return level;
+  if (auto level = kDebugLevelNames.parse(upper)) return *level;
   LOOM_FAIL("LOOM_DISTRIBUTED_DEBUG='", *text,
             "' is not a debug level; expected OFF (the default: a desync report when a collective fails), INFO "
             "(and a line per process group) or DETAIL (and every collective checked across ranks before it runs)");
@@ -82,35 +84,37 @@ CollectiveFingerprint of_tensors(CollectiveFingerprint::Op op, const std::vector
   return fingerprint;
 }
 
+// Calls visit(field) for every field of `fingerprint` (const or not) in the
+// order of the words exchanged: encode and decode share this one layout.
+template <class Fingerprint, class Visit>
+void for_each_word(Fingerprint& fingerprint, Visit&& visit) {
+  visit(fingerprint.sequence);
+  visit(fingerprint.op);
+  visit(fingerprint.dtype);
+  visit(fingerprint.numel);
+  visit(fingerprint.tensors);
+  visit(fingerprint.root);
+  visit(fingerprint.reduce_op);
+  visit(fingerprint.dims);
+  visit(fingerprint.shapes_hash);
+  for (auto& size : fingerprint.shape) visit(size);
+}
+
 }  // namespace
 
 std::array<int64_t, CollectiveFingerprint::kWords> CollectiveFingerprint::encode() const {
   std::array<int64_t, kWords> words{};
-  words[0] = static_cast<int64_t>(sequence);
-  words[1] = static_cast<int64_t>(op);
-  words[2] = dtype;
-  words[3] = numel;
-  words[4] = tensors;
-  words[5] = root;
-  words[6] = reduce_op;
-  words[7] = dims;
-  words[8] = static_cast<int64_t>(shapes_hash);
-  for (int d = 0; d < kMaxDims; ++d) words[9 + d] = shape[d];
+  size_t next = 0;
+  for_each_word(*this, [&](const auto& field) { words[next++] = static_cast<int64_t>(field); });
   return words;
 }
 
 CollectiveFingerprint CollectiveFingerprint::decode(const int64_t* words) {
   CollectiveFingerprint fingerprint;
-  fingerprint.sequence = static_cast<uint64_t>(words[0]);
-  fingerprint.op = static_cast<Op>(words[1]);
-  fingerprint.dtype = words[2];
-  fingerprint.numel = words[3];
-  fingerprint.tensors = words[4];
-  fingerprint.root = words[5];
-  fingerprint.reduce_op = words[6];
-  fingerprint.dims = words[7];
-  fingerprint.shapes_hash = static_cast<uint64_t>(words[8]);
-  for (int d = 0; d < kMaxDims; ++d) fingerprint.shape[d] = words[9 + d];
+  size_t next = 0;
+  for_each_word(fingerprint, [&](auto& field) {
+    field = static_cast<std::remove_reference_t<decltype(field)>>(words[next++]);
+  });
   return fingerprint;
 }
 

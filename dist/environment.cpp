@@ -128,6 +128,30 @@ std::optional<std::string> open_mpi_job_id(const EnvironmentLookup& environment)
   return std::nullopt;
 }
 
+// The variables a launcher sets for each field, the first one found wins.
+struct LauncherVariables {
+  std::vector<const char*> rank, world, local_rank, local_world, node;
+};
+
+const LauncherVariables& launcher_variables(Launcher launcher) {
+  static const LauncherVariables none;
+  static const LauncherVariables torchrun{
+      {"RANK"}, {"WORLD_SIZE"}, {"LOCAL_RANK"}, {"LOCAL_WORLD_SIZE"}, {"GROUP_RANK", "NODE_RANK"}};
+  static const LauncherVariables slurm{{"SLURM_PROCID"}, {"SLURM_NTASKS"}, {"SLURM_LOCALID"}, {}, {"SLURM_NODEID"}};
+  static const LauncherVariables open_mpi{{"OMPI_COMM_WORLD_RANK"},
+                                          {"OMPI_COMM_WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK"},
+                                          {"OMPI_COMM_WORLD_LOCAL_SIZE"},
+                                          {}};
+  switch (launcher) {
+    case Launcher::torchrun: return torchrun;
+    case Launcher::slurm: return slurm;
+    case Launcher::open_mpi: return open_mpi;
+    case Launcher::none: break;
+  }
+  return none;
+}
+
 }  // namespace
 
 int open_mpi_default_port(const std::string& job_id) {
@@ -140,35 +164,12 @@ LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, c
   LaunchEnvironment result;
   result.launcher = detect_launcher(environment);
 
-  std::vector<const char*> rank_names, world_names, local_rank_names, local_world_names, node_names;
-  switch (result.launcher) {
-    case Launcher::torchrun:
-      rank_names = {"RANK"};
-      world_names = {"WORLD_SIZE"};
-      local_rank_names = {"LOCAL_RANK"};
-      local_world_names = {"LOCAL_WORLD_SIZE"};
-      node_names = {"GROUP_RANK", "NODE_RANK"};
-      break;
-    case Launcher::slurm:
-      rank_names = {"SLURM_PROCID"};
-      world_names = {"SLURM_NTASKS"};
-      local_rank_names = {"SLURM_LOCALID"};
-      node_names = {"SLURM_NODEID"};
-      break;
-    case Launcher::open_mpi:
-      rank_names = {"OMPI_COMM_WORLD_RANK"};
-      world_names = {"OMPI_COMM_WORLD_SIZE"};
-      local_rank_names = {"OMPI_COMM_WORLD_LOCAL_RANK"};
-      local_world_names = {"OMPI_COMM_WORLD_LOCAL_SIZE"};
-      break;
-    case Launcher::none: break;
-  }
-
-  Field rank = read_field(overrides.rank, "rank", rank_names, environment);
-  Field world = read_field(overrides.world_size, "world_size", world_names, environment);
-  Field local_rank = read_field(overrides.local_rank, "local_rank", local_rank_names, environment);
-  Field local_world = read_field(overrides.local_world_size, "local_world_size", local_world_names, environment);
-  Field node = read_field(overrides.node_rank, "node_rank", node_names, environment);
+  const LauncherVariables& names = launcher_variables(result.launcher);
+  Field rank = read_field(overrides.rank, "rank", names.rank, environment);
+  Field world = read_field(overrides.world_size, "world_size", names.world, environment);
+  Field local_rank = read_field(overrides.local_rank, "local_rank", names.local_rank, environment);
+  Field local_world = read_field(overrides.local_world_size, "local_world_size", names.local_world, environment);
+  Field node = read_field(overrides.node_rank, "node_rank", names.node, environment);
 
   if (!local_world.given() && result.launcher == Launcher::slurm) {
     if (auto text = environment("SLURM_NTASKS_PER_NODE"); text && text->find_first_not_of("0123456789") == std::string::npos) {
@@ -180,7 +181,7 @@ LaunchEnvironment resolve_launch_environment(const LaunchOverrides& overrides, c
 
   if (rank.given() != world.given()) {
     const Field& present = rank.given() ? rank : world;
-    const std::vector<const char*>& missing_names = rank.given() ? world_names : rank_names;
+    const std::vector<const char*>& missing_names = rank.given() ? names.world : names.rank;
     std::string missing = missing_names.empty() ? (rank.given() ? "world_size" : "rank") : missing_names[0];
     LOOM_FAIL(present.describe(), " is set but ", missing,
               " is not; give both the rank and the world size (or neither for a single process)");

@@ -177,20 +177,22 @@ struct TemporaryFile {
 
 std::string describe(const fs::path& path) { return "checkpoint " + path.string(); }
 
-int64_t parse_int(const std::string& text, const std::string& key, const fs::path& path) {
-  int64_t value = 0;
+// The integer metadata value `text` of `key`; `kind` names the type in the error.
+template <class Integer>
+Integer parse_integer(const std::string& text, const std::string& key, const fs::path& path, const char* kind) {
+  Integer value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   LOOM_CHECK(error == std::errc() && end == text.data() + text.size(), describe(path), ": metadata '", key,
-             "' is '", text, "', not an integer");
+             "' is '", text, "', not ", kind);
   return value;
 }
 
+int64_t parse_int(const std::string& text, const std::string& key, const fs::path& path) {
+  return parse_integer<int64_t>(text, key, path, "an integer");
+}
+
 uint64_t parse_uint(const std::string& text, const std::string& key, const fs::path& path) {
-  uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  LOOM_CHECK(error == std::errc() && end == text.data() + text.size(), describe(path), ": metadata '", key,
-             "' is '", text, "', not an unsigned integer");
-  return value;
+  return parse_integer<uint64_t>(text, key, path, "an unsigned integer");
 }
 
 }  // namespace

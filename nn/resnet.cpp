@@ -3,6 +3,7 @@
 #include <typeinfo>
 
 #include <loom/core/autograd.h>
+#include <loom/core/enum_names.h>
 #include <loom/nn/init.h>
 #include <loom/ops/elementwise.h>
 
@@ -34,13 +35,16 @@ Tensor bn_add_relu(BatchNorm2d& bn, Module& relu, const Tensor& x, const Tensor&
 
 }  // namespace
 
+namespace {
+constexpr EnumNames<ResNetStem, 2> kStemNames{{{ResNetStem::imagenet, "imagenet"}, {ResNetStem::cifar, "cifar"}}};
+}  // namespace
+
 ResNetStem parse_resnet_stem(const std::string& name) {
-  if (name == "imagenet") return ResNetStem::imagenet;
-  if (name == "cifar") return ResNetStem::cifar;
+  if (auto stem = kStemNames.parse(name)) return *stem;
   LOOM_FAIL("unknown ResNet stem '", name, "'; expected imagenet or cifar");
 }
 
-const char* resnet_stem_name(ResNetStem stem) { return stem == ResNetStem::imagenet ? "imagenet" : "cifar"; }
+const char* resnet_stem_name(ResNetStem stem) { return kStemNames.name(stem); }
 
 // Registration order is torchvision's: it fixes the state_dict order. Each
 // child is registered with the member forward() calls, so replacing a child

@@ -1,62 +1,39 @@
 #include <loom/optim/amp.h>
 
 #include <loom/core/autograd.h>
+#include <loom/core/enum_names.h>
 
 namespace loom::amp {
 namespace {
 const std::string kMasterPrefix = "amp.master.";
 const std::string kScalerPrefix = "amp.grad_scaler.";
 const std::string kLevelKey = "amp.opt_level";
+constexpr EnumNames<OptLevel, 5> kOptLevelNames{{{OptLevel::O0, "O0"},
+                                                 {OptLevel::O1, "O1"},
+                                                 {OptLevel::O2, "O2"},
+                                                 {OptLevel::O3, "O3"},
+                                                 {OptLevel::bf16, "bf16"}}};
 }  // namespace
 
 OptLevel parse_opt_level(const std::string& name) {
-  if (name == "O0") return OptLevel::O0;
-  if (name == "O1") return OptLevel::O1;
-  if (name == "O2") return OptLevel::O2;
-  if (name == "O3") return OptLevel::O3;
-  if (name == "bf16") return OptLevel::bf16;
+  if (auto level = kOptLevelNames.parse(name)) return *level;
   throw Error(str("unknown amp opt level '", name, "'; expected O0, O1, O2, O3 or bf16"));
 }
 
-const char* opt_level_name(OptLevel level) {
-  switch (level) {
-    case OptLevel::O0: return "O0";
-    case OptLevel::O1: return "O1";
-    case OptLevel::O2: return "O2";
-    case OptLevel::O3: return "O3";
-    case OptLevel::bf16: return "bf16";
-  }
-  return "?";
-}
+const char* opt_level_name(OptLevel level) { return kOptLevelNames.name(level); }
 
 Properties properties(OptLevel level) {
-  Properties p;
+  // What each level changes from Properties' defaults (f32 weights, no autocast).
   switch (level) {
-    case OptLevel::O0:
-      break;
-    case OptLevel::O1:
-      p.autocast = true;
-      p.dynamic_loss_scale = true;
-      break;
+    case OptLevel::O0: return {};
+    case OptLevel::O1: return {.autocast = true, .dynamic_loss_scale = true};
     case OptLevel::O2:
-      p.model_dtype = DType::f16;
-      p.autocast = true;
-      p.master_weights = true;
-      p.dynamic_loss_scale = true;
-      break;
-    case OptLevel::O3:
-      p.model_dtype = DType::f16;
-      p.keep_batchnorm_f32 = false;
-      p.autocast = true;
-      break;
+      return {.model_dtype = DType::f16, .autocast = true, .master_weights = true, .dynamic_loss_scale = true};
+    case OptLevel::O3: return {.model_dtype = DType::f16, .keep_batchnorm_f32 = false, .autocast = true};
     case OptLevel::bf16:
-      p.model_dtype = DType::bf16;
-      p.autocast = true;
-      p.autocast_dtype = DType::bf16;
-      p.master_weights = true;
-      break;
+      return {.model_dtype = DType::bf16, .autocast = true, .autocast_dtype = DType::bf16, .master_weights = true};
   }
-  return p;
+  return {};
 }
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(nn::Module& model, const OptimizerFactory& make_optimizer,

@@ -1,10 +1,12 @@
 #include <loom/optim/lr_scheduler.h>
 
 #include <cmath>
+#include <utility>
 
 namespace loom::optim {
 
-LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
+LRScheduler::LRScheduler(Optimizer& optimizer, Schedule schedule)
+    : optimizer_(optimizer), schedule_(std::move(schedule)) {
   for (size_t g = 0; g < optimizer.num_groups(); ++g) base_lrs_.push_back(optimizer.lr(g));
 }
 
@@ -19,25 +21,28 @@ void LRScheduler::set_last_epoch(int64_t epoch) {
 }
 
 void LRScheduler::apply() {
-  for (size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_at(base_lrs_[g], last_epoch_));
+  for (size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, schedule_(base_lrs_[g], last_epoch_));
 }
+
+namespace {
+// `value`, checked positive where a schedule captures it.
+int64_t positive(int64_t value, const char* what) {
+  LOOM_CHECK(value > 0, what, " must be positive, got ", value);
+  return value;
+}
+}  // namespace
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
-    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
-  LOOM_CHECK(step_size > 0, "StepLR: step_size must be positive, got ", step_size);
-}
-
-double StepLR::lr_at(double base_lr, int64_t epoch) const {
-  return base_lr * std::pow(gamma_, static_cast<double>(epoch / step_size_));
-}
+    : LRScheduler(optimizer,
+                  [step_size = positive(step_size, "StepLR: step_size"), gamma](double base_lr, int64_t epoch) {
+                    return base_lr * std::pow(gamma, static_cast<double>(epoch / step_size));
+                  }) {}
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
-    : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
-  LOOM_CHECK(t_max > 0, "CosineAnnealingLR: T_max must be positive, got ", t_max);
-}
-
-double CosineAnnealingLR::lr_at(double base_lr, int64_t epoch) const {
-  return eta_min_ + (base_lr - eta_min_) * (1 + std::cos(M_PI * static_cast<double>(epoch) / t_max_)) / 2;
-}
+    : LRScheduler(optimizer,
+                  [t_max = positive(t_max, "CosineAnnealingLR: T_max"), eta_min](double base_lr, int64_t epoch) {
+                    const double cosine = std::cos(M_PI * static_cast<double>(epoch) / t_max);
+                    return eta_min + (base_lr - eta_min) * (1 + cosine) / 2;
+                  }) {}
 
 }  // namespace loom::optim

@@ -3,15 +3,21 @@
 // (lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / T_max)) / 2).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <loom/optim/optimizer.h>
 
 namespace loom::optim {
 
+// Sets every group's learning rate to schedule(group's initial rate, epoch).
+// StepLR and CosineAnnealingLR are LRSchedulers with a closed-form schedule.
 class LRScheduler {
  public:
-  explicit LRScheduler(Optimizer& optimizer);
+  // The rate of a group whose initial rate is `base_lr`, at `epoch` (0 at the start).
+  using Schedule = std::function<double(double base_lr, int64_t epoch)>;
+
+  LRScheduler(Optimizer& optimizer, Schedule schedule);
   virtual ~LRScheduler() = default;
   // Advances one epoch and sets every group's learning rate.
   void step();
@@ -19,12 +25,10 @@ class LRScheduler {
   // Restores the position saved in a checkpoint and re-applies the rate.
   void set_last_epoch(int64_t epoch);
 
- protected:
-  virtual double lr_at(double base_lr, int64_t epoch) const = 0;
-
  private:
   void apply();
   Optimizer& optimizer_;
+  Schedule schedule_;
   std::vector<double> base_lrs_;
   int64_t last_epoch_ = 0;
 };
@@ -32,25 +36,11 @@ class LRScheduler {
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
-
- protected:
-  double lr_at(double base_lr, int64_t epoch) const override;
-
- private:
-  int64_t step_size_;
-  double gamma_;
 };
 
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
-
- protected:
-  double lr_at(double base_lr, int64_t epoch) const override;
-
- private:
-  int64_t t_max_;
-  double eta_min_;
 };
 
 }  // namespace loom::optim

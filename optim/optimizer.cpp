@@ -28,6 +28,26 @@ const Tensor* find_state(const nn::NamedTensors& state, const std::string& name)
   }
   return nullptr;
 }
+
+// Calls visit(group, index, "<group>.<index>.") for every parameter's slot of
+// per-parameter state (one vector per group): the names state() and
+// load_state() give a parameter's state tensors start with that prefix.
+template <class PerGroup, class Visit>
+void for_each_slot(PerGroup& per_group, Visit&& visit) {
+  for (size_t gi = 0; gi < per_group.size(); ++gi) {
+    for (size_t pi = 0; pi < per_group[gi].size(); ++pi) {
+      visit(gi, pi, std::to_string(gi) + "." + std::to_string(pi) + ".");
+    }
+  }
+}
+
+// Saved state tensor `saved` (named `name`) as a new tensor on `param`'s
+// device and dtype; its shape must be the parameter's.
+Tensor restore_like(const Tensor& saved, const std::string& name, const Tensor& param) {
+  LOOM_CHECK(saved.sizes() == param.sizes(), "optimizer state '", name, "' has shape ", shape_str(saved.sizes()),
+             ", parameter has ", shape_str(param.sizes()));
+  return Tensor::empty(param.sizes(), param.dtype(), param.device()).copy_(saved);
+}
 }  // namespace
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -109,31 +129,18 @@ void SGD::step() {
 
 nn::NamedTensors SGD::state() const {
   nn::NamedTensors out;
-  for (size_t gi = 0; gi < momentum_buffers_.size(); ++gi) {
-    for (size_t pi = 0; pi < momentum_buffers_[gi].size(); ++pi) {
-      if (momentum_buffers_[gi][pi].defined()) {
-        out.emplace_back(std::to_string(gi) + "." + std::to_string(pi) + ".momentum_buffer", momentum_buffers_[gi][pi]);
-      }
-    }
-  }
+  for_each_slot(momentum_buffers_, [&](size_t gi, size_t pi, const std::string& prefix) {
+    if (momentum_buffers_[gi][pi].defined()) out.emplace_back(prefix + "momentum_buffer", momentum_buffers_[gi][pi]);
+  });
   return out;
 }
 
 void SGD::load_state(const nn::NamedTensors& state) {
-  for (size_t gi = 0; gi < momentum_buffers_.size(); ++gi) {
-    for (size_t pi = 0; pi < momentum_buffers_[gi].size(); ++pi) {
-      const std::string name = std::to_string(gi) + "." + std::to_string(pi) + ".momentum_buffer";
-      const Tensor* t = find_state(state, name);
-      const Tensor& p = groups_[gi].params[pi];
-      if (t == nullptr) {
-        momentum_buffers_[gi][pi] = Tensor();
-        continue;
-      }
-      LOOM_CHECK(t->sizes() == p.sizes(), "optimizer state '", name, "' has shape ", shape_str(t->sizes()),
-                 ", parameter has ", shape_str(p.sizes()));
-      momentum_buffers_[gi][pi] = Tensor::empty(p.sizes(), p.dtype(), p.device()).copy_(*t);
-    }
-  }
+  for_each_slot(momentum_buffers_, [&](size_t gi, size_t pi, const std::string& prefix) {
+    const std::string name = prefix + "momentum_buffer";
+    const Tensor* t = find_state(state, name);
+    momentum_buffers_[gi][pi] = t == nullptr ? Tensor() : restore_like(*t, name, groups_[gi].params[pi]);
+  });
 }
 
 // ---- Adam / AdamW ----
@@ -210,39 +217,31 @@ void Adam::step() {
 
 nn::NamedTensors Adam::state() const {
   nn::NamedTensors out;
-  for (size_t gi = 0; gi < moments_.size(); ++gi) {
-    for (size_t pi = 0; pi < moments_[gi].size(); ++pi) {
-      const Moments& s = moments_[gi][pi];
-      if (!s.exp_avg.defined()) continue;
-      const std::string prefix = std::to_string(gi) + "." + std::to_string(pi) + ".";
-      out.emplace_back(prefix + "exp_avg", s.exp_avg);
-      out.emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq);
-      out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(s.step), DType::i64));
-    }
-  }
+  for_each_slot(moments_, [&](size_t gi, size_t pi, const std::string& prefix) {
+    const Moments& s = moments_[gi][pi];
+    if (!s.exp_avg.defined()) return;
+    out.emplace_back(prefix + "exp_avg", s.exp_avg);
+    out.emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq);
+    out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(s.step), DType::i64));
+  });
   return out;
 }
 
 void Adam::load_state(const nn::NamedTensors& state) {
-  for (size_t gi = 0; gi < moments_.size(); ++gi) {
-    for (size_t pi = 0; pi < moments_[gi].size(); ++pi) {
-      const std::string prefix = std::to_string(gi) + "." + std::to_string(pi) + ".";
-      const Tensor* m = find_state(state, prefix + "exp_avg");
-      const Tensor* v = find_state(state, prefix + "exp_avg_sq");
-      const Tensor* step = find_state(state, prefix + "step");
-      Moments& s = moments_[gi][pi];
-      if (m == nullptr || v == nullptr || step == nullptr) {
-        s = Moments();
-        continue;
-      }
-      const Tensor& p = groups_[gi].params[pi];
-      LOOM_CHECK(m->sizes() == p.sizes() && v->sizes() == p.sizes(), "optimizer state '", prefix,
-                 "exp_avg' does not match parameter shape ", shape_str(p.sizes()));
-      s.exp_avg = Tensor::empty(p.sizes(), p.dtype(), p.device()).copy_(*m);
-      s.exp_avg_sq = Tensor::empty(p.sizes(), p.dtype(), p.device()).copy_(*v);
-      s.step = static_cast<int64_t>(step->item());
+  for_each_slot(moments_, [&](size_t gi, size_t pi, const std::string& prefix) {
+    const Tensor* m = find_state(state, prefix + "exp_avg");
+    const Tensor* v = find_state(state, prefix + "exp_avg_sq");
+    const Tensor* step = find_state(state, prefix + "step");
+    Moments& s = moments_[gi][pi];
+    if (m == nullptr || v == nullptr || step == nullptr) {
+      s = Moments();
+      return;
     }
-  }
+    const Tensor& p = groups_[gi].params[pi];
+    Tensor exp_avg = restore_like(*m, prefix + "exp_avg", p);  // both checked before either is set
+    Tensor exp_avg_sq = restore_like(*v, prefix + "exp_avg_sq", p);
+    s = {std::move(exp_avg), std::move(exp_avg_sq), static_cast<int64_t>(step->item())};
+  });
 }
 
 }  // namespace loom::optim

@@ -157,6 +157,15 @@ __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int
   }
 }
 
+// One row of the micro-tile: (low, high) += a_value * (b0, b1), the 16 columns
+// of B's current row in two registers. Inlined: the accumulators stay in registers.
+__attribute__((target("avx2,fma"), always_inline)) inline void fma_row(float a_value, __m256 b0, __m256 b1,
+                                                                       __m256& low, __m256& high) {
+  const __m256 av = _mm256_set1_ps(a_value);
+  low = _mm256_fmadd_ps(av, b0, low);
+  high = _mm256_fmadd_ps(av, b1, high);
+}
+
 // C tile (rows x cols <= 6 x 16) = alpha * A_strip · B_strip + beta * C tile;
 // with `transposed_c` the tile is stored transposed (element (r, col) at
 // c[col * ldc + r]), for problems computed as Cᵀ = Bᵀ Aᵀ.
@@ -173,24 +182,12 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
   for (int64_t p = 0; p < depth; ++p) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-    __m256 av = _mm256_broadcast_ss(a + 0);
-    c00 = _mm256_fmadd_ps(av, b0, c00);
-    c01 = _mm256_fmadd_ps(av, b1, c01);
-    av = _mm256_broadcast_ss(a + 1);
-    c10 = _mm256_fmadd_ps(av, b0, c10);
-    c11 = _mm256_fmadd_ps(av, b1, c11);
-    av = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_fmadd_ps(av, b0, c20);
-    c21 = _mm256_fmadd_ps(av, b1, c21);
-    av = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_fmadd_ps(av, b0, c30);
-    c31 = _mm256_fmadd_ps(av, b1, c31);
-    av = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_fmadd_ps(av, b0, c40);
-    c41 = _mm256_fmadd_ps(av, b1, c41);
-    av = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_fmadd_ps(av, b0, c50);
-    c51 = _mm256_fmadd_ps(av, b1, c51);
+    fma_row(a[0], b0, b1, c00, c01);
+    fma_row(a[1], b0, b1, c10, c11);
+    fma_row(a[2], b0, b1, c20, c21);
+    fma_row(a[3], b0, b1, c30, c31);
+    fma_row(a[4], b0, b1, c40, c41);
+    fma_row(a[5], b0, b1, c50, c51);
     a += kMR;
     b += b_stride;
   }
