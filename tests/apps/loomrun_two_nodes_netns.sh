@@ -52,9 +52,11 @@ except ConnectionRefusedError:
 
 make_mnist_subset "$work/data" 2000 500
 args=(--data "$work/data" --max-steps 20 --batch-size 50 --log-interval 5 --timeout 60)
+# 120 s per run, stretched in a sanitized build (its tests get LOOM_TEST_TIMEOUT_SCALE).
+limit=$((120 * ${LOOM_TEST_TIMEOUT_SCALE:-1}))
 for node in 0 1; do
   ns_var=ns$node
-  ip netns exec "${!ns_var}" timeout 120 "$loomrun" --nnodes=2 --node_rank=$node --nproc_per_node=1 --rdzv_id=213 \
+  ip netns exec "${!ns_var}" timeout "$limit" "$loomrun" --nnodes=2 --node_rank=$node --nproc_per_node=1 --rdzv_id=213 \
     --master_addr=10.213.0.1 --master_port=29500 "$train_mnist" "${args[@]}" >"$work/node$node.out" 2>"$work/node$node.err" &
   pids+=($!)
 done
@@ -65,7 +67,7 @@ cat "$work/node0.out"
 grep -q 'Distributed: 2 processes' "$work/node0.out" || fail "node 0 did not run a world of 2"
 [[ ! -s "$work/node1.out" ]] || fail "node 1 (rank 1) printed: $(cat "$work/node1.out")"
 
-timeout 120 "$loomrun" --nproc_per_node=2 --master_port="$(free_port)" "$train_mnist" "${args[@]}" \
+timeout "$limit" "$loomrun" --nproc_per_node=2 --master_port="$(free_port)" "$train_mnist" "${args[@]}" \
   >"$work/one_node.out" 2>"$work/one_node.err" || { cat "$work/one_node.err"; fail "one node with 2 processes failed"; }
 diff <(result_lines "$work/node0.out") <(result_lines "$work/one_node.out") ||
   fail "two nodes and one node at world 2 printed different results"
