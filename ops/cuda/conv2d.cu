@@ -173,6 +173,97 @@ struct Buffers {
   void* out;
 };
 
+// cuDNN's calls for one pass, told apart by the pass's result type: its
+// algorithm count and name, each algorithm's workspace size, the timed search
+// (find) and the heuristic (get). Descriptor order follows Buffers.
+template <class Perf>
+struct PassCalls;
+
+template <>
+struct PassCalls<cudnnConvolutionFwdAlgoPerf_t> {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static constexpr const char* kName = "forward";
+  static cudnnStatus_t workspace_size(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x.get(), p.w.get(), p.conv.get(), p.y.get(),
+                                                   static_cast<cudnnConvolutionFwdAlgo_t>(algorithm), bytes);
+  }
+  static void find(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
+                   lc::DeviceBuffer& workspace) {
+    LOOM_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(h, p.x.get(), b.first, p.w.get(), b.second, p.conv.get(),
+                                                            p.y.get(), b.out, kCount, returned, results,
+                                                            workspace.data(), workspace.size()));
+  }
+  static void get(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
+    LOOM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.get(), p.w.get(), p.conv.get(), p.y.get(), kCount,
+                                                            returned, results));
+  }
+};
+
+template <>
+struct PassCalls<cudnnConvolutionBwdDataAlgoPerf_t> {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static constexpr const char* kName = "backward-data";
+  static cudnnStatus_t workspace_size(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.get(), p.y.get(), p.conv.get(), p.x.get(),
+                                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(algorithm), bytes);
+  }
+  static void find(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
+                   lc::DeviceBuffer& workspace) {
+    LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.get(), b.first, p.y.get(), b.second,
+                                                                 p.conv.get(), p.x.get(), b.out, kCount, returned,
+                                                                 results, workspace.data(), workspace.size()));
+  }
+  static void get(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
+    LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w.get(), p.y.get(), p.conv.get(), p.x.get(),
+                                                                 kCount, returned, results));
+  }
+};
+
+template <>
+struct PassCalls<cudnnConvolutionBwdFilterAlgoPerf_t> {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static constexpr const char* kName = "backward-filter";
+  static cudnnStatus_t workspace_size(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x.get(), p.y.get(), p.conv.get(), p.w.get(),
+                                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algorithm),
+                                                          bytes);
+  }
+  static void find(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
+                   lc::DeviceBuffer& workspace) {
+    LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x.get(), b.first, p.y.get(), b.second,
+                                                                   p.conv.get(), p.w.get(), b.out, kCount, returned,
+                                                                   results, workspace.data(), workspace.size()));
+  }
+  static void get(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
+    LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.get(), p.y.get(), p.conv.get(), p.w.get(),
+                                                                   kCount, returned, results));
+  }
+};
+
+// One pass's choice: with `benchmark`, cuDNN's timed search with a workspace
+// as large as the hungriest candidate needs; else its heuristic.
+template <class Perf>
+Choice search(const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device, bool benchmark) {
+  using Calls = PassCalls<Perf>;
+  Perf results[Calls::kCount];
+  int returned = 0;
+  if (benchmark) {
+    size_t largest = 0;
+    for (int a = 0; a < Calls::kCount; ++a) {
+      size_t bytes = 0;
+      if (Calls::workspace_size(handle, problem, a, &bytes) == CUDNN_STATUS_SUCCESS) largest = std::max(largest, bytes);
+    }
+    lc::DeviceBuffer workspace = search_workspace(largest, device);
+    Calls::find(handle, problem, b, &returned, results, workspace);
+  } else {
+    Calls::get(handle, problem, &returned, results);
+  }
+  return first_usable(problem, results, returned, Calls::kName, device, !benchmark);
+}
+
 Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device) {
   const bool benchmark = lc::conv_algorithm_search() == lc::ConvAlgorithmSearch::benchmark;
   const CacheKey key{pass, device, benchmark, problem.key};
@@ -182,75 +273,12 @@ Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buf
     if (it != g_cache.end()) return it->second;
   }
   Choice choice;
-  int returned = 0;
   if (pass == Pass::forward) {
-    cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    if (benchmark) {
-      size_t largest = 0;
-      for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; ++a) {
-        size_t bytes = 0;
-        if (cudnnGetConvolutionForwardWorkspaceSize(handle, problem.x.get(), problem.w.get(), problem.conv.get(),
-                                                    problem.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a),
-                                                    &bytes) == CUDNN_STATUS_SUCCESS) {
-          largest = std::max(largest, bytes);
-        }
-      }
-      lc::DeviceBuffer workspace = search_workspace(largest, device);
-      LOOM_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
-          handle, problem.x.get(), b.first, problem.w.get(), b.second, problem.conv.get(), problem.y.get(), b.out,
-          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
-    } else {
-      LOOM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(handle, problem.x.get(), problem.w.get(),
-                                                              problem.conv.get(), problem.y.get(),
-                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results));
-    }
-    choice = first_usable(problem, results, returned, "forward", device, !benchmark);
+    choice = search<cudnnConvolutionFwdAlgoPerf_t>(problem, handle, b, device, benchmark);
   } else if (pass == Pass::backward_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    if (benchmark) {
-      size_t largest = 0;
-      for (int a = 0; a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT; ++a) {
-        size_t bytes = 0;
-        if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, problem.w.get(), problem.y.get(), problem.conv.get(),
-                                                         problem.x.get(),
-                                                         static_cast<cudnnConvolutionBwdDataAlgo_t>(a),
-                                                         &bytes) == CUDNN_STATUS_SUCCESS) {
-          largest = std::max(largest, bytes);
-        }
-      }
-      lc::DeviceBuffer workspace = search_workspace(largest, device);
-      LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          handle, problem.w.get(), b.first, problem.y.get(), b.second, problem.conv.get(), problem.x.get(), b.out,
-          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
-    } else {
-      LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          handle, problem.w.get(), problem.y.get(), problem.conv.get(), problem.x.get(),
-          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results));
-    }
-    choice = first_usable(problem, results, returned, "backward-data", device, !benchmark);
+    choice = search<cudnnConvolutionBwdDataAlgoPerf_t>(problem, handle, b, device, benchmark);
   } else {
-    cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    if (benchmark) {
-      size_t largest = 0;
-      for (int a = 0; a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT; ++a) {
-        size_t bytes = 0;
-        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, problem.x.get(), problem.y.get(),
-                                                           problem.conv.get(), problem.w.get(),
-                                                           static_cast<cudnnConvolutionBwdFilterAlgo_t>(a),
-                                                           &bytes) == CUDNN_STATUS_SUCCESS) {
-          largest = std::max(largest, bytes);
-        }
-      }
-      lc::DeviceBuffer workspace = search_workspace(largest, device);
-      LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          handle, problem.x.get(), b.first, problem.y.get(), b.second, problem.conv.get(), problem.w.get(), b.out,
-          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
-    } else {
-      LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          handle, problem.x.get(), problem.y.get(), problem.conv.get(), problem.w.get(),
-          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results));
-    }
-    choice = first_usable(problem, results, returned, "backward-filter", device, !benchmark);
+    choice = search<cudnnConvolutionBwdFilterAlgoPerf_t>(problem, handle, b, device, benchmark);
   }
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, choice);
