@@ -173,95 +173,67 @@ struct Buffers {
   void* out;
 };
 
-// cuDNN's calls for one pass, told apart by the pass's result type: its
-// algorithm count and name, each algorithm's workspace size, the timed search
-// (find) and the heuristic (get). Descriptor order follows Buffers.
-template <class Perf>
-struct PassCalls;
+// The descriptors of one pass in cuDNN's argument order, the written one
+// last (as Buffers): x, w, y forward; w, dy, dx backward data; x, dy, dw
+// backward filter.
+auto forward_descriptors(const Problem& p) { return std::tuple{p.x.get(), p.w.get(), p.y.get()}; }
+auto backward_data_descriptors(const Problem& p) { return std::tuple{p.w.get(), p.y.get(), p.x.get()}; }
+auto backward_filter_descriptors(const Problem& p) { return std::tuple{p.x.get(), p.y.get(), p.w.get()}; }
 
-template <>
-struct PassCalls<cudnnConvolutionFwdAlgoPerf_t> {
-  using Perf = cudnnConvolutionFwdAlgoPerf_t;
-  static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
-  static constexpr const char* kName = "forward";
-  static cudnnStatus_t workspace_size(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
-    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x.get(), p.w.get(), p.conv.get(), p.y.get(),
-                                                   static_cast<cudnnConvolutionFwdAlgo_t>(algorithm), bytes);
+// cuDNN's calls for one pass, which take the same arguments in each pass: its
+// workspace size per algorithm, the timed search (find) and the heuristic
+// (get), over Count algorithms with results of type Perf.
+template <class Perf, int Count, auto descriptors, auto workspace_size, auto find, auto get>
+struct PassCalls {
+  using Result = Perf;
+  static constexpr int kCount = Count;
+  static cudnnStatus_t workspace_bytes(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
+    const auto [first, second, out] = descriptors(p);
+    return workspace_size(h, first, second, p.conv.get(), out, static_cast<decltype(Perf::algo)>(algorithm), bytes);
   }
-  static void find(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
-                   lc::DeviceBuffer& workspace) {
-    LOOM_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(h, p.x.get(), b.first, p.w.get(), b.second, p.conv.get(),
-                                                            p.y.get(), b.out, kCount, returned, results,
-                                                            workspace.data(), workspace.size()));
+  static void timed_search(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
+                           lc::DeviceBuffer& workspace) {
+    const auto [first, second, out] = descriptors(p);
+    LOOM_CHECK_CUDNN(find(h, first, b.first, second, b.second, p.conv.get(), out, b.out, Count, returned, results,
+                          workspace.data(), workspace.size()));
   }
-  static void get(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
-    LOOM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.get(), p.w.get(), p.conv.get(), p.y.get(), kCount,
-                                                            returned, results));
+  static void heuristic(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
+    const auto [first, second, out] = descriptors(p);
+    LOOM_CHECK_CUDNN(get(h, first, second, p.conv.get(), out, Count, returned, results));
   }
 };
 
-template <>
-struct PassCalls<cudnnConvolutionBwdDataAlgoPerf_t> {
-  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
-  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
-  static constexpr const char* kName = "backward-data";
-  static cudnnStatus_t workspace_size(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
-    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.get(), p.y.get(), p.conv.get(), p.x.get(),
-                                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(algorithm), bytes);
-  }
-  static void find(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
-                   lc::DeviceBuffer& workspace) {
-    LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.get(), b.first, p.y.get(), b.second,
-                                                                 p.conv.get(), p.x.get(), b.out, kCount, returned,
-                                                                 results, workspace.data(), workspace.size()));
-  }
-  static void get(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
-    LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w.get(), p.y.get(), p.conv.get(), p.x.get(),
-                                                                 kCount, returned, results));
-  }
-};
-
-template <>
-struct PassCalls<cudnnConvolutionBwdFilterAlgoPerf_t> {
-  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
-  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
-  static constexpr const char* kName = "backward-filter";
-  static cudnnStatus_t workspace_size(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x.get(), p.y.get(), p.conv.get(), p.w.get(),
-                                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algorithm),
-                                                          bytes);
-  }
-  static void find(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
-                   lc::DeviceBuffer& workspace) {
-    LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x.get(), b.first, p.y.get(), b.second,
-                                                                   p.conv.get(), p.w.get(), b.out, kCount, returned,
-                                                                   results, workspace.data(), workspace.size()));
-  }
-  static void get(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
-    LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.get(), p.y.get(), p.conv.get(), p.w.get(),
-                                                                   kCount, returned, results));
-  }
-};
+using ForwardCalls = PassCalls<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, forward_descriptors,
+                               cudnnGetConvolutionForwardWorkspaceSize, cudnnFindConvolutionForwardAlgorithmEx,
+                               cudnnGetConvolutionForwardAlgorithm_v7>;
+using BackwardDataCalls =
+    PassCalls<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, backward_data_descriptors,
+              cudnnGetConvolutionBackwardDataWorkspaceSize, cudnnFindConvolutionBackwardDataAlgorithmEx,
+              cudnnGetConvolutionBackwardDataAlgorithm_v7>;
+using BackwardFilterCalls =
+    PassCalls<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, backward_filter_descriptors,
+              cudnnGetConvolutionBackwardFilterWorkspaceSize, cudnnFindConvolutionBackwardFilterAlgorithmEx,
+              cudnnGetConvolutionBackwardFilterAlgorithm_v7>;
 
 // One pass's choice: with `benchmark`, cuDNN's timed search with a workspace
 // as large as the hungriest candidate needs; else its heuristic.
-template <class Perf>
-Choice search(const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device, bool benchmark) {
-  using Calls = PassCalls<Perf>;
-  Perf results[Calls::kCount];
+template <class Calls>
+Choice search(const char* pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device,
+              bool benchmark) {
+  typename Calls::Result results[Calls::kCount];
   int returned = 0;
   if (benchmark) {
     size_t largest = 0;
     for (int a = 0; a < Calls::kCount; ++a) {
       size_t bytes = 0;
-      if (Calls::workspace_size(handle, problem, a, &bytes) == CUDNN_STATUS_SUCCESS) largest = std::max(largest, bytes);
+      if (Calls::workspace_bytes(handle, problem, a, &bytes) == CUDNN_STATUS_SUCCESS) largest = std::max(largest, bytes);
     }
     lc::DeviceBuffer workspace = search_workspace(largest, device);
-    Calls::find(handle, problem, b, &returned, results, workspace);
+    Calls::timed_search(handle, problem, b, &returned, results, workspace);
   } else {
-    Calls::get(handle, problem, &returned, results);
+    Calls::heuristic(handle, problem, &returned, results);
   }
-  return first_usable(problem, results, returned, Calls::kName, device, !benchmark);
+  return first_usable(problem, results, returned, pass, device, !benchmark);
 }
 
 Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device) {
@@ -274,11 +246,11 @@ Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buf
   }
   Choice choice;
   if (pass == Pass::forward) {
-    choice = search<cudnnConvolutionFwdAlgoPerf_t>(problem, handle, b, device, benchmark);
+    choice = search<ForwardCalls>("forward", problem, handle, b, device, benchmark);
   } else if (pass == Pass::backward_data) {
-    choice = search<cudnnConvolutionBwdDataAlgoPerf_t>(problem, handle, b, device, benchmark);
+    choice = search<BackwardDataCalls>("backward-data", problem, handle, b, device, benchmark);
   } else {
-    choice = search<cudnnConvolutionBwdFilterAlgoPerf_t>(problem, handle, b, device, benchmark);
+    choice = search<BackwardFilterCalls>("backward-filter", problem, handle, b, device, benchmark);
   }
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, choice);
