@@ -7,12 +7,7 @@
 #include <string>
 
 #include <loom/core/error.h>
-
-#if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
+#include <loom/core/host_device.h>
 
 namespace loom {
 

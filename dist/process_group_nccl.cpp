@@ -56,6 +56,16 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   LOOM_FAIL("unknown reduce op");
 }
 
+// A reduce-scatter of `source` (size() chunks laid end to end) into `target`,
+// both staged on the group's device; nothing for an empty target.
+std::function<void(ncclComm_t, cudaStream_t)> reduce_scatter_launch(Tensor source, Tensor target, ReduceOp op) {
+  return [source = std::move(source), target = std::move(target), op](ncclComm_t comm, cudaStream_t stream) {
+    if (target.numel() == 0) return;
+    LOOM_CHECK_NCCL(ncclReduceScatter(source.raw_data(), target.raw_data(), static_cast<size_t>(target.numel()),
+                                      nccl_dtype(target.dtype()), nccl_op(op), comm, stream));
+  };
+}
+
 double seconds(Milliseconds duration) { return static_cast<double>(duration.count()) / 1000.0; }
 
 // State shared by the group, its Work objects and the watchdog.
@@ -313,11 +323,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     Collective collective("reduce_scatter", str(summarize({input}), ", ", reduce_op_name(op)), device_index());
     Tensor source = collective.stage(input, input.is_contiguous(), /*copy_in=*/true);
     Tensor target = collective.stage(output, output.is_contiguous(), /*copy_in=*/false);
-    collective.launch = [source, target, op](ncclComm_t comm, cudaStream_t stream) {
-      if (target.numel() == 0) return;
-      LOOM_CHECK_NCCL(ncclReduceScatter(source.raw_data(), target.raw_data(), static_cast<size_t>(target.numel()),
-                                        nccl_dtype(target.dtype()), nccl_op(op), comm, stream));
-    };
+    collective.launch = reduce_scatter_launch(source, target, op);
     return run(std::move(collective));
   }
 
@@ -327,11 +333,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     Tensor flat = collective.scratch({output.numel() * size()}, output.dtype());
     for (int r = 0; r < size(); ++r) view_into(flat, inputs[r].sizes(), r * output.numel()).copy_(inputs[r]);
     Tensor target = collective.stage(output, output.is_contiguous(), /*copy_in=*/false);
-    collective.launch = [flat, target, op](ncclComm_t comm, cudaStream_t stream) {
-      if (target.numel() == 0) return;
-      LOOM_CHECK_NCCL(ncclReduceScatter(flat.raw_data(), target.raw_data(), static_cast<size_t>(target.numel()),
-                                        nccl_dtype(target.dtype()), nccl_op(op), comm, stream));
-    };
+    collective.launch = reduce_scatter_launch(flat, target, op);
     return run(std::move(collective));
   }
 

@@ -34,74 +34,116 @@ void check_batch_norm_arguments(const char* op, const Tensor& input, const Tenso
              ": running_mean and running_var must be both defined or both undefined");
 }
 
+namespace {
+// The mean and variance a forward normalises with, and the elements per
+// channel they cover (over every participant once reduced).
+struct ForwardStatistics {
+  Tensor mean, var;  // (C)
+  int64_t count = 0;
+};
+
+// batch_norm's statistics for `op` (its name in errors): in training the
+// batch's (reduced by `reduce` when given; the running stats updated), in
+// eval the running stats, cloned when `keep_for_backward` so that backward
+// sees this forward's values even if a later step updates the buffers in place.
+ForwardStatistics forward_statistics(const char* op, const Tensor& input, const Tensor& running_mean,
+                                     const Tensor& running_var, bool training, double momentum,
+                                     const BatchStatisticsReduction& reduce, bool keep_for_backward) {
+  LOOM_CHECK(training || running_mean.defined(), op,
+             ": eval mode normalises with the running statistics, but none were given");
+  const int64_t channels = input.size(1);
+  ForwardStatistics out;
+  out.count = channels == 0 ? 0 : input.numel() / channels;
+  LOOM_CHECK(!training || reduce || out.count > 1, op, ": training needs more than one value per channel, got input ",
+             shape_str(input.sizes()));
+  NoGradGuard no_grad;
+  if (!training) {
+    out.mean = keep_for_backward ? running_mean.clone() : running_mean;
+    out.var = keep_for_backward ? running_var.clone() : running_var;
+    return out;
+  }
+  const Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
+  if (reduce) {
+    out.count = reduce.forward(stats, out.count);
+    LOOM_CHECK(out.count > 1, op, ": training needs more than one value per channel over all participants, got ",
+               out.count, " (this one's input is ", shape_str(input.sizes()), ")");
+  }
+  const Tensor mean_var =
+      LOOM_DISPATCH(input, batch_norm_gather_stats, stats, out.count, running_mean, running_var, momentum);
+  out.mean = row(mean_var, 0);
+  out.var = row(mean_var, 1);
+  return out;
+}
+
+// What batch_norm's backward keeps from the forward.
+struct SavedForward {
+  Tensor input, weight;  // detached; weight undefined without an affine transform
+  ForwardStatistics statistics;
+  bool training = false;
+  double eps = 0;
+  BatchStatisticsReduction reduce;  // empty in eval mode
+  DType weight_dtype = DType::f32, bias_dtype = DType::f32;
+};
+
+SavedForward save_forward(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                          const ForwardStatistics& statistics, bool training, double eps,
+                          const BatchStatisticsReduction& reduce) {
+  return {input.detach(), weight.defined() ? weight.detach() : Tensor(), statistics, training, eps, reduce,
+          weight.defined() ? weight.dtype() : DType::f32, bias.defined() ? bias.dtype() : DType::f32};
+}
+
+// The input, weight and bias gradients of batch norm for the output gradient
+// dy (masked by `relu` inside the kernels when enabled); weight and bias are
+// the node's inputs `weight_index` and `weight_index + 1`.
+TensorList batch_norm_gradients(const Node& node, const Tensor& dy, const SavedForward& s, const ops::FusedRelu& relu,
+                                size_t weight_index) {
+  const Tensor& x = s.input;
+  const Tensor &mean = s.statistics.mean, &var = s.statistics.var;
+  const size_t bias_index = weight_index + 1;
+  Tensor sums;  // (2, C) f64: (sum dy, sum dy * xhat)
+  if (s.training || node.needs_input_grad(weight_index) || node.needs_input_grad(bias_index)) {
+    sums = LOOM_DISPATCH(x, batch_norm_backward_reduce, dy, x, mean, var, s.eps, relu);
+  }
+  Tensor dx;
+  if (node.needs_input_grad(0)) {
+    Tensor batch_sums = s.training ? sums : Tensor();
+    if (s.reduce) {  // the parameter gradients below keep this call's own sums
+      batch_sums = sums.clone();
+      s.reduce.backward(batch_sums);
+    }
+    dx = LOOM_DISPATCH(x, batch_norm_backward_apply, dy, x, mean, var, s.weight, batch_sums, s.statistics.count, s.eps,
+                       relu);
+  }
+  // The (C) parameter gradients convert from f64 into their gradient destinations when offered.
+  return TensorList{
+      dx,
+      node.needs_input_grad(weight_index) ? gradient_to_destination(node, weight_index, row(sums, 1), s.weight_dtype)
+                                          : Tensor(),
+      node.needs_input_grad(bias_index) ? gradient_to_destination(node, bias_index, row(sums, 0), s.bias_dtype)
+                                        : Tensor()};
+}
+}  // namespace
+
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, Activation activation,
                   const BatchStatisticsReduction& reduction) {
   profiler::Scope profile("batch_norm", input);
   check_batch_norm_arguments("batch_norm", input, weight, bias, running_mean, running_var);
-  LOOM_CHECK(training || running_mean.defined(),
-             "batch_norm: eval mode normalises with the running statistics, but none were given");
-  const int64_t channels = input.size(1);
-  int64_t count = channels == 0 ? 0 : input.numel() / channels;  // over every participant once reduced
   const BatchStatisticsReduction reduce = training ? reduction : BatchStatisticsReduction{};
-  LOOM_CHECK(!training || reduce || count > 1,
-             "batch_norm: training needs more than one value per channel, got input ", shape_str(input.sizes()));
-
-  Tensor out, mean, var;
+  const ForwardStatistics statistics = forward_statistics(
+      "batch_norm", input, running_mean, running_var, training, momentum, reduce, any_requires_grad({input, weight, bias}));
+  Tensor out;
   {
     NoGradGuard no_grad;
-    if (training) {
-      const Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
-      if (reduce) {
-        count = reduce.forward(stats, count);
-        LOOM_CHECK(count > 1,
-                   "batch_norm: training needs more than one value per channel over all participants, got ", count,
-                   " (this one's input is ", shape_str(input.sizes()), ")");
-      }
-      const Tensor mean_var =
-          LOOM_DISPATCH(input, batch_norm_gather_stats, stats, count, running_mean, running_var, momentum);
-      mean = row(mean_var, 0);
-      var = row(mean_var, 1);
-    } else if (any_requires_grad({input, weight, bias})) {
-      // Backward must see the statistics of this forward even if a later
-      // training step updates the buffers in place.
-      mean = running_mean.clone();
-      var = running_var.clone();
-    } else {
-      mean = running_mean;
-      var = running_var;
-    }
-    out = LOOM_DISPATCH(input, batch_norm_apply, input, mean, var, weight, bias, eps, activation);
+    out = LOOM_DISPATCH(input, batch_norm_apply, input, statistics.mean, statistics.var, weight, bias, eps, activation);
   }
   // Under Activation::relu backward masks the gradient, recomputing the sign from the input.
   const bool fused_relu = activation == Activation::relu;
-
   record("batch_norm", {input, weight, bias}, {&out},
-         [x = input.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training, count, eps,
-          reduce, fused_relu, b = bias.defined() ? bias.detach() : Tensor(),
-          weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
-          bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
-           const Tensor dy = g[0].to(x.dtype());
-           const ops::FusedRelu relu_mask{fused_relu, w, b};  // the kernels mask dy as they read it
-           Tensor sums;  // (2, C) f64: (sum dy, sum dy * xhat)
-           if (training || node.needs_input_grad(1) || node.needs_input_grad(2)) {
-             sums = LOOM_DISPATCH(x, batch_norm_backward_reduce, dy, x, mean, var, eps, relu_mask);
-           }
-           Tensor dx;
-           if (node.needs_input_grad(0)) {
-             Tensor batch_sums = training ? sums : Tensor();
-             if (reduce) {  // the parameter gradients below keep this call's own sums
-               batch_sums = sums.clone();
-               reduce.backward(batch_sums);
-             }
-             dx = LOOM_DISPATCH(x, batch_norm_backward_apply, dy, x, mean, var, w, batch_sums, count, eps, relu_mask);
-           }
-           // The (C) parameter gradients convert from f64 into their gradient destinations when offered.
-           return TensorList{dx,
-                             node.needs_input_grad(1) ? gradient_to_destination(node, 1, row(sums, 1), weight_dtype)
-                                                      : Tensor(),
-                             node.needs_input_grad(2) ? gradient_to_destination(node, 2, row(sums, 0), bias_dtype)
-                                                      : Tensor()};
+         [saved = save_forward(input, weight, bias, statistics, training, eps, reduce), fused_relu,
+          b = bias.defined() ? bias.detach() : Tensor()](const TensorList& g, const Node& node) {
+           const ops::FusedRelu relu_mask{fused_relu, saved.weight, b};  // the kernels mask dy as they read it
+           return batch_norm_gradients(node, g[0].to(saved.input.dtype()), saved, relu_mask, 1);
          });
   return out;
 }
@@ -113,54 +155,26 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
              "batch_norm_add_relu: the residual ", residual.defined() ? shape_str(residual.sizes()) : "(undefined)",
              " must have the input's shape ", input.defined() ? shape_str(input.sizes()) : "(undefined)");
   ops::check_same_device_and_dtype("batch_norm_add_relu", {input, residual});
-  if (ops::on_cuda(input)) return relu(add(batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps), residual));
   profiler::Scope profile("batch_norm_add_relu", input);
   check_batch_norm_arguments("batch_norm_add_relu", input, weight, bias, running_mean, running_var);
-  LOOM_CHECK(training || running_mean.defined(),
-             "batch_norm_add_relu: eval mode normalises with the running statistics, but none were given");
-  const int64_t channels = input.size(1);
-  const int64_t count = channels == 0 ? 0 : input.numel() / channels;
-  LOOM_CHECK(!training || count > 1, "batch_norm_add_relu: training needs more than one value per channel, got input ",
-             shape_str(input.sizes()));
-  // The statistics as batch_norm computes them.
-  Tensor out, mean, var;
+  const ForwardStatistics statistics =
+      forward_statistics("batch_norm_add_relu", input, running_mean, running_var, training, momentum, {},
+                         any_requires_grad({input, residual, weight, bias}));
+  Tensor out;
   {
     NoGradGuard no_grad;
-    if (training) {
-      const Tensor mean_var = ops::cpu::batch_norm_gather_stats(ops::cpu::batch_norm_stats(input), count, running_mean,
-                                                           running_var, momentum);
-      mean = row(mean_var, 0);
-      var = row(mean_var, 1);
-    } else if (any_requires_grad({input, residual, weight, bias})) {
-      mean = running_mean.clone();
-      var = running_var.clone();
-    } else {
-      mean = running_mean;
-      var = running_var;
-    }
-    out = ops::cpu::batch_norm_apply_add_relu(input, residual, mean, var, weight, bias, eps);
+    out = LOOM_DISPATCH(input, batch_norm_apply, input, statistics.mean, statistics.var, weight, bias, eps,
+                        Activation::relu, residual);
   }
   // Backward masks with the output itself (the block's output, kept anyway as
   // the next block's input), then runs batch_norm's backward on the masked
   // gradient, which is also the residual's.
   record("batch_norm_add_relu", {input, residual, weight, bias}, {&out},
-         [x = input.detach(), y = out.detach(), w = weight.defined() ? weight.detach() : Tensor(), mean, var, training,
-          count, eps, weight_dtype = weight.defined() ? weight.dtype() : DType::f32,
-          bias_dtype = bias.defined() ? bias.dtype() : DType::f32](const TensorList& g, const Node& node) {
-           const Tensor masked = ops::cpu::unary_backward(ops::Unary::relu, g[0].to(x.dtype()), y);
-           Tensor sums;  // (2, C) f64: (sum g, sum g * xhat)
-           if (training || node.needs_input_grad(2) || node.needs_input_grad(3)) {
-             sums = ops::cpu::batch_norm_backward_reduce(masked, x, mean, var, eps);
-           }
-           Tensor dx;
-           if (node.needs_input_grad(0)) {
-             dx = ops::cpu::batch_norm_backward_apply(masked, x, mean, var, w, training ? sums : Tensor(), count, eps);
-           }
-           return TensorList{dx, node.needs_input_grad(1) ? masked : Tensor(),
-                             node.needs_input_grad(2) ? gradient_to_destination(node, 2, row(sums, 1), weight_dtype)
-                                                      : Tensor(),
-                             node.needs_input_grad(3) ? gradient_to_destination(node, 3, row(sums, 0), bias_dtype)
-                                                      : Tensor()};
+         [saved = save_forward(input, weight, bias, statistics, training, eps, {}),
+          y = out.detach()](const TensorList& g, const Node& node) {
+           const Tensor masked = LOOM_DISPATCH(y, unary_backward, ops::Unary::relu, g[0].to(y.dtype()), y);
+           TensorList grads = batch_norm_gradients(node, masked, saved, {}, 2);
+           return TensorList{grads[0], node.needs_input_grad(1) ? masked : Tensor(), grads[1], grads[2]};
          });
   return out;
 }

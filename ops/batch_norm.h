@@ -68,8 +68,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
 // updates as batch_norm; residual has the input's shape, dtype and device.
 // Backward, with g = dy where the output is positive, else 0:
 //   d residual = g,  d input / d weight / d bias = batch_norm's rules for g.
-// On the CPU one pass writes the output (no normalised or summed tensor in
-// between); on CUDA it runs as the three ops.
+// On both backends one pass writes the output (batch_norm_apply with a
+// residual; no normalised or summed tensor in between).
 Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight, const Tensor& bias,
                            const Tensor& running_mean, const Tensor& running_var, bool training, double momentum = 0.1,
                            double eps = 1e-5);
@@ -104,14 +104,12 @@ Tensor batch_norm_stats(const Tensor& input);
 Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum);
 // y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var (C) of
-// any floating dtype; weight and bias may be undefined. With Activation::relu,
-// y = max(y, 0) in the same pass.
+// any floating dtype; weight and bias may be undefined. A defined `residual`
+// (the input's shape and dtype) is added to y, and with Activation::relu
+// y = max(y, 0), all in the same pass (math::epilogue).
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps, Activation activation = Activation::none);
-// max(x * scale + shift + residual, 0) per channel, with batch_norm_apply's
-// coefficients: the forward of batch_norm_add_relu.
-Tensor batch_norm_apply_add_relu(const Tensor& input, const Tensor& residual, const Tensor& mean, const Tensor& var,
-                                 const Tensor& weight, const Tensor& bias, double eps);
+                        const Tensor& bias, double eps, Activation activation = Activation::none,
+                        const Tensor& residual = Tensor());
 // The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});
@@ -128,7 +126,8 @@ Tensor batch_norm_stats(const Tensor& input);
 Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum);
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps, Activation activation = Activation::none);
+                        const Tensor& bias, double eps, Activation activation = Activation::none,
+                        const Tensor& residual = Tensor());
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,

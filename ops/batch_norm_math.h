@@ -109,17 +109,29 @@ LOOM_HOST_DEVICE inline A apply(A x, A scale, A shift) {
 #endif
 }
 
-// max(x * scale + shift, 0) as std::max computes it (a NaN stays NaN).
-template <class A>
-LOOM_HOST_DEVICE inline A apply_relu(A x, A scale, A shift) {
-  const A y = apply(x, scale, shift);
-  return y < A(0) ? A(0) : y;
+// The forward's output for one element: x * scale + shift, plus the residual
+// (batch_norm_add_relu), then max(., 0) as std::max computes it (a NaN stays
+// NaN) under the fused ReLU. The residual is added after the affine step's
+// rounding, the same on both backends.
+template <bool Relu, bool Residual, class A>
+LOOM_HOST_DEVICE inline A epilogue(A x, A residual, A scale, A shift) {
+  A y = apply(x, scale, shift);
+  if constexpr (Residual) y = y + residual;
+  if constexpr (Relu) y = y < A(0) ? A(0) : y;
+  return y;
 }
 
 // dy where the fused ReLU's output x * scale + shift was positive, else 0.
 template <class A>
 LOOM_HOST_DEVICE inline A relu_masked(A dy, A x, A scale, A shift) {
   return apply(x, scale, shift) > A(0) ? dy : A(0);
+}
+
+// Calls fn.template operator()<Flag>() with Flag = value: a run-time choice
+// made once, outside the element loops, as a template argument.
+template <class Fn>
+auto with_flag(bool value, Fn&& fn) {
+  return value ? fn.template operator()<true>() : fn.template operator()<false>();
 }
 
 }  // namespace loom::ops::batch_norm_math

@@ -193,23 +193,29 @@ void CachingAllocator::record_stream(void* ptr, StreamHandle stream) {
   if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
 }
 
+namespace {
+// Merges `second`, the block right after `first` in their segment, into
+// `first` and deletes it; returns `first`.
+template <class Block>
+Block* merge_blocks(Block* first, Block* second) {
+  first->size += second->size;
+  first->next = second->next;
+  if (second->next != nullptr) second->next->prev = first;
+  delete second;
+  return first;
+}
+}  // namespace
+
 void CachingAllocator::release_block(Block* block) {
   block->allocated = false;
   Pool& pool = block->small ? small_pool_ : large_pool_;
   if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
     pool.erase(prev);
-    prev->size += block->size;
-    prev->next = block->next;
-    if (block->next != nullptr) block->next->prev = prev;
-    delete block;
-    block = prev;
+    block = merge_blocks(prev, block);
   }
   if (Block* next = block->next; next != nullptr && !next->allocated) {
     pool.erase(next);
-    block->size += next->size;
-    block->next = next->next;
-    if (next->next != nullptr) next->next->prev = block;
-    delete next;
+    merge_blocks(block, next);
   }
   pool.insert(block);
 }

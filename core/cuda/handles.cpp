@@ -19,35 +19,20 @@
 
 namespace loom::cuda {
 
-CublasHandle::CublasHandle(int device) : device_(device) {
+CublasHandle::CublasHandle(int device) : DeviceHandleOwner(device) {
   DeviceGuard guard(device);
   LOOM_CHECK_CUBLAS(cublasCreate(&handle_));
 }
-CublasHandle::~CublasHandle() {
-  if (handle_ != nullptr) cublasDestroy(handle_);  // errors ignored
-}
-CublasHandle::CublasHandle(CublasHandle&& other) noexcept
-    : device_(std::exchange(other.device_, -1)), handle_(std::exchange(other.handle_, nullptr)) {}
-CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
-  std::swap(device_, other.device_);
-  std::swap(handle_, other.handle_);
-  return *this;
-}
 
-CudnnHandle::CudnnHandle(int device) : device_(device) {
+CudnnHandle::CudnnHandle(int device) : DeviceHandleOwner(device) {
   DeviceGuard guard(device);
   LOOM_CHECK_CUDNN(cudnnCreate(&handle_));
 }
-CudnnHandle::~CudnnHandle() {
-  if (handle_ != nullptr) cudnnDestroy(handle_);  // errors ignored
-}
-CudnnHandle::CudnnHandle(CudnnHandle&& other) noexcept
-    : device_(std::exchange(other.device_, -1)), handle_(std::exchange(other.handle_, nullptr)) {}
-CudnnHandle& CudnnHandle::operator=(CudnnHandle&& other) noexcept {
-  std::swap(device_, other.device_);
-  std::swap(handle_, other.handle_);
-  return *this;
-}
+
+namespace detail {
+void release_cublas(CublasHandleType handle) noexcept { cublasDestroy(handle); }
+void release_cudnn(CudnnHandleType handle) noexcept { cudnnDestroy(handle); }
+}  // namespace detail
 
 namespace {
 constexpr int kMaxDevices = 64;
@@ -107,19 +92,22 @@ struct Borrowed {
     return s;
   }
 };
-}  // namespace
 
-CublasHandleType cublas_handle(StreamView stream) {
-  thread_local Borrowed<CublasHandle> borrowed;
+// The calling thread's handle of Owner's library for stream.device(), bound to
+// `stream` by set_stream(handle, stream) when it was fresh or bound to another.
+template <class Owner, class SetStream>
+auto borrowed_handle(StreamView stream, SetStream&& set_stream) {
+  thread_local Borrowed<Owner> borrowed;
   require_device(stream.device());
   bool fresh = false;
   auto& slot = borrowed.slot(stream.device(), fresh);
   if (fresh || slot.stream != stream.handle()) {
-    LOOM_CHECK_CUBLAS(cublasSetStream(slot.owner->get(), stream.handle()));
+    set_stream(slot.owner->handle(), stream.handle());
     slot.stream = stream.handle();
   }
-  return slot.owner->get();
+  return slot.owner->handle();
 }
+}  // namespace
 
 namespace detail {
 const char* cudnn_error_text(int status) {
@@ -134,16 +122,16 @@ const char* cudnn_error_text(int status) {
 }
 }  // namespace detail
 
+CublasHandleType cublas_handle(StreamView stream) {
+  return borrowed_handle<CublasHandle>(stream, [](CublasHandleType handle, StreamHandle bound) {
+    LOOM_CHECK_CUBLAS(cublasSetStream(handle, bound));
+  });
+}
+
 CudnnHandleType cudnn_handle(StreamView stream) {
-  thread_local Borrowed<CudnnHandle> borrowed;
-  require_device(stream.device());
-  bool fresh = false;
-  auto& slot = borrowed.slot(stream.device(), fresh);
-  if (fresh || slot.stream != stream.handle()) {
-    LOOM_CHECK_CUDNN(cudnnSetStream(slot.owner->get(), stream.handle()));
-    slot.stream = stream.handle();
-  }
-  return slot.owner->get();
+  return borrowed_handle<CudnnHandle>(stream, [](CudnnHandleType handle, StreamHandle bound) {
+    LOOM_CHECK_CUDNN(cudnnSetStream(handle, bound));
+  });
 }
 
 }  // namespace loom::cuda

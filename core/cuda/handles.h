@@ -14,36 +14,21 @@ namespace loom::cuda {
 using CublasHandleType = cublasContext*;  // cublasHandle_t
 using CudnnHandleType = cudnnContext*;    // cudnnHandle_t
 
+namespace detail {
+void release_cublas(CublasHandleType handle) noexcept;
+void release_cudnn(CudnnHandleType handle) noexcept;
+}  // namespace detail
+
 // An owned cuBLAS handle created on `device`. Destroying it never throws.
-class CublasHandle {
+class CublasHandle : public DeviceHandleOwner<CublasHandleType, detail::release_cublas> {
  public:
   explicit CublasHandle(int device);
-  ~CublasHandle();
-  CublasHandle(CublasHandle&& other) noexcept;
-  CublasHandle& operator=(CublasHandle&& other) noexcept;
-  CublasHandle(const CublasHandle&) = delete;
-  CublasHandle& operator=(const CublasHandle&) = delete;
-  CublasHandleType get() const { return handle_; }
-
- private:
-  int device_ = -1;
-  CublasHandleType handle_ = nullptr;
 };
 
 // An owned cuDNN handle created on `device`. Destroying it never throws.
-class CudnnHandle {
+class CudnnHandle : public DeviceHandleOwner<CudnnHandleType, detail::release_cudnn> {
  public:
   explicit CudnnHandle(int device);
-  ~CudnnHandle();
-  CudnnHandle(CudnnHandle&& other) noexcept;
-  CudnnHandle& operator=(CudnnHandle&& other) noexcept;
-  CudnnHandle(const CudnnHandle&) = delete;
-  CudnnHandle& operator=(const CudnnHandle&) = delete;
-  CudnnHandleType get() const { return handle_; }
-
- private:
-  int device_ = -1;
-  CudnnHandleType handle_ = nullptr;
 };
 
 // The calling thread's handle for stream.device(), bound to `stream`. Handles

@@ -52,13 +52,7 @@ class CudaAllocatorBackend final : public AllocatorBackend {
     return event;
   }
   bool event_completed(void* event) override {
-    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
-    if (status == cudaErrorNotReady) {
-      cudaGetLastError();
-      return false;
-    }
-    LOOM_CHECK_CUDA(status);
-    return true;
+    return LOOM_CUDA_FINISHED(cudaEventQuery(static_cast<cudaEvent_t>(event)));
   }
   void synchronize_event(void* event) override { LOOM_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
   void destroy_event(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }

@@ -46,6 +46,19 @@ void throw_library_error(const char* library, const char* call, const char* file
   throw Error(str(call, " failed at ", repository_path(file), ":", line, " on cuda:", device, ": ", message, " (",
                   library, " error ", code, ")"));
 }
+
+bool work_finished(int status_code, const char* call, const char* file, int line) {
+  const auto status = static_cast<cudaError_t>(status_code);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw_library_error("CUDA", call, file, line, status_code, cudaGetErrorString(status));
+  }
+  return true;
+}
 }  // namespace detail
 
 // ---- devices ----
@@ -212,13 +225,7 @@ void StreamView::synchronize() const {
 
 bool StreamView::query() const {
   DeviceGuard guard(device_);
-  const cudaError_t status = cudaStreamQuery(handle_);
-  if (status == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
-  LOOM_CHECK_CUDA(status);
-  return true;
+  return LOOM_CUDA_FINISHED(cudaStreamQuery(handle_));
 }
 
 void StreamView::wait(const Event& event) const {
@@ -227,7 +234,7 @@ void StreamView::wait(const Event& event) const {
   LOOM_CHECK_CUDA(cudaStreamWaitEvent(handle_, event.handle(), 0));
 }
 
-Stream::Stream(int device, StreamPriority priority) : device_(device) {
+Stream::Stream(int device, StreamPriority priority) : DeviceHandleOwner(device) {
   require_device(device);
   DeviceGuard guard(device);
   int least = 0, greatest = 0;
@@ -236,38 +243,17 @@ Stream::Stream(int device, StreamPriority priority) : device_(device) {
   LOOM_CHECK_CUDA(cudaStreamCreateWithPriority(&handle_, cudaStreamNonBlocking, value));
 }
 
-Stream::~Stream() {
-  if (handle_ != nullptr) cudaStreamDestroy(handle_);  // errors ignored: the driver may be shutting down
-}
-
-Stream::Stream(Stream&& other) noexcept
-    : device_(std::exchange(other.device_, -1)), handle_(std::exchange(other.handle_, nullptr)) {}
-
-Stream& Stream::operator=(Stream&& other) noexcept {
-  std::swap(device_, other.device_);
-  std::swap(handle_, other.handle_);
-  return *this;
-}
-
-Event::Event(int device, EventTiming timing) : device_(device) {
+Event::Event(int device, EventTiming timing) : DeviceHandleOwner(device) {
   require_device(device);
   DeviceGuard guard(device);
   LOOM_CHECK_CUDA(
       cudaEventCreateWithFlags(&handle_, timing == EventTiming::enabled ? cudaEventDefault : cudaEventDisableTiming));
 }
 
-Event::~Event() {
-  if (handle_ != nullptr) cudaEventDestroy(handle_);  // errors ignored
-}
-
-Event::Event(Event&& other) noexcept
-    : device_(std::exchange(other.device_, -1)), handle_(std::exchange(other.handle_, nullptr)) {}
-
-Event& Event::operator=(Event&& other) noexcept {
-  std::swap(device_, other.device_);
-  std::swap(handle_, other.handle_);
-  return *this;
-}
+namespace detail {
+void release_stream(StreamHandle handle) noexcept { cudaStreamDestroy(handle); }
+void release_event(EventHandle handle) noexcept { cudaEventDestroy(handle); }
+}  // namespace detail
 
 void Event::record(StreamView stream) {
   LOOM_CHECK(handle_ != nullptr, "Event::record on a moved-from event");
@@ -277,14 +263,7 @@ void Event::record(StreamView stream) {
 }
 
 bool Event::query() const {
-  if (handle_ == nullptr) return true;
-  const cudaError_t status = cudaEventQuery(handle_);
-  if (status == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
-  LOOM_CHECK_CUDA(status);
-  return true;
+  return handle_ == nullptr || LOOM_CUDA_FINISHED(cudaEventQuery(handle_));
 }
 
 void Event::synchronize() const {

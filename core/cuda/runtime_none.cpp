@@ -26,14 +26,10 @@ void synchronize(int) { no_cuda(); }
 void StreamView::synchronize() const { no_cuda(); }
 bool StreamView::query() const { no_cuda(); }
 void StreamView::wait(const Event&) const { no_cuda(); }
-Stream::Stream(int, StreamPriority) { no_cuda(); }
-Stream::~Stream() = default;
-Stream::Stream(Stream&&) noexcept = default;
-Stream& Stream::operator=(Stream&&) noexcept = default;
-Event::Event(int, EventTiming) { no_cuda(); }
-Event::~Event() = default;
-Event::Event(Event&&) noexcept = default;
-Event& Event::operator=(Event&&) noexcept = default;
+Stream::Stream(int device, StreamPriority) : DeviceHandleOwner(device) { no_cuda(); }
+Event::Event(int device, EventTiming) : DeviceHandleOwner(device) { no_cuda(); }
+void detail::release_stream(StreamHandle) noexcept {}
+void detail::release_event(EventHandle) noexcept {}
 void Event::record(StreamView) { no_cuda(); }
 bool Event::query() const { return true; }
 void Event::synchronize() const {}

@@ -8,6 +8,8 @@
 // throws "loom was built without CUDA".
 #pragma once
 
+#include <utility>
+
 struct CUstream_st;
 struct CUevent_st;
 
@@ -17,6 +19,41 @@ using StreamHandle = CUstream_st*;  // cudaStream_t
 using EventHandle = CUevent_st*;    // cudaEvent_t
 
 class Event;
+
+namespace detail {
+// Release a handle; never throw (errors are ignored: the driver may be shutting down).
+void release_stream(StreamHandle handle) noexcept;
+void release_event(EventHandle handle) noexcept;
+}  // namespace detail
+
+// The owner of one handle of a device (a stream, an event, a cuBLAS or cuDNN
+// handle): move-only, a moved-from owner holds none, and the destructor
+// releases the handle with `release`. A derived class's constructor creates
+// handle_ on device_.
+template <class Handle, void (*release)(Handle) noexcept>
+class DeviceHandleOwner {
+ public:
+  ~DeviceHandleOwner() {
+    if (handle_ != nullptr) release(handle_);
+  }
+  DeviceHandleOwner(DeviceHandleOwner&& other) noexcept
+      : device_(std::exchange(other.device_, -1)), handle_(std::exchange(other.handle_, nullptr)) {}
+  DeviceHandleOwner& operator=(DeviceHandleOwner&& other) noexcept {
+    std::swap(device_, other.device_);
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  DeviceHandleOwner(const DeviceHandleOwner&) = delete;  // one owner per handle
+  DeviceHandleOwner& operator=(const DeviceHandleOwner&) = delete;
+
+  int device() const { return device_; }
+  Handle handle() const { return handle_; }
+
+ protected:
+  explicit DeviceHandleOwner(int device) : device_(device) {}
+  int device_ = -1;
+  Handle handle_ = nullptr;
+};
 
 // A stream of one device, not owned: the device's default stream (handle
 // nullptr) or a stream that a Stream object owns and keeps alive.
@@ -47,26 +84,15 @@ enum class StreamPriority { normal, high };
 
 // An owned stream. It does not synchronise implicitly with the default stream
 // (cudaStreamNonBlocking): order it with events.
-class Stream {
+class Stream : public DeviceHandleOwner<StreamHandle, detail::release_stream> {
  public:
   explicit Stream(int device, StreamPriority priority = StreamPriority::normal);
-  ~Stream();
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;             // one owner per stream
-  Stream& operator=(const Stream&) = delete;
 
   StreamView view() const { return {device_, handle_}; }
   operator StreamView() const { return view(); }  // NOLINT: a Stream is usable wherever a view is
-  int device() const { return device_; }
-  StreamHandle handle() const { return handle_; }
   void synchronize() const { view().synchronize(); }
   [[nodiscard]] bool query() const { return view().query(); }
   void wait(const Event& event) const { view().wait(event); }
-
- private:
-  int device_ = -1;
-  StreamHandle handle_ = nullptr;
 };
 
 enum class EventTiming { disabled, enabled };
@@ -74,14 +100,9 @@ enum class EventTiming { disabled, enabled };
 // An owned event. record() captures the work queued on a stream so far;
 // query() / synchronize() / StreamView::wait() refer to that capture. An event
 // never recorded counts as complete.
-class Event {
+class Event : public DeviceHandleOwner<EventHandle, detail::release_event> {
  public:
   explicit Event(int device, EventTiming timing = EventTiming::disabled);
-  ~Event();
-  Event(Event&& other) noexcept;
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
 
   // `stream` must be on this event's device.
   void record(StreamView stream);
@@ -89,13 +110,6 @@ class Event {
   void synchronize() const;
   // Milliseconds from this event to `later`; both recorded, with timing enabled.
   float elapsed_ms(const Event& later) const;
-
-  int device() const { return device_; }
-  EventHandle handle() const { return handle_; }
-
- private:
-  int device_ = -1;
-  EventHandle handle_ = nullptr;
 };
 
 // The stream that loom's work on `device` goes to from the calling thread:

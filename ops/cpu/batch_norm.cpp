@@ -43,12 +43,6 @@ T masked(T dy, const T* x, int64_t i, T a, T b) {
   }
 }
 
-// Calls fn.template operator()<Masked>() with Masked = enabled.
-template <class Fn>
-auto with_mask(bool enabled, Fn&& fn) {
-  return enabled ? fn.template operator()<true>() : fn.template operator()<false>();
-}
-
 // A (C) tensor as f64 host values; `fallback` everywhere when undefined.
 std::vector<double> per_channel(const Tensor& t, int64_t channels, double fallback) {
   if (!t.defined()) return std::vector<double>(static_cast<size_t>(channels), fallback);
@@ -246,8 +240,9 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
 }
 
 Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps, Activation activation) {
+                        const Tensor& bias, double eps, Activation activation, const Tensor& residual_in) {
   const Tensor input = cpu_compute_input(input_in);
+  const Tensor residual = residual_in.defined() ? cpu_compute_input(residual_in) : Tensor();
   const ChannelGeometry l = channel_geometry(input);
   // Not a structured binding: clang before 16 (Debian's, for the fuzz build)
   // cannot capture one in the lambdas below.
@@ -257,36 +252,18 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
   Tensor out = Tensor::empty(input.sizes(), input.dtype());
   visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
     const T* x = input.data<T>();
+    const T* r = residual.defined() ? residual.data<T>() : nullptr;
     T* y = out.data<T>();
-    const bool relu = activation == Activation::relu;
-    for_each_row(l, [&](int64_t c, int64_t offset) {
-      const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
-      if (relu) {
-        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = math::apply_relu(x[offset + s], a, b);
-      } else {
-        for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = math::apply(x[offset + s], a, b);
-      }
-    });
-  });
-  return out.to(input_in.dtype());
-}
-
-Tensor batch_norm_apply_add_relu(const Tensor& input_in, const Tensor& residual_in, const Tensor& mean,
-                                 const Tensor& var, const Tensor& weight, const Tensor& bias, double eps) {
-  const Tensor input = cpu_compute_input(input_in), residual = cpu_compute_input(residual_in);
-  const ChannelGeometry l = channel_geometry(input);
-  // Not a structured binding: clang before 16 (the fuzz build's) cannot capture one in a lambda.
-  const auto coefficients = affine_coefficients(mean, var, weight, bias, eps, l.channels);
-  const std::vector<double>& scale = coefficients.scale;
-  const std::vector<double>& shift = coefficients.shift;
-  Tensor out = Tensor::empty(input.sizes(), input.dtype());
-  visit_compute_dtype(input.dtype(), "batch_norm", [&]<class T>() {
-    const T* x = input.data<T>();
-    const T* r = residual.data<T>();
-    T* y = out.data<T>();
-    for_each_row(l, [&](int64_t c, int64_t offset) {
-      const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
-      for (int64_t s = 0; s < l.inner; ++s) y[offset + s] = std::max(x[offset + s] * a + b + r[offset + s], T(0));
+    // The epilogue is chosen once, as template arguments, outside the element loop.
+    math::with_flag(activation == Activation::relu, [&]<bool Relu>() {
+      math::with_flag(r != nullptr, [&]<bool Residual>() {
+        for_each_row(l, [&](int64_t c, int64_t offset) {
+          const T a = static_cast<T>(scale[c]), b = static_cast<T>(shift[c]);
+          for (int64_t i = offset; i < offset + l.inner; ++i) {
+            y[i] = math::epilogue<Relu, Residual>(x[i], Residual ? r[i] : T(0), a, b);
+          }
+        });
+      });
     });
   });
   return out.to(input_in.dtype());
@@ -302,7 +279,7 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
     const T* x = input.data<T>();
     const T* dy = grad_output.data<T>();
     const Affine forward = affine_coefficients(mean, var, relu.weight, relu.bias, eps, l.channels);
-    return with_mask(relu.enabled, [&]<bool Masked>() {
+    return math::with_flag(relu.enabled, [&]<bool Masked>() {
       return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
         const T mc = static_cast<T>(m[c]);
         const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
@@ -368,7 +345,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
       const T* dy = grad_output.data<T>();
       const T* x = relu.enabled ? input.data<T>() : nullptr;
       T* dx = grad_input.data<T>();
-      with_mask(relu.enabled, [&]<bool Masked>() {
+      math::with_flag(relu.enabled, [&]<bool Masked>() {
         for_each_row(l, [&](int64_t c, int64_t offset) {
           const T kc = static_cast<T>(k[c]);
           const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
@@ -400,7 +377,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
       coefficients[c] = {static_cast<T>(co.k), static_cast<T>(co.mean_dy), static_cast<T>(m[c]),
                          static_cast<T>(co.p), static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c])};
     }
-    with_mask(relu.enabled, [&]<bool Masked>() {
+    math::with_flag(relu.enabled, [&]<bool Masked>() {
       for_each_row(l, [&](int64_t c, int64_t offset) {
         const Coefficients& co = coefficients[c];
         const T kc = co.k, mean_dy = co.mean_dy, mc = co.mean, pc = co.p, a = co.a, b = co.b;

@@ -19,6 +19,7 @@ using namespace cuda_detail;
 namespace {
 namespace math = batch_norm_math;
 using math::ChannelGeometry;
+using math::with_flag;
 
 // One value of a per-channel (C) tensor of any floating dtype; `fallback` when absent.
 __device__ __forceinline__ double channel_value(const void* p, DType t, int64_t c, double fallback) {
@@ -156,16 +157,6 @@ static __global__ void finish_sums_kernel(const double* partial_a, const double*
   }
 }
 
-// Calls fn.template operator()<Flag>() with Flag = value.
-template <class Fn>
-void with_flag(bool value, Fn&& fn) {
-  if (value) {
-    fn.template operator()<true>();
-  } else {
-    fn.template operator()<false>();
-  }
-}
-
 // The per-channel sums of `x` (and `dy` for backward, masked when `mask`
 // holds coefficients) as an f64 (2, C) tensor.
 template <bool Backward>
@@ -256,13 +247,17 @@ Tensor apply_coefficients(const Tensor& mean, const Tensor& var, const Tensor& w
   });
 }
 
-template <class T, bool Relu>
-static __global__ void apply_kernel(const T* x, T* y, const acc_t<T>* scale, const acc_t<T>* shift, ChannelGeometry l) {
+// y = x * scale + shift (+ residual) (then ReLU), math::epilogue; residual is
+// read only when Residual.
+template <class T, bool Relu, bool Residual>
+static __global__ void apply_kernel(const T* x, const T* residual, T* y, const acc_t<T>* scale, const acc_t<T>* shift,
+                                    ChannelGeometry l) {
+  using A = acc_t<T>;
   const int64_t n = l.numel();
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const int64_t c = l.channel_of(i);
-    const acc_t<T> v = to_acc(x[i]);
-    y[i] = from_acc<T>(Relu ? math::apply_relu(v, scale[c], shift[c]) : math::apply(v, scale[c], shift[c]));
+    const A r = Residual ? to_acc(residual[i]) : A(0);
+    y[i] = from_acc<T>(math::epilogue<Relu, Residual>(to_acc(x[i]), r, scale[c], shift[c]));
   }
 }
 
@@ -346,10 +341,16 @@ Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tens
 }
 
 Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps, Activation activation) {
+                        const Tensor& bias, double eps, Activation activation, const Tensor& residual_in) {
   const auto device_guard = on_device_of("batch_norm", input_in);
   const MemoryFormat format = memory_format_of(input_in);
   const Tensor x = in_memory_format(input_in, format);
+  LOOM_CHECK(!residual_in.defined() || (residual_in.sizes() == x.sizes() && residual_in.dtype() == x.dtype() &&
+                                        residual_in.device() == x.device()),
+             "batch_norm: the residual ", residual_in.defined() ? residual_in.str() : "", " must match the input ",
+             x.str());
+  // The residual in the input's memory order, so that one offset indexes both.
+  const Tensor residual = residual_in.defined() ? in_memory_format(residual_in, format) : Tensor();
   const ChannelGeometry l = math::channel_geometry(x, format);
   Tensor y = empty_with_format(x.sizes(), x.dtype(), x.device(), format);
   if (l.numel() == 0) return y;
@@ -358,10 +359,13 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
   visit_float(x.dtype(), "batch_norm", [&]<class T>() {
     using A = acc_t<T>;
     const A* scale = coefficients.data<A>();
+    const T* r = residual.defined() ? residual.data<T>() : nullptr;
     with_flag(activation == Activation::relu, [&]<bool Relu>() {
-      apply_kernel<T, Relu><<<blocks_for(l.numel()), kThreads, 0, stream>>>(x.data<T>(), y.data<T>(), scale,
-                                                                             scale + l.channels, l);
-      LOOM_CHECK_LAUNCH();
+      with_flag(r != nullptr, [&]<bool Residual>() {
+        apply_kernel<T, Relu, Residual><<<blocks_for(l.numel()), kThreads, 0, stream>>>(x.data<T>(), r, y.data<T>(),
+                                                                                        scale, scale + l.channels, l);
+        LOOM_CHECK_LAUNCH();
+      });
     });
   });
   return y;

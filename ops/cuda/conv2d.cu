@@ -173,6 +173,69 @@ struct Buffers {
   void* out;
 };
 
+// The descriptors of one pass in cuDNN's argument order, the written one
+// last (as Buffers): x, w, y forward; w, dy, dx backward data; x, dy, dw
+// backward filter.
+auto forward_descriptors(const Problem& p) { return std::tuple{p.x.get(), p.w.get(), p.y.get()}; }
+auto backward_data_descriptors(const Problem& p) { return std::tuple{p.w.get(), p.y.get(), p.x.get()}; }
+auto backward_filter_descriptors(const Problem& p) { return std::tuple{p.x.get(), p.y.get(), p.w.get()}; }
+
+// cuDNN's calls for one pass, which take the same arguments in each pass: its
+// workspace size per algorithm, the timed search (find) and the heuristic
+// (get), over Count algorithms with results of type Perf.
+template <class Perf, int Count, auto descriptors, auto workspace_size, auto find, auto get>
+struct PassCalls {
+  using Result = Perf;
+  static constexpr int kCount = Count;
+  static cudnnStatus_t workspace_bytes(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
+    const auto [first, second, out] = descriptors(p);
+    return workspace_size(h, first, second, p.conv.get(), out, static_cast<decltype(Perf::algo)>(algorithm), bytes);
+  }
+  static void timed_search(cudnnHandle_t h, const Problem& p, const Buffers& b, int* returned, Perf* results,
+                           lc::DeviceBuffer& workspace) {
+    const auto [first, second, out] = descriptors(p);
+    LOOM_CHECK_CUDNN(find(h, first, b.first, second, b.second, p.conv.get(), out, b.out, Count, returned, results,
+                          workspace.data(), workspace.size()));
+  }
+  static void heuristic(cudnnHandle_t h, const Problem& p, int* returned, Perf* results) {
+    const auto [first, second, out] = descriptors(p);
+    LOOM_CHECK_CUDNN(get(h, first, second, p.conv.get(), out, Count, returned, results));
+  }
+};
+
+using ForwardCalls = PassCalls<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, forward_descriptors,
+                               cudnnGetConvolutionForwardWorkspaceSize, cudnnFindConvolutionForwardAlgorithmEx,
+                               cudnnGetConvolutionForwardAlgorithm_v7>;
+using BackwardDataCalls =
+    PassCalls<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, backward_data_descriptors,
+              cudnnGetConvolutionBackwardDataWorkspaceSize, cudnnFindConvolutionBackwardDataAlgorithmEx,
+              cudnnGetConvolutionBackwardDataAlgorithm_v7>;
+using BackwardFilterCalls =
+    PassCalls<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, backward_filter_descriptors,
+              cudnnGetConvolutionBackwardFilterWorkspaceSize, cudnnFindConvolutionBackwardFilterAlgorithmEx,
+              cudnnGetConvolutionBackwardFilterAlgorithm_v7>;
+
+// One pass's choice: with `benchmark`, cuDNN's timed search with a workspace
+// as large as the hungriest candidate needs; else its heuristic.
+template <class Calls>
+Choice search(const char* pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device,
+              bool benchmark) {
+  typename Calls::Result results[Calls::kCount];
+  int returned = 0;
+  if (benchmark) {
+    size_t largest = 0;
+    for (int a = 0; a < Calls::kCount; ++a) {
+      size_t bytes = 0;
+      if (Calls::workspace_bytes(handle, problem, a, &bytes) == CUDNN_STATUS_SUCCESS) largest = std::max(largest, bytes);
+    }
+    lc::DeviceBuffer workspace = search_workspace(largest, device);
+    Calls::timed_search(handle, problem, b, &returned, results, workspace);
+  } else {
+    Calls::heuristic(handle, problem, &returned, results);
+  }
+  return first_usable(problem, results, returned, pass, device, !benchmark);
+}
+
 Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buffers& b, int device) {
   const bool benchmark = lc::conv_algorithm_search() == lc::ConvAlgorithmSearch::benchmark;
   const CacheKey key{pass, device, benchmark, problem.key};
@@ -182,75 +245,12 @@ Choice choose(Pass pass, const Problem& problem, cudnnHandle_t handle, const Buf
     if (it != g_cache.end()) return it->second;
   }
   Choice choice;
-  int returned = 0;
   if (pass == Pass::forward) {
-    cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    if (benchmark) {
-      size_t largest = 0;
-      for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; ++a) {
-        size_t bytes = 0;
-        if (cudnnGetConvolutionForwardWorkspaceSize(handle, problem.x.get(), problem.w.get(), problem.conv.get(),
-                                                    problem.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a),
-                                                    &bytes) == CUDNN_STATUS_SUCCESS) {
-          largest = std::max(largest, bytes);
-        }
-      }
-      lc::DeviceBuffer workspace = search_workspace(largest, device);
-      LOOM_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
-          handle, problem.x.get(), b.first, problem.w.get(), b.second, problem.conv.get(), problem.y.get(), b.out,
-          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
-    } else {
-      LOOM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(handle, problem.x.get(), problem.w.get(),
-                                                              problem.conv.get(), problem.y.get(),
-                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, results));
-    }
-    choice = first_usable(problem, results, returned, "forward", device, !benchmark);
+    choice = search<ForwardCalls>("forward", problem, handle, b, device, benchmark);
   } else if (pass == Pass::backward_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    if (benchmark) {
-      size_t largest = 0;
-      for (int a = 0; a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT; ++a) {
-        size_t bytes = 0;
-        if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, problem.w.get(), problem.y.get(), problem.conv.get(),
-                                                         problem.x.get(),
-                                                         static_cast<cudnnConvolutionBwdDataAlgo_t>(a),
-                                                         &bytes) == CUDNN_STATUS_SUCCESS) {
-          largest = std::max(largest, bytes);
-        }
-      }
-      lc::DeviceBuffer workspace = search_workspace(largest, device);
-      LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          handle, problem.w.get(), b.first, problem.y.get(), b.second, problem.conv.get(), problem.x.get(), b.out,
-          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
-    } else {
-      LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          handle, problem.w.get(), problem.y.get(), problem.conv.get(), problem.x.get(),
-          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, results));
-    }
-    choice = first_usable(problem, results, returned, "backward-data", device, !benchmark);
+    choice = search<BackwardDataCalls>("backward-data", problem, handle, b, device, benchmark);
   } else {
-    cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    if (benchmark) {
-      size_t largest = 0;
-      for (int a = 0; a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT; ++a) {
-        size_t bytes = 0;
-        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, problem.x.get(), problem.y.get(),
-                                                           problem.conv.get(), problem.w.get(),
-                                                           static_cast<cudnnConvolutionBwdFilterAlgo_t>(a),
-                                                           &bytes) == CUDNN_STATUS_SUCCESS) {
-          largest = std::max(largest, bytes);
-        }
-      }
-      lc::DeviceBuffer workspace = search_workspace(largest, device);
-      LOOM_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          handle, problem.x.get(), b.first, problem.y.get(), b.second, problem.conv.get(), problem.w.get(), b.out,
-          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results, workspace.data(), workspace.size()));
-    } else {
-      LOOM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          handle, problem.x.get(), problem.y.get(), problem.conv.get(), problem.w.get(),
-          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, results));
-    }
-    choice = first_usable(problem, results, returned, "backward-filter", device, !benchmark);
+    choice = search<BackwardFilterCalls>("backward-filter", problem, handle, b, device, benchmark);
   }
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, choice);

@@ -178,6 +178,24 @@ static __global__ void argmax_kernel(const T* x, int64_t* out, int64_t rows, int
   return ::loom::cuda::DeviceGuard(scores.device().index);
 }
 
+// The mean over `rows` of per-row losses, a 0-d tensor of x's dtype:
+// launch_rows.template operator()<T>(row_loss) launches the kernel that
+// writes the f64 loss of each row (not called when there are no rows).
+template <class LaunchRows>
+Tensor mean_row_loss(const char* op, const Tensor& x, int64_t rows, LaunchRows&& launch_rows) {
+  Tensor out = Tensor::empty({}, x.dtype(), x.device());
+  ::loom::cuda::DeviceBuffer row_loss(std::max<int64_t>(rows, 1) * sizeof(double), x.device().index);
+  visit_float(x.dtype(), op, [&]<class T>() {
+    if (rows > 0) {
+      launch_rows.template operator()<T>(static_cast<double*>(row_loss.data()));
+      LOOM_CHECK_LAUNCH();
+    }
+    mean_kernel<T><<<1, kThreads, 0, stream_of(x)>>>(static_cast<const double*>(row_loss.data()), rows, out.data<T>());
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor log_softmax_forward(const Tensor& logits_in) {
@@ -212,19 +230,10 @@ Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& targets_in) {
   const auto device_guard = check_targets("nll_loss", log_probs_in, targets_in);
   const Tensor lp = contiguous_input(log_probs_in), t = contiguous_input(targets_in);
   const int64_t rows = lp.size(0), cols = lp.size(1);
-  Tensor out = Tensor::empty({}, lp.dtype(), lp.device());
-  ::loom::cuda::DeviceBuffer row_loss(std::max<int64_t>(rows, 1) * sizeof(double), lp.device().index);
-  visit_float(lp.dtype(), "nll_loss", [&]<class T>() {
-    if (rows > 0) {
-      nll_rows_kernel<T><<<blocks_for(rows), kThreads, 0, stream_of(lp)>>>(
-          lp.data<T>(), t.data<int64_t>(), static_cast<double*>(row_loss.data()), rows, cols);
-      LOOM_CHECK_LAUNCH();
-    }
-    mean_kernel<T><<<1, kThreads, 0, stream_of(lp)>>>(static_cast<const double*>(row_loss.data()), rows,
-                                                       out.data<T>());
-    LOOM_CHECK_LAUNCH();
+  return mean_row_loss("nll_loss", lp, rows, [&]<class T>(double* row_loss) {
+    nll_rows_kernel<T><<<blocks_for(rows), kThreads, 0, stream_of(lp)>>>(lp.data<T>(), t.data<int64_t>(), row_loss,
+                                                                         rows, cols);
   });
-  return out;
 }
 
 Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& targets_in) {
@@ -247,21 +256,12 @@ Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, 
   const Tensor x = contiguous_input(logits_in), t = contiguous_input(targets_in);
   const int64_t rows = x.size(0), cols = x.size(1);
   LOOM_CHECK(cols > 0, "cross_entropy: scores ", x.str(), " have no classes");
-  Tensor out = Tensor::empty({}, x.dtype(), x.device());
   // As on the CPU, the probabilities backward needs are kept in f32 (f64 for f64).
   probabilities = Tensor::empty(x.sizes(), x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  ::loom::cuda::DeviceBuffer row_loss(std::max<int64_t>(rows, 1) * sizeof(double), x.device().index);
-  visit_float(x.dtype(), "cross_entropy", [&]<class T>() {
-    using A = acc_t<T>;
-    if (rows > 0) {
-      cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
-          x.data<T>(), t.data<int64_t>(), probabilities.data<A>(), static_cast<double*>(row_loss.data()), rows, cols);
-      LOOM_CHECK_LAUNCH();
-    }
-    mean_kernel<T><<<1, kThreads, 0, stream_of(x)>>>(static_cast<const double*>(row_loss.data()), rows, out.data<T>());
-    LOOM_CHECK_LAUNCH();
+  return mean_row_loss("cross_entropy", x, rows, [&]<class T>(double* row_loss) {
+    cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
+        x.data<T>(), t.data<int64_t>(), probabilities.data<acc_t<T>>(), row_loss, rows, cols);
   });
-  return out;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets_in) {

@@ -22,26 +22,24 @@ struct Window {
   int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
 };
 
+// The index along the innermost remaining dim, of `size`, of a flat index
+// `i`; `i` becomes the index over the dims outside it.
+__device__ __forceinline__ int64_t take_innermost(int64_t& i, int64_t size) {
+  const int64_t index = i % size;
+  i /= size;
+  return index;
+}
+
 // Position (n, c, y, x) of element `i` of an (N, C, Y, X) tensor stored in
-// memory order NCHW, or NHWC when ChannelsLast.
+// memory order NCHW, or NHWC when ChannelsLast: dims peeled innermost first.
 template <bool ChannelsLast>
 __device__ __forceinline__ void position(int64_t i, int64_t c_size, int64_t y_size, int64_t x_size, int64_t& n,
                                          int64_t& c, int64_t& y, int64_t& x) {
-  if constexpr (ChannelsLast) {
-    c = i % c_size;
-    i /= c_size;
-    x = i % x_size;
-    i /= x_size;
-    y = i % y_size;
-    n = i / y_size;
-  } else {
-    x = i % x_size;
-    i /= x_size;
-    y = i % y_size;
-    i /= y_size;
-    c = i % c_size;
-    n = i / c_size;
-  }
+  if constexpr (ChannelsLast) c = take_innermost(i, c_size);
+  x = take_innermost(i, x_size);
+  y = take_innermost(i, y_size);
+  if constexpr (!ChannelsLast) c = take_innermost(i, c_size);
+  n = i;
 }
 
 // Offset of (n, c, y, x) in an (N, C, Y, X) tensor of that memory order.
@@ -151,6 +149,20 @@ void visit_pooling(DType dtype, MemoryFormat format, const char* op, Fn&& fn) {
   });
 }
 
+// A pass with one thread per output element: `out`, a new tensor of `sizes`
+// in `in`'s dtype and device stored in `format`, is written by
+// launch.template operator()<T, ChannelsLast>(in, out, blocks, stream).
+template <class Launch>
+Tensor pooling_pass(const char* op, const Tensor& in, MemoryFormat format, const Shape& sizes, Launch&& launch) {
+  Tensor out = empty_with_format(sizes, in.dtype(), in.device(), format);
+  if (out.numel() == 0) return out;
+  visit_pooling(in.dtype(), format, op, [&]<class T, bool ChannelsLast>() {
+    launch.template operator()<T, ChannelsLast>(in.data<T>(), out.data<T>(), blocks_for(out.numel()), stream_of(in));
+    LOOM_CHECK_LAUNCH();
+  });
+  return out;
+}
+
 int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding) {
   return (input + 2 * padding - kernel) / stride + 1;
 }
@@ -165,16 +177,13 @@ Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Si
                     pooled_size(x.size(3), kernel[1], stride[1], padding[1])};
   const Window window{kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1]};
   const Shape out_sizes{s.n, s.c, s.out_h, s.out_w};
-  Tensor out = empty_with_format(out_sizes, x.dtype(), x.device(), format);
   indices = empty_with_format(out_sizes, DType::i64, x.device(), format);
-  const int64_t total = out.numel();
-  if (total == 0) return out;
-  visit_pooling(x.dtype(), format, "max_pool2d", [&]<class T, bool ChannelsLast>() {
-    max_pool_forward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), out.data<T>(), indices.data<int64_t>(), s, window);
-    LOOM_CHECK_LAUNCH();
-  });
-  return out;
+  int64_t* index = indices.data<int64_t>();
+  return pooling_pass("max_pool2d", x, format, out_sizes,
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        max_pool_forward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, index, s,
+                                                                                                   window);
+                      });
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices_in, const Shape& input_sizes) {
@@ -204,15 +213,10 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
   const MemoryFormat format = memory_format_of(input_in);
   const Tensor x = in_memory_format(input_in, format);
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
-  Tensor out = empty_with_format({s.n, s.c, s.out_h, s.out_w}, x.dtype(), x.device(), format);
-  const int64_t total = out.numel();
-  if (total == 0) return out;
-  visit_pooling(x.dtype(), format, "adaptive_avg_pool2d", [&]<class T, bool ChannelsLast>() {
-    adaptive_avg_forward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), out.data<T>(), s);
-    LOOM_CHECK_LAUNCH();
-  });
-  return out;
+  return pooling_pass("adaptive_avg_pool2d", x, format, {s.n, s.c, s.out_h, s.out_w},
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        adaptive_avg_forward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s);
+                      });
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
@@ -220,15 +224,10 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& inpu
   const MemoryFormat format = memory_format_of(grad_output);
   const Tensor dy = in_memory_format(grad_output, format);
   const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
-  Tensor dx = empty_with_format(input_sizes, dy.dtype(), dy.device(), format);
-  const int64_t total = dx.numel();
-  if (total == 0) return dx;
-  visit_pooling(dy.dtype(), format, "adaptive_avg_pool2d backward", [&]<class T, bool ChannelsLast>() {
-    adaptive_avg_backward_kernel<T, ChannelsLast><<<blocks_for(total), kThreads, 0, stream_of(dy)>>>(
-        dy.data<T>(), dx.data<T>(), s);
-    LOOM_CHECK_LAUNCH();
-  });
-  return dx;
+  return pooling_pass("adaptive_avg_pool2d backward", dy, format, input_sizes,
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        adaptive_avg_backward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s);
+                      });
 }
 
 }  // namespace loom::ops::cuda

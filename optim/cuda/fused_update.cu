@@ -164,6 +164,25 @@ int64_t plan_chunks(const std::vector<Tensor>& params, const std::vector<size_t>
   return blocks;
 }
 
+// One launch per batch of `params` (batches()), on the batch's GPU and
+// stream: a List with the batch's chunk plan, fill(list, k, i) for member k
+// (parameter i), then launch.template operator()<T>(list, blocks, stream) in
+// the batch's dtype T.
+template <class List, class Fill, class Launch>
+void for_each_batch(const char* op, const std::vector<Tensor>& params, Fill&& fill, Launch&& launch) {
+  for (const auto& batch : batches(params)) {
+    const ::loom::cuda::DeviceGuard device_guard(params[batch.front()].device().index);  // launch on its GPU
+    List list{};
+    const int64_t blocks = plan_chunks(params, batch, list.chunks);
+    for (size_t k = 0; k < batch.size(); ++k) fill(list, k, batch[k]);
+    const Tensor& like = params[batch.front()];
+    visit_float(like.dtype(), op, [&]<class T>() {
+      launch.template operator()<T>(list, static_cast<unsigned>(blocks), stream_of(like));
+      LOOM_CHECK_LAUNCH();
+    });
+  }
+}
+
 }  // namespace
 
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -178,26 +197,20 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
     check_update_tensor("gradient", grads[i], params[i]);
     if (use_momentum) check_update_tensor("momentum buffer", momentum_buffers[i], params[i]);
   }
-  for (const auto& batch : batches(params)) {
-    const ::loom::cuda::DeviceGuard device_guard(params[batch.front()].device().index);  // launch on its GPU
-    SgdList list{};
-    const int64_t blocks = plan_chunks(params, batch, list.chunks);
-    for (size_t k = 0; k < batch.size(); ++k) {
-      const size_t i = batch[k];
-      list.param[k] = params[i].raw_data();
-      list.grad[k] = grads[i].raw_data();
-      list.buffer[k] = use_momentum ? momentum_buffers[i].raw_data() : nullptr;
-      list.first[k] = use_momentum && first_step[i];
-    }
-    const Tensor& like = params[batch.front()];
-    visit_float(like.dtype(), "fused SGD", [&]<class T>() {
-      using A = acc_t<T>;
-      sgd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
-          list, static_cast<A>(hyper.lr), static_cast<A>(hyper.momentum), static_cast<A>(1 - hyper.dampening),
-          static_cast<A>(hyper.weight_decay), use_momentum, hyper.nesterov);
-      LOOM_CHECK_LAUNCH();
-    });
-  }
+  for_each_batch<SgdList>(
+      "fused SGD", params,
+      [&](SgdList& list, size_t k, size_t i) {
+        list.param[k] = params[i].raw_data();
+        list.grad[k] = grads[i].raw_data();
+        list.buffer[k] = use_momentum ? momentum_buffers[i].raw_data() : nullptr;
+        list.first[k] = use_momentum && first_step[i];
+      },
+      [&]<class T>(const SgdList& list, unsigned blocks, cudaStream_t stream) {
+        using A = acc_t<T>;
+        sgd_kernel<T><<<blocks, kThreads, 0, stream>>>(list, static_cast<A>(hyper.lr), static_cast<A>(hyper.momentum),
+                                                       static_cast<A>(1 - hyper.dampening),
+                                                       static_cast<A>(hyper.weight_decay), use_momentum, hyper.nesterov);
+      });
 }
 
 void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
@@ -211,29 +224,23 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
     check_update_tensor("exp_avg", exp_avgs[i], params[i]);
     check_update_tensor("exp_avg_sq", exp_avg_sqs[i], params[i]);
   }
-  for (const auto& batch : batches(params)) {
-    const ::loom::cuda::DeviceGuard device_guard(params[batch.front()].device().index);  // launch on its GPU
-    AdamList list{};
-    const int64_t blocks = plan_chunks(params, batch, list.chunks);
-    for (size_t k = 0; k < batch.size(); ++k) {
-      const size_t i = batch[k];
-      list.param[k] = params[i].raw_data();
-      list.grad[k] = grads[i].raw_data();
-      list.exp_avg[k] = exp_avgs[i].raw_data();
-      list.exp_avg_sq[k] = exp_avg_sqs[i].raw_data();
-      const double step = static_cast<double>(steps[i]);
-      list.step_size[k] = hyper.lr / (1 - std::pow(hyper.beta1, step));
-      list.sqrt_correction[k] = std::sqrt(1 - std::pow(hyper.beta2, step));
-    }
-    const Tensor& like = params[batch.front()];
-    visit_float(like.dtype(), "fused Adam", [&]<class T>() {
-      using A = acc_t<T>;
-      adam_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
-          list, static_cast<A>(hyper.beta1), static_cast<A>(hyper.beta2), static_cast<A>(hyper.eps),
-          static_cast<A>(hyper.weight_decay), static_cast<A>(1 - hyper.lr * hyper.weight_decay), hyper.decoupled);
-      LOOM_CHECK_LAUNCH();
-    });
-  }
+  for_each_batch<AdamList>(
+      "fused Adam", params,
+      [&](AdamList& list, size_t k, size_t i) {
+        list.param[k] = params[i].raw_data();
+        list.grad[k] = grads[i].raw_data();
+        list.exp_avg[k] = exp_avgs[i].raw_data();
+        list.exp_avg_sq[k] = exp_avg_sqs[i].raw_data();
+        const double step = static_cast<double>(steps[i]);
+        list.step_size[k] = hyper.lr / (1 - std::pow(hyper.beta1, step));
+        list.sqrt_correction[k] = std::sqrt(1 - std::pow(hyper.beta2, step));
+      },
+      [&]<class T>(const AdamList& list, unsigned blocks, cudaStream_t stream) {
+        using A = acc_t<T>;
+        adam_kernel<T><<<blocks, kThreads, 0, stream>>>(
+            list, static_cast<A>(hyper.beta1), static_cast<A>(hyper.beta2), static_cast<A>(hyper.eps),
+            static_cast<A>(hyper.weight_decay), static_cast<A>(1 - hyper.lr * hyper.weight_decay), hyper.decoupled);
+      });
 }
 
 bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor) {

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,27 @@
 namespace loom::gpu_testing {
 
 inline const Device kCuda = Device::cuda(0);
+
+// The message of the loom::Error that fn() throws; empty when it throws none
+// (which then fails check_mentions).
+template <class Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Checks that `message` contains each of `parts`.
+inline void check_mentions(const std::string& message, std::initializer_list<const char*> parts) {
+  INFO(message);
+  for (const char* part : parts) {
+    INFO("expected to find: ", part);
+    CHECK(message.find(part) != std::string::npos);
+  }
+}
 
 // A CPU leaf of `dtype` with values uniform in [low, high) (drawn in f64, then rounded).
 inline Tensor random_cpu(const Shape& sizes, uint64_t seed, DType dtype, double low = -1.0, double high = 1.0) {

@@ -63,6 +63,57 @@ std::string label(const char* op, DType dtype, const Shape& shape) {
   return std::string(op) + " " + dtype_name(dtype) + shape_str(shape);
 }
 
+struct BatchNormCase {
+  Shape input;
+  bool affine, running, training;
+};
+
+// How a batch-norm variant's inputs are drawn: seeds from `first_seed` on
+// (input, weight, bias, running mean, running var, residual), weights uniform
+// in [weight_low, 1.5), and a residual only for batch_norm_add_relu.
+struct BatchNormInputs {
+  uint64_t first_seed;
+  double weight_low;
+  bool residual;
+};
+
+// Checks a batch-norm variant, op(t, training) with
+// t = {input, weight, bias, running_mean, running_var, residual} (undefined
+// where the case has none), on CUDA against the CPU for every float dtype
+// (f16 / bf16 inputs with f32 parameters and statistics: mixed precision) and
+// each case, with the input NCHW and (4-d inputs) channels-last on the GPU:
+// the output, the running statistics updated in place, and the gradients of
+// the input, weight, bias and residual.
+template <size_t N>
+void check_batch_norm_variant(const char* name, const BatchNormCase (&cases)[N], BatchNormInputs draw,
+                              const std::function<Tensor(const TensorList&, bool)>& op) {
+  for (DType dtype : kFloatTypes) {
+    const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
+    for (const BatchNormCase& c : cases) {
+      for (bool channels_last : {false, true}) {
+        if (channels_last && c.input.size() != 4) continue;
+        const int64_t channels = c.input[1];
+        const uint64_t seed = draw.first_seed;
+        const TensorList inputs{
+            leaf(c.input, seed, dtype, -2.0, 3.0),
+            c.affine ? leaf({channels}, seed + 1, param_dtype, draw.weight_low, 1.5) : Tensor(),
+            c.affine ? leaf({channels}, seed + 2, param_dtype) : Tensor(),
+            c.running ? random_cpu({channels}, seed + 3, param_dtype) : Tensor(),
+            c.running ? random_cpu({channels}, seed + 4, param_dtype, 0.5, 2.0) : Tensor(),
+            draw.residual ? leaf(c.input, seed + 5, dtype) : Tensor()};
+        const bool training = c.training;
+        check_op(label((std::string(name) + (training ? " train" : " eval")).c_str(), dtype, c.input), inputs,
+                 [&op, training](const TensorList& t) {
+                   // The running statistics are updated in place; compare them too.
+                   const Tensor y = op(t, training);
+                   return t[3].defined() ? TensorList{y, t[3], t[4]} : TensorList{y};
+                 },
+                 tolerance_for(dtype), channels_last);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("backend_ops") {
@@ -195,70 +246,35 @@ TEST_CASE("conv2d keeps the input's memory order") {
 }
 
 TEST_CASE("batch_norm: training, eval, running statistics, mixed precision, channels-last") {
-  struct Case {
-    Shape input;
-    bool affine, running, training;
-  };
-  const Case cases[] = {
+  const BatchNormCase cases[] = {
       {{4, 3, 5, 7}, true, true, true},  {{6, 10}, true, true, true},    {{2, 16, 1, 1}, true, false, true},
       {{3, 8, 5, 6}, false, true, true}, {{4, 3, 5, 7}, true, true, false}, {{5, 4, 3}, true, true, true},
   };
-  for (DType dtype : kFloatTypes) {
-    // f16 / bf16 inputs keep f32 parameters and statistics (mixed precision).
-    const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
-    for (const Case& c : cases) {
-      for (bool channels_last : {false, true}) {
-        if (channels_last && c.input.size() != 4) continue;
-        const int64_t channels = c.input[1];
-        const Tensor x = leaf(c.input, 31, dtype, -2.0, 3.0);
-        const Tensor w = c.affine ? leaf({channels}, 32, param_dtype, 0.5, 1.5) : Tensor();
-        const Tensor b = c.affine ? leaf({channels}, 33, param_dtype) : Tensor();
-        const Tensor rm = c.running ? random_cpu({channels}, 34, param_dtype) : Tensor();
-        const Tensor rv = c.running ? random_cpu({channels}, 35, param_dtype, 0.5, 2.0) : Tensor();
-        const bool training = c.training;
-        Tolerance tol = tolerance_for(dtype);
-        check_op(label(training ? "batch_norm train" : "batch_norm eval", dtype, c.input), {x, w, b, rm, rv},
-                 [training](const TensorList& t) {
-                   // The running statistics are updated in place; compare them too.
-                   Tensor y = batch_norm(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5);
-                   return t[3].defined() ? TensorList{y, t[3], t[4]} : TensorList{y};
-                 },
-                 tol, channels_last);
-      }
-    }
-  }
+  check_batch_norm_variant("batch_norm", cases, {31, 0.5, false}, [](const TensorList& t, bool training) {
+    return batch_norm(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5);
+  });
 }
 
 TEST_CASE("batch_norm + ReLU fused: one pass forward, the mask recomputed from the input in backward") {
-  struct Case {
-    Shape input;
-    bool affine, training;
-  };
   // Weights of both signs, so the mask differs from the sign of xhat.
-  const Case cases[] = {{{4, 3, 5, 7}, true, true},  {{6, 10}, true, true},   {{2, 16, 1, 1}, true, true},
-                        {{3, 8, 5, 6}, false, true}, {{4, 3, 5, 7}, true, false}, {{5, 4, 3}, true, false}};
-  for (DType dtype : kFloatTypes) {
-    const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
-    for (const Case& c : cases) {
-      for (bool channels_last : {false, true}) {
-        if (channels_last && c.input.size() != 4) continue;
-        const int64_t channels = c.input[1];
-        const Tensor x = leaf(c.input, 36, dtype, -2.0, 3.0);
-        const Tensor w = c.affine ? leaf({channels}, 37, param_dtype, -1.5, 1.5) : Tensor();
-        const Tensor b = c.affine ? leaf({channels}, 38, param_dtype) : Tensor();
-        const Tensor rm = random_cpu({channels}, 39, param_dtype);
-        const Tensor rv = random_cpu({channels}, 40, param_dtype, 0.5, 2.0);
-        const bool training = c.training;
-        check_op(label(training ? "batch_norm + relu train" : "batch_norm + relu eval", dtype, c.input),
-                 {x, w, b, rm, rv},
-                 [training](const TensorList& t) {
-                   Tensor y = batch_norm(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5, Activation::relu);
-                   return TensorList{y, t[3], t[4]};
-                 },
-                 tolerance_for(dtype), channels_last);
-      }
-    }
-  }
+  const BatchNormCase cases[] = {{{4, 3, 5, 7}, true, true, true},  {{6, 10}, true, true, true},
+                                 {{2, 16, 1, 1}, true, true, true}, {{3, 8, 5, 6}, false, true, true},
+                                 {{4, 3, 5, 7}, true, true, false}, {{5, 4, 3}, true, true, false}};
+  check_batch_norm_variant("batch_norm + relu", cases, {36, -1.5, false}, [](const TensorList& t, bool training) {
+    return batch_norm(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5, Activation::relu);
+  });
+}
+
+TEST_CASE("batch_norm_add_relu: the CUDA twin of the CPU's fused ResNet block tail, forward and every gradient") {
+  // Weights of both signs and a residual, so the mask is neither the sign of
+  // xhat nor of the normalised output.
+  const BatchNormCase cases[] = {{{4, 3, 5, 7}, true, true, true},   {{6, 10}, true, true, true},
+                                 {{2, 16, 1, 1}, true, false, true}, {{3, 8, 5, 6}, false, true, true},
+                                 {{4, 3, 5, 7}, true, true, false},  {{2, 16, 1, 1}, true, true, false},
+                                 {{5, 4, 3}, true, true, true}};
+  check_batch_norm_variant("batch_norm_add_relu", cases, {50, -1.5, true}, [](const TensorList& t, bool training) {
+    return batch_norm_add_relu(t[0], t[5], t[1], t[2], t[3], t[4], training, 0.1, 1e-5);
+  });
 }
 
 TEST_CASE("batch_norm + ReLU fused equals batch_norm then relu on CUDA, and saves no output") {

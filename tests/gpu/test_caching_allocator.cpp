@@ -10,9 +10,12 @@
 
 #include <loom/core/cuda/caching_allocator.h>
 #include <loom/core/error.h>
+#include "tests/gpu/compare.h"
 
 using namespace loom;
 using namespace loom::cuda;
+using loom::gpu_testing::check_mentions;
+using loom::gpu_testing::error_message;
 
 namespace {
 
@@ -208,18 +211,9 @@ TEST_CASE("out of memory: pending cross-stream frees are waited for before the r
 TEST_CASE("out of memory after the retry: an error with the request and the counters") {
   Fixture f(64 * MiB);
   void* a = f.allocator->allocate(30 * MiB, nullptr);
-  std::string message;
-  try {
-    f.allocator->allocate(size_t{80} << 30, nullptr);
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  INFO(message);
-  CHECK(message.find("CUDA out of memory on cuda:0") != std::string::npos);
-  CHECK(message.find("tried to allocate 80.00 GiB") != std::string::npos);
-  CHECK(message.find("loom tensors hold 30.00 MiB") != std::string::npos);
-  CHECK(message.find("reserves 30.00 MiB") != std::string::npos);
-  CHECK(message.find("the fake device has") != std::string::npos);
+  check_mentions(error_message([&] { f.allocator->allocate(size_t{80} << 30, nullptr); }),
+                 {"CUDA out of memory on cuda:0", "tried to allocate 80.00 GiB", "loom tensors hold 30.00 MiB",
+                  "reserves 30.00 MiB", "the fake device has"});
   CHECK(f.allocator->stats().ooms == 1);
   // The allocator still works afterwards.
   void* b = f.allocator->allocate(1 * MiB, nullptr);

@@ -169,16 +169,8 @@ TEST_CASE("out of memory: a huge request fails with the counters in the message;
   cuda::synchronize(0);
   const cuda::MemoryStats before = cuda::memory_stats(0);
   // Far beyond any GPU: fails even after the retry.
-  std::string message;
-  try {
-    Tensor huge = Tensor::empty({int64_t{1} << 40}, DType::f32, kCuda);  // 4 TiB
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  INFO(message);
-  CHECK(message.find("CUDA out of memory on cuda:0: tried to allocate 4096.00 GiB") != std::string::npos);
-  CHECK(message.find("loom tensors hold") != std::string::npos);
-  CHECK(message.find("the device has") != std::string::npos);
+  check_mentions(error_message([] { Tensor huge = Tensor::empty({int64_t{1} << 40}, DType::f32, kCuda); }),  // 4 TiB
+                 {"CUDA out of memory on cuda:0: tried to allocate 4096.00 GiB", "loom tensors hold", "the device has"});
   const cuda::MemoryStats after = cuda::memory_stats(0);
   CHECK(after.ooms == before.ooms + 1);
   CHECK(after.oom_retries == before.oom_retries + 1);
@@ -229,20 +221,13 @@ TEST_CASE("memory freed while another stream still reads it is not reused before
 }
 
 TEST_CASE("library errors name the call, the file and line, and the device") {
-  std::string message;
-  try {
+  const std::string message = error_message([] {
     cuda::Event untimed(0);  // created without timing: elapsed_ms must fail in the CUDA runtime
     untimed.record(cuda::current_stream(0));
     untimed.synchronize();
     (void)untimed.elapsed_ms(untimed);
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  INFO(message);
-  CHECK(message.find("cudaEventElapsedTime") != std::string::npos);
-  CHECK(message.find("core/cuda/runtime.cpp:") != std::string::npos);
-  CHECK(message.find("on cuda:0") != std::string::npos);
-  CHECK(message.find("CUDA error") != std::string::npos);
+  });
+  check_mentions(message, {"cudaEventElapsedTime", "core/cuda/runtime.cpp:", "on cuda:0", "CUDA error"});
 }
 
 TEST_CASE("local_rank_device follows LOCAL_RANK") {
