@@ -1,11 +1,13 @@
-# Sourced by the benchmarks that run a PyTorch peer: chooses the Python that
-# runs benchmarks/peers/*.py and says which PyTorch it has.
+# Sourced by the throughput benchmarks that run a PyTorch peer beside loom
+# (run_convnet.sh, run_resnet50.sh): chooses the Python that runs
+# benchmarks/peers/*.py, says which PyTorch it has, and runs the peer.
 #   LOOM_PEER_PYTHON  a python with torch (and torchvision) to use; otherwise
 #                     ./.venv/bin/python when present (scripts/setup.sh --peers
 #                     installs PyTorch 2.x there), else /usr/bin/python3
 #                     (Debian's python3-torch 1.13).
 # Sets peer_python and peer_version ("torch 2.x.y, torchvision 0.z"); an empty
-# peer_version means that python cannot import torch and torchvision.
+# peer_version means that python cannot import torch and torchvision, and the
+# benchmark reports loom's figures alone.
 peer_python=${LOOM_PEER_PYTHON:-}
 if [[ -z "$peer_python" ]]; then
   if [[ -x .venv/bin/python ]]; then peer_python=.venv/bin/python; else peer_python=/usr/bin/python3; fi
@@ -15,3 +17,31 @@ if [[ -n "${LOOM_PEER_PYTHON:-}" && -z "$peer_version" ]]; then
   echo "LOOM_PEER_PYTHON=$LOOM_PEER_PYTHON cannot import torch and torchvision" >&2
   exit 1
 fi
+if [[ -n "$peer_version" ]]; then
+  echo "peer: $peer_python ($peer_version)"
+else
+  echo "no PyTorch with torchvision for $peer_python (scripts/setup.sh --peers): loom's figures alone" >&2
+fi
+
+# run_peers PEER ARGS...: the peer script PEER with ARGS, eager and, where this
+# PyTorch has torch.compile, with --compile, every thread pool of it at
+# $threads (torch.set_num_threads leaves OpenBLAS at all cores); prints each
+# one's JSON line and sets peer_args to peer_summary.py's --peer arguments (a
+# run that failed gives "", which peer_summary.py leaves out). Nothing without
+# a peer.
+run_peers() {
+  local mode line extra
+  peer_args=()
+  [[ -n "$peer_version" ]] || return 0
+  for mode in eager torch.compile; do
+    extra=()
+    if [[ $mode == torch.compile ]]; then
+      "$peer_python" -c 'import sys, torch; sys.exit(not hasattr(torch, "compile"))' || break
+      extra=(--compile)
+    fi
+    line=$(OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
+             "$peer_python" "$@" "${extra[@]}" | tail -n 1) || { echo "the $mode peer failed" >&2; line=""; }
+    echo "$line"
+    peer_args+=(--peer "$line")
+  done
+}

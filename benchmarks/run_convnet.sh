@@ -12,30 +12,13 @@ cd "$(dirname "$0")/.."
 threads=${1:-2}
 steps=${2:-300}
 build=${LOOM_BUILD:-build}
-peer=benchmarks/peers/torch_mnist_ddp.py
 source benchmarks/peer_python.sh
 gemm_peak=$("$build/benchmarks/gemm_peak" --threads "$threads" | tail -n 1)
 echo "$gemm_peak"
-[[ -n "$peer_version" ]] && echo "peer: $peer_python ($peer_version)" ||
-  echo "no PyTorch for $peer_python (scripts/setup.sh --peers): loom's figures alone" >&2
 loom=$("$build/benchmarks/convnet_throughput" --threads "$threads" --steps "$steps")
 echo "$loom"
 # The peer times from its first step; its steady figure (after 20 steps, the
 # compile and warm-up) is the one compared, as loom's leaves out its warm-up.
-run_peer() {
-  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
-    "$peer_python" "$peer" --world 1 --threads "$threads" --max-steps "$((steps + 20))" --epochs 1 "$@" | tail -n 1
-}
-peers=()
-if [[ -n "$peer_version" ]]; then
-  eager=$(run_peer) || { echo "the eager peer failed" >&2; eager=""; }
-  echo "$eager"
-  peers+=(--peer "$eager")
-  if "$peer_python" -c 'import sys, torch; sys.exit(not hasattr(torch, "compile"))'; then
-    compiled=$(run_peer --compile) || { echo "the torch.compile peer failed" >&2; compiled=""; }
-    echo "$compiled"
-    peers+=(--peer "$compiled")
-  fi
-fi
+run_peers benchmarks/peers/torch_mnist_ddp.py --world 1 --threads "$threads" --max-steps "$((steps + 20))" --epochs 1
 python3 benchmarks/peer_summary.py --label "ConvNet, Fashion-MNIST, batch 100, world 1, $threads threads" \
-  --batch 100 --gemm-peak "$gemm_peak" --loom "$loom" --rate steady_images_per_s "${peers[@]}"
+  --batch 100 --gemm-peak "$gemm_peak" --loom "$loom" --rate steady_images_per_s "${peer_args[@]}"

@@ -15,32 +15,14 @@ steps=${2:-10}
 batch=${3:-32}
 stems=${4:-imagenet cifar}
 build=${LOOM_BUILD:-build}
-peer=benchmarks/peers/torch_resnet50_cifar.py
 source benchmarks/peer_python.sh
 # The GEMM peak at this thread count (gemm_peak prints 1 thread, then `threads`).
 gemm_peak=$("$build/benchmarks/gemm_peak" --threads "$threads" | tail -n 1)
 echo "$gemm_peak"
-[[ -n "$peer_version" ]] && echo "peer: $peer_python ($peer_version)" ||
-  echo "no PyTorch with torchvision for $peer_python (scripts/setup.sh --peers): loom's figures alone" >&2
-# Every thread pool of the peer at the same count (torch.set_num_threads leaves OpenBLAS at all cores).
-run_peer() {
-  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
-    "$peer_python" "$peer" --batch "$batch" --steps "$steps" --threads "$threads" "$@" | tail -n 1
-}
 for stem in $stems; do
   loom=$("$build/benchmarks/resnet50_throughput" --threads "$threads" --steps "$steps" --batch "$batch" --stem "$stem")
   echo "$loom"
-  peers=()
-  if [[ -n "$peer_version" ]]; then
-    eager=$(run_peer --stem "$stem") || { echo "the eager peer failed" >&2; eager=""; }
-    echo "$eager"
-    peers+=(--peer "$eager")
-    if "$peer_python" -c 'import sys, torch; sys.exit(not hasattr(torch, "compile"))'; then
-      compiled=$(run_peer --stem "$stem" --compile) || { echo "the torch.compile peer failed" >&2; compiled=""; }
-      echo "$compiled"
-      peers+=(--peer "$compiled")
-    fi
-  fi
+  run_peers benchmarks/peers/torch_resnet50_cifar.py --batch "$batch" --steps "$steps" --threads "$threads" --stem "$stem"
   python3 benchmarks/peer_summary.py --label "ResNet-50, $stem stem, 32x32, batch $batch, $threads threads" \
-    --batch "$batch" --gemm-peak "$gemm_peak" --loom "$loom" "${peers[@]}"
+    --batch "$batch" --gemm-peak "$gemm_peak" --loom "$loom" "${peer_args[@]}"
 done

@@ -64,6 +64,8 @@ def main():
 
     import torch
     import torch.nn as nn
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+    from torch_convnet import ConvNet
 
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "torch convnet train", "skipped": "no CUDA device visible to PyTorch"}))
@@ -71,17 +73,6 @@ def main():
     device = torch.device("cuda")
     images = torch.from_numpy(read_idx(find(args.data, "train-images-idx3-ubyte")).copy())
     labels = torch.from_numpy(read_idx(find(args.data, "train-labels-idx1-ubyte")).astype("int64"))
-
-    class ConvNet(nn.Module):
-        def __init__(self, num_classes=10):
-            super().__init__()
-            self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
-            self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
-            self.fc = nn.Linear(7 * 7 * 32, num_classes)
-
-        def forward(self, x):
-            out = self.layer2(self.layer1(x))
-            return self.fc(out.reshape(out.size(0), -1))
 
     n = images.shape[0]
     generator = torch.Generator().manual_seed(0)

@@ -52,6 +52,7 @@ install(FILES ${PROJECT_BINARY_DIR}/loomConfig.cmake ${PROJECT_BINARY_DIR}/loomC
         DESTINATION ${LOOM_INSTALL_CMAKEDIR})
 if(LOOM_HAVE_CUDA)
   install(FILES ${PROJECT_SOURCE_DIR}/cmake/FindCUDNN.cmake ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake
+                ${PROJECT_SOURCE_DIR}/cmake/LoomFindCudaLibrary.cmake
           DESTINATION ${LOOM_INSTALL_CMAKEDIR})
 endif()
 

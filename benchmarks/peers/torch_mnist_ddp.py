@@ -4,9 +4,12 @@ on Fashion-MNIST from Debian's dataset-fashion-mnist. Prints one JSON line per r
 Usage: python3 torch_mnist_ddp.py --world 2 --epochs 1 --threads 1 [--amp-bf16] [--compile]
 --compile wraps the DDP model in torch.compile (PyTorch 2.x, inductor); steady_images_per_s leaves out
 the first 20 steps (compilation, warm-up)."""
-import argparse, gzip, json, os, resource, socket, struct, time
+import argparse, gzip, json, os, resource, socket, struct, sys, time
 import numpy as np
 import torch, torch.nn as nn, torch.distributed as dist, torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_convnet import ConvNet  # noqa: E402
 
 ROOT = "/usr/share/datasets/fashion-mnist"
 
@@ -18,16 +21,6 @@ def idx(path):
         r, c = struct.unpack(">II", data[8:16])
         return np.frombuffer(data, np.uint8, offset=16).reshape(n, 1, r, c)
     return np.frombuffer(data, np.uint8, offset=8)
-
-class ConvNet(nn.Module):
-    def __init__(self, num_classes=10):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.fc = nn.Linear(7 * 7 * 32, num_classes)
-    def forward(self, x):
-        out = self.layer2(self.layer1(x))
-        return self.fc(out.reshape(out.size(0), -1))
 
 def train_gflop_per_step(batch):
     """Forward + backward FLOPs of one step of the ConvNet on `batch` images (a multiply-add is 2), as

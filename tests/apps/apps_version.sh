@@ -6,13 +6,14 @@
 set -u
 version=$1 cuda=$2
 shift 2
+source "$(dirname "$0")/dist_common.sh"
+make_work_dir
 failures=0
 for bin in "$@"; do
   app=$(basename "$bin")
-  out=$(timeout 60 "$bin" --version 2>"${TMPDIR:-/tmp}/apps_version.$$.err")
+  out=$(timeout 60 "$bin" --version 2>"$work/err")
   status=$?
-  err=$(cat "${TMPDIR:-/tmp}/apps_version.$$.err")
-  rm -f "${TMPDIR:-/tmp}/apps_version.$$.err"
+  err=$(cat "$work/err")
   problem=""
   if [[ $status -ne 0 ]]; then problem="exit status $status"
   elif [[ -n "$err" ]]; then problem="stderr: $err"

@@ -11,9 +11,8 @@ set -u
 train_mnist=$1
 loomrun=$2
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'kill -KILL "${launcher:-}" 2>/dev/null; rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 1600 100
+make_work_dir 1600 100
+on_exit 'kill -KILL "${launcher:-}" 2>/dev/null'
 steps=300 per_epoch=50  # 1600 images, 16 per rank and step
 common=(--data "$work/data" --epochs 6 --batch-size 16 --log-interval 1 --threads 1 --timeout 30 --max-steps $steps)
 

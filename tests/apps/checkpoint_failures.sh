@@ -14,10 +14,9 @@
 set -u
 train_mnist=$1
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
+make_work_dir 640 100
 mounted=""
-trap '[[ -n $mounted ]] && umount "$mounted"; rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 640 100
+on_exit '[[ -n $mounted ]] && umount "$mounted"'
 options=(--batch-size 32 --threads 1 --workers 0 --log-interval 100)
 common=(--data "$work/data" "${options[@]}")
 dir=$work/ckpt
@@ -81,10 +80,7 @@ fi
 LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 "$train_mnist" "${common[@]}" --epochs 1 --checkpoint-every 5 --resume auto --max-steps 10 \
   --checkpoint-dir "$dir" >"$work/killed.out" 2>"$work/killed.err" &
 pid=$!
-for _ in $(seq 1 500); do
-  grep -q 'checkpoint writer paused' "$work/killed.err" && break
-  sleep 0.02
-done
+wait_until 10 grep -q 'checkpoint writer paused' "$work/killed.err"
 grep -q 'checkpoint writer paused (test hook) after 50000 bytes' "$work/killed.err" ||
   { kill -KILL "$pid"; fail "the writer never paused: $(cat "$work/killed.err")"; }
 kill -KILL "$pid"
@@ -105,15 +101,9 @@ make_mnist_subset "$work/big" 6000 100  # 188 steps in the first epoch: no epoch
 LOOM_CHECKPOINT_TEST_PAUSE_AT_BYTE=50000 "$train_mnist" "${options[@]}" --data "$work/big" --epochs 1 --checkpoint-dir "$work/interrupted" \
   >"$work/interrupted.out" 2>"$work/interrupted.err" &
 pid=$!
-for _ in $(seq 1 500); do
-  grep -q '^Training on' "$work/interrupted.out" 2>/dev/null && break
-  sleep 0.02
-done
+wait_until 10 has_lines 1 '^Training on' "$work/interrupted.out"
 kill -INT "$pid"
-for _ in $(seq 1 500); do
-  grep -q 'checkpoint writer paused' "$work/interrupted.err" && break
-  sleep 0.02
-done
+wait_until 10 grep -q 'checkpoint writer paused' "$work/interrupted.err"
 grep -q 'checkpoint writer paused .* of .*/\.1GPU_step[0-9]*\.checkpoint\.tmp-' "$work/interrupted.err" ||
   { kill -KILL "$pid"; fail "the first SIGINT did not start a step checkpoint write: $(cat "$work/interrupted.err")"; }
 kill -INT "$pid"

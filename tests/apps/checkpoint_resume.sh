@@ -12,9 +12,7 @@ set -u
 train_mnist=$1
 loomrun=$2
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 640 100
+make_work_dir 640 100
 common=(--data "$work/data" --epochs 3 --log-interval 1 --threads 1 --timeout 60 --checkpoint-every 7)
 
 # loss lines of `log` after global step `after` (20 steps per epoch)
@@ -78,10 +76,7 @@ srun_pair() {
   done
 }
 srun_pair term --checkpoint-dir "$work/term"
-for _ in $(seq 1 1000); do
-  [[ $(grep -c '^Epoch \[' "$work/term.0.out" 2>/dev/null) -ge 30 ]] && break
-  sleep 0.02
-done
+wait_until 20 has_lines 30 '^Epoch \[' "$work/term.0.out"
 kill -TERM "$pid1"
 wait "$pid0"; status0=$?
 wait "$pid1"; status1=$?

@@ -11,14 +11,9 @@ set -u
 train_mnist=$1
 loomrun=$2
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
+make_work_dir 2000 100
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-make_mnist_subset "$work/data" 2000 100
+on_exit 'for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done'
 export LOOM_COLLECTIVE_TIMEOUT=4
 args=(--data "$work/data" --epochs 1000 --batch-size 20 --log-interval 1 --threads 1 --workers 0)
 
@@ -36,12 +31,8 @@ start_nodes() {
     eval "node$node=$!"
   done
   # Training is under way once rank 0 printed a few loss lines.
-  for _ in $(seq 300); do
-    [[ $(grep -c 'Step \[' "$work/$name.0.out" 2>/dev/null) -ge 3 ]] && return 0
-    sleep 0.1
-  done
-  cat "$work/$name".*.err
-  fail "$name: training did not start within 30 s"
+  wait_until 30 has_lines 3 'Step \[' "$work/$name.0.out" ||
+    { cat "$work/$name".*.err; fail "$name: training did not start within 30 s"; }
 }
 
 # The train_mnist process under `timeout` $1 -> loomrun.

@@ -13,8 +13,7 @@
 set -u
 loomrun=$1
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 cat >"$work/rank.sh" <<'SH'
 #!/bin/sh
 echo "out $RANK attempt $TORCHELASTIC_RESTART_COUNT"

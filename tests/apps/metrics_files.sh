@@ -13,9 +13,7 @@ train_mnist=$1
 loomrun=$2
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 400 100
+make_work_dir 400 100
 args=(--data "$work/data" --batch-size 50 --log-interval 2 --threads 1 --checkpoint-dir '' --progress none)
 
 # 1. One process, two epochs of 8 steps.

@@ -6,15 +6,13 @@
 # mpirun job started at the same time gets a port of its own.
 # Usage: mpirun_launch.sh TRAIN_MNIST LOOMRUN
 set -u
-train_mnist=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 source "$(dirname "$0")/dist_common.sh"
+train_mnist=$(absolute_path "$1")
 if ! command -v mpirun >/dev/null; then
   echo "SKIP: mpirun is not installed (Debian's openmpi-bin; scripts/setup.sh installs it)"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 2000 500
+make_work_dir 2000 500
 # Root needs Open MPI's consent; --oversubscribe lets 2 ranks share fewer cores.
 mpirun=(mpirun --oversubscribe -np 2)
 [[ $(id -u) == 0 ]] && mpirun+=(--allow-run-as-root)

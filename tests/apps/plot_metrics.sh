@@ -7,13 +7,12 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 plot=$here/../../scripts/plot_metrics
+source "$here/dist_common.sh"
 if ! command -v gnuplot >/dev/null; then
   echo "SKIP: gnuplot is not installed (apt-get install gnuplot-nox)"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+make_work_dir
 python3 - "$work" <<'PY'
 import json, math, sys
 for world in (1, 2):

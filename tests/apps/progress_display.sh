@@ -7,9 +7,7 @@
 set -u
 bin=$1
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 600 100
+make_work_dir 600 100
 args=(--data "$work/data" --epochs 2 --batch-size 50 --log-interval 4 --threads 1 --checkpoint-dir '')
 
 # run_on_pty OUT ARGS...: the program with stderr on a pseudo-terminal (what it

@@ -6,11 +6,9 @@
 set -u
 train_mnist=$1
 loomrun=$2
-train_resnet=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 600 100
+train_resnet=$(absolute_path "$3")
+make_work_dir 600 100
 
 timeout 60 "$train_mnist" --data "$work/data" --epochs 5 --log-interval 2 --max-steps 2 --epochs 1 --threads 1 \
   >"$work/mnist.out" 2>&1 || { cat "$work/mnist.out"; fail "train_mnist with --epochs twice failed"; }

@@ -113,8 +113,8 @@ echo "SLURM $(sinfo --version | cut -d' ' -f2): node $node with $cpus CPUs is id
 
 # Programs and data where the example scripts look: ./build/apps, ./data/MNIST/raw.
 mkdir -p "$work/jobs/build/apps"
-ln -s "$(cd "$(dirname "$train_mnist")" && pwd)/$(basename "$train_mnist")" "$work/jobs/build/apps/train_mnist"
-ln -s "$(cd "$(dirname "$train_resnet")" && pwd)/$(basename "$train_resnet")" "$work/jobs/build/apps/train_resnet50_cifar"
+ln -s "$(absolute_path "$train_mnist")" "$work/jobs/build/apps/train_mnist"
+ln -s "$(absolute_path "$train_resnet")" "$work/jobs/build/apps/train_resnet50_cifar"
 make_mnist_subset "$work/jobs/data/MNIST/raw" 1200 300
 cd "$work/jobs"
 

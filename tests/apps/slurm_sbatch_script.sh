@@ -10,12 +10,10 @@ train_mnist=$1
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/dist_common.sh"
 script=$here/../../scripts/slurm_train_mnist.sbatch
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 2000 500
+make_work_dir 2000 500
 
 mkdir -p "$work/bin" "$work/build/apps"
-ln -s "$(cd "$(dirname "$train_mnist")" && pwd)/$(basename "$train_mnist")" "$work/build/apps/train_mnist"
+ln -s "$(absolute_path "$train_mnist")" "$work/build/apps/train_mnist"
 cat >"$work/bin/scontrol" <<'SH'
 #!/bin/sh
 [ "$1 $2" = "show hostnames" ] && echo 127.0.0.1

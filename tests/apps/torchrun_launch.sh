@@ -15,10 +15,10 @@
 # --peers) or $LOOM_TORCH_PYTHON; skips otherwise.
 # Usage: torchrun_launch.sh TRAIN_MNIST LOOMRUN
 set -u
-train_mnist=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 source "$here/dist_common.sh"
+train_mnist=$(absolute_path "$1")
 python=${LOOM_TORCH_PYTHON:-$repo/.venv/bin/python}
 if ! version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || [[ $version != 2.* ]]; then
   echo "SKIP: no PyTorch 2.x in $python (scripts/setup.sh --peers installs one into .venv)"
@@ -26,22 +26,7 @@ if ! version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null
 fi
 torchrun=("$python" -m torch.distributed.run)
 echo "torchrun of PyTorch $version"
-work=$(mktemp -d)
-tag=$$
-ns0=loom_tr0_$tag ns1=loom_tr1_$tag veth0=loomt0_$tag veth1=loomt1_$tag
-veth0=${veth0:0:15} veth1=${veth1:0:15}
-cleanup() {
-  if [[ -n ${made_namespaces:-} ]]; then
-    ip netns pids "$ns0" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip netns pids "$ns1" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip link del "$veth0" 2>/dev/null
-    ip netns del "$ns0" 2>/dev/null
-    ip netns del "$ns1" 2>/dev/null
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-make_mnist_subset "$work/data" 2000 500
+make_work_dir 2000 500
 common=(--data "$work/data" --max-steps 6 --log-interval 3 --batch-size 50 --timeout 60)
 export OMP_NUM_THREADS=1
 
@@ -52,6 +37,14 @@ check_world_2() {  # LABEL FILE
   [[ ${total:-0} == 500 ]] || fail "$1: the accuracy covers ${total:-no} of 500 test images"
 }
 
+# two_agents LABEL NAME AGENT: `AGENT NODE` (a function that ends by exec'ing
+# one torchrun agent) for nodes 0 and 1 at once; together a world of 2.
+two_agents() {
+  on_two_nodes "$2" "$3"
+  cat "$work/${2}0.out" "$work/${2}1.out" >"$work/$2.out"
+  check_world_2 "$1" "$work/$2.out"
+}
+
 # 1. --standalone
 timeout 120 "${torchrun[@]}" --standalone --nproc_per_node=2 --no-python "$train_mnist" "${common[@]}" \
   >"$work/standalone.out" 2>"$work/standalone.err" || { cat "$work/standalone.err"; fail "torchrun --standalone failed"; }
@@ -60,15 +53,11 @@ echo "ok 1 ($SECONDS s): torchrun --standalone --nproc_per_node=2"
 
 # 2. Two agents meeting through the c10d rendezvous.
 port=$(free_port)
-pids=()
-for node in 0 1; do
-  timeout 120 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=123 --rdzv-backend=c10d \
-    --rdzv-endpoint=127.0.0.1:$port --no-python "$train_mnist" "${common[@]}" >"$work/node$node.out" 2>"$work/node$node.err" &
-  pids+=($!)
-done
-for node in 0 1; do wait "${pids[$node]}" || { cat "$work/node$node.err"; fail "torchrun node $node failed"; }; done
-cat "$work/node0.out" "$work/node1.out" >"$work/nodes.out"
-check_world_2 "two nodes, c10d rendezvous" "$work/nodes.out"
+rendezvous_agent() {
+  exec timeout 120 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=123 --rdzv-backend=c10d \
+    --rdzv-endpoint=127.0.0.1:$port --no-python "$train_mnist" "${common[@]}"
+}
+two_agents "two nodes, c10d rendezvous" node rendezvous_agent
 echo "ok 2 ($SECONDS s): two torchrun agents, --rdzv-backend=c10d --rdzv-endpoint"
 
 # 3. Rank 1 killed in the first attempt; --max-restarts=1 starts both again.
@@ -107,27 +96,17 @@ echo "ok 4 ($SECONDS s): torchrun's failure summary shows loom's error from TORC
 # 5. Two agents in two network namespaces. torchrun cannot tell there that the
 # endpoint is its own address (no name for the namespace's address), so node 0
 # says it hosts the rendezvous (is_host=1), and each names its address.
-if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns add "$ns0" 2>/dev/null; then
-  made_namespaces=1
-  ip netns add "$ns1" && ip link add "$veth0" type veth peer name "$veth1" &&
-    ip link set "$veth0" netns "$ns0" && ip link set "$veth1" netns "$ns1" &&
-    ip -n "$ns0" addr add 10.215.0.1/24 dev "$veth0" && ip -n "$ns1" addr add 10.215.0.2/24 dev "$veth1" &&
-    ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
-    ip -n "$ns0" link set "$veth0" up && ip -n "$ns1" link set "$veth1" up || fail "cannot set up the namespaces"
-  pids=()
-  for node in 0 1; do
-    ns_var=ns$node
-    host=(); [[ $node == 0 ]] && host=(--rdzv-conf is_host=1)
-    ip netns exec "${!ns_var}" timeout 150 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=215 \
-      --rdzv-backend=c10d --rdzv-endpoint=10.215.0.1:29400 "${host[@]}" --local-addr=10.215.0.$((node + 1)) \
-      --no-python "$train_mnist" "${common[@]}" >"$work/ns$node.out" 2>"$work/ns$node.err" &
-    pids+=($!)
-  done
-  for node in 0 1; do wait "${pids[$node]}" || { cat "$work/ns$node.err"; fail "torchrun in namespace $node failed"; }; done
-  cat "$work/ns0.out" "$work/ns1.out" >"$work/ns.out"
-  check_world_2 "two namespaces" "$work/ns.out"
+namespace_agent() {
+  local ns_var=ns$1 host=()
+  [[ $1 == 0 ]] && host=(--rdzv-conf is_host=1)
+  exec ip netns exec "${!ns_var}" timeout 150 "${torchrun[@]}" --nnodes=2 --nproc_per_node=1 --rdzv-id=215 \
+    --rdzv-backend=c10d --rdzv-endpoint=10.215.0.1:29400 "${host[@]}" --local-addr=10.215.0.$(($1 + 1)) \
+    --no-python "$train_mnist" "${common[@]}"
+}
+if make_namespace_pair tr 10.215.0; then
+  two_agents "two namespaces" ns namespace_agent
   echo "ok 5 ($SECONDS s): two torchrun agents in two network namespaces over a veth pair"
 else
-  echo "not run 5: two network namespaces need root and iproute2"
+  echo "not run 5: $namespace_error"
 fi
 echo "ok: train_mnist under PyTorch $version's torchrun"

@@ -3,8 +3,8 @@
 # on stderr that names the problem, never a crash or a hang.
 set -u
 bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/dist_common.sh"
+make_work_dir
 failures=0
 
 # expect_error DESCRIPTION EXPECTED_TEXT ARGS...

@@ -11,9 +11,7 @@ set -u
 train_mnist=$1
 loomrun=$2
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 3000 1000
+make_work_dir 3000 1000
 common=(--data "$work/data" --max-steps 25 --log-interval 5 --timeout 60 --sync-bn)
 
 MASTER_PORT=$(free_port) timeout 120 "$train_mnist" -n 1 -g 2 -nr 0 --batch-size 50 "${common[@]}" \

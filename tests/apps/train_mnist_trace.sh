@@ -11,9 +11,7 @@ set -u
 train_mnist=$1
 loomrun=$2
 source "$(dirname "$0")/dist_common.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-make_mnist_subset "$work/data" 400 100
+make_work_dir 400 100
 args=(--data "$work/data" --epochs 1 --batch-size 20 --max-steps 6 --log-interval 2 --threads 1 --workers 1
       --checkpoint-dir '')
 

@@ -8,8 +8,8 @@
 # exactly one line on stderr that names the problem.
 set -u
 bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/../apps/dist_common.sh"
+make_work_dir
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
@@ -79,31 +79,37 @@ cmp -s "$work/a/checkpoint/1GPU_2epoch.checkpoint" "$work/d/checkpoint/1GPU_2epo
   fail "resume from step 3: different test accuracy"
 ((failures == failures_before)) && echo "ok   resumed mid-epoch from step 3: every later checkpoint byte-identical"
 
+# expect_run DESCRIPTION DIR EXPECTED_TEXT... -- ARGS...: the app with ARGS,
+# run in DIR, must exit 0 with every EXPECTED_TEXT in its output (stdout and
+# stderr); prints its accuracy line then.
+expect_run() {
+  local what=$1 dir=$2 expected=() text status run_output
+  shift 2
+  while [[ $1 != "--" ]]; do expected+=("$1"); shift; done
+  shift
+  run_output=$(cd "$dir" && timeout 120 "$bin" "$@" 2>&1)
+  status=$?
+  if [[ $status -ne 0 ]]; then
+    fail "$what: exit status $status: $run_output"
+    return
+  fi
+  for text in "${expected[@]}"; do
+    [[ "$run_output" == *"$text"* ]] || { fail "$what: output lacks '$text': $run_output"; return; }
+  done
+  echo "ok   $what: $(grep 'Test accuracy' <<<"$run_output")"
+}
+
 # 3. Synthetic data: the accuracy line says so.
-synthetic=$(cd "$work/a" && timeout 120 "$bin" --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 2 \
-            --checkpoint-dir "" 2>&1)
-status=$?
-if [[ $status -ne 0 ]]; then
-  fail "synthetic run: exit status $status: $synthetic"
-elif [[ "$synthetic" != *">>> Test accuracy (synthetic data): "* ]]; then
-  fail "synthetic run: accuracy line lacks '(synthetic data)': $synthetic"
-else
-  echo "ok   synthetic run: $(grep 'Test accuracy' <<<"$synthetic")"
-fi
+expect_run "synthetic run" "$work/a" ">>> Test accuracy (synthetic data): " -- \
+  --synthetic --synthetic-size 32 --model resnet18 -b 16 -e 1 --threads 2 --checkpoint-dir ""
 
 # 3b. torchvision's python layout (cifar-10-batches-py, pickled numpy batches), one short epoch.
 if python=$(for p in python3 /usr/bin/python3; do "$p" -c 'import numpy' 2>/dev/null && { echo "$p"; break; }; done) &&
    [[ -n "$python" ]] &&
    "$python" "$(dirname "$0")/../data/make_cifar_pickles.py" "$work/py/cifar-10-batches-py" default \
      --train-per-file 8 --test 5 >/dev/null; then
-  pickled=$(cd "$work/a" && timeout 120 "$bin" --data "$work/py" --model resnet18 -b 8 -e 1 --threads 2 --log-interval 1 \
-            --checkpoint-dir "" 2>&1)
-  status=$?
-  if [[ $status -ne 0 || "$pickled" != *"Epoch[1/1], Step[5/5]"* || "$pickled" != *">>> Test accuracy: "* ]]; then
-    fail "run on torchvision's cifar-10-batches-py: exit status $status: $pickled"
-  else
-    echo "ok   run on torchvision's cifar-10-batches-py: $(grep 'Test accuracy' <<<"$pickled")"
-  fi
+  expect_run "run on torchvision's cifar-10-batches-py" "$work/a" "Epoch[1/1], Step[5/5]" ">>> Test accuracy: " -- \
+    --data "$work/py" --model resnet18 -b 8 -e 1 --threads 2 --log-interval 1 --checkpoint-dir ""
 else
   fail "could not write cifar-10-batches-py (python3 with numpy: apt-get install python3-numpy)"
 fi
@@ -113,14 +119,8 @@ fi
 if [[ -n "${python:-}" ]] && "$python" -c 'import PIL' 2>/dev/null &&
    "$python" "$(dirname "$0")/../data/make_image_folder.py" "$work/imf" >/dev/null; then
   mkdir -p "$work/folders" && cp -r "$work/imf/tree" "$work/folders/train" && cp -r "$work/imf/tree" "$work/folders/val"
-  folders=$(cd "$work/a" && timeout 120 "$bin" --data "$work/folders" --image-size 32 --model resnet18 -b 4 -e 1 \
-            --threads 2 --workers 2 --log-interval 1 --checkpoint-dir "" 2>&1)
-  status=$?
-  if [[ $status -ne 0 || "$folders" != *"(5 classes)"* || "$folders" != *"Epoch[1/1], Step[3/3]"* ]]; then
-    fail "run on image folders: exit status $status: $folders"
-  else
-    echo "ok   run on image folders: $(grep 'Test accuracy' <<<"$folders")"
-  fi
+  expect_run "run on image folders" "$work/a" "(5 classes)" "Epoch[1/1], Step[3/3]" -- \
+    --data "$work/folders" --image-size 32 --model resnet18 -b 4 -e 1 --threads 2 --workers 2 --log-interval 1 --checkpoint-dir ""
 else
   fail "could not write image folders (python3 with PIL: apt-get install python3-pil)"
 fi
@@ -167,14 +167,9 @@ else
 fi
 # The checkpoint of a SyncBatchNorm run has the plain model's names: it resumes without --sync-bn.
 if [[ -f "$work/syncbn/checkpoint/2GPU_1epoch.checkpoint" ]]; then
-  resumed=$(cd "$work/syncbn" && timeout 120 "$bin" --data "$work/cifar" --model resnet18 -b 16 -e 2 --max-steps 1 --threads 2 \
-            --checkpoint-dir "" -c "$work/syncbn/checkpoint/2GPU_1epoch.checkpoint" 2>&1)
-  status=$?
-  if [[ $status -ne 0 || "$resumed" != *"Resuming from"* || "$resumed" != *"/21)"* ]]; then
-    fail "resume of the --sync-bn checkpoint without --sync-bn: exit status $status: $resumed"
-  else
-    echo "ok   the --sync-bn checkpoint resumes in one plain process: $(grep 'Test accuracy' <<<"$resumed")"
-  fi
+  expect_run "the --sync-bn checkpoint resumes in one plain process" "$work/syncbn" "Resuming from" "/21)" -- \
+    --data "$work/cifar" --model resnet18 -b 16 -e 2 --max-steps 1 --threads 2 --checkpoint-dir "" \
+    -c "$work/syncbn/checkpoint/2GPU_1epoch.checkpoint"
 else
   fail "2-process --sync-bn run wrote no checkpoint/2GPU_1epoch.checkpoint"
 fi

@@ -8,8 +8,8 @@
 set -u
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$here/../apps/dist_common.sh"
+make_work_dir
 
 python3 "$here/make_cifar_files.py" "$work/cifar/cifar-10-batches-bin" --train-per-file 128 --test 101 --noise 60 --seed 1 ||
   { echo "FAIL could not write the CIFAR-format files"; exit 1; }

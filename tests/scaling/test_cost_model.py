@@ -85,16 +85,26 @@ class Buckets(unittest.TestCase):
         self.assertEqual([b.ready_s for b in buckets], [2 * MS, 5 * MS, 9 * MS])
 
 
+def in_ms(times):
+    return [round(t / MS, 9) for t in times]
+
+
 class Overlap(unittest.TestCase):
+    def three_buckets(self, schedule, starts_ms, dones_ms, step_ms):
+        """`schedule` of a 10 ms backward whose buckets are ready at 3, 6, 10 ms
+        and need 4, 1, 2 ms on the wire; checks the start and end of each
+        bucket's all-reduce and the step time with forward 5 and optimizer 1 ms."""
+        buckets = [cm.Bucket(3 * MS, 0), cm.Bucket(6 * MS, 0), cm.Bucket(10 * MS, 0)]
+        s = schedule(buckets, [4 * MS, 1 * MS, 2 * MS], 10 * MS)
+        self.assertEqual(in_ms(s.starts), starts_ms)
+        self.assertEqual(in_ms(s.dones), dones_ms)
+        self.assertAlmostEqual(cm.step_time(5 * MS, 10 * MS, 1 * MS, s), step_ms * MS, places=12)
+        return s
+
     def test_three_buckets_by_hand(self):
-        # Backward 10 ms; buckets ready at 3, 6, 10 ms needing 4, 1, 2 ms on the wire.
         # Bucket 0: 3 -> 7; bucket 1 waits for bucket 0: 7 -> 8; bucket 2: 10 -> 12.
         # Step = forward 5 + max(10, 12) + optimizer 1 = 18 ms; 2 ms exposed; 5 of 7 ms hidden.
-        buckets = [cm.Bucket(3 * MS, 0), cm.Bucket(6 * MS, 0), cm.Bucket(10 * MS, 0)]
-        s = cm.overlap_schedule(buckets, [4 * MS, 1 * MS, 2 * MS], 10 * MS)
-        self.assertEqual([round(x / MS, 9) for x in s.starts], [3, 7, 10])
-        self.assertEqual([round(x / MS, 9) for x in s.dones], [7, 8, 12])
-        self.assertAlmostEqual(cm.step_time(5 * MS, 10 * MS, 1 * MS, s), 18 * MS, places=12)
+        s = self.three_buckets(cm.overlap_schedule, [3, 7, 10], [7, 8, 12], 18)
         self.assertAlmostEqual(s.exposed_s, 2 * MS, places=12)
         self.assertAlmostEqual(s.hidden_share, 5 / 7, places=12)
 
@@ -107,17 +117,13 @@ class Overlap(unittest.TestCase):
     def test_buckets_launch_in_order(self):
         # Bucket 1 is ready before bucket 0; it still waits for bucket 0 to finish.
         s = cm.overlap_schedule([cm.Bucket(5 * MS, 0), cm.Bucket(2 * MS, 0)], [1 * MS, 1 * MS], 6 * MS)
-        self.assertEqual([round(x / MS, 9) for x in s.dones], [6, 7])
+        self.assertEqual(in_ms(s.dones), [6, 7])
 
     def test_blocking_collectives_delay_backward(self):
         # The same buckets, all-reduced on the compute thread: bucket 0 at 3 -> 7, so backward
         # resumes 4 ms late; bucket 1 is ready at 6 + 4 = 10 -> 11; bucket 2 at 10 + 5 = 15 -> 17.
         # Backward ends at 10 + 7 = 17; step = 5 + 17 + 1 = 23 ms; nothing hidden.
-        buckets = [cm.Bucket(3 * MS, 0), cm.Bucket(6 * MS, 0), cm.Bucket(10 * MS, 0)]
-        s = cm.blocking_schedule(buckets, [4 * MS, 1 * MS, 2 * MS], 10 * MS)
-        self.assertEqual([round(x / MS, 9) for x in s.starts], [3, 10, 15])
-        self.assertEqual([round(x / MS, 9) for x in s.dones], [7, 11, 17])
-        self.assertAlmostEqual(cm.step_time(5 * MS, 10 * MS, 1 * MS, s), 23 * MS, places=12)
+        s = self.three_buckets(cm.blocking_schedule, [3, 10, 15], [7, 11, 17], 23)
         self.assertEqual(s.exposed_s, 0)
         self.assertEqual(s.hidden_share, 0.0)
 
