@@ -7,8 +7,9 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -98,28 +99,38 @@ std::string connection_event(const std::string& gloo_message) {
   return "failed";
 }
 
-// Lets libgloo rendezvous through a loom Store.
-class GlooStoreAdapter final : public gloo::rendezvous::Store {
+// A gloo context over a transport context whose pairs loom connected itself
+// (see ProcessGroupGloo::Impl::connect).
+class MeshContext final : public gloo::Context {
  public:
-  GlooStoreAdapter(std::shared_ptr<dist::Store> store, Milliseconds timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(key, Bytes(data.begin(), data.end()));
+  MeshContext(int rank, int size, std::shared_ptr<gloo::transport::Device> device,
+              std::shared_ptr<gloo::transport::Context> transport)
+      : gloo::Context(rank, size) {
+    device_ = std::move(device);
+    transportContext_ = std::move(transport);
   }
-  std::vector<char> get(const std::string& key) override {
-    Bytes value = store_->get(key, timeout_);
-    return std::vector<char>(value.begin(), value.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store_->wait(keys, timeout);
-  }
-
- private:
-  std::shared_ptr<dist::Store> store_;
-  Milliseconds timeout_;
 };
+
+// One address of a gloo pair: as gloo prints it in its messages, to
+// recognise it there, and as it is, to show it. They differ: the gloo of
+// 2022 prints the port in network byte order (port 40372 as "]:46237").
+struct PairAddress {
+  Endpoint printed;
+  Endpoint real;
+};
+
+PairAddress pair_address(const std::vector<char>& bytes) {
+  const gloo::transport::tcp::Address address(bytes);
+  PairAddress result;
+  if (const std::vector<Endpoint> printed = endpoints_in(address.str()); printed.size() == 1) result.printed = printed[0];
+  const sockaddr_storage& socket_address = address.getSockaddr();
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  const socklen_t length = socket_address.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&socket_address), length, host, sizeof(host), port,
+                    sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+    result.real = {normalized_host(host), port};
+  return result;
+}
 
 // Elementwise reductions for gloo: out[i] = op(a[i], b[i]). 16-bit floats go
 // through float.
@@ -203,13 +214,15 @@ struct ProcessGroupGloo::Impl {
   std::shared_ptr<Store> store;
   std::atomic<Milliseconds> timeout;
 
-  std::shared_ptr<gloo::rendezvous::Context> context;  // worker thread only
+  std::shared_ptr<gloo::Context> context;  // worker thread only
   // Who is at the other end of each of this rank's gloo pairs, by rank, to
   // name a peer in errors. Filled by connect(); `host` and `pid` may stay
   // unknown for a rank that fails before publishing them.
   struct Peer {
-    Endpoint endpoint;  // the far end of this rank's connection to it (empty before connecting)
-    std::string host;   // its host name and process id, as it published them
+    // Its pair to this rank, gloo names either address when the pair fails:
+    PairAddress listening;  // where it listened for this rank (before connecting)
+    PairAddress connected;  // its end of the connection (empty until connected)
+    std::string host;       // its host name and process id, as it published them
     int pid = 0;
   };
   std::vector<Peer> peers;  // worker thread only
@@ -323,15 +336,16 @@ struct ProcessGroupGloo::Impl {
     return str(prefix(), what, ". This process group is unusable from now on. (Gloo: ", cause, ")");
   }
 
-  // The ranks a gloo failure involves. Exact when gloo's message shows the far
-  // end of one of this rank's connections (gloo names the peer of a closed,
-  // reset or refused socket so); else, as a timeout shows no address, this
+  // The ranks a gloo failure involves. Exact when gloo's message shows an
+  // address of the peer's side of one of this rank's pairs (gloo names the
+  // peer of a closed, reset or refused socket so); else, as a timeout shows no address, this
   // rank's only peer in a world of two; else the ranks on this host whose
   // process has ended. Empty when none of these tells.
   std::vector<int> ranks_involved(const std::string& gloo_message) {
     for (const Endpoint& shown : endpoints_in(gloo_message))
       for (int r = 0; r < static_cast<int>(peers.size()); ++r)
-        if (r != rank && !peers[r].endpoint.port.empty() && peers[r].endpoint == shown) return {r};
+        for (const PairAddress* address : {&peers[r].connected, &peers[r].listening})
+          if (r != rank && !address->printed.port.empty() && address->printed == shown) return {r};
     if (size == 2) return {1 - rank};
     std::vector<int> ended;
     for (int r = 0; r < size; ++r)
@@ -344,7 +358,8 @@ struct ProcessGroupGloo::Impl {
     read_peer_processes();
     const Peer& peer = peers[r];
     std::string known = peer.pid > 0 ? str("pid ", peer.pid, " on ", peer.host) : "";
-    if (!peer.endpoint.port.empty()) known += (known.empty() ? "" : ", ") + peer.endpoint.str();
+    const Endpoint& address = peer.connected.real.port.empty() ? peer.listening.real : peer.connected.real;
+    if (!address.port.empty()) known += (known.empty() ? "" : ", ") + address.str();
     return known.empty() ? str("rank ", r) : str("rank ", r, " (", known, ")");
   }
 
@@ -402,31 +417,36 @@ struct ProcessGroupGloo::Impl {
       LOOM_FAIL(prefix(), "cannot listen on ", attr.iface.empty() ? "host " + attr.hostname : "interface " + attr.iface,
                 ": ", error.what(), ". Set LOOM_SOCKET_IFNAME to a network interface every rank can reach");
     }
-    auto mesh = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    mesh->setTimeout(timeout.load());
+    // The full mesh, as gloo::rendezvous::Context::connectFullMesh makes it,
+    // but keeping both addresses of every peer's side of its pair to this
+    // rank: the one it listened on and, once connected, its end of the
+    // connection. Gloo names one or the other when the pair fails.
+    std::shared_ptr<gloo::transport::Context> transport = device->createContext(rank, size);
+    transport->setTimeout(timeout.load());
     auto gloo_store = std::make_shared<PrefixStore>("gloo", store);
-    GlooStoreAdapter adapter(gloo_store, timeout.load());
-    mesh->connectFullMesh(adapter, device);  // a failure names the peer through explain_failure
-    context = mesh;
-
-    // Each rank publishes its own end of every connection, one line per rank
-    // ("-" for itself); line `rank` of rank r's list is the far end of this
-    // rank's connection to r, which is what gloo names when that connection fails.
-    std::string mine;
-    for (int r = 0; r < size; ++r) mine += (r == rank ? std::string("-") : context->getPair(r)->address().str()) + "\n";
-    gloo_store->set(str("pair_addresses/", rank), mine);
+    auto publish = [&](const char* what, int peer, const gloo::transport::Address& address) {
+      const std::vector<char> bytes = address.bytes();
+      gloo_store->set(str(what, "/", rank, "/", peer), Bytes(bytes.begin(), bytes.end()));
+    };
+    auto read = [&](const char* what, int peer) {
+      const Bytes bytes = gloo_store->get(str(what, "/", peer, "/", rank), timeout.load());
+      return std::vector<char>(bytes.begin(), bytes.end());
+    };
     peers.resize(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r)
+      if (r != rank) publish("listening", r, transport->createPair(r)->address());
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
-      std::istringstream lines(gloo_store->get_string(str("pair_addresses/", r), timeout.load()));
-      std::string line;
-      for (int line_rank = 0; std::getline(lines, line) && line_rank <= rank; ++line_rank) {
-        const std::vector<Endpoint> endpoint = endpoints_in(line);
-        if (line_rank == rank && endpoint.size() == 1) peers[r].endpoint = endpoint[0];
-      }
-      LOOM_CHECK(!peers[r].endpoint.port.empty(), prefix(), "rank ", r,
-                 " published no address for its connection to this rank (a rank of another loom version?)");
+      const std::vector<char> theirs = read("listening", r);
+      peers[r].listening = pair_address(theirs);
+      transport->getPair(r)->connect(theirs);  // a failure names the peer through explain_failure
     }
+    context = std::make_shared<MeshContext>(rank, size, device, transport);
+    context->setTimeout(timeout.load());
+    for (int r = 0; r < size; ++r)
+      if (r != rank) publish("connected", r, context->getPair(r)->address());
+    for (int r = 0; r < size; ++r)
+      if (r != rank) peers[r].connected = pair_address(read("connected", r));
     read_peer_processes();  // all published before connecting: later failures need no store
   }
 

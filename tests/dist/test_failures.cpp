@@ -7,6 +7,7 @@
 // fails, rank 0 (which hosts the store) checks its error. Deadlines are
 // generous so that a busy machine changes nothing but the time taken.
 #include <doctest/doctest.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,7 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <regex>
+#include <sstream>
 #include <thread>
 
 #include <loom/dist/process_group_gloo.h>
@@ -65,62 +66,90 @@ void wait_until_ended(int pid) {
   }
 }
 
-// The far end of each of this process's TCP connections, except the one to the store.
-std::vector<int> gloo_sockets() {
-  const int store_port = env_int("MASTER_PORT");
-  std::vector<int> found;
+// This process's TCP connections other than those to the store (port
+// MASTER_PORT): gloo's. Each with this process's end as "127.0.0.1:41000".
+struct Connection {
+  int fd;
+  std::string local;
+};
+
+int port_of(const sockaddr_storage& address) {
+  return address.ss_family == AF_INET ? ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port)
+                                      : ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+}
+
+std::vector<Connection> gloo_connections() {
+  std::vector<Connection> found;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
     const int fd = std::stoi(entry.path().filename().string());
     int type = 0;
     socklen_t length = sizeof(type);
     if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
-    sockaddr_storage peer{};
-    socklen_t peer_length = sizeof(peer);
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_length = sizeof(peer), local_length = sizeof(local);
     if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;  // a listener
-    const int port = peer.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port)
-                                               : ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port);
-    if (port != store_port) found.push_back(fd);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) continue;
+    if (port_of(peer) == env_int("MASTER_PORT") || port_of(local) == env_int("MASTER_PORT")) continue;
+    char host[NI_MAXHOST];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&local), local_length, host, sizeof(host), nullptr, 0,
+                      NI_NUMERICHOST) != 0)
+      continue;
+    found.push_back({fd, str(host, ":", port_of(local))});
   }
   return found;
 }
 
-// This rank's error must name rank `failed` by rank, pid and the address of
-// its end of the connection, say what happened (one of `events`), and end
-// with gloo's own message.
-void expect_names_peer(const std::string& message, int failed, int pid, const std::vector<std::string>& events) {
-  const std::string self = str("rank ", env_int("RANK"), " of ", env_int("WORLD_SIZE"));
-  std::cout << self << "'s error: " << message << "\n";
-  expect(contains(message, str("ProcessGroupGloo ", self, ": peer rank ", failed, " (pid ", pid, " on ")),
-         "the error does not name rank ", failed, " and its pid first: ", message);
-  expect(contains(message, "all_reduce #"), "the error does not name the collective: ", message);
-  expect(contains(message, "(Gloo: "), "the error does not quote gloo: ", message);
-  bool said = false;
-  for (const auto& event : events) said = said || contains(message, ") " + event + " during all_reduce #");
-  expect(said, "the error does not say rank ", failed, " ", events[0], events.size() > 1 ? " (or " + events[1] + ")" : "",
-         " during the all_reduce: ", message);
-  // When gloo names the far end of the connection ("[127.0.0.1]:36743"), loom
-  // names the same address, read from its own table of every connection's far end.
-  static const std::regex gloo_address(R"(\[([0-9a-f:.]+)\]:([0-9]+))");
-  std::smatch shown;
-  const std::string gloo_part = message.substr(message.find("(Gloo: "));
-  if (std::regex_search(gloo_part, shown, gloo_address)) {
-    const std::string address = shown[1].str() + ":" + shown[2].str();
-    expect(contains(message, "on " + hostname() + ", " + address + ") "),
-           "gloo names rank ", failed, "'s end of the connection as ", address, " but loom's error does not: ", message);
+// What rank 0 must find in its error about the failing rank: its pid, and its
+// ends of its gloo connections as the kernel reports them (not as loom or
+// gloo print them), published by the failing rank itself.
+struct FailingRank {
+  int rank = 1;
+  int pid = 0;
+  std::vector<std::string> addresses;
+};
+
+FailingRank failing_rank(const std::shared_ptr<TCPStore>& store, int rank, int failing = 1) {
+  if (rank == failing) {
+    std::string addresses;
+    for (const Connection& connection : gloo_connections()) addresses += connection.local + " ";
+    store->set("test/failing", str(::getpid(), " ", addresses));
   }
+  std::istringstream fields(store->get_string("test/failing", 60s));
+  FailingRank result;
+  result.rank = failing;
+  fields >> result.pid;
+  for (std::string address; fields >> address;) result.addresses.push_back(address);
+  return result;
 }
 
-// The pid of rank `failing`, which it publishes.
-int pid_of(Ranks& ranks, int failing = 1) {
-  if (ranks.rank == failing) ranks.store->set("test/pid", std::to_string(::getpid()));
-  return std::stoi(ranks.store->get_string("test/pid", 60s));
+// This rank's error must name the failing rank by rank, pid and (once
+// connected) its end of the connection, say what happened (one of
+// `events`) during `collective`, and end with gloo's own message.
+void expect_names_peer(const std::string& message, const FailingRank& failed, const std::vector<std::string>& events,
+                       const std::string& collective = "all_reduce #") {
+  const std::string self = str("rank ", env_int("RANK"), " of ", env_int("WORLD_SIZE"));
+  std::cout << self << "'s error: " << message << "\n";
+  const std::string named = str("ProcessGroupGloo ", self, ": peer rank ", failed.rank, " (pid ", failed.pid, " on ");
+  expect(contains(message, named), "the error does not name rank ", failed.rank, " and its pid first: ", message);
+  expect(contains(message, collective), "the error does not name ", collective, ": ", message);
+  expect(contains(message, "(Gloo: "), "the error does not quote gloo: ", message);
+  bool said = false;
+  for (const auto& event : events) said = said || contains(message, ") " + event + " during " + collective);
+  expect(said, "the error does not say rank ", failed.rank, " ", events[0],
+         events.size() > 1 ? " (or " + events[1] + ")" : "", " during ", collective, ": ", message);
+  if (failed.addresses.empty()) return;  // not connected yet
+  bool addressed = false;
+  for (const auto& address : failed.addresses)
+    addressed = addressed || contains(message, named + hostname() + ", " + address + ") ");
+  expect(addressed, "the error does not give rank ", failed.rank, "'s end of a connection (",
+         failed.addresses.size(), " of them, e.g. ", failed.addresses[0], "): ", message);
 }
 
 // Rank 0 waits in an all_reduce when rank 1 is killed: gloo sees the
 // connection closed (or reset, when rank 1 had not read all rank 0 sent).
 LOOM_DIST_SCENARIO("gloo_killed_mid_collective") {
   Ranks ranks;
-  const int pid = pid_of(ranks);
+  const FailingRank failing = failing_rank(ranks.store, ranks.rank);
   ranks.group.barrier()->wait();
   if (ranks.rank == 1) {
     ranks.store->wait({"test/waiting"}, 60s);
@@ -130,20 +159,21 @@ LOOM_DIST_SCENARIO("gloo_killed_mid_collective") {
   Tensor tensor = Tensor::ones({1000}, DType::f32);
   WorkHandle work = ranks.group.all_reduce(tensor);
   ranks.store->set("test/waiting", "1");
-  expect_names_peer(error_of([&] { work->wait(); }), 1, pid, {"closed the connection", "reset the connection"});
+  expect_names_peer(error_of([&] { work->wait(); }), failing, {"closed the connection", "reset the connection"});
 }
 
 // Rank 1 makes every gloo socket close abortively (SO_LINGER 0) and is
 // killed: its kernel sends a reset, never a FIN, so rank 0 reads ECONNRESET.
 LOOM_DIST_SCENARIO("gloo_reset_mid_collective") {
   Ranks ranks;
-  const int pid = pid_of(ranks);
+  const FailingRank failing = failing_rank(ranks.store, ranks.rank);
   ranks.group.barrier()->wait();
   if (ranks.rank == 1) {
-    const std::vector<int> sockets = gloo_sockets();
-    expect(sockets.size() == 1, "rank 1 has ", sockets.size(), " gloo connections; expected 1");
+    const std::vector<Connection> connections = gloo_connections();
+    expect(connections.size() == 1, "rank 1 has ", connections.size(), " gloo connections; expected 1");
     const linger abortive{.l_onoff = 1, .l_linger = 0};
-    expect(::setsockopt(sockets[0], SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive)) == 0, "SO_LINGER failed");
+    expect(::setsockopt(connections[0].fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive)) == 0,
+           "SO_LINGER failed");
     ranks.store->wait({"test/waiting"}, 60s);
     std::this_thread::sleep_for(200ms);
     ::raise(SIGKILL);
@@ -151,21 +181,21 @@ LOOM_DIST_SCENARIO("gloo_reset_mid_collective") {
   Tensor tensor = Tensor::ones({1000}, DType::f32);
   WorkHandle work = ranks.group.all_reduce(tensor);
   ranks.store->set("test/waiting", "1");
-  expect_names_peer(error_of([&] { work->wait(); }), 1, pid, {"reset the connection"});
+  expect_names_peer(error_of([&] { work->wait(); }), failing, {"reset the connection"});
 }
 
 // Rank 1 is killed between two collectives; rank 0 starts the next one only
 // after the process is gone, and that collective's error names rank 1.
 LOOM_DIST_SCENARIO("gloo_killed_before_next_collective") {
   Ranks ranks;
-  const int pid = pid_of(ranks);
+  const FailingRank failing = failing_rank(ranks.store, ranks.rank);
   ranks.group.barrier()->wait();
   if (ranks.rank == 1) ::raise(SIGKILL);
-  wait_until_ended(pid);
+  wait_until_ended(failing.pid);
   std::this_thread::sleep_for(100ms);  // gloo's event loop has seen the closed connection, usually; either way is fine
   Tensor tensor = Tensor::ones({10}, DType::f32);
   const std::string message = error_of([&] { ranks.group.all_reduce(tensor)->wait(); });
-  expect_names_peer(message, 1, pid, {"closed the connection", "reset the connection"});
+  expect_names_peer(message, failing, {"closed the connection", "reset the connection"});
   expect(contains(message, "that process has ended"), "the error does not say rank 1's process ended: ", message);
 }
 
@@ -173,7 +203,7 @@ LOOM_DIST_SCENARIO("gloo_killed_before_next_collective") {
 // gloo times out with no address in its message; the error still names rank 1.
 LOOM_DIST_SCENARIO("gloo_peer_never_enters") {
   Ranks ranks;
-  const int pid = pid_of(ranks);
+  const FailingRank failing = failing_rank(ranks.store, ranks.rank);
   ranks.group.barrier()->wait();
   if (ranks.rank == 1) {
     ranks.store->wait({"test/done"}, 120s);  // alive until rank 0 has its error
@@ -183,7 +213,7 @@ LOOM_DIST_SCENARIO("gloo_peer_never_enters") {
   Tensor tensor = Tensor::ones({10}, DType::f32);
   const std::string message = error_of([&] { ranks.group.all_reduce(tensor)->wait(); });
   ranks.store->set("test/done", "1");
-  expect_names_peer(message, 1, pid, {"did not answer within the timeout"});
+  expect_names_peer(message, failing, {"did not answer within the timeout"});
   expect(contains(message, "timeout 2 s"), "the error does not give the timeout: ", message);
   expect(!contains(message, "has ended"), "rank 1 is alive, yet the error says it ended: ", message);
 }
@@ -195,7 +225,7 @@ LOOM_DIST_SCENARIO("gloo_peer_never_enters") {
 // peers), as the rank whose process ended.
 LOOM_DIST_SCENARIO("gloo_killed_in_world_of_three") {
   Ranks ranks;
-  const int pid = pid_of(ranks, 2);
+  const FailingRank failing = failing_rank(ranks.store, ranks.rank, 2);
   ranks.group.set_timeout(5s);
   ranks.group.barrier()->wait();
   if (ranks.rank == 2) {
@@ -206,8 +236,71 @@ LOOM_DIST_SCENARIO("gloo_killed_in_world_of_three") {
   Tensor tensor = Tensor::ones({1000}, DType::f32);
   WorkHandle work = ranks.group.all_reduce(tensor);
   ranks.store->set(str("test/waiting/", ranks.rank), "1");
-  expect_names_peer(error_of([&] { work->wait(); }), 2, pid,
+  expect_names_peer(error_of([&] { work->wait(); }), failing,
                     {"closed the connection", "reset the connection", "did not answer within the timeout"});
+}
+
+// A store that kills this process right after `key` is set through it.
+class KilledAfterSet final : public Store {
+ public:
+  KilledAfterSet(std::shared_ptr<Store> inner, std::string key) : inner_(std::move(inner)), key_(std::move(key)) {}
+  using Store::set;
+  void set(const std::string& key, const Bytes& value) override {
+    inner_->set(key, value);
+    if (key == key_) ::raise(SIGKILL);
+  }
+  using Store::get;
+  Bytes get(const std::string& key, Milliseconds timeout) override { return inner_->get(key, timeout); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override { inner_->wait(keys, timeout); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::string key_;
+};
+
+// Rank 1 is killed after it published where it listens for rank 0
+// and before it connects: rank 0, connecting, finds nothing listening there
+// (refused) or, on the side that listens, never sees rank 1 connect (a
+// timeout). Which side rank 0 takes depends on the ports; both must name rank 1.
+LOOM_DIST_SCENARIO("gloo_killed_while_connecting") {
+  const int rank = env_int("RANK");
+  auto store = std::make_shared<TCPStore>("127.0.0.1", env_int("MASTER_PORT"),
+                                          TCPStoreOptions{.is_server = rank == 0, .timeout = 60s});
+  const FailingRank failing = failing_rank(store, rank);  // rank 1 is up: rank 0's 3 s are for connecting only
+  if (rank == 1) {
+    ProcessGroupGloo group(std::make_shared<KilledAfterSet>(store, "gloo/listening/1/0"), 1, 2,
+                           {.timeout = kGenerousTimeout});
+    throw Error("rank 1 was not killed while it connected");
+  }
+  const std::string message = error_of([&] { ProcessGroupGloo group(store, 0, 2, {.timeout = 3s}); });
+  expect_names_peer(message, failing,
+                    {"refused the connection (nothing listens at its address)", "did not answer within the timeout"},
+                    "connect #0");
+}
+
+// Three ranks from init_process_group; rank 2 is alive but never enters the
+// all_reduce. Gloo's timeout names no address and there are two peers, so the
+// gloo layer cannot tell which one; the desync report every group from
+// init_process_group appends names rank 2 on both survivors.
+LOOM_DIST_SCENARIO("gloo_never_enters_in_world_of_three") {
+  auto group = group_from_environment(60s);
+  TCPStore side_channel("127.0.0.1", env_int("MASTER_PORT"), {.timeout = 60s});  // the group's store, rank 0 serves it
+  group->barrier()->wait();
+  if (group->rank() == 2) {
+    side_channel.wait({"test/done/0", "test/done/1"}, 120s);  // alive until both have their error
+    return;
+  }
+  group->set_timeout(3s);
+  Tensor tensor = Tensor::ones({10}, DType::f32);
+  const std::string message = error_of([&] { group->all_reduce(tensor)->wait(); });
+  side_channel.set(str("test/done/", group->rank()), "1");
+  // Rank 0 serves the store, which rank 1's desync report reads: it leaves last.
+  if (group->rank() == 0) side_channel.wait({"test/done/1"}, 120s);
+  std::cout << "rank " << group->rank() << "'s error: " << message << "\n";
+  expect(contains(message, "Behind: rank 2 has not reached #"), "the error does not name rank 2 as behind: ", message);
 }
 
 void expect_rank_0_ok_rank_1_killed(const std::vector<RankResult>& results) {
@@ -224,7 +317,8 @@ TEST_SUITE("gloo_failures") {
     CHECK_MESSAGE(results[0].ok(), results[0].describe());
     CHECK_MESSAGE(results[1].ok(), results[1].describe());
     CHECK_MESSAGE(results[2].signal == SIGKILL, results[2].describe());
-    MESSAGE(results[0].output, results[1].output);
+    MESSAGE(results[0].output);
+    MESSAGE(results[1].output);
   }
 
   TEST_CASE("a peer killed while the collective waits is named (connection closed or reset)") {
@@ -237,6 +331,17 @@ TEST_SUITE("gloo_failures") {
 
   TEST_CASE("a peer killed before the next collective is named by that collective's error") {
     expect_rank_0_ok_rank_1_killed(spawn_ranks("gloo_killed_before_next_collective", 2, {.deadline = 90s}));
+  }
+
+  TEST_CASE("a peer killed while the mesh connects is named (connection refused, or a timeout)") {
+    expect_rank_0_ok_rank_1_killed(spawn_ranks("gloo_killed_while_connecting", 2, {.deadline = 90s}));
+  }
+
+  TEST_CASE("in a world of three, a live peer that never enters is named by the desync report") {
+    auto results = spawn_ranks("gloo_never_enters_in_world_of_three", 3, {.deadline = 90s});
+    expect_all_ok(results);
+    MESSAGE(results[0].output);
+    MESSAGE(results[1].output);
   }
 
   TEST_CASE("a live peer that never enters the collective is named at the timeout") {
