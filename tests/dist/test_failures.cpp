@@ -303,6 +303,33 @@ LOOM_DIST_SCENARIO("gloo_never_enters_in_world_of_three") {
   expect(contains(message, "Behind: rank 2 has not reached #"), "the error does not name rank 2 as behind: ", message);
 }
 
+// Three ranks; rank 2 shuts its gloo connections down (as a dying process's
+// kernel would) but stays alive. No process has ended and there are two
+// peers, so only the address gloo shows can name rank 2: whichever side of
+// each connection the survivor is (gloo shows the address rank 2 listened on
+// when the survivor accepted, its end of the connection when the survivor
+// connected), the error must name rank 2.
+LOOM_DIST_SCENARIO("gloo_closed_by_live_peer_in_world_of_three") {
+  Ranks ranks;
+  const FailingRank failing = failing_rank(ranks.store, ranks.rank, 2);
+  ranks.group.barrier()->wait();
+  if (ranks.rank == 2) {
+    ranks.store->wait({"test/waiting/0", "test/waiting/1"}, 60s);
+    std::this_thread::sleep_for(200ms);
+    for (const Connection& connection : gloo_connections()) ::shutdown(connection.fd, SHUT_RDWR);
+    ranks.store->wait({"test/done/0", "test/done/1"}, 120s);
+    return;
+  }
+  Tensor tensor = Tensor::ones({1000}, DType::f32);
+  WorkHandle work = ranks.group.all_reduce(tensor);
+  ranks.store->set(str("test/waiting/", ranks.rank), "1");
+  const std::string message = error_of([&] { work->wait(); });
+  ranks.store->set(str("test/done/", ranks.rank), "1");
+  if (ranks.rank == 0) ranks.store->wait({"test/done/1"}, 120s);  // rank 0 serves the store: it leaves last
+  expect_names_peer(message, failing, {"closed the connection", "reset the connection"});
+  expect(!contains(message, "has ended"), "rank 2 is alive, yet the error says it ended: ", message);
+}
+
 void expect_rank_0_ok_rank_1_killed(const std::vector<RankResult>& results) {
   CHECK_MESSAGE(results[0].ok(), results[0].describe());
   CHECK_MESSAGE(results[1].signal == SIGKILL, results[1].describe());
@@ -335,6 +362,13 @@ TEST_SUITE("gloo_failures") {
 
   TEST_CASE("a peer killed while the mesh connects is named (connection refused, or a timeout)") {
     expect_rank_0_ok_rank_1_killed(spawn_ranks("gloo_killed_while_connecting", 2, {.deadline = 90s}));
+  }
+
+  TEST_CASE("in a world of three, a live peer that closes its connections is named by its address") {
+    auto results = spawn_ranks("gloo_closed_by_live_peer_in_world_of_three", 3, {.deadline = 90s});
+    expect_all_ok(results);
+    MESSAGE(results[0].output);
+    MESSAGE(results[1].output);
   }
 
   TEST_CASE("in a world of three, a live peer that never enters is named by the desync report") {
