@@ -7,8 +7,9 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -59,11 +60,14 @@ bool process_ended(int pid) {
   return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
 }
 
-// The host and port of an address as gloo prints it: "[127.0.0.1]:41000",
-// "[::ffff:127.0.0.1]:41000", "127.0.0.1:41000". Empty port when there is none.
+// A socket's address as host and port; gloo prints them as "[127.0.0.1]:41000"
+// (IPv4 may show through an IPv6 socket as "[::ffff:127.0.0.1]:41000").
 struct Endpoint {
   std::string host;
   std::string port;
+  bool operator==(const Endpoint&) const = default;
+  // "127.0.0.1:41000", "[fe80::1]:41000".
+  std::string str() const { return host.find(':') == std::string::npos ? host + ":" + port : "[" + host + "]:" + port; }
 };
 
 std::string normalized_host(std::string host) {
@@ -71,6 +75,7 @@ std::string normalized_host(std::string host) {
   return host;
 }
 
+// Every address in `text`, in gloo's form or as plain "a.b.c.d:port".
 std::vector<Endpoint> endpoints_in(const std::string& text) {
   static const std::regex pattern(R"(\[([0-9A-Za-z:.%_-]+)\]:([0-9]{1,5})|\b([0-9]{1,3}(?:\.[0-9]{1,3}){3}):([0-9]{1,5}))");
   std::vector<Endpoint> found;
@@ -81,28 +86,51 @@ std::vector<Endpoint> endpoints_in(const std::string& text) {
   return found;
 }
 
-// Lets libgloo rendezvous through a loom Store.
-class GlooStoreAdapter final : public gloo::rendezvous::Store {
+// What happened to the connection, from gloo's message (gloo/transport/tcp/pair.cc
+// and unbound_buffer.cc): the phrase that follows the peer's name in loom's error.
+std::string connection_event(const std::string& gloo_message) {
+  auto has = [&](const char* part) { return gloo_message.find(part) != std::string::npos; };
+  if (has("reset by peer")) return "reset the connection";  // ECONNRESET: an abortive close, or data it never read
+  if (has("Connection refused")) return "refused the connection (nothing listens at its address)";
+  if (has("Connection closed by peer") || has("Socket closed") || has("Socket unexpectedly closed") ||
+      has("Broken pipe"))
+    return "closed the connection";
+  if (has("imeout") || has("Timed out") || has("timed out")) return "did not answer within the timeout";
+  return "failed";
+}
+
+// A gloo context over a transport context whose pairs loom connected itself
+// (see ProcessGroupGloo::Impl::connect).
+class MeshContext final : public gloo::Context {
  public:
-  GlooStoreAdapter(std::shared_ptr<dist::Store> store, Milliseconds timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(key, Bytes(data.begin(), data.end()));
+  MeshContext(int rank, int size, std::shared_ptr<gloo::transport::Device> device,
+              std::shared_ptr<gloo::transport::Context> transport)
+      : gloo::Context(rank, size) {
+    device_ = std::move(device);
+    transportContext_ = std::move(transport);
   }
-  std::vector<char> get(const std::string& key) override {
-    Bytes value = store_->get(key, timeout_);
-    return std::vector<char>(value.begin(), value.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store_->wait(keys, timeout);
-  }
-
- private:
-  std::shared_ptr<dist::Store> store_;
-  Milliseconds timeout_;
 };
+
+// One address of a gloo pair: as gloo prints it in its messages, to
+// recognise it there, and as it is, to show it. They differ: the gloo of
+// 2022 prints the port in network byte order (port 40372 as "]:46237").
+struct PairAddress {
+  Endpoint printed;
+  Endpoint real;
+};
+
+PairAddress pair_address(const std::vector<char>& bytes) {
+  const gloo::transport::tcp::Address address(bytes);
+  PairAddress result;
+  if (const std::vector<Endpoint> printed = endpoints_in(address.str()); printed.size() == 1) result.printed = printed[0];
+  const sockaddr_storage& socket_address = address.getSockaddr();
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  const socklen_t length = socket_address.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&socket_address), length, host, sizeof(host), port,
+                    sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+    result.real = {normalized_host(host), port};
+  return result;
+}
 
 // Elementwise reductions for gloo: out[i] = op(a[i], b[i]). 16-bit floats go
 // through float.
@@ -186,15 +214,18 @@ struct ProcessGroupGloo::Impl {
   std::shared_ptr<Store> store;
   std::atomic<Milliseconds> timeout;
 
-  std::shared_ptr<gloo::rendezvous::Context> context;  // worker thread only
-  // Each rank's gloo pair addresses as text, and its host and pid, to name
-  // the peer in errors.
-  std::vector<std::vector<std::string>> peer_addresses;  // worker thread only
-  struct PeerProcess {
-    std::string host;
+  std::shared_ptr<gloo::Context> context;  // worker thread only
+  // Who is at the other end of each of this rank's gloo pairs, by rank, to
+  // name a peer in errors. Filled by connect(); `host` and `pid` may stay
+  // unknown for a rank that fails before publishing them.
+  struct Peer {
+    // Its pair to this rank, gloo names either address when the pair fails:
+    PairAddress listening;  // where it listened for this rank (before connecting)
+    PairAddress connected;  // its end of the connection (empty until connected)
+    std::string host;       // its host name and process id, as it published them
     int pid = 0;
   };
-  std::vector<PeerProcess> peer_processes;  // worker thread only
+  std::vector<Peer> peers;  // worker thread only
   uint32_t next_tag = 0;                                 // worker thread only
   std::string first_failure;                             // worker thread only
 
@@ -275,56 +306,68 @@ struct ProcessGroupGloo::Impl {
     }
   }
 
+  // The error for a failed collective: which peer did what ("peer rank 1
+  // (pid 4242 on node0, 127.0.0.1:36743) closed the connection during
+  // all_reduce #12 ..."), when, and gloo's own message at the end.
   std::string explain_failure(const std::string& description, const std::string& cause, double seconds) {
-    std::string peer = identify_peer(cause);
-    double timeout_s = static_cast<double>(timeout.load().count()) / 1000.0;
-    std::string peer_state;
-    if (!peer.empty()) {
-      bool closed = cause.find("closed") != std::string::npos || cause.find("reset") != std::string::npos;
-      peer_state = closed ? str("; peer ", peer, " closed its connection (that process has probably died)")
-                          : str("; the failure involves peer ", peer);
+    const double timeout_s = static_cast<double>(timeout.load().count()) / 1000.0;
+    const std::string during = str(description, ", ", std::round(seconds * 100) / 100, " s after it started (timeout ",
+                                   timeout_s, " s)");
+    const std::vector<int> involved = ranks_involved(cause);
+    std::string what;
+    if (involved.empty()) {
+      what = str(during, " failed; gloo's message names no peer this group knows, and no rank's process on this host "
+                         "has ended: a peer may have died, hung, or stopped calling collectives");
+    } else {
+      std::string named;
+      bool all_ended = true;
+      for (int r : involved) {
+        named += str(named.empty() ? "peer " : ", ", describe_peer(r));
+        all_ended = all_ended && peer_process_ended(r);
+      }
+      const std::string event = connection_event(cause);
+      const std::string likely = all_ended                                         ? "that process has ended"
+                                 : event == "did not answer within the timeout" ? "it may have died, hung, or stopped "
+                                                                                  "calling collectives"
+                                                                                : "that process has probably died, or "
+                                                                                  "gave up after an error of its own";
+      what = str(named, " ", event, " during ", during, "; ", likely);
     }
-    return str(prefix(), description, " failed after ", std::round(seconds * 100) / 100, " s (timeout ", timeout_s,
-               " s)", peer_state,
-               ". A peer process may have died or stopped calling collectives; this process group is unusable "
-               "from now on. Cause: ",
-               cause);
+    return str(prefix(), what, ". This process group is unusable from now on. (Gloo: ", cause, ")");
   }
 
-  // Names the peer a failure involves: "rank 1 ([127.0.0.1]:41000)" when the
-  // gloo message shows one of rank 1's addresses, in any form (the port of a
-  // published address with the same host); otherwise the ranks of this host
-  // whose process has ended ("rank 1 (pid 1234 on node0 has ended)"), as gloo
-  // may show the other end of an accepted connection (an ephemeral port no
-  // rank published) or no address at all (a timeout, a refused connection).
-  std::string identify_peer(const std::string& message) {
-    for (size_t r = 0; r < peer_addresses.size(); ++r) {
-      if (static_cast<int>(r) == rank) continue;
-      for (const auto& address : peer_addresses[r])
-        if (!address.empty() && message.find(address) != std::string::npos) return str("rank ", r, " (", address, ")");
-    }
-    const std::vector<Endpoint> shown = endpoints_in(message);
-    for (size_t r = 0; r < peer_addresses.size(); ++r) {
-      if (static_cast<int>(r) == rank) continue;
-      for (const auto& address : peer_addresses[r]) {
-        const std::vector<Endpoint> published = endpoints_in(address);
-        if (published.empty()) continue;
-        for (const Endpoint& endpoint : shown)
-          if (endpoint.port == published[0].port && endpoint.host == published[0].host)
-            return str("rank ", r, " (", address, ")");
-      }
-    }
+  // The ranks a gloo failure involves. Exact when gloo's message shows an
+  // address of the peer's side of one of this rank's pairs (gloo names the
+  // peer of a closed, reset or refused socket so); else, as a timeout shows no address, this
+  // rank's only peer in a world of two; else the ranks on this host whose
+  // process has ended. Empty when none of these tells.
+  std::vector<int> ranks_involved(const std::string& gloo_message) {
+    for (const Endpoint& shown : endpoints_in(gloo_message))
+      for (int r = 0; r < static_cast<int>(peers.size()); ++r)
+        for (const PairAddress* address : {&peers[r].connected, &peers[r].listening})
+          if (r != rank && !address->printed.port.empty() && address->printed == shown) return {r};
+    if (size == 2) return {1 - rank};
+    std::vector<int> ended;
+    for (int r = 0; r < size; ++r)
+      if (r != rank && peer_process_ended(r)) ended.push_back(r);
+    return ended;
+  }
+
+  // "rank 1 (pid 4242 on node0, 127.0.0.1:36743)", with what is known of it.
+  std::string describe_peer(int r) {
     read_peer_processes();
-    const std::string here = host_name();
-    std::vector<std::string> ended;
-    for (size_t r = 0; r < peer_processes.size(); ++r) {
-      const PeerProcess& peer = peer_processes[r];
-      if (static_cast<int>(r) != rank && peer.host == here && process_ended(peer.pid))
-        ended.push_back(str("rank ", r, " (pid ", peer.pid, " on ", peer.host, " has ended)"));
-    }
-    std::string named;
-    for (const auto& one : ended) named += (named.empty() ? "" : ", ") + one;
-    return named;
+    const Peer& peer = peers[r];
+    std::string known = peer.pid > 0 ? str("pid ", peer.pid, " on ", peer.host) : "";
+    const Endpoint& address = peer.connected.real.port.empty() ? peer.listening.real : peer.connected.real;
+    if (!address.port.empty()) known += (known.empty() ? "" : ", ") + address.str();
+    return known.empty() ? str("rank ", r) : str("rank ", r, " (", known, ")");
+  }
+
+  // Whether rank r's process is known to have ended (only ranks on this host can be seen).
+  bool peer_process_ended(int r) {
+    read_peer_processes();
+    const Peer& peer = peers[r];
+    return peer.pid > 0 && peer.host == host_name() && process_ended(peer.pid);
   }
 
   // This rank's host and pid, published before connecting, so that even a
@@ -333,9 +376,9 @@ struct ProcessGroupGloo::Impl {
 
   // Reads the hosts and pids the other ranks published (those not there yet stay unknown).
   void read_peer_processes() {
-    peer_processes.resize(static_cast<size_t>(size));
+    peers.resize(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r) {
-      PeerProcess& peer = peer_processes[static_cast<size_t>(r)];
+      Peer& peer = peers[static_cast<size_t>(r)];
       if (r == rank || peer.pid > 0) continue;
       const std::string key = str("gloo_process/", r);
       try {
@@ -374,29 +417,36 @@ struct ProcessGroupGloo::Impl {
       LOOM_FAIL(prefix(), "cannot listen on ", attr.iface.empty() ? "host " + attr.hostname : "interface " + attr.iface,
                 ": ", error.what(), ". Set LOOM_SOCKET_IFNAME to a network interface every rank can reach");
     }
-    auto mesh = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    mesh->setTimeout(timeout.load());
+    // The full mesh, as gloo::rendezvous::Context::connectFullMesh makes it,
+    // but keeping both addresses of every peer's side of its pair to this
+    // rank: the one it listened on and, once connected, its end of the
+    // connection. Gloo names one or the other when the pair fails.
+    std::shared_ptr<gloo::transport::Context> transport = device->createContext(rank, size);
+    transport->setTimeout(timeout.load());
     auto gloo_store = std::make_shared<PrefixStore>("gloo", store);
-    GlooStoreAdapter adapter(gloo_store, timeout.load());
-    try {
-      mesh->connectFullMesh(adapter, device);
-    } catch (const std::exception& error) {
-      LOOM_FAIL(prefix(), "connecting to the other ranks failed: ", error.what());
-    }
-    context = mesh;
-
-    // Publish this rank's pair addresses; errors later name peers by rank.
-    std::string mine;
+    auto publish = [&](const char* what, int peer, const gloo::transport::Address& address) {
+      const std::vector<char> bytes = address.bytes();
+      gloo_store->set(str(what, "/", rank, "/", peer), Bytes(bytes.begin(), bytes.end()));
+    };
+    auto read = [&](const char* what, int peer) {
+      const Bytes bytes = gloo_store->get(str(what, "/", peer, "/", rank), timeout.load());
+      return std::vector<char>(bytes.begin(), bytes.end());
+    };
+    peers.resize(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r)
-      if (r != rank) mine += context->getPair(r)->address().str() + "\n";
-    gloo_store->set(str("pair_addresses/", rank), mine);
-    peer_addresses.assign(size, {});
+      if (r != rank) publish("listening", r, transport->createPair(r)->address());
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
-      std::string text = gloo_store->get_string(str("pair_addresses/", r), timeout.load());
-      for (size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
-        peer_addresses[r].push_back(text.substr(begin, end - begin));
+      const std::vector<char> theirs = read("listening", r);
+      peers[r].listening = pair_address(theirs);
+      transport->getPair(r)->connect(theirs);  // a failure names the peer through explain_failure
     }
+    context = std::make_shared<MeshContext>(rank, size, device, transport);
+    context->setTimeout(timeout.load());
+    for (int r = 0; r < size; ++r)
+      if (r != rank) publish("connected", r, context->getPair(r)->address());
+    for (int r = 0; r < size; ++r)
+      if (r != rank) peers[r].connected = pair_address(read("connected", r));
     read_peer_processes();  // all published before connecting: later failures need no store
   }
 
