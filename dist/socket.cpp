@@ -103,9 +103,12 @@ int try_connect(const addrinfo& address, SteadyClock::time_point deadline, FileD
   if (!fd.valid()) return errno;
   if (::connect(fd.get(), address.ai_addr, address.ai_addrlen) != 0) {
     if (errno != EINPROGRESS) return errno;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     pollfd entry{fd.get(), POLLOUT, 0};
-    int ready = ::poll(&entry, 1, static_cast<int>(std::max<int64_t>(left.count(), 1)));
+    int ready = 0;
+    do {  // a signal handler (a profiler's, a launcher's) interrupts the wait, not the attempt
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+      ready = ::poll(&entry, 1, static_cast<int>(std::max<int64_t>(left.count(), 1)));
+    } while (ready < 0 && errno == EINTR);
     if (ready == 0) return ETIMEDOUT;
     if (ready < 0) return errno;
     int error = 0;

@@ -76,7 +76,10 @@ for harness in "${harnesses[@]}"; do
     grep -E "DONE|^stat::number_of_executed_units|^stat::peak_rss_mb" "$log" | sed 's/^/   /' || true
   else
     echo "fuzz_$harness FAILED (log $log; input under $dir/artifacts/$harness):"
-    grep -E "ERROR|SUMMARY|Test unit written|timeout|out-of-memory|malloc\(" "$log" | head -n 20 | sed 's/^/   /'
+    # What went wrong, the stack, and what the harness or the C++ runtime
+    # printed before dying (an abort's reason, an uncaught exception).
+    grep -E "ERROR|SUMMARY|Test unit written|timeout|out-of-memory|malloc\(|^ *#[0-9]+ 0x|^fuzz_|terminate|what\(\)" \
+      "$log" | head -n 40 | sed 's/^/   /'
     failed+=("$harness")
   fi
 done

@@ -6,11 +6,15 @@
 // afterwards. A hang shows as libFuzzer's -timeout, a dead server as abort().
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <loom/core/error.h>
@@ -25,7 +29,24 @@ int connect_to(int port) {
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) std::abort();
+  // libFuzzer's SIGALRM (its -timeout check, once a second) interrupts
+  // blocking calls: a connect() it interrupts goes on in the background.
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    if (errno != EINTR) {
+      std::perror("fuzz_tcp_store: connect to the store's server");
+      std::abort();
+    }
+    pollfd entry{fd, POLLOUT, 0};
+    while (::poll(&entry, 1, -1) < 0 && errno == EINTR) {
+    }
+    int error = 0;
+    socklen_t length = sizeof(error);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+    if (error != 0) {
+      std::fprintf(stderr, "fuzz_tcp_store: connect to the store's server: %s\n", std::strerror(error));
+      std::abort();
+    }
+  }
   return fd;
 }
 
@@ -37,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int fd = connect_to(store.port());
   for (size_t sent = 0; sent < size;) {
     const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the server dropped the connection (a malformed request): allowed
     sent += static_cast<size_t>(n);
   }
@@ -45,7 +67,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A server that keeps a client which has left hangs here, which libFuzzer's
   // -timeout reports (a poll timeout here would also fire on a loaded machine).
   char buffer[4096];
-  while (::recv(fd, buffer, sizeof(buffer), 0) > 0) {
+  while (true) {
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
   }
   ::close(fd);
   // Still serving.
