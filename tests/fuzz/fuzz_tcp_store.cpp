@@ -4,58 +4,26 @@
 // and reads until the server closes. The server must survive anything: drop
 // the connection within the timeout, and still serve a well-behaved client
 // afterwards. A hang shows as libFuzzer's -timeout, a dead server as abort().
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include <loom/core/error.h>
 #include <loom/dist/store.h>
 
-namespace {
-
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) std::abort();
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  // libFuzzer's SIGALRM (its -timeout check, once a second) interrupts
-  // blocking calls: a connect() it interrupts goes on in the background.
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    if (errno != EINTR) {
-      std::perror("fuzz_tcp_store: connect to the store's server");
-      std::abort();
-    }
-    pollfd entry{fd, POLLOUT, 0};
-    while (::poll(&entry, 1, -1) < 0 && errno == EINTR) {
-    }
-    int error = 0;
-    socklen_t length = sizeof(error);
-    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
-    if (error != 0) {
-      std::fprintf(stderr, "fuzz_tcp_store: connect to the store's server: %s\n", std::strerror(error));
-      std::abort();
-    }
-  }
-  return fd;
-}
-
-}  // namespace
+#include "dist/socket.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace std::chrono_literals;
   loom::dist::TCPStore store("127.0.0.1", 0, {.is_server = true, .timeout = 10s});
-  const int fd = connect_to(store.port());
+  // libFuzzer's SIGALRM (its -timeout check, once a second) interrupts
+  // blocking calls: loom's connect waits through it, and send/recv retry.
+  loom::dist::FileDescriptor connection = loom::dist::connect_with_retry("127.0.0.1", store.port(), 5s);
+  const int fd = connection.get();
   for (size_t sent = 0; sent < size;) {
     const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
@@ -71,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
     if (n == 0 || (n < 0 && errno != EINTR)) break;
   }
-  ::close(fd);
+  connection.reset();
   // Still serving.
   store.set("fuzz/check", std::string_view("ok"));
   if (store.get("fuzz/check", 5s) != loom::dist::Bytes{'o', 'k'}) std::abort();
