@@ -13,9 +13,8 @@
 #include <string>
 
 #include <loom/core/error.h>
+#include <loom/dist/socket.h>
 #include <loom/dist/store.h>
-
-#include "dist/socket.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace std::chrono_literals;
