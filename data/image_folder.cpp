@@ -56,11 +56,22 @@ bool other_image_extension(const fs::path& path) {
 // a bound a small file could make a worker allocate gigabytes.
 constexpr uint64_t kMaxImagePixels = 2ull * 89'478'485;
 
-void check_image_size(uint64_t width, uint64_t height, const fs::path& path) {
+// The most memory decoding one image may take. Under PIL's pixel limit a
+// 36-byte progressive JPEG header could still claim 1.6 GB (the pixels and
+// libjpeg's coefficient buffer); with this bound every image within PIL's
+// limit decodes except progressive JPEGs over about 90-130 million pixels.
+constexpr uint64_t kMaxDecodeBytes = uint64_t{768} << 20;
+
+// Checks the header's size against both limits; `decode_bytes` is what decoding it takes.
+void check_image_size(uint64_t width, uint64_t height, uint64_t decode_bytes, const fs::path& path) {
   if (width == 0 || height == 0) LOOM_FAIL("image ", path.string(), ": its header declares an empty image");
   if (width * height > kMaxImagePixels) {
     LOOM_FAIL("image ", path.string(), ": its header declares ", width, "x", height, " pixels, over the limit of ",
               kMaxImagePixels, " (PIL's decompression-bomb limit)");
+  }
+  if (decode_bytes > kMaxDecodeBytes) {
+    LOOM_FAIL("image ", path.string(), ": decoding its ", width, "x", height, " pixels takes ", decode_bytes >> 20,
+              " MiB, over the limit of ", kMaxDecodeBytes >> 20, " MiB per image");
   }
 }
 
@@ -74,37 +85,6 @@ void to_luma(DecodedImage& image) {
   }
   image.pixels.resize(static_cast<size_t>(pixels));
   image.channels = 1;
-}
-
-DecodedImage decode_jpeg(const std::vector<uint8_t>& bytes, const fs::path& path, ColorMode mode) {
-  tjhandle handle = tjInitDecompress();
-  if (!handle) LOOM_FAIL("image ", path.string(), ": cannot start the JPEG decoder: ", tjGetErrorStr2(nullptr));
-  struct Release {
-    tjhandle handle;
-    ~Release() { tjDestroy(handle); }
-  } release{handle};
-  int width = 0, height = 0, subsampling = 0, colorspace = 0;
-  if (tjDecompressHeader3(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height,
-                          &subsampling, &colorspace) != 0) {
-    LOOM_FAIL("image ", path.string(), ": not a readable JPEG: ", tjGetErrorStr2(handle));
-  }
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    LOOM_FAIL("image ", path.string(), ": CMYK JPEGs are not supported; convert it to RGB");
-  }
-  check_image_size(static_cast<uint64_t>(width), static_cast<uint64_t>(height), path);
-  DecodedImage image;
-  image.height = height;
-  image.width = width;
-  // A grayscale JPEG is decoded as such: converting gray to RGB and back is the identity.
-  const bool gray = mode == ColorMode::grayscale && colorspace == TJCS_GRAY;
-  image.channels = gray ? 1 : 3;
-  image.pixels.resize(static_cast<size_t>(image.height * image.width * image.channels));
-  if (tjDecompress2(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), image.pixels.data(), width, 0,
-                    height, gray ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
-    LOOM_FAIL("image ", path.string(), ": JPEG data does not decode: ", tjGetErrorStr2(handle));
-  }
-  if (mode == ColorMode::grayscale) to_luma(image);
-  return image;
 }
 
 // libjpeg's API, for what TurboJPEG 2 cannot do: decoding part of an image.
@@ -146,8 +126,27 @@ JpegDecoder& thread_jpeg_decoder() {
   return decoder;
 }
 
-// Reads the header of `bytes` into decoder.info (image_height, image_width). Throws naming `path`.
-void jpeg_read_window_header(JpegDecoder& decoder, const std::vector<uint8_t>& bytes, const fs::path& path) {
+// What decoding the JPEG whose header `info` holds takes, with RGB output: the
+// pixels, and when its scans each carry part of the data (progressive, or
+// components in separate scans) libjpeg's whole-image coefficient buffer, one
+// 128-byte block per 8x8 samples of each component, rounded up to whole MCUs
+// (jdcoefct.c).
+uint64_t jpeg_decode_bytes(const jpeg_decompress_struct& info) {
+  uint64_t bytes = uint64_t{info.image_width} * info.image_height * 3;
+  if (info.progressive_mode || info.comps_in_scan < info.num_components) {
+    for (int c = 0; c < info.num_components; ++c) {
+      const jpeg_component_info& component = info.comp_info[c];
+      const auto round_up = [](uint64_t n, uint64_t multiple) { return (n + multiple - 1) / multiple * multiple; };
+      bytes += round_up(component.width_in_blocks, component.h_samp_factor) *
+               round_up(component.height_in_blocks, component.v_samp_factor) * sizeof(JBLOCK);
+    }
+  }
+  return bytes;
+}
+
+// Reads the header of `bytes` into decoder.info (image_height, image_width), then
+// checks its size and color space. Throws naming `path`.
+void read_jpeg_header(JpegDecoder& decoder, const std::vector<uint8_t>& bytes, const fs::path& path) {
   jpeg_decompress_struct& info = decoder.info;
   jpeg_abort_decompress(&info);  // whatever an earlier sample left
   if (setjmp(decoder.error.jump)) {
@@ -160,7 +159,36 @@ void jpeg_read_window_header(JpegDecoder& decoder, const std::vector<uint8_t>& b
     jpeg_abort_decompress(&info);
     LOOM_FAIL("image ", path.string(), ": CMYK JPEGs are not supported; convert it to RGB");
   }
-  check_image_size(info.image_width, info.image_height, path);  // the next sample's abort resets the decoder
+  check_image_size(info.image_width, info.image_height, jpeg_decode_bytes(info), path);  // the next abort resets it
+}
+
+DecodedImage decode_jpeg(const std::vector<uint8_t>& bytes, const fs::path& path, ColorMode mode) {
+  tjhandle handle = tjInitDecompress();
+  if (!handle) LOOM_FAIL("image ", path.string(), ": cannot start the JPEG decoder: ", tjGetErrorStr2(nullptr));
+  struct Release {
+    tjhandle handle;
+    ~Release() { tjDestroy(handle); }
+  } release{handle};
+  // libjpeg's header parse checks the size, the memory and the color space
+  // (TurboJPEG 2 does not say whether a file is progressive).
+  JpegDecoder& decoder = thread_jpeg_decoder();
+  read_jpeg_header(decoder, bytes, path);
+  const int width = static_cast<int>(decoder.info.image_width), height = static_cast<int>(decoder.info.image_height);
+  const bool gray_file = decoder.info.jpeg_color_space == JCS_GRAYSCALE;
+  jpeg_abort_decompress(&decoder.info);
+  DecodedImage image;
+  image.height = height;
+  image.width = width;
+  // A grayscale JPEG is decoded as such: converting gray to RGB and back is the identity.
+  const bool gray = mode == ColorMode::grayscale && gray_file;
+  image.channels = gray ? 1 : 3;
+  image.pixels.resize(static_cast<size_t>(image.height * image.width * image.channels));
+  if (tjDecompress2(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), image.pixels.data(), width, 0,
+                    height, gray ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+    LOOM_FAIL("image ", path.string(), ": JPEG data does not decode: ", tjGetErrorStr2(handle));
+  }
+  if (mode == ColorMode::grayscale) to_luma(image);
+  return image;
 }
 
 // The window's pixels in `pixels`, rows `stride` bytes apart, starting at
@@ -173,11 +201,11 @@ struct JpegWindow {
 };
 
 // Decodes rows [top, top + height) and columns [left, left + width) after
-// jpeg_read_window_header, with TurboJPEG's defaults (islow IDCT, fancy
-// upsampling) so that the pixels are those of a full decode. libjpeg starts
-// the decoded columns at an iMCU boundary and upsamples chroma with edge
-// replication at the first and last decoded column and after skipped rows, so
-// one iMCU of context is decoded left of, right of and above the window.
+// read_jpeg_header, with TurboJPEG's defaults (islow IDCT, fancy upsampling)
+// so that the pixels are those of a full decode. libjpeg starts the decoded
+// columns at an iMCU boundary and upsamples chroma with edge replication at
+// the first and last decoded column and after skipped rows, so one iMCU of
+// context is decoded left of, right of and above the window.
 void jpeg_decode_window(JpegDecoder& decoder, const fs::path& path, int64_t top, int64_t left, int64_t height,
                         int64_t width, JpegWindow& window) {
   jpeg_decompress_struct& info = decoder.info;
@@ -220,12 +248,12 @@ DecodedImage decode_png(const std::vector<uint8_t>& bytes, const fs::path& path,
     png_image& png;
     ~Release() { png_image_free(&png); }
   } release{png};
-  check_image_size(png.width, png.height, path);
   const bool gray = mode == ColorMode::grayscale && (png.format & PNG_FORMAT_FLAG_COLOR) == 0;
   // The alpha channel is dropped as PIL's convert("RGB") drops it: read it, then discard it.
   const bool alpha = (png.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   png.format = gray ? (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY) : (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB);
   const int64_t stored = PNG_IMAGE_PIXEL_CHANNELS(png.format);
+  check_image_size(png.width, png.height, uint64_t{png.width} * png.height * stored, path);
   DecodedImage image;
   image.height = png.height;
   image.width = png.width;
@@ -571,7 +599,7 @@ DecodedImage decode_jpeg_window(const std::vector<uint8_t>& bytes, const fs::pat
                                 int64_t height, int64_t width) {
   if (!is_jpeg(bytes)) LOOM_FAIL("image ", path.string(), ": not a JPEG (its first bytes are not FF D8 FF)");
   JpegDecoder& decoder = thread_jpeg_decoder();
-  jpeg_read_window_header(decoder, bytes, path);
+  read_jpeg_header(decoder, bytes, path);
   const int64_t image_height = decoder.info.image_height, image_width = decoder.info.image_width;
   if (top < 0 || left < 0 || height <= 0 || width <= 0 || top + height > image_height || left + width > image_width) {
     jpeg_abort_decompress(&decoder.info);
@@ -795,7 +823,7 @@ void ImageFolder::get_random_resized_crop(const std::vector<uint8_t>& bytes, con
   int64_t image_height = 0, image_width = 0;
   if (jpeg) {
     decoder = &thread_jpeg_decoder();
-    jpeg_read_window_header(*decoder, bytes, path);
+    read_jpeg_header(*decoder, bytes, path);
     image_height = decoder->info.image_height;
     image_width = decoder->info.image_width;
   } else {

@@ -206,6 +206,24 @@ TEST_CASE("image folders without classes, with empty classes or other image form
   CHECK(error_message([&] { ImageFolder(dir / "nothing", {}); }).find("does not exist") != std::string::npos);
 }
 
+namespace {
+
+// Writes side x side into the frame header (SOF0/1/2) of the JPEG `jpeg`.
+void set_jpeg_size(std::vector<uint8_t>& jpeg, uint16_t side) {
+  for (size_t i = 2; i + 9 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && (jpeg[i + 1] == 0xC0 || jpeg[i + 1] == 0xC1 || jpeg[i + 1] == 0xC2)) {
+      for (size_t k : {i + 5, i + 7}) {
+        jpeg[k] = static_cast<uint8_t>(side >> 8);
+        jpeg[k + 1] = static_cast<uint8_t>(side & 0xFF);
+      }
+      return;
+    }
+  }
+  FAIL("no frame header in the JPEG");
+}
+
+}  // namespace
+
 TEST_CASE("an image whose header declares more pixels than PIL's limit is refused before decoding") {
   TempDir dir;
   const std::string python = python_with("PIL");
@@ -221,17 +239,7 @@ TEST_CASE("an image whose header declares more pixels than PIL's limit is refuse
   }
   REQUIRE(!jpeg.empty());
   REQUIRE(!png.empty());
-  bool patched = false;
-  for (size_t i = 2; i + 9 < jpeg.size() && !patched; ++i) {
-    if (jpeg[i] == 0xFF && (jpeg[i + 1] == 0xC0 || jpeg[i + 1] == 0xC1 || jpeg[i + 1] == 0xC2)) {
-      for (size_t k : {i + 5, i + 7}) {
-        jpeg[k] = 60000 >> 8;
-        jpeg[k + 1] = 60000 & 0xFF;
-      }
-      patched = true;
-    }
-  }
-  REQUIRE(patched);
+  set_jpeg_size(jpeg, 60000);
   for (size_t k : {16, 20}) {
     const uint32_t side = 60000;
     for (int b = 0; b < 4; ++b) png[k + b] = static_cast<uint8_t>(side >> (24 - 8 * b));
@@ -261,6 +269,29 @@ std::unique_ptr<TempDir> make_jpegs() {
 }
 
 }  // namespace
+
+TEST_CASE("a progressive JPEG whose decoding would take over 768 MiB is refused before decoding") {
+  // 13000 x 13000 pixels, within PIL's limit: 484 MiB of RGB pixels, plus in a
+  // progressive 4:2:0 file libjpeg's coefficient buffer, 128 bytes per 8x8
+  // block: 1625^2 luma and 2 x 813^2 chroma blocks (rounded up to whole MCUs).
+  const auto dir = make_jpegs();
+  std::vector<uint8_t> progressive = read_bytes(dir->path() / "tree" / "b" / "progressive.jpg");
+  std::vector<uint8_t> baseline = read_bytes(dir->path() / "tree" / "a" / "s420.jpg");
+  set_jpeg_size(progressive, 13000);
+  set_jpeg_size(baseline, 13000);
+  const uint64_t coefficients = (1626ull * 1626 + 2 * 813ull * 813) * 128;
+  const uint64_t mib = (13000ull * 13000 * 3 + coefficients) >> 20;
+  const std::string expected = "image huge.jpg: decoding its 13000x13000 pixels takes " + std::to_string(mib) +
+                               " MiB, over the limit of 768 MiB per image";
+  CHECK(error_message([&] { decode_image(progressive, "huge.jpg", ColorMode::rgb); }).find(expected) !=
+        std::string::npos);
+  CHECK(error_message([&] { decode_jpeg_window(progressive, "huge.jpg", 0, 0, 8, 8); }).find(expected) !=
+        std::string::npos);
+  // The same size in a baseline file needs only the pixels (484 MiB): its header
+  // passes, and the window out of range is what fails, before any decoding.
+  CHECK(error_message([&] { decode_jpeg_window(baseline, "huge.jpg", 0, 0, 13001, 8); })
+            .find("the window 13001x8 at (0, 0) is not inside the 13000x13000 image") != std::string::npos);
+}
 
 TEST_CASE("a JPEG window decoded alone equals the full decode's window, bit for bit") {
   const auto dir = make_jpegs();
