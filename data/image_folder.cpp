@@ -160,6 +160,20 @@ void read_jpeg_header(JpegDecoder& decoder, const std::vector<uint8_t>& bytes, c
     LOOM_FAIL("image ", path.string(), ": CMYK JPEGs are not supported; convert it to RGB");
   }
   check_image_size(info.image_width, info.image_height, jpeg_decode_bytes(info), path);  // the next abort resets it
+  // Every 8x8 block of every component is coded in at least one bit (a 1-bit
+  // Huffman code; PIL's smallest files, blank images, take two), so a file too
+  // short for its blocks is truncated: refused here, before decoding
+  // allocates for the whole image, rather than part-way through. The rare
+  // arithmetic-coded JPEG (which no browser decodes) is held to the same bound.
+  uint64_t blocks = 0;
+  for (int c = 0; c < info.num_components; ++c) {
+    blocks += uint64_t{info.comp_info[c].width_in_blocks} * info.comp_info[c].height_in_blocks;
+  }
+  if (blocks > 8 * uint64_t{bytes.size()}) {
+    LOOM_FAIL("image ", path.string(), ": its header declares ", info.image_width, "x", info.image_height,
+              " pixels in ", blocks, " blocks of 8x8, more than its ", bytes.size(),
+              " bytes can hold (each block takes at least one bit): the file is truncated or corrupt");
+  }
 }
 
 DecodedImage decode_jpeg(const std::vector<uint8_t>& bytes, const fs::path& path, ColorMode mode) {

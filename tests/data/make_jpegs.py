@@ -2,9 +2,11 @@
 """Writes an image folder of larger JPEGs (and a PNG) with PIL, for the
 partial-decode and fused RandomResizedCrop tests: every chroma subsampling
 PIL writes (4:2:0, 4:2:2, 4:4:4), grayscale, progressive, restart markers,
-sizes that are not multiples of the MCU, and an image smaller than the crop.
+sizes that are not multiples of the MCU, and an image smaller than the crop;
+and two blank 3000x3000 JPEGs, as small as PIL can make them (about 2 bits
+per 8x8 block), for the check that a file can hold the blocks it declares.
 
-  make_jpegs.py OUT      writes OUT/tree/<class>/<name>
+  make_jpegs.py OUT      writes OUT/tree/<class>/<name> and OUT/blank/<name>
 """
 import os
 import random
@@ -48,6 +50,10 @@ def main():
         options = dict(options)
         image = picture(width, height, seed).convert(options.pop("mode", "RGB"))
         image.save(os.path.join(out, "tree", klass, name), **options)
+    os.makedirs(os.path.join(out, "blank"), exist_ok=True)
+    blank = Image.new("RGB", (3000, 3000), (128, 128, 128))
+    blank.save(os.path.join(out, "blank", "progressive.jpg"), quality=1, progressive=True)
+    blank.save(os.path.join(out, "blank", "optimized.jpg"), quality=1, optimize=True)
 
 
 if __name__ == "__main__":

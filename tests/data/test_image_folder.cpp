@@ -287,10 +287,40 @@ TEST_CASE("a progressive JPEG whose decoding would take over 768 MiB is refused 
         std::string::npos);
   CHECK(error_message([&] { decode_jpeg_window(progressive, "huge.jpg", 0, 0, 8, 8); }).find(expected) !=
         std::string::npos);
-  // The same size in a baseline file needs only the pixels (484 MiB): its header
-  // passes, and the window out of range is what fails, before any decoding.
-  CHECK(error_message([&] { decode_jpeg_window(baseline, "huge.jpg", 0, 0, 13001, 8); })
-            .find("the window 13001x8 at (0, 0) is not inside the 13000x13000 image") != std::string::npos);
+  // The same size in a baseline file needs only the pixels (484 MiB), but the
+  // file's few kilobytes cannot hold the 2.6 million luma blocks it declares.
+  const std::string too_short = "image huge.jpg: its header declares 13000x13000 pixels in " +
+                                std::to_string(1625ull * 1625 + 2 * 813ull * 813) + " blocks of 8x8, more than its " +
+                                std::to_string(baseline.size()) + " bytes can hold";
+  CHECK(error_message([&] { decode_jpeg_window(baseline, "huge.jpg", 0, 0, 8, 8); }).find(too_short) !=
+        std::string::npos);
+  CHECK(error_message([&] { decode_image(baseline, "huge.jpg", ColorMode::rgb); }).find(too_short) !=
+        std::string::npos);
+}
+
+TEST_CASE("a JPEG too short for the blocks it declares is refused; the smallest real files decode") {
+  // Blank 3000x3000 images as small as PIL writes them: progressive, and
+  // baseline with optimized Huffman tables, about 2 bits per block (the bound
+  // is 1 bit: 3000x3000 4:2:0 is 375^2 luma + 2 x 188^2 chroma blocks).
+  const auto dir = make_jpegs();
+  const uint64_t blocks = 375ull * 375 + 2 * 188ull * 188;
+  for (const char* name : {"progressive.jpg", "optimized.jpg"}) {
+    CAPTURE(name);
+    std::vector<uint8_t> bytes = read_bytes(dir->path() / "blank" / name);
+    CHECK(bytes.size() < blocks * 3 / 8);  // under 3 bits per block: the bound is close to real files, yet below them
+    const DecodedImage image = decode_image(bytes, name, ColorMode::rgb);
+    CHECK(image.height == 3000);
+    CHECK(image.width == 3000);
+    CHECK(image.pixels[3 * (1500 * 3000 + 1500)] == 128);
+    CHECK(decode_jpeg_window(bytes, name, 2990, 2990, 10, 10).pixels[0] == 128);
+    // Cut below one bit per block, the same file is refused before decoding.
+    bytes.resize(blocks / 8 - 1);
+    const std::string message = std::string("image ") + name + ": its header declares 3000x3000 pixels in " +
+                                std::to_string(blocks) + " blocks of 8x8, more than its " +
+                                std::to_string(blocks / 8 - 1) + " bytes can hold";
+    CHECK(error_message([&] { decode_image(bytes, name, ColorMode::rgb); }).find(message) != std::string::npos);
+    CHECK(error_message([&] { decode_jpeg_window(bytes, name, 0, 0, 8, 8); }).find(message) != std::string::npos);
+  }
 }
 
 TEST_CASE("a JPEG window decoded alone equals the full decode's window, bit for bit") {
