@@ -132,6 +132,28 @@ class Runner:
         return json.loads(out[0].strip().splitlines()[-1])
 
 
+def allreduce_fit(allreduce: list[dict], top: int) -> tuple[cm.Link | None, dict]:
+    """The alpha-beta fit of this machine's all-reduce (the median over repeats
+    per size) and its report entry. On a loaded machine the medians can shrink
+    with size (a small message delayed by the scheduler) and no line fits: then
+    no link (so no predictions from it), and the entry says why."""
+    sizes = [r["bytes"] for r in allreduce[0]["sizes"]]
+    medians = [statistics.median(a["sizes"][i]["median_ms"] for a in allreduce) for i in range(len(sizes))]
+    entry = {"world": top, "backend": allreduce[0]["backend"],
+             "sizes": [{"bytes": b, "median_ms": t} for b, t in zip(sizes, medians)]}
+    try:
+        link, fit = cm.fit_alpha_beta([(b, t * 1e-3) for b, t in zip(sizes, medians)], top)
+    except ValueError as e:
+        log(f"scaling: no all-reduce fit, so no predictions from it: {e}")
+        entry["fit_error"] = str(e)
+        return None, entry
+    for size in entry["sizes"]:
+        size["fitted_ms"] = (fit["intercept_s"] + fit["slope_s_per_byte"] * size["bytes"]) * 1e3
+    entry.update({"alpha_us": link.alpha_s * 1e6, "bus_bandwidth_gbs": link.bandwidth / 1e9,
+                  "fit_max_abs_relative_error": fit["max_abs_relative_error"]})
+    return link, entry
+
+
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)
@@ -288,18 +310,9 @@ def measure(args) -> dict:
     report["load_after_runs"] = load_average()
     report["bucket_checks"] = [bucket_check(c, rs[0]["docs"][0]) for c, rs in runs.items()]
 
-    # The alpha-beta fit of this machine's all-reduce (median over repeats per size).
     link = None
     if allreduce:
-        sizes = [r["bytes"] for r in allreduce[0]["sizes"]]
-        medians = [statistics.median(a["sizes"][i]["median_ms"] for a in allreduce) for i in range(len(sizes))]
-        link, fit = cm.fit_alpha_beta([(b, t * 1e-3) for b, t in zip(sizes, medians)], top)
-        report["allreduce"] = {
-            "world": top, "backend": allreduce[0]["backend"],
-            "sizes": [{"bytes": b, "median_ms": t, "fitted_ms": (fit["intercept_s"] + fit["slope_s_per_byte"] * b) * 1e3}
-                      for b, t in zip(sizes, medians)],
-            "alpha_us": link.alpha_s * 1e6, "bus_bandwidth_gbs": link.bandwidth / 1e9,
-            "fit_max_abs_relative_error": fit["max_abs_relative_error"]}
+        link, report["allreduce"] = allreduce_fit(allreduce, top)
     ring = (lambda n, b: cm.ring_allreduce_time(n, b, link)) if link else None
 
     # World-1 profiles: alone, and side by side with world-1 copies (per world).
@@ -727,7 +740,9 @@ def make_plot(report, png, work) -> bool:
 def summary_lines(report) -> list[str]:
     lines = [f"machine: {report['machine']['host']}, {report['machine']['cores']} cores, {report['machine']['cpu']}; "
              f"load average before {report['load_before']}, after {report.get('load_end')}"]
-    if "allreduce" in report:
+    if "allreduce" in report and "fit_error" in report["allreduce"]:
+        lines.append(f"all-reduce fit: none ({report['allreduce']['fit_error']})")
+    elif "allreduce" in report:
         a = report["allreduce"]
         lines.append(f"all-reduce fit (world {a['world']}, {a['backend']}): alpha {a['alpha_us']:.1f} us, "
                      f"bus bandwidth {a['bus_bandwidth_gbs']:.2f} GB/s, max fit error {100 * a['fit_max_abs_relative_error']:.1f}%")

@@ -51,3 +51,27 @@ class ReportChecks(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class AllreduceFit(unittest.TestCase):
+    @staticmethod
+    def measured(milliseconds):
+        sizes = [4096, 65536, 1048576, 8388608]
+        return [{"backend": "shm", "sizes": [{"bytes": b, "median_ms": t} for b, t in zip(sizes, milliseconds)]}]
+
+    def test_times_that_grow_with_size_give_a_link(self):
+        link, entry = scaling.allreduce_fit(self.measured([0.02, 0.04, 0.35, 2.8]), 2)
+        self.assertIsNotNone(link)
+        self.assertGreater(entry["bus_bandwidth_gbs"], 0)
+        self.assertNotIn("fit_error", entry)
+        self.assertEqual(len(entry["sizes"]), 4)
+
+    def test_times_a_loaded_machine_scrambled_give_no_link_and_say_why(self):
+        # The medians stress-tests.sh's load once gave: 4 KiB slower than 1 MiB.
+        link, entry = scaling.allreduce_fit(self.measured([3.63, 0.19, 0.078, 3.9]), 2)
+        self.assertIsNone(link)
+        self.assertIn("does not grow with size", entry["fit_error"])
+        self.assertIn("all-reduce fit: none", "\n".join(scaling.summary_lines(
+            {"machine": {"host": "h", "cores": 2, "cpu": "c"}, "load_before": [], "allreduce": entry,
+             "ddp_overhead_world1": [], "points": []})))
+
