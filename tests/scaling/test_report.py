@@ -49,9 +49,6 @@ class ReportChecks(unittest.TestCase):
         self.assertEqual(len(scaling.validate_report(r)), 1)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class AllreduceFit(unittest.TestCase):
     @staticmethod
@@ -75,3 +72,6 @@ class AllreduceFit(unittest.TestCase):
             {"machine": {"host": "h", "cores": 2, "cpu": "c"}, "load_before": [], "allreduce": entry,
              "ddp_overhead_world1": [], "points": []})))
 
+
+if __name__ == "__main__":
+    unittest.main()
