@@ -124,7 +124,8 @@ int try_connect(const addrinfo& address, SteadyClock::time_point deadline, FileD
 
 }  // namespace
 
-FileDescriptor connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout) {
+FileDescriptor connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                                  bool retry_refused) {
   auto start = SteadyClock::now();
   auto deadline = start + timeout;
   auto backoff = std::chrono::milliseconds(10);
@@ -139,6 +140,7 @@ FileDescriptor connect_with_retry(const std::string& host, int port, std::chrono
     if (status != 0) {
       last_error = str("cannot resolve host '", host, "': ", ::gai_strerror(status));
     } else {
+      bool every_address_refused = true;
       for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
         FileDescriptor fd;
         auto attempt_deadline = std::min(deadline, SteadyClock::now() + std::chrono::seconds(5));
@@ -149,8 +151,14 @@ FileDescriptor connect_with_retry(const std::string& host, int port, std::chrono
           return fd;
         }
         last_error = errno_text(error);
+        every_address_refused = every_address_refused && error == ECONNREFUSED;
       }
       ::freeaddrinfo(addresses);
+      if (every_address_refused && !retry_refused) {
+        LOOM_FAIL("TCPStore: master ", host_port(host, port), " refused a new connection (", last_error,
+                  ") after accepting this process's earlier ones: the process that ran the store (rank 0, or the "
+                  "launcher's agent) has probably exited");
+      }
     }
     auto now = SteadyClock::now();
     if (now >= deadline) break;

@@ -59,8 +59,12 @@ int bound_port(int fd);
 
 // Connects to host:port, retrying refused / unreachable attempts until
 // `timeout` has passed; throws "TCPStore: could not reach master HOST:PORT
-// after N s (...)".
-FileDescriptor connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout);
+// after N s (...)". With `retry_refused` false, an attempt that every address
+// of the host refuses throws at once: for a master that accepted this process
+// before, a refusal means its server has exited, and waiting out the timeout
+// would only delay the error (and whatever waits for it, such as exit).
+FileDescriptor connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                                  bool retry_refused = true);
 
 void set_nonblocking(int fd);
 void set_no_delay(int fd);

@@ -145,7 +145,9 @@ class TCPStore final : public Store {
     bool healthy_ = true;
   };
 
-  FileDescriptor open_connection();
+  // The first connection waits up to the timeout for the master to listen;
+  // later ones (`first` false) fail at once when it refuses: it has exited.
+  FileDescriptor open_connection(bool first);
   std::string peer() const;  // "master HOST:PORT"
 
   std::string host_;

@@ -487,7 +487,7 @@ TCPStore::TCPStore(std::string host, int port, TCPStoreOptions options)
   } else {
     LOOM_CHECK(port_ != 0, "TCPStore: a client needs the master's port; 0 only works for the server");
   }
-  idle_connections_.push_back(open_connection());
+  idle_connections_.push_back(open_connection(true));
 }
 
 // Client connections close before the server thread stops.
@@ -498,8 +498,8 @@ TCPStore::~TCPStore() {
 
 std::string TCPStore::peer() const { return str("master ", host_port(host_, port_)); }
 
-FileDescriptor TCPStore::open_connection() {
-  FileDescriptor connection = connect_with_retry(host_, port_, timeout());
+FileDescriptor TCPStore::open_connection(bool first) {
+  FileDescriptor connection = connect_with_retry(host_, port_, timeout(), /*retry_refused=*/first);
   Bytes hello = Request(Query::validate).u32(kValidationMagic).data();
   send_all(connection.get(), hello.data(), hello.size(), peer());
   return connection;
@@ -513,7 +513,7 @@ TCPStore::Lease::Lease(TCPStore& store) : store_(store) {
       store_.idle_connections_.pop_back();
     }
   }
-  if (!connection_.valid()) connection_ = store_.open_connection();
+  if (!connection_.valid()) connection_ = store_.open_connection(false);
 }
 
 TCPStore::Lease::~Lease() {
