@@ -11,6 +11,7 @@
 #include <loom/core/parallel.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group_nccl.h>
+#include <loom/ops/cpu/gemm.h>
 #include <loom/ops/loss.h>
 
 namespace loom::apps {
@@ -227,6 +228,7 @@ int run_app(CLI::App& app, const char* program, std::vector<std::string> argumen
   }
   try {
     log_level();  // a bad LOOM_LOG_LEVEL fails before any work, in one process as in many
+    ops::cpu::gemm_kernel();  // and so does a bad LOOM_CPU_GEMM
     return run();
   } catch (const std::exception& e) {
     return report_fatal_error(program, e);  // names the rank when several run

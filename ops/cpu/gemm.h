@@ -1,8 +1,8 @@
 // The CPU matrix multiply under conv2d and linear:
 //   C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C
-// on row-major arrays with leading dimensions. f32 runs a packed AVX2/FMA
-// kernel when the CPU has it (chosen at run time, so the default build still
-// runs on any x86-64) and Eigen otherwise; f64 runs Eigen.
+// on row-major arrays with leading dimensions. f32 runs a packed AVX-512 or
+// AVX2/FMA kernel when the CPU has one (chosen at run time, so the default
+// build still runs on any x86-64) and Eigen otherwise; f64 runs Eigen.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,21 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int64_t m, int64_t n, in
 void gemm(Transpose transpose_a, Transpose transpose_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
-// Which f32 kernel gemm uses on this CPU: "avx2-fma" or "eigen".
-const char* gemm_kernel_name();
+// The f32 kernels: packed 8 x 32 tiles in 512-bit registers, packed 6 x 16
+// tiles in 256-bit ones, or Eigen's product.
+enum class GemmKernel { avx512, avx2_fma, eigen };
+
+// The f32 kernel gemm runs: the widest this CPU has, unless the environment
+// variable LOOM_CPU_GEMM names another (avx512, avx2-fma or eigen; read once)
+// or set_gemm_kernel chose one. A name that is not a kernel, or one this CPU
+// lacks, throws here, and so in gemm: the apps call this at start, so that
+// the error comes before any work and not from inside a parallel region.
+GemmKernel gemm_kernel();
+const char* gemm_kernel_name(GemmKernel kernel);  // "avx512", "avx2-fma", "eigen"
+const char* gemm_kernel_name();                   // of gemm_kernel()
+bool gemm_kernel_supported(GemmKernel kernel);    // whether this CPU has it
+// Makes every later f32 gemm run `kernel` (tests and benchmarks compare the
+// kernels); throws when this CPU does not have it.
+void set_gemm_kernel(GemmKernel kernel);
 
 }  // namespace loom::ops::cpu

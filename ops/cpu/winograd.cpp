@@ -560,14 +560,14 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
 }  // namespace
 
 int tile_for(const Problem& p) {
-  // Read once: the variable, and whether the GEMM and the transforms have their AVX2/FMA kernels here.
+  // Read once: the variable, and whether this CPU has AVX2/FMA (the transforms' kernels).
   static const bool enabled = [] {
     const char* value = std::getenv("LOOM_CPU_WINOGRAD");
     if (value != nullptr && std::string(value) != "0" && std::string(value) != "1") {
       LOOM_FAIL("LOOM_CPU_WINOGRAD must be 0 (im2col + GEMM for every convolution) or 1 (Winograd where it pays, the "
                 "default), not '", value, "'");
     }
-    return (value == nullptr || std::string(value) == "1") && std::string(gemm_kernel_name()) == "avx2-fma";
+    return (value == nullptr || std::string(value) == "1") && gemm_kernel_supported(GemmKernel::avx2_fma);
   }();
   if (!enabled) return 0;
   // 5x5 kernels on planes of at least 8x8 with enough channels for the GEMMs to dominate.

@@ -103,6 +103,9 @@ bin=$work/with-env.sh
 printf '#!/bin/sh\nLOOM_CPU_WINOGRAD=yes exec "%s" "$@"\n' "$bin_without_env" >"$bin"
 chmod +x "$bin"
 expect_error "LOOM_CPU_WINOGRAD neither 0 nor 1" "LOOM_CPU_WINOGRAD must be 0" --data "$work/good" --epochs 1
+# A GEMM kernel that does not exist (read when the app names its kernels at start).
+printf '#!/bin/sh\nLOOM_CPU_GEMM=avx1024 exec "%s" "$@"\n' "$bin_without_env" >"$bin"
+expect_error "LOOM_CPU_GEMM not a kernel" "LOOM_CPU_GEMM must be avx512, avx2-fma or eigen" --data "$work/good" --epochs 1
 # A log level that is not one fails before training, in a single process too.
 printf '#!/bin/sh\nLOOM_LOG_LEVEL=loud exec "%s" "$@"\n' "$bin_without_env" >"$bin"
 expect_error "LOOM_LOG_LEVEL not a level" "LOOM_LOG_LEVEL='loud' is not a log level" --data "$work/good" --epochs 1

@@ -1,9 +1,12 @@
-// The CPU GEMM against a plain triple loop in double, over every transpose
-// combination, ragged sizes around the kernel's 6 x 16 tile and 256-deep
-// slices, leading dimensions larger than the row, and alpha / beta.
+// The CPU GEMM against a plain triple loop in double, on every f32 kernel this
+// CPU has, over every transpose combination, ragged sizes around the kernels'
+// 6 x 16 and 8 x 32 tiles and 256-deep slices, leading dimensions larger than
+// the row, and alpha / beta.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <loom/core/generator.h>
@@ -11,6 +14,7 @@
 #include <loom/ops/cpu/gemm.h>
 
 using loom::ops::cpu::gemm;
+using loom::ops::cpu::GemmKernel;
 using loom::ops::cpu::Transpose;
 
 namespace {
@@ -45,39 +49,63 @@ void check_case(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T a
   INFO("m ", m, " n ", n, " k ", k, " ta ", static_cast<int>(ta), " tb ", static_cast<int>(tb), ": error ", worst);
   CHECK(worst < tolerance);
 }
+// Runs `body` once on each f32 kernel this CPU has, then restores the default.
+template <class Body>
+void on_every_kernel(Body&& body) {
+  const GemmKernel saved = loom::ops::cpu::gemm_kernel();
+  for (GemmKernel kernel : {GemmKernel::avx512, GemmKernel::avx2_fma, GemmKernel::eigen}) {
+    if (!loom::ops::cpu::gemm_kernel_supported(kernel)) {
+      MESSAGE("skipped: this CPU has no ", std::string(loom::ops::cpu::gemm_kernel_name(kernel)), " kernel");
+      continue;
+    }
+    loom::ops::cpu::set_gemm_kernel(kernel);
+    INFO("kernel ", std::string(loom::ops::cpu::gemm_kernel_name(kernel)));
+    body();
+  }
+  loom::ops::cpu::set_gemm_kernel(saved);
+}
 }  // namespace
 
 TEST_CASE("gemm matches a triple loop for every transpose, ragged sizes, alpha and beta") {
-  MESSAGE("f32 gemm kernel: ", loom::ops::cpu::gemm_kernel_name());
+  MESSAGE("default f32 gemm kernel: ", std::string(loom::ops::cpu::gemm_kernel_name()));
   const std::vector<std::array<int64_t, 3>> sizes = {{1, 1, 1},   {5, 15, 3},  {6, 16, 256}, {7, 17, 257},
+                                                     {8, 32, 256}, {9, 31, 255}, {15, 47, 9}, {16, 64, 40},
                                                      {13, 33, 1}, {32, 196, 400}, {100, 10, 1568}, {97, 130, 300},
                                                      // B read in place over several 2048-column blocks and 256-deep
                                                      // slices, with a ragged last strip; 8 x 8 transposed packs
                                                      {9, 2085, 300}, {64, 48, 520}, {3, 4100, 17}};
+  on_every_kernel([&] {
+    for (auto [m, n, k] : sizes) {
+      for (Transpose ta : {Transpose::no, Transpose::yes}) {
+        for (Transpose tb : {Transpose::no, Transpose::yes}) {
+          check_case<float>(ta, tb, m, n, k, 1.0f, 0.0f, 1e-5);
+          check_case<float>(ta, tb, m, n, k, -0.5f, 1.0f, 1e-5);
+        }
+      }
+    }
+  });
   for (auto [m, n, k] : sizes) {
     for (Transpose ta : {Transpose::no, Transpose::yes}) {
-      for (Transpose tb : {Transpose::no, Transpose::yes}) {
-        check_case<float>(ta, tb, m, n, k, 1.0f, 0.0f, 1e-5);
-        check_case<float>(ta, tb, m, n, k, -0.5f, 1.0f, 1e-5);
-        check_case<double>(ta, tb, m, n, k, 2.0, 0.25, 1e-13);
-      }
+      for (Transpose tb : {Transpose::no, Transpose::yes}) check_case<double>(ta, tb, m, n, k, 2.0, 0.25, 1e-13);
     }
   }
 }
 
 TEST_CASE("gemm splits large problems across threads with the same result") {
   loom::set_num_threads(2);
-  check_case<float>(Transpose::no, Transpose::no, 300, 300, 300, 1.0f, 0.0f, 1e-5);
-  check_case<float>(Transpose::yes, Transpose::no, 301, 257, 129, 1.0f, 0.5f, 1e-5);
-  // Every transpose, in both orientations, with B read in place, packed per
-  // thread or packed once for all threads (strides that crowd L1 sets: 128).
-  for (Transpose ta : {Transpose::no, Transpose::yes}) {
-    for (Transpose tb : {Transpose::no, Transpose::yes}) {
-      check_case<float>(ta, tb, 150, 290, 300, 1.0f, 0.0f, 1e-5);
-      check_case<float>(ta, tb, 37, 1000, 70, -0.5f, 1.0f, 1e-5);
-      check_case<float>(ta, tb, 1000, 37, 70, 1.0f, 0.25f, 1e-5);
-      check_case<float>(ta, tb, 128, 125, 300, 1.0f, 0.0f, 1e-5);
+  on_every_kernel([] {
+    check_case<float>(Transpose::no, Transpose::no, 300, 300, 300, 1.0f, 0.0f, 1e-5);
+    check_case<float>(Transpose::yes, Transpose::no, 301, 257, 129, 1.0f, 0.5f, 1e-5);
+    // Every transpose, in both orientations, with B read in place, packed per
+    // thread or packed once for all threads (strides that crowd L1 sets: 128).
+    for (Transpose ta : {Transpose::no, Transpose::yes}) {
+      for (Transpose tb : {Transpose::no, Transpose::yes}) {
+        check_case<float>(ta, tb, 150, 290, 300, 1.0f, 0.0f, 1e-5);
+        check_case<float>(ta, tb, 37, 1000, 70, -0.5f, 1.0f, 1e-5);
+        check_case<float>(ta, tb, 1000, 37, 70, 1.0f, 0.25f, 1e-5);
+        check_case<float>(ta, tb, 128, 125, 300, 1.0f, 0.0f, 1e-5);
+      }
     }
-  }
+  });
   loom::set_num_threads(1);
 }
