@@ -222,6 +222,19 @@ __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int
 // the strip is read in place. The accumulators are named variables, not an
 // array, so that the compiler keeps every one in a register.
 
+// The slow path of both micro-kernels: C tile = alpha * tile + beta * C tile
+// for the `rows` x `cols` corner of a micro-tile spilled to memory (rows of
+// `nr` floats), stored transposed when `transposed_c`.
+void store_tile(const float* tile, int64_t nr, int64_t rows, int64_t cols, float* c, int64_t ldc, float alpha,
+                float beta, bool transposed_c) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t col = 0; col < cols; ++col) {
+      float& out = transposed_c ? c[col * ldc + r] : c[r * ldc + col];
+      out = alpha * tile[r * nr + col] + (beta != 0.0f ? beta * out : 0.0f);
+    }
+  }
+}
+
 // One row of the AVX2 micro-tile: (low, high) += a_value * (b0, b1), the 16
 // columns of B's current row in two registers.
 __attribute__((target("avx2,fma"), always_inline)) inline void fma_row(float a_value, __m256 b0, __m256 b1,
@@ -270,12 +283,7 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
     _mm256_store_ps(tile[r], accumulators[r][0]);
     _mm256_store_ps(tile[r] + 8, accumulators[r][1]);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t col = 0; col < cols; ++col) {
-      float& out = transposed_c ? c[col * ldc + r] : c[r * ldc + col];
-      out = alpha * tile[r][col] + (beta != 0.0f ? beta * out : 0.0f);
-    }
-  }
+  store_tile(&tile[0][0], nr, rows, cols, c, ldc, alpha, beta, transposed_c);
 }
 
 // One row of the AVX-512 micro-tile: (low, high) += a_value * (b0, b1), the
@@ -338,12 +346,7 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t depth, const
     _mm512_store_ps(tile[r], accumulators[r][0]);
     _mm512_store_ps(tile[r] + 16, accumulators[r][1]);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t col = 0; col < cols; ++col) {
-      float& out = c[col * ldc + r];
-      out = alpha * tile[r][col] + (beta != 0.0f ? beta * out : 0.0f);
-    }
-  }
+  store_tile(&tile[0][0], nr, rows, cols, c, ldc, alpha, beta, /*transposed_c=*/true);
 }
 
 // The two packed kernels: their micro-tile and micro-kernel.
