@@ -42,7 +42,7 @@ for case in "${cases[@]}"; do
     --toggle-collect='counted_training_step*' \
     "$step" --model "$model" --stem "${stem/-/imagenet}" --batch "$batch" --threads "$threads" --warmup 1 \
     >"$out/$name.stdout" 2>"$out/$name.log"
-  ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+  ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ && !found {gsub(",", "", $1); print $1; found = 1}')  # reads to the end: no SIGPIPE under pipefail
   printf '%-10s %-9s batch %-4s threads %s  Ir %s\n' "$model" "$stem" "$batch" "$threads" "$ir"
 done
 echo "callgrind files: $out" >&2

@@ -1,6 +1,7 @@
 #include <loom/optim/optimizer.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include <loom/core/autograd.h>
 #include <loom/core/parallel.h>
@@ -13,6 +14,44 @@ constexpr int64_t kGrain = 1 << 13;
 void check_param(const Tensor& p) {
   LOOM_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameters must be leaf tensors that require grad");
   LOOM_CHECK(p.is_contiguous(), "optimizer: parameter ", p.str(), " is not contiguous");
+}
+
+// SGD's update of elements [begin, end), one case (momentum, first step,
+// Nesterov) per instantiation, so that the loop has no branch and vectorises:
+//   step = d + wd * w; with momentum b = first ? step : m * b + damp * step,
+//   step = nesterov ? step + m * b : b;  w -= rate * step.
+template <class T, bool kMomentum, bool kFirst, bool kNesterov>
+__attribute__((always_inline)) inline void sgd_update(T* __restrict w, const T* __restrict d, T* __restrict b,
+                                                      int64_t begin, int64_t end, T wd, T m, T damp, T rate) {
+  for (int64_t i = begin; i < end; ++i) {
+    T step = d[i] + wd * w[i];
+    if constexpr (kMomentum) {
+      const T buffer = kFirst ? step : m * b[i] + damp * step;
+      b[i] = buffer;
+      step = kNesterov ? step + m * buffer : buffer;
+    }
+    w[i] -= rate * step;
+  }
+}
+
+// The same loop compiled for AVX2 (the default build targets any x86-64, so
+// the loop above runs 4 floats per instruction at most): ResNet-50 has 25.6 M
+// parameters, and the scalar update was 12% of a CPU training step's
+// instructions (callgrind, batch 32).
+template <bool kMomentum, bool kFirst, bool kNesterov>
+__attribute__((target("avx2,fma"))) void sgd_update_avx2(float* __restrict w, const float* __restrict d,
+                                                          float* __restrict b, int64_t begin, int64_t end, float wd,
+                                                          float m, float damp, float rate) {
+  sgd_update<float, kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
+}
+
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
 }
 
 // The gradient as a contiguous tensor of the parameter's dtype.
@@ -108,16 +147,23 @@ void SGD::step() {
         const T* d = g.data<T>();
         T* b = o.momentum_ != 0 ? buffer.data<T>() : nullptr;
         const T wd = T(o.weight_decay_), m = T(o.momentum_), damp = T(1 - o.dampening_), rate = T(lr);
-        parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            T step = d[i] + wd * w[i];
-            if (b != nullptr) {
-              b[i] = first ? step : m * b[i] + damp * step;
-              step = o.nesterov_ ? step + m * b[i] : b[i];
+        const auto update = [&]<bool kMomentum, bool kFirst, bool kNesterov>() {
+          parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+            if constexpr (std::is_same_v<T, float>) {
+              if (cpu_has_avx2_fma())
+                return sgd_update_avx2<kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
             }
-            w[i] -= rate * step;
-          }
-        });
+            sgd_update<T, kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
+          });
+        };
+        if (b == nullptr) {
+          update.template operator()<false, false, false>();
+        } else if (first) {
+          o.nesterov_ ? update.template operator()<true, true, true>() : update.template operator()<true, true, false>();
+        } else {
+          o.nesterov_ ? update.template operator()<true, false, true>()
+                      : update.template operator()<true, false, false>();
+        }
       });
     }
     if (!cuda_params.empty()) {
