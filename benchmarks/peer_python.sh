@@ -1,5 +1,5 @@
 # Sourced by the throughput benchmarks that run a PyTorch peer beside loom
-# (run_convnet.sh, run_resnet50.sh): chooses the Python that runs
+# (run_convnet.sh, run_resnet50.sh, dist/run_scaling_quick.sh): chooses the Python that runs
 # benchmarks/peers/*.py, says which PyTorch it has, and runs the peer.
 #   LOOM_PEER_PYTHON  a python with torch (and torchvision) to use; otherwise
 #                     ./.venv/bin/python when present (scripts/setup.sh --peers

@@ -5,6 +5,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/parallel.h>
+#include <loom/ops/cpu/simd.h>
 #include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim {
@@ -39,19 +40,10 @@ __attribute__((always_inline)) inline void sgd_update(T* __restrict w, const T* 
 // parameters, and the scalar update was 12% of a CPU training step's
 // instructions (callgrind, batch 32).
 template <bool kMomentum, bool kFirst, bool kNesterov>
-__attribute__((target("avx2,fma"))) void sgd_update_avx2(float* __restrict w, const float* __restrict d,
+__attribute__((target("avx2"))) void sgd_update_avx2(float* __restrict w, const float* __restrict d,
                                                           float* __restrict b, int64_t begin, int64_t end, float wd,
                                                           float m, float damp, float rate) {
   sgd_update<float, kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
-}
-
-bool cpu_has_avx2_fma() {
-#if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-#else
-  return false;
-#endif
 }
 
 // The gradient as a contiguous tensor of the parameter's dtype.
@@ -150,7 +142,7 @@ void SGD::step() {
         const auto update = [&]<bool kMomentum, bool kFirst, bool kNesterov>() {
           parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
             if constexpr (std::is_same_v<T, float>) {
-              if (cpu_has_avx2_fma())
+              if (ops::cpu::cpu_has_avx2())
                 return sgd_update_avx2<kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
             }
             sgd_update<T, kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
