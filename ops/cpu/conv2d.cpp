@@ -284,6 +284,10 @@ void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t
 #endif
   const auto& p = g.params;
   const int64_t plane_out = g.output_plane(), kernel = static_cast<int64_t>(taps.taps.size());
+  if (g.pointwise()) {  // each channel's plane is its row: a copy, not a table lookup per element
+    for (int64_t c = 0; c < g.channels; ++c) std::copy_n(image + c * plane_out, plane_out, col + c * ld);
+    return;
+  }
   for (int64_t c = 0; c < g.channels; ++c) {
     const T* plane = image + c * g.input_plane();
     T* rows_of_c = col + c * kernel * ld;
@@ -436,15 +440,106 @@ T* scratch(int slot, int64_t elements) {
   return buffer.data();
 }
 
+// Calls fn(std::integral_constant<int64_t, N>) with N = count for the tap
+// counts of a 3x3 kernel's position classes on ResNet's small planes (1, 2,
+// 3, 4, 6), and N = 0 (count known only at run time) otherwise: loops over a
+// few taps per weight row then run with the count and the tap indices in
+// registers.
+template <class Fn>
+void with_tap_count(int64_t count, Fn&& fn) {
+  switch (count) {
+    case 1: return fn(std::integral_constant<int64_t, 1>{});
+    case 2: return fn(std::integral_constant<int64_t, 2>{});
+    case 3: return fn(std::integral_constant<int64_t, 3>{});
+    case 4: return fn(std::integral_constant<int64_t, 4>{});
+    case 6: return fn(std::integral_constant<int64_t, 6>{});
+    default: return fn(std::integral_constant<int64_t, 0>{});
+  }
+}
+
+// The weight's columns of some taps, for `rows` rows of `kernel` taps
+// (rows = O*C): compact[r * n + j] = weight[r * kernel + index[j]], j < n.
+// Rows split over the threads (ResNet-50's layer4 weights are 9 MiB).
+constexpr int64_t kTapRowGrain = 4096;
+template <class T>
+void gather_taps(const T* weight, int64_t rows, int64_t kernel, const int64_t* index, int64_t n, T* compact) {
+  with_tap_count(n, [&](auto fixed) {
+    constexpr int64_t N = decltype(fixed)::value;
+    parallel_for(0, rows, kTapRowGrain, [&](int64_t begin, int64_t end) {
+      if constexpr (N > 0) {
+        int64_t taps[N];
+        std::copy_n(index, N, taps);
+        for (int64_t r = begin; r < end; ++r) {
+          for (int64_t j = 0; j < N; ++j) compact[r * N + j] = weight[r * kernel + taps[j]];
+        }
+      } else {
+        for (int64_t r = begin; r < end; ++r) {
+          for (int64_t j = 0; j < n; ++j) compact[r * n + j] = weight[r * kernel + index[j]];
+        }
+      }
+    });
+  });
+}
+
+// The adjoint of gather_taps, added: full[r * kernel + index[j]] += compact[r * n + j].
+template <class T>
+void add_taps(const T* compact, int64_t rows, int64_t kernel, const int64_t* index, int64_t n, T* full) {
+  with_tap_count(n, [&](auto fixed) {
+    constexpr int64_t N = decltype(fixed)::value;
+    if constexpr (N > 0) {
+      int64_t taps[N];
+      std::copy_n(index, N, taps);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < N; ++j) full[r * kernel + taps[j]] += compact[r * N + j];
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < n; ++j) full[r * kernel + index[j]] += compact[r * n + j];
+      }
+    }
+  });
+}
+
+// The full weight gradient (O*C rows of `kernel` taps) from compact ones over
+// tap subsets: zero where no subset has the tap, else the sum of theirs. Block
+// by block of rows, so that each block is zeroed and added to while it is in
+// the cache (one pass over the full gradient, not a memset and then a scatter).
+template <class T>
+struct CompactGrad {
+  const T* values;               // (rows, index.size())
+  const std::vector<int64_t>* index;  // the taps, in kernel order
+};
+template <class T>
+void spread_taps(const std::vector<CompactGrad<T>>& parts, int64_t rows, int64_t kernel, T* full) {
+  constexpr int64_t kBlockRows = 512;
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  parallel_for(0, blocks, kTapRowGrain / kBlockRows, [&](int64_t begin, int64_t end) {
+    for (int64_t r0 = begin * kBlockRows; r0 < std::min(rows, end * kBlockRows); r0 += kBlockRows) {
+      const int64_t block = std::min(kBlockRows, rows - r0);
+      std::fill_n(full + r0 * kernel, block * kernel, T(0));
+      for (const CompactGrad<T>& part : parts) {
+        const int64_t n = static_cast<int64_t>(part.index->size());
+        add_taps(part.values + r0 * n, block, kernel, part.index->data(), n, full + r0 * kernel);
+      }
+    }
+  });
+}
+
+// The kernel indices of the active taps.
+std::vector<int64_t> active_indices(const Taps& taps) {
+  std::vector<int64_t> index;
+  for (const Taps::Tap& tap : taps.taps) index.push_back(tap.index);
+  return index;
+}
+
 // The weight's columns for the active taps: (O, C*kH*kW) -> (O, C*active).
 template <class T>
 const T* active_weight(const T* weight, const Geometry& g, const Taps& taps) {
   if (taps.all_active()) return weight;
-  const int64_t active = static_cast<int64_t>(taps.taps.size());
+  const std::vector<int64_t> index = active_indices(taps);
+  const int64_t active = static_cast<int64_t>(index.size());
   T* compact = scratch<T>(2, g.out_channels * g.channels * active);
-  for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
-    for (int64_t j = 0; j < active; ++j) compact[oc * active + j] = weight[oc * taps.kernel + taps.taps[j].index];
-  }
+  gather_taps(weight, g.out_channels * g.channels, taps.kernel, index.data(), active, compact);
   return compact;
 }
 
@@ -495,9 +590,7 @@ std::vector<const T*> class_weights(const T* weight, const Geometry& g, const st
       continue;
     }
     out.push_back(compact);
-    for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
-      for (int64_t j = 0; j < taps; ++j) compact[oc * taps + j] = weight[oc * kernel + pc.taps[j]];
-    }
+    gather_taps(weight, g.out_channels * g.channels, kernel, pc.taps.data(), taps, compact);
     compact += g.out_channels * pc.col_rows(g);
   }
   return out;
@@ -625,7 +718,9 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
     size += g.out_channels * pc.col_rows(g);
   }
   T* accumulators = scratch<T>(3, plan.tasks * size);
-  std::fill(accumulators, accumulators + plan.tasks * size, T(0));
+  // A task's first GEMM of a class overwrites its accumulator (beta 0); the
+  // accumulators of a task without images are zeroed afterwards.
+  std::vector<char> started(static_cast<size_t>(plan.tasks), 0);
   profiler::add_flops(class_flops(g, classes));
   for_each_group(g, plan, [&](int64_t task, int64_t n0, int64_t images) {
     for (size_t k = 0; k < classes.size(); ++k) {
@@ -636,22 +731,20 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
       class_im2col(input + n0 * image_in, images, g, pc, col);
       T* dy = scratch<T>(1, g.out_channels * columns);
       class_gather(grad_output + n0 * image_out, images, g, pc, dy);
-      gemm(Transpose::no, Transpose::yes, g.out_channels, rows, columns, T(1), dy, columns, col, columns, T(1),
-           accumulators + task * size + offsets[k], rows);
+      gemm(Transpose::no, Transpose::yes, g.out_channels, rows, columns, T(1), dy, columns, col, columns,
+           started[task] ? T(1) : T(0), accumulators + task * size + offsets[k], rows);
     }
+    started[task] = 1;
   });
+  for (int64_t t = 0; t < plan.tasks; ++t) {
+    if (!started[t]) std::fill_n(accumulators + t * size, size, T(0));
+  }
   for (int64_t t = 1; t < plan.tasks; ++t) {
     for (int64_t i = 0; i < size; ++i) accumulators[i] += accumulators[t * size + i];
   }
-  std::fill(grad_weight, grad_weight + g.out_channels * g.col_rows(), T(0));
-  for (size_t k = 0; k < classes.size(); ++k) {
-    const PositionClass& pc = classes[k];
-    const int64_t taps = static_cast<int64_t>(pc.taps.size());
-    const T* dw = accumulators + offsets[k];
-    for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
-      for (int64_t j = 0; j < taps; ++j) grad_weight[oc * kernel + pc.taps[j]] += dw[oc * taps + j];
-    }
-  }
+  std::vector<CompactGrad<T>> parts;
+  for (size_t k = 0; k < classes.size(); ++k) parts.push_back({accumulators + offsets[k], &classes[k].taps});
+  spread_taps(parts, g.out_channels * g.channels, kernel, grad_weight);
 }
 
 template <class T>
@@ -707,6 +800,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     T* col = direct ? dx : scratch<T>(0, k * columns);
     gemm(Transpose::yes, Transpose::no, k, columns, g.out_channels, T(1), weight, k, dy, columns, T(0), col, columns);
     if (direct) return;
+    if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx);  // col2im is a copy
     std::fill(dx, dx + images * image_size, T(0));
     for (int64_t i = 0; i < images; ++i) col2im_add(col + i * plane, columns, g, taps, dx + i * image_size);
   });
@@ -756,11 +850,8 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
     for (int64_t i = 0; i < size; ++i) grad_weight[i] += partial[i];
   }
   if (taps.all_active()) return;
-  const int64_t active = static_cast<int64_t>(taps.taps.size());
-  std::fill(full_grad_weight, full_grad_weight + g.out_channels * g.col_rows(), T(0));
-  for (int64_t oc = 0; oc < g.out_channels * g.channels; ++oc) {
-    for (int64_t j = 0; j < active; ++j) full_grad_weight[oc * taps.kernel + taps.taps[j].index] = grad_weight[oc * active + j];
-  }
+  const std::vector<int64_t> index = active_indices(taps);
+  spread_taps<T>({{grad_weight, &index}}, g.out_channels * g.channels, taps.kernel, full_grad_weight);
 }
 
 }  // namespace
