@@ -2,7 +2,7 @@
 torchvision ResNet-50 (num_classes=10) training steps on CIFAR-shaped
 random data (3x32x32), SGD momentum; CPU. Prints one JSON line.
 Usage: python3 torch_resnet50_cifar.py --batch 32 --steps 10 --threads 2
-  [--arch resnet18] [--stem cifar] [--channels-last] [--compile]
+  [--arch resnet18] [--stem cifar] [--channels-last] [--compile] [--lr LR]
 --stem cifar replaces the 7x7/2 conv + maxpool with a 3x3/1 conv and no maxpool (the usual
 CIFAR ResNet); --compile uses torch.compile (PyTorch 2.x, inductor), timed after its warm-up."""
 import argparse, json, resource, time, torch, torchvision
@@ -11,6 +11,7 @@ p.add_argument("--batch", type=int, default=32); p.add_argument("--steps", type=
 p.add_argument("--threads", type=int, default=2); p.add_argument("--arch", default="resnet50")
 p.add_argument("--stem", choices=["imagenet", "cifar"], default="imagenet")
 p.add_argument("--channels-last", action="store_true"); p.add_argument("--compile", action="store_true")
+p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: 0.01, 0.001 with --stem cifar, as loom's)")
 a = p.parse_args()
 torch.set_num_threads(a.threads); torch.manual_seed(0)
 m = getattr(torchvision.models, a.arch)(num_classes=10)
@@ -18,7 +19,7 @@ if a.stem == "cifar":
     m.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); m.maxpool = torch.nn.Identity()
 fmt = torch.channels_last if a.channels_last else torch.contiguous_format
 m = m.to(memory_format=fmt)
-opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+opt = torch.optim.SGD(m.parameters(), lr=a.lr or (0.001 if a.stem == "cifar" else 0.01), momentum=0.9)
 x = torch.randn(a.batch, 3, 32, 32).to(memory_format=fmt); y = torch.randint(0, 10, (a.batch,))
 crit = torch.nn.CrossEntropyLoss()
 step_model = torch.compile(m) if a.compile else m
