@@ -178,10 +178,13 @@ struct PositionClass {
 };
 
 // Split when one GEMM over the plane would do this many times the true
-// multiply-adds: 2x2 planes (2.25) and 4x4 ones (1.44) under a 3x3 kernel with
-// padding 1, not 8x8 (1.19), where the smaller GEMMs would cost more than the
-// zeros they save.
-constexpr double kClassSplitWaste = 1.3;
+// multiply-adds: 2x2 planes (2.25) under a 3x3 kernel with padding 1, not 4x4
+// (1.44) or 8x8 (1.19), where the smaller GEMMs (a 4x4 plane's nine classes
+// have 1 to 4 positions per image) cost more than the zeros they save.
+// (ResNet-50 at 32x32, batch 32, 2 threads, 4x4 planes in one GEMM instead of
+// classes: ImageNet stem 188-192 -> 198-205 images/s, CIFAR stem 19.8-19.9 ->
+// 20.7-21.1. Splitting 2x2 planes too still pays there: 194 and 191 without.)
+constexpr double kClassSplitWaste = 1.6;
 
 // The position classes of g, or none when one GEMM over the plane is the
 // better plan (larger planes, little padding, kernels of over 64 taps).

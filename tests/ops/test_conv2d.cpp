@@ -196,10 +196,16 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
       // Small planes where most (tap, position) pairs read the padding: a GEMM per position class.
       {"position classes: 3x3 on 2x2 planes, four corner classes", {9, 6, 2, 2}, {7, 6, 3, 3}, {.padding = {1, 1}}},
-      {"position classes: 3x3 on 4x4 planes, corners, edges, interior, ragged folds", {37, 5, 4, 4}, {6, 5, 3, 3},
-       {.padding = {1, 1}}},
-      {"position classes: stride 2 onto a 2x2 plane", {6, 4, 4, 4}, {5, 4, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
-      {"position classes: 2x3 kernel, a 3x1 plane", {5, 3, 3, 1}, {4, 3, 2, 3}, {.padding = {1, 1}}},
+      {"3x3 on 4x4 planes: one GEMM over the padded plane (1.44x the true multiply-adds), ragged folds",
+       {37, 5, 4, 4}, {6, 5, 3, 3}, {.padding = {1, 1}}},
+      {"position classes: 3x3 on 3x3 planes, corners (4 taps), edges (6), centre (9), ragged folds", {37, 5, 3, 3},
+       {6, 5, 3, 3}, {.padding = {1, 1}}},
+      {"stride 2 onto a 2x2 plane from 4x4: one GEMM (1.44x)", {6, 4, 4, 4}, {5, 4, 3, 3},
+       {.stride = {2, 2}, .padding = {1, 1}}},
+      {"position classes: stride 2 onto a 2x2 plane from 3x3", {6, 4, 3, 3}, {5, 4, 3, 3},
+       {.stride = {2, 2}, .padding = {1, 1}}},
+      {"2x3 kernel, a 3x1 plane: one GEMM (1.33x)", {5, 3, 3, 1}, {4, 3, 2, 3}, {.padding = {1, 1}}},
+      {"position classes: 2x3 kernel on 1x1 images, a 2x1 plane", {5, 3, 1, 1}, {4, 3, 2, 3}, {.padding = {1, 1}}},
       {"position classes: border outputs read only padding", {3, 2, 2, 2}, {4, 2, 1, 1}, {.padding = {1, 1}}},
   };
   const int saved_threads = get_num_threads();
