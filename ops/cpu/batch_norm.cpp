@@ -3,7 +3,8 @@
 // channel per task; the elementwise passes run over
 // (n, c) rows with per-channel coefficients computed in f64 and applied in
 // the compute dtype. Within a row, sums run in vectorised lanes of the compute
-// dtype; rows are combined in f64.
+// dtype; rows are combined in f64. Planes of up to 16 elements run one flat
+// loop per image instead of a loop per row (flat_rows).
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/batch_norm_math.h>
 
@@ -100,10 +101,11 @@ Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums) {
   double* first = out.data<double>();
   double* second = first + l.channels;
   if (l.inner < kShortRow) {
-    // Rows of a few elements (ResNet's 1x1 and 2x2 planes), channels * inner
-    // apart: one channel at a time would touch a cache line per element. A
-    // task takes a block of channels and walks the batch through it; each
-    // channel still sums its rows in batch order, as below.
+    // Rows of under 64 elements (5x5 to 7x7 planes; smaller ones are
+    // flat_rows), channels * inner apart: one channel at a time would touch a
+    // cache line per element. A task takes a block of channels and walks the
+    // batch through it; each channel still sums its rows in batch order, as
+    // below.
     const int64_t blocks = (l.channels + kChannelBlock - 1) / kChannelBlock;
     const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(1, l.batch * l.inner * kChannelBlock));
     parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
@@ -134,9 +136,10 @@ Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums) {
 // a row is too short for a loop of its own (its setup and the per-channel
 // coefficients cost more than its elements), so each image is one flat loop
 // over its C * inner elements, with the coefficients spread to that length
-// once per call. 2 threads, per element: 1x1 planes 3-8 ns -> 1-2 ns, 2x2
-// 1.5-3.5 -> 0.5-1.3; on 8x8 planes the rows' own loops were as fast or faster.
-// The reductions sum in f64 per (channel, position), then over positions.
+// once per call. Forward and backward per element, 1 thread: [32,512,1,1]
+// 3.0 and 5.2 ns -> 0.9 and 1.8, [32,1024,2,2] 2.2 and 3.5 -> 0.5 and 1.0; on
+// 8x8 planes the rows' own loops were as fast or faster (2 threads). The
+// reductions sum in f64 per (channel, position), then over positions.
 constexpr int64_t kFlatRow = 16;
 bool flat_rows(const ChannelGeometry& l) { return l.inner <= kFlatRow; }
 
@@ -159,11 +162,10 @@ void for_each_image(const ChannelGeometry& l, Fn&& fn) {
   });
 }
 
-// channel_sums for flat_rows: a task takes a block of
-// channels, adds image by image into f64 sums per (channel, position) with
-// element_sums(offset, first, count, a, b) (a flat loop: a[j] and b[j] gain
-// the terms of element offset + first + j), then sums each channel's
-// positions.
+// channel_sums for flat_rows: a task takes a block of channels, adds image by
+// image into f64 sums per (channel, position) with element_sums(offset,
+// first, count, a, b) (a flat loop: a[j] and b[j] gain the terms of element
+// offset + first + j), then sums each channel's positions.
 template <class ElementSums>
 Tensor channel_sums_flat(const ChannelGeometry& l, ElementSums&& element_sums) {
   Tensor out = Tensor::empty({2, l.channels}, DType::f64);

@@ -503,15 +503,17 @@ void add_taps(const T* compact, int64_t rows, int64_t kernel, const int64_t* ind
   });
 }
 
+// A weight gradient over a subset of the taps: (rows, index->size()).
+template <class T>
+struct CompactGrad {
+  const T* values;
+  const std::vector<int64_t>* index;  // the taps, in kernel order
+};
+
 // The full weight gradient (O*C rows of `kernel` taps) from compact ones over
 // tap subsets: zero where no subset has the tap, else the sum of theirs. Block
 // by block of rows, so that each block is zeroed and added to while it is in
 // the cache (one pass over the full gradient, not a memset and then a scatter).
-template <class T>
-struct CompactGrad {
-  const T* values;               // (rows, index.size())
-  const std::vector<int64_t>* index;  // the taps, in kernel order
-};
 template <class T>
 void spread_taps(const std::vector<CompactGrad<T>>& parts, int64_t rows, int64_t kernel, T* full) {
   constexpr int64_t kBlockRows = 512;
