@@ -8,6 +8,10 @@
 #include <loom/ops/cpu/simd.h>
 #include <loom/optim/cuda/fused_update.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace loom::optim {
 namespace {
 constexpr int64_t kGrain = 1 << 13;
@@ -45,6 +49,60 @@ __attribute__((target("avx2"))) void sgd_update_avx2(float* __restrict w, const 
                                                           float m, float damp, float rate) {
   sgd_update<float, kMomentum, kFirst, kNesterov>(w, d, b, begin, end, wd, m, damp, rate);
 }
+
+// Adam's update of elements [begin, end), with decoupled weight decay (AdamW)
+// or L2 added to the gradient as a template argument (no branch in the loop):
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   w -= step_size * m / (sqrt(v) / sqrt_bc2 + eps).
+template <class T, bool kDecoupled>
+__attribute__((always_inline)) inline void adam_update(T* __restrict w, const T* __restrict d, T* __restrict m,
+                                                       T* __restrict v, int64_t begin, int64_t end, T b1, T b2,
+                                                       T wd, T decay, T eps, T step_size, T sqrt_bc2) {
+  for (int64_t i = begin; i < end; ++i) {
+    T grad = d[i];
+    if constexpr (kDecoupled) {
+      w[i] *= decay;
+    } else {
+      grad += wd * w[i];
+    }
+    m[i] = b1 * m[i] + (T(1) - b1) * grad;
+    v[i] = b2 * v[i] + (T(1) - b2) * grad * grad;
+    const T denom = std::sqrt(v[i]) / sqrt_bc2 + eps;
+    w[i] -= step_size * m[i] / denom;
+  }
+}
+
+#if defined(__x86_64__)
+// adam_update in 8-float AVX2 vectors (the compiler does not vectorise
+// std::sqrt, which may set errno), the same operations in the same order
+// without FMA, so the results are the scalar loop's; the tail runs that loop.
+template <bool kDecoupled>
+__attribute__((target("avx2"))) void adam_update_avx2(float* __restrict w, const float* __restrict d,
+                                                      float* __restrict m, float* __restrict v, int64_t begin,
+                                                      int64_t end, float b1, float b2, float wd, float decay,
+                                                      float eps, float step_size, float sqrt_bc2) {
+  const __m256 vb1 = _mm256_set1_ps(b1), vb2 = _mm256_set1_ps(b2), one_b1 = _mm256_set1_ps(1.0f - b1);
+  const __m256 one_b2 = _mm256_set1_ps(1.0f - b2), vwd = _mm256_set1_ps(wd), vdecay = _mm256_set1_ps(decay);
+  const __m256 veps = _mm256_set1_ps(eps), vstep = _mm256_set1_ps(step_size), vbc2 = _mm256_set1_ps(sqrt_bc2);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    __m256 wi = _mm256_loadu_ps(w + i), grad = _mm256_loadu_ps(d + i);
+    if constexpr (kDecoupled) {
+      wi = _mm256_mul_ps(wi, vdecay);
+    } else {
+      grad = _mm256_add_ps(grad, _mm256_mul_ps(vwd, wi));
+    }
+    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(vb1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(one_b1, grad));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(vb2, _mm256_loadu_ps(v + i)),
+                                    _mm256_mul_ps(_mm256_mul_ps(one_b2, grad), grad));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), vbc2), veps);
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+    _mm256_storeu_ps(w + i, _mm256_sub_ps(wi, _mm256_div_ps(_mm256_mul_ps(vstep, mi), denom)));
+  }
+  adam_update<float, kDecoupled>(w, d, m, v, i, end, b1, b2, wd, decay, eps, step_size, sqrt_bc2);
+}
+#endif
 
 // The gradient as a contiguous tensor of the parameter's dtype.
 Tensor grad_of(const Tensor& p) {
@@ -229,21 +287,20 @@ void Adam::step() {
         T* m = s.exp_avg.data<T>();
         T* v = s.exp_avg_sq.data<T>();
         const T b1 = T(o.beta1_), b2 = T(o.beta2_), wd = T(o.weight_decay_), eps = T(o.eps_);
-        const T decay = T(1 - lr * o.weight_decay_);
-        parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            T grad = d[i];
-            if (o.decoupled_) {
-              w[i] *= decay;
-            } else {
-              grad += wd * w[i];
+        const T decay = T(1 - lr * o.weight_decay_), step = T(step_size), bc2 = T(sqrt_bc2);
+        const auto update = [&]<bool kDecoupled>() {
+          parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+#if defined(__x86_64__)
+            if constexpr (std::is_same_v<T, float>) {
+              if (ops::cpu::cpu_has_avx2()) {
+                return adam_update_avx2<kDecoupled>(w, d, m, v, begin, end, b1, b2, wd, decay, eps, step, bc2);
+              }
             }
-            m[i] = b1 * m[i] + (T(1) - b1) * grad;
-            v[i] = b2 * v[i] + (T(1) - b2) * grad * grad;
-            const T denom = std::sqrt(v[i]) / T(sqrt_bc2) + eps;
-            w[i] -= T(step_size) * m[i] / denom;
-          }
-        });
+#endif
+            adam_update<T, kDecoupled>(w, d, m, v, begin, end, b1, b2, wd, decay, eps, step, bc2);
+          });
+        };
+        o.decoupled_ ? update.template operator()<true>() : update.template operator()<false>();
       });
     }
     if (!cuda_params.empty()) {
