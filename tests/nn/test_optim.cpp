@@ -46,17 +46,38 @@ TEST_CASE("optimizers match torch.optim step for step") {
   }
 }
 
-TEST_CASE("SGD on long f32 parameters (the vectorised update) follows the f64 update checked against torch") {
-  // 20011 elements: several parallel chunks and a tail shorter than a vector.
-  // The f64 parameter takes the scalar loop that the fixture test above
-  // checks against torch.optim.SGD; the f32 one takes the AVX2 loop where
-  // the CPU has it.
+namespace {
+// Runs an optimizer (make(params)) for 3 steps on a 20011-element f32
+// parameter and on the same f64 one: several parallel chunks and a tail
+// shorter than a vector. The f64 parameter takes the scalar loop that the
+// fixture test above checks against torch.optim; the f32 one takes the AVX2
+// loop where the CPU has it. Checks that they agree and that the tail moved.
+template <class Make>
+void check_f32_follows_f64(Make&& make) {
   const int64_t n = 20011;
   std::vector<double> start(n), grad(n);
   for (int64_t i = 0; i < n; ++i) {
     start[i] = std::sin(0.37 * static_cast<double>(i));
     grad[i] = std::cos(0.11 * static_cast<double>(i)) + 0.25;
   }
+  Tensor p32 = Tensor::from_vector_as(start, {n}, DType::f32).set_requires_grad(true);
+  Tensor p64 = Tensor::from_vector_as(start, {n}, DType::f64).set_requires_grad(true);
+  auto opt32 = make(std::vector<Tensor>{p32}), opt64 = make(std::vector<Tensor>{p64});
+  for (int step = 0; step < 3; ++step) {  // the first step fills the optimizer's state, later ones use it
+    p32.set_grad(Tensor::from_vector_as(grad, {n}, DType::f32));
+    p64.set_grad(Tensor::from_vector_as(grad, {n}, DType::f64));
+    opt32.step();
+    opt64.step();
+  }
+  const auto actual = p32.to_vector<double>(), expected = p64.to_vector<double>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += std::abs(actual[i] - expected[i]) > 1e-5 * (1 + std::abs(expected[i]));
+  CHECK(wrong == 0);
+  CHECK(std::abs(actual[n - 1] - start[n - 1]) > 0.01);  // the tail moved
+}
+}  // namespace
+
+TEST_CASE("SGD on long f32 parameters (the vectorised update) follows the f64 update checked against torch") {
   const std::pair<const char*, optim::SGDOptions> cases[] = {
       {"plain", optim::SGDOptions(0.1)},
       {"weight decay", optim::SGDOptions(0.1).weight_decay(0.01)},
@@ -64,53 +85,18 @@ TEST_CASE("SGD on long f32 parameters (the vectorised update) follows the f64 up
       {"nesterov", optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01)}};
   for (const auto& [name, options] : cases) {
     INFO("SGD ", name);
-    Tensor p32 = Tensor::from_vector_as(start, {n}, DType::f32).set_requires_grad(true);
-    Tensor p64 = Tensor::from_vector_as(start, {n}, DType::f64).set_requires_grad(true);
-    optim::SGD opt32({p32}, options), opt64({p64}, options);
-    for (int step = 0; step < 3; ++step) {  // the first step fills the momentum buffer, later ones use it
-      p32.set_grad(Tensor::from_vector_as(grad, {n}, DType::f32));
-      p64.set_grad(Tensor::from_vector_as(grad, {n}, DType::f64));
-      opt32.step();
-      opt64.step();
-    }
-    const auto actual = p32.to_vector<double>(), expected = p64.to_vector<double>();
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < n; ++i) wrong += std::abs(actual[i] - expected[i]) > 1e-5 * (1 + std::abs(expected[i]));
-    CHECK(wrong == 0);
-    CHECK(std::abs(actual[n - 1] - start[n - 1]) > 0.01);  // the tail moved
+    check_f32_follows_f64([&](std::vector<Tensor> params) { return optim::SGD(std::move(params), options); });
   }
 }
 
 TEST_CASE("Adam on long f32 parameters (the vectorised update) follows the f64 update checked against torch") {
-  // As the SGD case above: 20011 elements (parallel chunks, a tail shorter
-  // than a vector), f32 through the AVX2 loop where the CPU has it, f64
-  // through the scalar loop of the torch.optim fixture test.
-  const int64_t n = 20011;
-  std::vector<double> start(n), grad(n);
-  for (int64_t i = 0; i < n; ++i) {
-    start[i] = std::sin(0.37 * static_cast<double>(i));
-    grad[i] = std::cos(0.11 * static_cast<double>(i)) + 0.25;
-  }
   const std::pair<const char*, optim::AdamOptions> cases[] = {
       {"plain", optim::AdamOptions(0.01)},
       {"L2 weight decay", optim::AdamOptions(0.01).weight_decay(0.1).betas(0.8, 0.99)},
       {"AdamW", optim::AdamOptions(0.01).weight_decay(0.1).decoupled_weight_decay(true).eps(1e-3)}};
   for (const auto& [name, options] : cases) {
     INFO("Adam ", name);
-    Tensor p32 = Tensor::from_vector_as(start, {n}, DType::f32).set_requires_grad(true);
-    Tensor p64 = Tensor::from_vector_as(start, {n}, DType::f64).set_requires_grad(true);
-    optim::Adam opt32({p32}, options), opt64({p64}, options);
-    for (int step = 0; step < 3; ++step) {
-      p32.set_grad(Tensor::from_vector_as(grad, {n}, DType::f32));
-      p64.set_grad(Tensor::from_vector_as(grad, {n}, DType::f64));
-      opt32.step();
-      opt64.step();
-    }
-    const auto actual = p32.to_vector<double>(), expected = p64.to_vector<double>();
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < n; ++i) wrong += std::abs(actual[i] - expected[i]) > 1e-5 * (1 + std::abs(expected[i]));
-    CHECK(wrong == 0);
-    CHECK(std::abs(actual[n - 1] - start[n - 1]) > 0.01);  // the tail moved
+    check_f32_follows_f64([&](std::vector<Tensor> params) { return optim::Adam(std::move(params), options); });
   }
 }
 
