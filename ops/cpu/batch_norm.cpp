@@ -244,6 +244,39 @@ __attribute__((target("avx2"))) void backward_row_sums_avx2(const float* dy, con
     sum_dy_xmu += static_cast<double>(lanes_gx[lane]);
   }
 }
+
+// One row of the forward statistics in f32 with AVX2: the sums of x and of
+// x * x in 16 lanes, then added into the f64 sums. The portable loop in
+// batch_norm_stats (8 lanes) is vectorised by GCC with shuffles and spills:
+// 7.7 instructions per element on the ConvNet (callgrind).
+__attribute__((target("avx2"))) void row_sums_avx2(const float* x, int64_t n, double& sum, double& sum_of_squares) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 sum0 = zero, sum1 = zero, squares0 = zero, squares1 = zero;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+    sum0 = _mm256_add_ps(sum0, v0);
+    sum1 = _mm256_add_ps(sum1, v1);
+    squares0 = _mm256_add_ps(squares0, _mm256_mul_ps(v0, v0));
+    squares1 = _mm256_add_ps(squares1, _mm256_mul_ps(v1, v1));
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    sum0 = _mm256_add_ps(sum0, v);
+    squares0 = _mm256_add_ps(squares0, _mm256_mul_ps(v, v));
+  }
+  alignas(32) float lanes_sum[8], lanes_squares[8];
+  _mm256_store_ps(lanes_sum, _mm256_add_ps(sum0, sum1));
+  _mm256_store_ps(lanes_squares, _mm256_add_ps(squares0, squares1));
+  for (; i < n; ++i) {
+    lanes_sum[0] += x[i];
+    lanes_squares[0] += x[i] * x[i];
+  }
+  for (int lane = 0; lane < 8; ++lane) {
+    sum += static_cast<double>(lanes_sum[lane]);
+    sum_of_squares += static_cast<double>(lanes_squares[lane]);
+  }
+}
 #endif
 }  // namespace
 
@@ -264,6 +297,11 @@ Tensor batch_norm_stats(const Tensor& input_in) {
     }
     return channel_sums(l, [&](int64_t, int64_t offset, double& sum, double& sum_of_squares) {
       const T* row = x + offset;
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (cpu_has_avx2()) return row_sums_avx2(row, l.inner, sum, sum_of_squares);
+      }
+#endif
       // Independent lanes in the compute dtype within a row (the compiler
       // vectorises them and the adds no longer wait on each other); rows are
       // summed in f64.

@@ -157,6 +157,25 @@ TEST_CASE("batch_norm with f16 and bf16 inputs keeps f32 parameters") {
   }
 }
 
+// The f32 statistics (vectorised row sums: 16 lanes, then 8, then a scalar
+// tail) against the f64 ones of the same values: rows of 25 (a block of
+// channels at a time), 64, 81, 100 and 784 elements.
+TEST_CASE("batch_norm statistics of f32 inputs equal the f64 ones to f32 precision") {
+  for (const Shape& shape : {Shape{3, 4, 5, 5}, Shape{2, 3, 8, 8}, Shape{3, 2, 9, 9}, Shape{2, 3, 10, 10},
+                             Shape{2, 2, 28, 28}}) {
+    INFO(shape_str(shape));
+    const int64_t channels = shape[1];
+    Tensor x = random_tensor(shape, 44, 1, 3, DType::f32);  // a mean of 2: the sums of squares are large
+    Tensor mean32 = Tensor::zeros({channels}), var32 = Tensor::ones({channels});
+    Tensor mean64 = Tensor::zeros({channels}, DType::f64), var64 = Tensor::ones({channels}, DType::f64);
+    batch_norm(x, Tensor(), Tensor(), mean32, var32, true, 1.0, 0.0);
+    batch_norm(x.to(DType::f64), Tensor(), Tensor(), mean64, var64, true, 1.0, 0.0);
+    // momentum 1: the buffers hold this batch's mean and unbiased variance (about 2 and 1/3).
+    CHECK(max_abs_diff(mean32.to(DType::f64), mean64) < 2e-6);
+    CHECK(max_abs_diff(var32.to(DType::f64), var64) < 2e-5);
+  }
+}
+
 TEST_CASE("batch_norm with a fused relu equals relu(batch_norm) and its gradients match finite differences") {
   using loom::testing::check_gradients;
   using loom::testing::random_tensor;
