@@ -300,8 +300,11 @@ void inverse_transform_weight(const float* du, const Problem& p, const Transform
 // for s < width and tw < tiles (zeros in row where the tiles reach past the
 // plane). For m = 4, the common case, 4 x 4 blocks of the row are transposed
 // in registers, reading row up to tiles * m + 4 values when width > 4 (the
-// padded copies below are that long).
+// padded copies below are that long). Width > 0 fixes width at compile time
+// (the tile loops of the common F(4x4, 5x5) shapes, tiles_of below).
+template <int Width = 0>
 void split_row(const float* row, int64_t tiles, int m, int width, float* const* dst) {
+  if constexpr (Width > 0) width = Width;
   int64_t tw = 0;
 #if defined(__x86_64__)
   if (m == 4 && width <= 8) {
@@ -370,15 +373,6 @@ Overlap overlap(const Padded& layout, int64_t height, int64_t width) {
   return {y0, std::clamp<int64_t>(layout.rows - layout.top, y0, height), x0,
           std::clamp<int64_t>(layout.cols - layout.left, x0, width)};
 }
-void pad_plane(const float* plane, int64_t height, int64_t width, const Padded& layout, float fill, float* out) {
-  std::fill(out, out + layout.rows * layout.cols, fill);
-  const Overlap o = overlap(layout, height, width);
-  for (int64_t y = o.y0; y < o.y1; ++y) {
-    const float* src = plane + y * width;
-    float* dst = out + (y + layout.top) * layout.cols + layout.left;
-    for (int64_t x = o.x0; x < o.x1; ++x) dst[x] = src[x];
-  }
-}
 // The plane's part of the copy back into it (zero where the copy does not reach).
 void unpad_plane(const float* padded, const Padded& layout, int64_t height, int64_t width, float* plane) {
   const Overlap o = overlap(layout, height, width);
@@ -443,27 +437,41 @@ Planes output_planes(const Problem& p, const Transforms& t) {
 
 // The tiles of the chunk's planes (the first at `planes`; zero in the padding
 // and past the plane): P[r][s][c][t] of the input, dY[a][b][o][t] of the
-// output gradient.
-void tiles_of(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
-              float* tiles) {
+// output gradient. Every plane lands at the same place in the padded copy, so
+// its border is cleared once. Span > 0 is shape.span fixed at compile time.
+template <int Span>
+void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
+                   float* tiles) {
   const Tiling tl = tiling(p, t.m);
-  const int64_t span = shape.span, channels = shape.channels;
-  float* copy = padded_buffer(shape.layout);
+  const int64_t span = Span > 0 ? Span : shape.span, channels = shape.channels;
+  const Padded& layout = shape.layout;
+  float* copy = padded_buffer(layout);
+  std::fill(copy, copy + layout.rows * layout.cols, 0.0f);
+  const Overlap o = overlap(layout, shape.height, shape.width);
   float* dst[kMaxAlpha];
   for (int64_t i = 0; i < k.images; ++i) {
     for (int64_t c = 0; c < channels; ++c) {
-      pad_plane(planes + (i * channels + c) * shape.height * shape.width, shape.height, shape.width, shape.layout,
-                0.0f, copy);
+      const float* plane = planes + (i * channels + c) * shape.height * shape.width;
+      for (int64_t y = o.y0; y < o.y1; ++y) {
+        std::copy(plane + y * shape.width + o.x0, plane + y * shape.width + o.x1,
+                  copy + (y + layout.top) * layout.cols + layout.left + o.x0);
+      }
       for (int64_t th = 0; th < tl.rows; ++th) {
         for (int64_t row = 0; row < span; ++row) {
           for (int64_t col = 0; col < span; ++col) {
             dst[col] = tiles + ((row * span + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
           }
-          split_row(copy + (th * t.m + row) * shape.layout.cols, tl.cols, t.m, shape.span, dst);
+          split_row<Span>(copy + (th * t.m + row) * layout.cols, tl.cols, t.m, static_cast<int>(span), dst);
         }
       }
     }
   }
+}
+void tiles_of(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
+              float* tiles) {
+  if (t.m == 4 && shape.span == 8) return tiles_of_span<8>(planes, shape, p, t, k, tiles);  // F(4x4, 5x5)'s input
+  if (t.m == 4 && shape.span == 4) return tiles_of_span<4>(planes, shape, p, t, k, tiles);  // its output gradient
+  tiles_of_span<0>(planes, shape, p, t, k, tiles);
 }
 
 // The adjoint of tiles_of: each plane is the sum of what its tiles hold over
