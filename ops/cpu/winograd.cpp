@@ -325,6 +325,55 @@ void split_row(const float* row, int64_t tiles, int m, int width, float* const* 
   }
 }
 
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+// split_row for m = 4 with transform W of F applied along each tile's row
+// on the way: dst[v][tw] = sum over s < In of W[v][s] row[tw * 4 + s], for
+// v < Out. In = 8 is F(4x4, 5x5)'s input tile (W = Bᵀ), In = 4 its output
+// gradient tile (W = A): the first of the two transforms is done in
+// registers, and the tiles are not written and read back in between. The
+// arithmetic is apply_rows_fixed's, 4 tiles per instruction.
+template <class F, Which W, int Out, int In>
+void split_row_transformed(const float* row, int64_t tiles, float* const* dst) {
+  constexpr const float* mat = fixed_matrix<F, W>();
+  int64_t tw = 0;
+  for (; tw + 4 <= tiles; tw += 4) {
+    const float* block = row + 4 * tw;
+    __m128 x[8];
+    x[0] = _mm_loadu_ps(block), x[1] = _mm_loadu_ps(block + 4), x[2] = _mm_loadu_ps(block + 8);
+    x[3] = _mm_loadu_ps(block + 12);
+    if constexpr (In > 4) {
+      x[4] = x[1], x[5] = x[2], x[6] = x[3], x[7] = _mm_loadu_ps(block + 16);
+      _MM_TRANSPOSE4_PS(x[4], x[5], x[6], x[7]);
+    }
+    _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
+    unroll<Out>([&](auto v) __attribute__((always_inline)) {
+      __m128 sum = _mm_setzero_ps();
+      unroll<In>([&](auto j) __attribute__((always_inline)) {
+        constexpr float c = mat[v * In + j];
+        if constexpr (c == 1.0f) {
+          sum = _mm_add_ps(sum, x[j]);
+        } else if constexpr (c == -1.0f) {
+          sum = _mm_sub_ps(sum, x[j]);
+        } else if constexpr (c != 0.0f) {
+          sum = _mm_fmadd_ps(_mm_set1_ps(c), x[j], sum);
+        }
+      });
+      _mm_storeu_ps(dst[v] + tw, sum);
+    });
+  }
+  for (; tw < tiles; ++tw) {
+    for (int v = 0; v < Out; ++v) {
+      float sum = 0;
+      for (int j = 0; j < In; ++j) sum += mat[v * In + j] * row[tw * 4 + j];
+      dst[v][tw] = sum;
+    }
+  }
+}
+#pragma GCC pop_options
+#endif
+
 // The adjoint of split_row: row[tw * m + s] += src[s][tw].
 void merge_row(const float* const* src, int64_t tiles, int m, int width, float* row) {
   int64_t tw = 0;
@@ -439,11 +488,11 @@ Planes output_planes(const Problem& p, const Transforms& t) {
 // and past the plane): P[r][s][c][t] of the input, dY[a][b][o][t] of the
 // output gradient. Every plane lands at the same place in the padded copy, so
 // its border is cleared once. Span > 0 is shape.span fixed at compile time.
-template <int Span>
+template <int Span, int Cols, class Split>
 void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
-                   float* tiles) {
+                   float* tiles, Split&& split) {
   const Tiling tl = tiling(p, t.m);
-  const int64_t span = Span > 0 ? Span : shape.span, channels = shape.channels;
+  const int64_t span = Span > 0 ? Span : shape.span, cols = Cols > 0 ? Cols : span, channels = shape.channels;
   const Padded& layout = shape.layout;
   float* copy = padded_buffer(layout);
   std::fill(copy, copy + layout.rows * layout.cols, 0.0f);
@@ -458,10 +507,10 @@ void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, c
       }
       for (int64_t th = 0; th < tl.rows; ++th) {
         for (int64_t row = 0; row < span; ++row) {
-          for (int64_t col = 0; col < span; ++col) {
-            dst[col] = tiles + ((row * span + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
+          for (int64_t col = 0; col < cols; ++col) {
+            dst[col] = tiles + ((row * cols + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
           }
-          split_row<Span>(copy + (th * t.m + row) * layout.cols, tl.cols, t.m, static_cast<int>(span), dst);
+          split(copy + (th * t.m + row) * layout.cols, tl.cols, dst);
         }
       }
     }
@@ -469,9 +518,25 @@ void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, c
 }
 void tiles_of(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
               float* tiles) {
-  if (t.m == 4 && shape.span == 8) return tiles_of_span<8>(planes, shape, p, t, k, tiles);  // F(4x4, 5x5)'s input
-  if (t.m == 4 && shape.span == 4) return tiles_of_span<4>(planes, shape, p, t, k, tiles);  // its output gradient
-  tiles_of_span<0>(planes, shape, p, t, k, tiles);
+  const int m = t.m, span = shape.span;
+  auto fixed = [&]<int Span>(std::integral_constant<int, Span>) {
+    tiles_of_span<Span, Span>(planes, shape, p, t, k, tiles, [&](const float* row, int64_t count, float* const* dst) {
+      split_row<Span>(row, count, m, span, dst);
+    });
+  };
+  if (m == 4 && span == 8) return fixed(std::integral_constant<int, 8>{});  // F(4x4, 5x5)'s input
+  if (m == 4 && span == 4) return fixed(std::integral_constant<int, 4>{});  // its output gradient
+  fixed(std::integral_constant<int, 0>{});
+}
+
+// Whether the F(4x4, 5x5) tiles are gathered with their first transform
+// (split_row_transformed): the transforms' compiled kernels are there.
+bool transforms_in_gather(const Transforms& t) {
+#if defined(__x86_64__)
+  return t.m == 4 && t.r == 5 && cpu_has_avx2();
+#else
+  return false;
+#endif
 }
 
 // The adjoint of tiles_of: each plane is the sum of what its tiles hold over
@@ -505,7 +570,18 @@ float* transformed_input(const float* input, const Problem& p, const Transforms&
   const int64_t alpha = t.alpha, ct = p.channels * k.ld;
   float* v = scratch(0, alpha * alpha * ct);
   float* half = scratch(1, alpha * alpha * ct);
-  tiles_of(input + k.n0 * p.channels * p.height * p.width, input_planes(p, t), p, t, k, v);
+  const float* planes = input + k.n0 * p.channels * p.height * p.width;
+#if defined(__x86_64__)
+  if (transforms_in_gather(t)) {
+    tiles_of_span<8, 8>(planes, input_planes(p, t), p, t, k, half, [](const float* row, int64_t tiles, float* const* dst) {
+      split_row_transformed<Fixed<4, 5>, Which::bt, 8, 8>(row, tiles, dst);
+    });  // P[r][s] -> [r][ν]
+    const int64_t plane = p.channels * k.ld;
+    transform_segments(t, Which::bt, half, alpha * plane, v, alpha * plane, alpha * p.channels, k.ld, k.tiles);  // r -> ξ
+    return v;
+  }
+#endif
+  tiles_of(planes, input_planes(p, t), p, t, k, v);
   transform_2d(t, Which::bt, alpha, alpha, p.channels, k, v, half, v);  // P[r][s] -> V[ξ][ν]
   return v;
 }
@@ -514,9 +590,20 @@ float* transformed_input(const float* input, const Problem& p, const Transforms&
 // output gradient tiles, in slot 2 (slots 3 and 4 are scratch).
 float* transformed_grad_output(const float* grad_output, const Problem& p, const Transforms& t, const Chunk& k) {
   const int64_t alpha = t.alpha, m = t.m, o_count = p.out_channels, ot = o_count * k.ld;
-  float* tiles_dy = scratch(4, m * m * ot);  // [a][b][o][t]
-  tiles_of(grad_output + k.n0 * o_count * p.out_h * p.out_w, output_planes(p, t), p, t, k, tiles_dy);
+  const float* planes = grad_output + k.n0 * o_count * p.out_h * p.out_w;
   float* dm = scratch(2, alpha * alpha * ot);
+#if defined(__x86_64__)
+  if (transforms_in_gather(t)) {
+    float* half = scratch(3, m * alpha * ot);  // [a][ν][o][t]
+    tiles_of_span<4, 8>(planes, output_planes(p, t), p, t, k, half, [](const float* row, int64_t tiles, float* const* dst) {
+      split_row_transformed<Fixed<4, 5>, Which::a, 8, 4>(row, tiles, dst);
+    });  // dY[a][b] -> [a][ν]
+    transform_segments(t, Which::a, half, alpha * ot, dm, alpha * ot, alpha * o_count, k.ld, k.tiles);  // a -> ξ
+    return dm;
+  }
+#endif
+  float* tiles_dy = scratch(4, m * m * ot);  // [a][b][o][t]
+  tiles_of(planes, output_planes(p, t), p, t, k, tiles_dy);
   transform_2d(t, Which::a, m, alpha, o_count, k, tiles_dy, scratch(3, alpha * m * ot), dm);  // dY[a][b] -> dM[ξ][ν]
   return dm;
 }
