@@ -6,7 +6,10 @@
 // transformed weight U[ξ][ν][o][c] in α² GEMMs into M[ξ][ν][o][t], and
 // transformed back along ξ and ν into the tiles' outputs. Every transform is a
 // small matrix applied to rows that are contiguous in the tile index, so the
-// arithmetic runs 8 tiles per AVX2 instruction.
+// arithmetic runs 8 tiles per AVX2 instruction. F(4x4, 5x5), the one conv2d
+// uses, gathers its input and output-gradient tiles with the first transform
+// already applied along s (split_row_transformed, 4 tiles per instruction),
+// which saves a pass over the chunk buffers.
 #include <loom/ops/cpu/winograd.h>
 
 #if defined(__x86_64__)
