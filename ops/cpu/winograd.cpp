@@ -17,6 +17,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -158,34 +159,45 @@ inline __attribute__((always_inline)) void unroll(Fn&& fn) {
   (std::make_integer_sequence<int, N>{});
 }
 
+inline __m256 fmadd(__m256 a, __m256 x, __m256 sum) { return _mm256_fmadd_ps(a, x, sum); }
+inline __m128 fmadd(__m128 a, __m128 x, __m128 sum) { return _mm_fmadd_ps(a, x, sum); }
+inline float fmadd(float a, float x, float sum) { return std::fma(a, x, sum); }
+
+// store(i, sum over j < In of W[i][j] x[j]) for i < Out, with transform W of
+// F folded in at compile time: its zeros skipped, its ones an add or a
+// subtract. V is __m256 (8 tiles at once), __m128 (4) or float (the tails):
+// the arithmetic of both compiled transforms below.
+template <class F, Which W, int Out, int In, class V, class Store>
+inline __attribute__((always_inline)) void fixed_product(const V* x, Store&& store) {
+  constexpr const float* mat = fixed_matrix<F, W>();
+  unroll<Out>([&](auto i) __attribute__((always_inline)) {
+    V sum{};
+    unroll<In>([&](auto j) __attribute__((always_inline)) {
+      constexpr float c = mat[i * In + j];
+      if constexpr (c == 1.0f) {
+        sum = sum + x[j];
+      } else if constexpr (c == -1.0f) {
+        sum = sum - x[j];
+      } else if constexpr (c != 0.0f) {
+        sum = fmadd(V{} + c, x[j], sum);  // V{} + c: c in every lane
+      }
+    });
+    store(i, sum);
+  });
+}
+
 template <class F, Which W, int Out, int In>
 void apply_rows_fixed(const float* in, int64_t in_stride, float* out, int64_t out_stride, int64_t length) {
-  constexpr const float* mat = fixed_matrix<F, W>();
   int64_t l = 0;
   for (; l + 8 <= length; l += 8) {
     __m256 x[In];
     unroll<In>([&](auto j) __attribute__((always_inline)) { x[j] = _mm256_loadu_ps(in + j * in_stride + l); });
-    unroll<Out>([&](auto i) __attribute__((always_inline)) {
-      __m256 sum = _mm256_setzero_ps();
-      unroll<In>([&](auto j) __attribute__((always_inline)) {
-        constexpr float c = mat[i * In + j];
-        if constexpr (c == 1.0f) {
-          sum = _mm256_add_ps(sum, x[j]);
-        } else if constexpr (c == -1.0f) {
-          sum = _mm256_sub_ps(sum, x[j]);
-        } else if constexpr (c != 0.0f) {
-          sum = _mm256_fmadd_ps(_mm256_set1_ps(c), x[j], sum);
-        }
-      });
-      _mm256_storeu_ps(out + i * out_stride + l, sum);
-    });
+    fixed_product<F, W, Out, In>(x, [&](int i, __m256 sum) { _mm256_storeu_ps(out + i * out_stride + l, sum); });
   }
   for (; l < length; ++l) {
-    for (int i = 0; i < Out; ++i) {
-      float sum = 0;
-      for (int j = 0; j < In; ++j) sum += mat[i * In + j] * in[j * in_stride + l];
-      out[i * out_stride + l] = sum;
-    }
+    float x[In];
+    for (int j = 0; j < In; ++j) x[j] = in[j * in_stride + l];
+    fixed_product<F, W, Out, In>(x, [&](int i, float sum) { out[i * out_stride + l] = sum; });
   }
 }
 #pragma GCC pop_options
@@ -303,11 +315,8 @@ void inverse_transform_weight(const float* du, const Problem& p, const Transform
 // for s < width and tw < tiles (zeros in row where the tiles reach past the
 // plane). For m = 4, the common case, 4 x 4 blocks of the row are transposed
 // in registers, reading row up to tiles * m + 4 values when width > 4 (the
-// padded copies below are that long). Width > 0 fixes width at compile time
-// (the tile loops of the common F(4x4, 5x5) shapes, tiles_of below).
-template <int Width = 0>
+// padded copies below are that long).
 void split_row(const float* row, int64_t tiles, int m, int width, float* const* dst) {
-  if constexpr (Width > 0) width = Width;
   int64_t tw = 0;
 #if defined(__x86_64__)
   if (m == 4 && width <= 8) {
@@ -335,11 +344,18 @@ void split_row(const float* row, int64_t tiles, int m, int width, float* const* 
 // on the way: dst[v][tw] = sum over s < In of W[v][s] row[tw * 4 + s], for
 // v < Out. In = 8 is F(4x4, 5x5)'s input tile (W = Bᵀ), In = 4 its output
 // gradient tile (W = A): the first of the two transforms is done in
-// registers, and the tiles are not written and read back in between. The
-// arithmetic is apply_rows_fixed's, 4 tiles per instruction.
+// registers, and the tiles are not written and read back in between: 4
+// tiles per instruction after the 4 x 4 transposes. The last tiles of a row
+// (fewer than 4) go through the tail, kept out of line: inlined, its
+// registers were saved and restored on every call.
+template <class F, Which W, int Out, int In>
+[[gnu::noinline]] void split_row_transformed_tail(const float* row, int64_t tw, int64_t tiles, float* const* dst) {
+  for (; tw < tiles; ++tw) {
+    fixed_product<F, W, Out, In>(row + tw * 4, [&](int v, float sum) { dst[v][tw] = sum; });
+  }
+}
 template <class F, Which W, int Out, int In>
 void split_row_transformed(const float* row, int64_t tiles, float* const* dst) {
-  constexpr const float* mat = fixed_matrix<F, W>();
   int64_t tw = 0;
   for (; tw + 4 <= tiles; tw += 4) {
     const float* block = row + 4 * tw;
@@ -351,28 +367,9 @@ void split_row_transformed(const float* row, int64_t tiles, float* const* dst) {
       _MM_TRANSPOSE4_PS(x[4], x[5], x[6], x[7]);
     }
     _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
-    unroll<Out>([&](auto v) __attribute__((always_inline)) {
-      __m128 sum = _mm_setzero_ps();
-      unroll<In>([&](auto j) __attribute__((always_inline)) {
-        constexpr float c = mat[v * In + j];
-        if constexpr (c == 1.0f) {
-          sum = _mm_add_ps(sum, x[j]);
-        } else if constexpr (c == -1.0f) {
-          sum = _mm_sub_ps(sum, x[j]);
-        } else if constexpr (c != 0.0f) {
-          sum = _mm_fmadd_ps(_mm_set1_ps(c), x[j], sum);
-        }
-      });
-      _mm_storeu_ps(dst[v] + tw, sum);
-    });
+    fixed_product<F, W, Out, In>(x, [&](int v, __m128 sum) { _mm_storeu_ps(dst[v] + tw, sum); });
   }
-  for (; tw < tiles; ++tw) {
-    for (int v = 0; v < Out; ++v) {
-      float sum = 0;
-      for (int j = 0; j < In; ++j) sum += mat[v * In + j] * row[tw * 4 + j];
-      dst[v][tw] = sum;
-    }
-  }
+  if (tw < tiles) split_row_transformed_tail<F, W, Out, In>(row, tw, tiles, dst);
 }
 #pragma GCC pop_options
 #endif
@@ -490,7 +487,9 @@ Planes output_planes(const Problem& p, const Transforms& t) {
 // The tiles of the chunk's planes (the first at `planes`; zero in the padding
 // and past the plane): P[r][s][c][t] of the input, dY[a][b][o][t] of the
 // output gradient. Every plane lands at the same place in the padded copy, so
-// its border is cleared once. Span > 0 is shape.span fixed at compile time.
+// its border is cleared once. split(row, tiles, dst) writes one row of each
+// tile of a row of tiles: Cols elements, dst[0 .. Cols). Span (the tile's
+// rows) and Cols fixed at compile time when > 0; both are shape.span when 0.
 template <int Span, int Cols, class Split>
 void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
                    float* tiles, Split&& split) {
@@ -521,15 +520,9 @@ void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, c
 }
 void tiles_of(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
               float* tiles) {
-  const int m = t.m, span = shape.span;
-  auto fixed = [&]<int Span>(std::integral_constant<int, Span>) {
-    tiles_of_span<Span, Span>(planes, shape, p, t, k, tiles, [&](const float* row, int64_t count, float* const* dst) {
-      split_row<Span>(row, count, m, span, dst);
-    });
-  };
-  if (m == 4 && span == 8) return fixed(std::integral_constant<int, 8>{});  // F(4x4, 5x5)'s input
-  if (m == 4 && span == 4) return fixed(std::integral_constant<int, 4>{});  // its output gradient
-  fixed(std::integral_constant<int, 0>{});
+  tiles_of_span<0, 0>(planes, shape, p, t, k, tiles, [&](const float* row, int64_t count, float* const* dst) {
+    split_row(row, count, t.m, shape.span, dst);
+  });
 }
 
 // Whether the F(4x4, 5x5) tiles are gathered with their first transform
