@@ -6,10 +6,10 @@
 // transformed weight U[ξ][ν][o][c] in α² GEMMs into M[ξ][ν][o][t], and
 // transformed back along ξ and ν into the tiles' outputs. Every transform is a
 // small matrix applied to rows that are contiguous in the tile index, so the
-// arithmetic runs 8 tiles per AVX2 instruction. F(4x4, 5x5), the one conv2d
-// uses, gathers its input and output-gradient tiles with the first transform
-// already applied along s (split_row_transformed, 4 tiles per instruction),
-// which saves a pass over the chunk buffers.
+// arithmetic runs 8 tiles per AVX2 instruction. F(4x4, 3x3) and F(4x4, 5x5),
+// the two conv2d uses, gather their input and output-gradient tiles with the
+// first transform already applied along s (split_row_transformed, 4 tiles per
+// instruction), which saves a pass over the chunk buffers.
 #include <loom/ops/cpu/winograd.h>
 
 #if defined(__x86_64__)
@@ -342,10 +342,10 @@ void split_row(const float* row, int64_t tiles, int m, int width, float* const* 
 #pragma GCC target("avx2,fma")
 // split_row for m = 4 with transform W of F applied along each tile's row
 // on the way: dst[v][tw] = sum over s < In of W[v][s] row[tw * 4 + s], for
-// v < Out. In = 8 is F(4x4, 5x5)'s input tile (W = Bᵀ), In = 4 its output
-// gradient tile (W = A): the first of the two transforms is done in
-// registers, and the tiles are not written and read back in between: 4
-// tiles per instruction after the 4 x 4 transposes. The last tiles of a row
+// v < Out. In = α (8 for F(4x4, 5x5), 6 for F(4x4, 3x3)) is an input tile
+// (W = Bᵀ), In = 4 an output-gradient tile (W = A): the first of the two
+// transforms is done in registers, and the tiles are not written and read
+// back in between: 4 tiles per instruction after the 4 x 4 transposes. The last tiles of a row
 // (fewer than 4) go through the tail, kept out of line: inlined, its
 // registers were saved and restored on every call.
 template <class F, Which W, int Out, int In>
@@ -518,6 +518,17 @@ void tiles_of_span(const float* planes, const Planes& shape, const Problem& p, c
     }
   }
 }
+#if defined(__x86_64__)
+// tiles_of with transform W of F (Out x In, In = shape.span) applied along
+// each tile's rows on the way (split_row_transformed): Out elements per tile row.
+template <class F, Which W, int Out, int In>
+void gather_transformed(const float* planes, const Planes& shape, const Problem& p, const Transforms& t,
+                        const Chunk& k, float* tiles) {
+  tiles_of_span<In, Out>(planes, shape, p, t, k, tiles, [](const float* row, int64_t count, float* const* dst) {
+    split_row_transformed<F, W, Out, In>(row, count, dst);
+  });
+}
+#endif
 void tiles_of(const float* planes, const Planes& shape, const Problem& p, const Transforms& t, const Chunk& k,
               float* tiles) {
   tiles_of_span<0, 0>(planes, shape, p, t, k, tiles, [&](const float* row, int64_t count, float* const* dst) {
@@ -525,11 +536,12 @@ void tiles_of(const float* planes, const Planes& shape, const Problem& p, const 
   });
 }
 
-// Whether the F(4x4, 5x5) tiles are gathered with their first transform
-// (split_row_transformed): the transforms' compiled kernels are there.
+// Whether the tiles of F(4x4, 3x3) and F(4x4, 5x5) are gathered with their
+// first transform (split_row_transformed): the transforms' compiled kernels
+// are there.
 bool transforms_in_gather(const Transforms& t) {
 #if defined(__x86_64__)
-  return t.m == 4 && t.r == 5 && cpu_has_avx2();
+  return t.m == 4 && (t.r == 3 || t.r == 5) && cpu_has_avx2();
 #else
   return false;
 #endif
@@ -569,9 +581,11 @@ float* transformed_input(const float* input, const Problem& p, const Transforms&
   const float* planes = input + k.n0 * p.channels * p.height * p.width;
 #if defined(__x86_64__)
   if (transforms_in_gather(t)) {
-    tiles_of_span<8, 8>(planes, input_planes(p, t), p, t, k, half, [](const float* row, int64_t tiles, float* const* dst) {
-      split_row_transformed<Fixed<4, 5>, Which::bt, 8, 8>(row, tiles, dst);
-    });  // P[r][s] -> [r][ν]
+    if (t.r == 3) {
+      gather_transformed<Fixed<4, 3>, Which::bt, 6, 6>(planes, input_planes(p, t), p, t, k, half);  // P[r][s] -> [r][ν]
+    } else {
+      gather_transformed<Fixed<4, 5>, Which::bt, 8, 8>(planes, input_planes(p, t), p, t, k, half);
+    }
     const int64_t plane = p.channels * k.ld;
     transform_segments(t, Which::bt, half, alpha * plane, v, alpha * plane, alpha * p.channels, k.ld, k.tiles);  // r -> ξ
     return v;
@@ -591,9 +605,11 @@ float* transformed_grad_output(const float* grad_output, const Problem& p, const
 #if defined(__x86_64__)
   if (transforms_in_gather(t)) {
     float* half = scratch(3, m * alpha * ot);  // [a][ν][o][t]
-    tiles_of_span<4, 8>(planes, output_planes(p, t), p, t, k, half, [](const float* row, int64_t tiles, float* const* dst) {
-      split_row_transformed<Fixed<4, 5>, Which::a, 8, 4>(row, tiles, dst);
-    });  // dY[a][b] -> [a][ν]
+    if (t.r == 3) {
+      gather_transformed<Fixed<4, 3>, Which::a, 6, 4>(planes, output_planes(p, t), p, t, k, half);  // dY[a][b] -> [a][ν]
+    } else {
+      gather_transformed<Fixed<4, 5>, Which::a, 8, 4>(planes, output_planes(p, t), p, t, k, half);
+    }
     transform_segments(t, Which::a, half, alpha * ot, dm, alpha * ot, alpha * o_count, k.ld, k.tiles);  // a -> ξ
     return dm;
   }
@@ -663,8 +679,11 @@ int tile_for(const Problem& p) {
     return (value == nullptr || std::string(value) == "1") && gemm_kernel_supported(GemmKernel::avx2_fma);
   }();
   if (!enabled) return 0;
-  // 5x5 kernels on planes of at least 8x8 with enough channels for the GEMMs to dominate.
-  if (p.kernel != 5 || p.channels < 8 || p.out_channels < 8 || p.out_h < 8 || p.out_w < 8) return 0;
+  // 3x3 and 5x5 kernels on planes of at least 8x8 with enough channels for
+  // the GEMMs to dominate. On 4x4 planes F(4x4, 3x3) was 1.1-2.3x slower than
+  // im2col + GEMM (ResNet-50's layer4 at 32x32 inputs).
+  if (p.kernel != 3 && p.kernel != 5) return 0;
+  if (p.channels < 8 || p.out_channels < 8 || p.out_h < 8 || p.out_w < 8) return 0;
   return 4;
 }
 

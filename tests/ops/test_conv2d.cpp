@@ -279,6 +279,7 @@ TEST_CASE("Winograd convolution matches direct loops for every tile size") {
       {"5x5, padding (1, 3), 13x11: ragged tiles", {2, 9, 13, 11}, {10, 9, 5, 5}, {1, 3}},
       {"3x3, padding 1, 9x10", {2, 8, 9, 10}, {11, 8, 3, 3}, {1, 1}},
       {"3x3, no padding, 12x7", {3, 5, 12, 7}, {4, 5, 3, 3}, {0, 0}},
+      {"3x3, padding 1, 18x17: rows of 4 tiles and a tail", {2, 8, 18, 17}, {6, 8, 3, 3}, {1, 1}},
   };
   uint64_t seed = 900;
   for (const WinogradCase& c : cases) {
@@ -308,17 +309,26 @@ TEST_CASE("Winograd convolution matches direct loops for every tile size") {
   }
 }
 
-TEST_CASE("conv2d uses Winograd for 5x5 f32 convolutions with enough channels, and matches direct loops") {
+TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough channels, and matches direct loops") {
   const WinogradCase cases[] = {
       {"the ConvNet's second conv, batch 20", {20, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
       {"no padding, 12x12 -> 8x8", {3, 8, 12, 12}, {8, 8, 5, 5}, {0, 0}},
       {"odd plane 13x11 with padding (2, 1)", {5, 12, 13, 11}, {9, 12, 5, 5}, {2, 1}},
       {"40 images of 8x8: several chunks", {40, 8, 8, 8}, {8, 8, 5, 5}, {2, 2}},
+      {"ResNet's 3x3 on 8x8 planes", {6, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}},
+      {"3x3 on 18x17 planes: rows of 4 tiles and a tail", {3, 8, 18, 17}, {12, 8, 3, 3}, {1, 1}},
+      {"3x3, no padding, 40 images: several chunks", {40, 8, 10, 10}, {8, 8, 3, 3}, {0, 0}},
   };
+  const bool avx2 = ops::cpu::gemm_kernel_supported(ops::cpu::GemmKernel::avx2_fma);
+  // Where im2col + GEMM stays: 4x4 planes (ResNet-50's layer4 at 32x32 inputs), fewer than 8 channels,
+  // kernels other than 3x3 and 5x5.
+  const ops::cpu::winograd::Problem im2col[] = {
+      {32, 512, 4, 4, 512, 3, 1, 1, 4, 4}, {32, 3, 32, 32, 64, 3, 1, 1, 32, 32}, {32, 64, 8, 8, 64, 1, 0, 0, 8, 8},
+      {32, 64, 14, 14, 64, 7, 3, 3, 14, 14}};
+  for (const ops::cpu::winograd::Problem& p : im2col) CHECK(ops::cpu::winograd::tile_for(p) == 0);
   const int saved_threads = get_num_threads();
   uint64_t seed = 950;
   for (const WinogradCase& c : cases) {
-    const bool avx2 = ops::cpu::gemm_kernel_supported(ops::cpu::GemmKernel::avx2_fma);
     REQUIRE(ops::cpu::winograd::tile_for(c.problem()) == (avx2 ? 4 : 0));
     for (int threads : {1, 2}) {
       INFO(c.name << ", " << threads << " threads");
