@@ -345,9 +345,9 @@ void split_row(const float* row, int64_t tiles, int m, int width, float* const* 
 // v < Out. In = α (8 for F(4x4, 5x5), 6 for F(4x4, 3x3)) is an input tile
 // (W = Bᵀ), In = 4 an output-gradient tile (W = A): the first of the two
 // transforms is done in registers, and the tiles are not written and read
-// back in between: 4 tiles per instruction after the 4 x 4 transposes. The last tiles of a row
-// (fewer than 4) go through the tail, kept out of line: inlined, its
-// registers were saved and restored on every call.
+// back in between: 4 tiles per instruction after the 4 x 4 transposes. The
+// last tiles of a row (fewer than 4) go through the tail, kept out of line:
+// inlined, its registers were saved and restored on every call.
 template <class F, Which W, int Out, int In>
 [[gnu::noinline]] void split_row_transformed_tail(const float* row, int64_t tw, int64_t tiles, float* const* dst) {
   for (; tw < tiles; ++tw) {
