@@ -680,7 +680,7 @@ int tile_for(const Problem& p) {
   }();
   if (!enabled) return 0;
   // 3x3 and 5x5 kernels on planes of at least 8x8 with enough channels for
-  // the GEMMs to dominate. On 4x4 planes F(4x4, 3x3) was 1.1-2.3x slower than
+  // the GEMMs to dominate. On 4x4 planes F(4x4, 3x3) was 1.4-2.2x slower than
   // im2col + GEMM (ResNet-50's layer4 at 32x32 inputs).
   if (p.kernel != 3 && p.kernel != 5) return 0;
   if (p.channels < 8 || p.out_channels < 8 || p.out_h < 8 || p.out_w < 8) return 0;
