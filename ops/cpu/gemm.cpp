@@ -192,20 +192,27 @@ __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int
         }
       }
     } else {
-      // B is stored (n, k): column c of the strip is contiguous in p. Full
-      // strips go through 8 x 8 register transposes, the rest element-wise.
+      // B is stored (n, k): column c of the strip is contiguous in p. Whole
+      // groups of 8 columns go through 8 x 8 register transposes, the rest
+      // (a ragged strip's last columns, the depth's tail) element-wise. (The
+      // ConvNet's first convolution has a weight gradient of 25 columns:
+      // element by element, its packing cost as much as its arithmetic.)
       const float* columns = b + (col0 + strip) * ldb + p0;
-      int64_t p = 0;
-      if (width == NR) {
-        for (; p + 8 <= depth; p += 8) {
+      const int64_t grouped = width / 8 * 8, depth8 = depth / 8 * 8;
+      for (int64_t p = 0; p < depth8; p += 8) {
+        if (grouped == NR) {  // a full strip: the group loop unrolled (NR is a constant)
           for (int64_t group = 0; group < NR; group += 8) {
+            transpose_8x8(columns + group * ldb + p, ldb, packed + p * NR + group, NR);
+          }
+        } else {
+          for (int64_t group = 0; group < grouped; group += 8) {
             transpose_8x8(columns + group * ldb + p, ldb, packed + p * NR + group, NR);
           }
         }
       }
       for (int64_t c = 0; c < width; ++c) {
         const float* column = columns + c * ldb;
-        for (int64_t q = p; q < depth; ++q) packed[q * NR + c] = column[q];
+        for (int64_t q = c < grouped ? depth8 : 0; q < depth; ++q) packed[q * NR + c] = column[q];
       }
     }
     packed += depth * NR;

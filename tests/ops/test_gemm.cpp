@@ -73,7 +73,9 @@ TEST_CASE("gemm matches a triple loop for every transpose, ragged sizes, alpha a
                                                      {13, 33, 1}, {32, 196, 400}, {100, 10, 1568}, {97, 130, 300},
                                                      // B read in place over several 2048-column blocks and 256-deep
                                                      // slices, with a ragged last strip; 8 x 8 transposed packs
-                                                     {9, 2085, 300}, {64, 48, 520}, {3, 4100, 17}};
+                                                     {9, 2085, 300}, {64, 48, 520}, {3, 4100, 17},
+                                                     // a transposed B of 25 columns: 8 x 8 groups and one column
+                                                     {16, 25, 784}};
   on_every_kernel([&] {
     for (auto [m, n, k] : sizes) {
       for (Transpose ta : {Transpose::no, Transpose::yes}) {
