@@ -17,6 +17,7 @@
 #include <loom/core/parallel.h>
 #include <loom/core/profiler.h>
 #include <loom/ops/cpu/simd.h>
+#include <loom/ops/cpu/conv2d_direct.h>
 #include <loom/ops/cpu/gemm.h>
 #include <loom/ops/cpu/winograd.h>
 #include <loom/ops/dispatch.h>
@@ -64,12 +65,29 @@ double conv_flops(const Geometry& g, int64_t rows) {
   return 2.0 * static_cast<double>(g.batch * g.out_channels * rows * g.output_plane());
 }
 
+direct::Problem direct_problem(const Geometry& g) {
+  return {g.batch,  g.channels, g.height, g.width, g.out_channels, g.kernel_h, g.kernel_w, g.params.padding[0],
+          g.params.padding[1], g.out_h, g.out_w};
+}
+
 // The Winograd description of g; kernel 0 (never used) unless the kernel is
 // square with unit stride and dilation.
 winograd::Problem winograd_problem(const Geometry& g) {
   const bool fits = g.kernel_h == g.kernel_w && g.params.stride == Size2{1, 1} && g.params.dilation == Size2{1, 1};
   return {g.batch, g.channels, g.height, g.width, g.out_channels, fits ? g.kernel_h : 0,
           g.params.padding[0], g.params.padding[1], g.out_h, g.out_w};
+}
+
+// Whether an f32 problem runs on the direct kernels (conv2d_direct.h): unit
+// stride and dilation, C * kh * kw <= 32.
+template <class T>
+bool uses_direct(const Geometry& g) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.params.stride != Size2{1, 1} || g.params.dilation != Size2{1, 1}) return false;
+    return direct::applies(direct_problem(g));
+  } else {
+    return false;
+  }
 }
 
 // The Winograd tile for f32 problems where conv2d uses it, else 0.
@@ -760,6 +778,11 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
     if constexpr (std::is_same_v<T, float>) winograd::forward(input, weight, bias, winograd_problem(g), m, output);
     return;
   }
+  if (uses_direct<T>(g)) {
+    profiler::add_flops(conv_flops(g, g.col_rows()));
+    if constexpr (std::is_same_v<T, float>) direct::forward(input, weight, bias, direct_problem(g), output);
+    return;
+  }
   const Taps taps = make_taps(g);
   if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
     return forward_by_class(input, weight, bias, g, classes, output);
@@ -819,6 +842,11 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
     if constexpr (std::is_same_v<T, float>) {
       winograd::backward_weight(grad_output, input, winograd_problem(g), m, full_grad_weight);
     }
+    return;
+  }
+  if (uses_direct<T>(g)) {
+    profiler::add_flops(conv_flops(g, g.col_rows()));
+    if constexpr (std::is_same_v<T, float>) direct::backward_weight(grad_output, input, direct_problem(g), full_grad_weight);
     return;
   }
   const Taps taps = make_taps(g);

@@ -9,6 +9,7 @@
 
 #include <loom/core/parallel.h>
 #include <loom/ops/conv2d.h>
+#include <loom/ops/cpu/conv2d_direct.h>
 #include <loom/ops/cpu/gemm.h>
 #include <loom/ops/cpu/winograd.h>
 #include "tests/support/gradcheck.h"
@@ -175,7 +176,8 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
     Conv2dParams params;
   };
   const Case cases[] = {
-      {"large plane: one image per GEMM", {5, 3, 24, 24}, {4, 3, 3, 3}, {.padding = {1, 1}}},
+      // (4 x 3 x 3 = 36 rows of the column matrix: above the direct kernels' 32.)
+      {"large plane: one image per GEMM", {5, 4, 24, 24}, {4, 4, 3, 3}, {.padding = {1, 1}}},
       {"plane 49: folds of 5 images, ragged last group", {23, 6, 7, 7}, {5, 6, 3, 3}, {.padding = {1, 1}}},
       {"plane 1: the whole batch in one GEMM", {7, 40, 1, 1}, {30, 40, 3, 3}, {.padding = {1, 1}}},
       {"1x1 kernel, plane 4", {9, 16, 2, 2}, {24, 16, 1, 1}, {}},
@@ -344,6 +346,61 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
       CHECK(max_relative_difference(w.grad(), expected.dw) < 2e-5);
     }
     seed += 3;
+  }
+  set_num_threads(saved_threads);
+}
+
+// Thin column matrices (C * kh * kw <= 32, unit stride) run on the direct
+// kernels where the CPU has AVX-512: the forward and the weight gradient
+// (the input gradient stays im2col + GEMM). Shapes: the ConvNet's first conv,
+// the CIFAR stem's, output rows that end inside a 16-float chunk or leave a
+// whole chunk empty, kernels wider than a block of 5 columns, output channels
+// that do not fill a block of 8 or 4, no padding and uneven padding.
+TEST_CASE("conv2d runs thin f32 convolutions on the direct kernels and matches direct loops") {
+  struct Case {
+    const char* name;
+    Shape input, weight;
+    Size2 padding;
+  };
+  const Case cases[] = {
+      {"the ConvNet's first conv, batch 7", {7, 1, 28, 28}, {16, 1, 5, 5}, {2, 2}},
+      {"the CIFAR stem, 10 output channels", {3, 3, 32, 32}, {10, 3, 3, 3}, {1, 1}},
+      {"rows of 17: a second chunk of 1", {4, 2, 9, 17}, {5, 2, 3, 3}, {1, 1}},
+      {"rows of 40: three chunks, a fourth empty", {2, 1, 6, 40}, {3, 1, 3, 3}, {1, 1}},
+      {"a 2x7 kernel: two blocks of columns, no padding", {3, 2, 8, 20}, {9, 2, 2, 7}, {0, 0}},
+      {"padding (0, 3), rows of 8", {5, 1, 5, 8}, {4, 1, 3, 7}, {0, 3}},
+  };
+  const bool avx512 = ops::cpu::gemm_kernel_supported(ops::cpu::GemmKernel::avx512);
+  if (!avx512) MESSAGE("this CPU has no AVX-512: these shapes run on im2col + GEMM");
+  // Where they do not apply: 36 rows of the column matrix, output rows of 7.
+  CHECK_FALSE(ops::cpu::direct::applies({2, 4, 24, 24, 4, 3, 3, 1, 1, 24, 24}));
+  CHECK_FALSE(ops::cpu::direct::applies({2, 1, 7, 7, 4, 3, 3, 1, 1, 7, 7}));
+  const int saved_threads = get_num_threads();
+  uint64_t seed = 1200;
+  for (const Case& c : cases) {
+    const ops::cpu::direct::Problem problem{c.input[0], c.input[1], c.input[2], c.input[3], c.weight[0],
+                                            c.weight[2], c.weight[3], c.padding[0], c.padding[1],
+                                            c.input[2] + 2 * c.padding[0] - c.weight[2] + 1,
+                                            c.input[3] + 2 * c.padding[1] - c.weight[3] + 1};
+    REQUIRE(ops::cpu::direct::applies(problem) == avx512);
+    for (int threads : {1, 2}) {
+      INFO(c.name << ", " << threads << " threads");
+      set_num_threads(threads);
+      Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32).set_requires_grad(true);
+      Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32).set_requires_grad(true);
+      Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
+      Tensor y = conv2d(x, w, b, {.padding = c.padding});
+      Tensor dy = random_tensor(y.sizes(), seed + 3, -1, 1, DType::f32);
+      y.backward(dy);
+      DirectConv expected = direct_conv(x.detach(), w.detach(), dy, {.padding = c.padding});
+      const std::vector<float> bias = b.to_vector<float>();
+      const int64_t plane = y.size(2) * y.size(3);
+      for (size_t i = 0; i < expected.y.size(); ++i) expected.y[i] += bias[(i / plane) % bias.size()];
+      CHECK(max_relative_difference(y, expected.y) < 1e-5);
+      CHECK(max_relative_difference(x.grad(), expected.dx) < 1e-5);
+      CHECK(max_relative_difference(w.grad(), expected.dw) < 1e-5);
+    }
+    seed += 4;
   }
   set_num_threads(saved_threads);
 }
