@@ -65,8 +65,9 @@ double conv_flops(const Geometry& g, int64_t rows) {
   return 2.0 * static_cast<double>(g.batch * g.out_channels * rows * g.output_plane());
 }
 
+// The direct kernels' description of g (conv2d_direct.h).
 direct::Problem direct_problem(const Geometry& g) {
-  return {g.batch,  g.channels, g.height, g.width, g.out_channels, g.kernel_h, g.kernel_w, g.params.padding[0],
+  return {g.batch, g.channels, g.height, g.width, g.out_channels, g.kernel_h, g.kernel_w, g.params.padding[0],
           g.params.padding[1], g.out_h, g.out_w};
 }
 
@@ -846,7 +847,9 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   }
   if (uses_direct<T>(g)) {
     profiler::add_flops(conv_flops(g, g.col_rows()));
-    if constexpr (std::is_same_v<T, float>) direct::backward_weight(grad_output, input, direct_problem(g), full_grad_weight);
+    if constexpr (std::is_same_v<T, float>) {
+      direct::backward_weight(grad_output, input, direct_problem(g), full_grad_weight);
+    }
     return;
   }
   const Taps taps = make_taps(g);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <loom/core/parallel.h>
+#include <loom/ops/cpu/gemm.h>
 
 namespace loom::ops::cpu::direct {
 namespace {
@@ -34,15 +35,11 @@ Padded padded_shape(const Problem& p) {
 
 void pad_image(const float* image, const Problem& p, const Padded& s, float* out) {
   std::fill(out, out + p.channels * s.plane(), 0.0f);
+  // Hp = H + 2 pad_h and Wp >= W + 2 pad_w: every image row lands whole.
   for (int64_t c = 0; c < p.channels; ++c) {
     for (int64_t r = 0; r < p.height; ++r) {
-      const int64_t row = r + p.pad_h;
-      if (row < 0 || row >= s.rows) continue;
-      // Columns s of the image that land inside the buffer (negative padding crops).
-      const int64_t first = std::max<int64_t>(0, -p.pad_w), last = std::min(p.width, s.cols - p.pad_w);
-      if (first >= last) continue;
-      std::memcpy(out + c * s.plane() + row * s.cols + first + p.pad_w, image + (c * p.height + r) * p.width + first,
-                  static_cast<size_t>(last - first) * sizeof(float));
+      std::memcpy(out + c * s.plane() + (r + p.pad_h) * s.cols + p.pad_w, image + (c * p.height + r) * p.width,
+                  static_cast<size_t>(p.width) * sizeof(float));
     }
   }
 }
@@ -189,7 +186,9 @@ __attribute__((target("avx512f"))) void weight_block(const float* padded, const 
 }  // namespace
 
 bool applies(const Problem& p) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  // The GEMM's kernel choice (LOOM_CPU_GEMM, set_gemm_kernel) also chooses
+  // this: a user who keeps loom off AVX-512 keeps these kernels off too.
+  const bool avx512 = gemm_kernel() == GemmKernel::avx512;
   return avx512 && p.channels * p.kernel_h * p.kernel_w <= 32 && p.out_w >= 8 && p.out_h >= 1 && p.kernel_h >= 1 &&
          p.kernel_w >= 1 && p.out_channels >= 1;
 }

@@ -20,8 +20,9 @@ struct Problem {
 };
 
 // Whether the direct kernels run this problem: C * kh * kw <= 32, output rows
-// of at least 8, and a CPU with AVX-512 (the caller checks stride, dilation
-// and dtype).
+// of at least 8, and the AVX-512 GEMM kernel in use (gemm_kernel(): the
+// widest the CPU has unless LOOM_CPU_GEMM says otherwise). The caller checks
+// stride, dilation and dtype.
 bool applies(const Problem& p);
 
 // output (N, O, Ho, Wo) = conv(input, weight) + bias (may be null).

@@ -370,11 +370,17 @@ TEST_CASE("conv2d runs thin f32 convolutions on the direct kernels and matches d
       {"a 2x7 kernel: two blocks of columns, no padding", {3, 2, 8, 20}, {9, 2, 2, 7}, {0, 0}},
       {"padding (0, 3), rows of 8", {5, 1, 5, 8}, {4, 1, 3, 7}, {0, 3}},
   };
-  const bool avx512 = ops::cpu::gemm_kernel_supported(ops::cpu::GemmKernel::avx512);
-  if (!avx512) MESSAGE("this CPU has no AVX-512: these shapes run on im2col + GEMM");
+  const bool avx512 = ops::cpu::gemm_kernel() == ops::cpu::GemmKernel::avx512;
+  if (!avx512) MESSAGE("the GEMM kernel is not AVX-512 (no AVX-512, or LOOM_CPU_GEMM): these shapes run on im2col + GEMM");
   // Where they do not apply: 36 rows of the column matrix, output rows of 7.
   CHECK_FALSE(ops::cpu::direct::applies({2, 4, 24, 24, 4, 3, 3, 1, 1, 24, 24}));
   CHECK_FALSE(ops::cpu::direct::applies({2, 1, 7, 7, 4, 3, 3, 1, 1, 7, 7}));
+  // A GEMM kernel other than AVX-512 (LOOM_CPU_GEMM=avx2-fma) keeps them off.
+  if (avx512) {
+    ops::cpu::set_gemm_kernel(ops::cpu::GemmKernel::avx2_fma);
+    CHECK_FALSE(ops::cpu::direct::applies({7, 1, 28, 28, 16, 5, 5, 2, 2, 28, 28}));
+    ops::cpu::set_gemm_kernel(ops::cpu::GemmKernel::avx512);
+  }
   const int saved_threads = get_num_threads();
   uint64_t seed = 1200;
   for (const Case& c : cases) {
