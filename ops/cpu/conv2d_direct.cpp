@@ -50,11 +50,17 @@ __mmask16 chunk_mask(int64_t chunk, int64_t width) {
   return static_cast<__mmask16>(n == kLanes ? 0xFFFF : (1u << n) - 1);
 }
 
-// Images [first, last) of the batch for task t of `tasks`: a fixed split, so
-// that per-task sums add up in the same order on every run.
+// How many tasks split a batch: one per thread, at least one (an empty
+// batch runs one task of no images).
+int64_t task_count(int64_t batch) {
+  return std::max<int64_t>(1, std::min<int64_t>(batch, in_parallel_region() ? 1 : get_num_threads()));
+}
+
+// Images [first, last) of the batch for task t of task_count(batch): a fixed
+// split, so that per-task sums add up in the same order on every run.
 template <class Fn>
 void for_each_task(int64_t batch, Fn&& fn) {
-  const int64_t tasks = std::min<int64_t>(batch, in_parallel_region() ? 1 : get_num_threads());
+  const int64_t tasks = task_count(batch);
   auto run = [&](int64_t t) { fn(t, batch * t / tasks, batch * (t + 1) / tasks); };
   if (tasks <= 1) return run(0);
   parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
@@ -214,9 +220,9 @@ void backward_weight(const float* grad_output, const float* input, const Problem
   const Padded s = padded_shape(p);
   const int64_t image_in = p.channels * p.height * p.width, image_out = p.out_channels * p.out_h * p.out_w;
   const int64_t taps = p.channels * p.kernel_h * p.kernel_w, weights = p.out_channels * taps;
-  const int64_t tasks = std::min<int64_t>(p.batch, in_parallel_region() ? 1 : get_num_threads());
+  const int64_t tasks = task_count(p.batch);
   // Per task, a 16-float partial sum per weight: the lanes are output columns.
-  std::vector<float> sums(static_cast<size_t>(std::max<int64_t>(1, tasks) * weights * kLanes), 0.0f);
+  std::vector<float> sums(static_cast<size_t>(tasks * weights * kLanes), 0.0f);
   for_each_task(p.batch, [&](int64_t task, int64_t first, int64_t last) {
     float* padded = thread_buffer(1, p.channels * s.plane());
     float* task_sums = sums.data() + task * weights * kLanes;

@@ -408,5 +408,15 @@ TEST_CASE("conv2d runs thin f32 convolutions on the direct kernels and matches d
     }
     seed += 4;
   }
+  // An empty batch: an empty output and a zero weight gradient.
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    Tensor x = Tensor::zeros({0, 1, 28, 28});
+    Tensor w = random_tensor({16, 1, 5, 5}, seed, -1, 1, DType::f32);
+    CHECK(ops::cpu::conv2d_forward(x, w, Tensor(), {.padding = {2, 2}}).sizes() == Shape{0, 16, 28, 28});
+    const Tensor dw = ops::cpu::conv2d_backward_weight(Tensor::zeros({0, 16, 28, 28}), x, w.sizes(), {.padding = {2, 2}});
+    const std::vector<float> values = dw.to_vector<float>();
+    CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; }));
+  }
   set_num_threads(saved_threads);
 }
