@@ -19,6 +19,7 @@
 #include <loom/ops/cpu/simd.h>
 #include <loom/ops/cpu/conv2d_direct.h>
 #include <loom/ops/cpu/gemm.h>
+#include <loom/ops/cpu/scratch.h>
 #include <loom/ops/cpu/winograd.h>
 #include <loom/ops/dispatch.h>
 
@@ -451,15 +452,12 @@ void for_each_group(const Geometry& g, const BatchPlan& plan, Fn&& fn) {
   });
 }
 
-// Per-thread scratch that keeps its capacity between calls: the column
-// matrices are megabytes, and a fresh allocation of that size is a fresh
-// mmap and a page fault per 4 KiB on every call.
+// conv2d's per-thread scratch (ops/cpu/scratch.h): column matrices and
+// gathered planes, slots 0 to 3.
+struct Conv2dScratch;
 template <class T>
 T* scratch(int slot, int64_t elements) {
-  thread_local std::vector<T> buffers[4];
-  std::vector<T>& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
-  return buffer.data();
+  return thread_scratch<Conv2dScratch, T>(slot, elements);
 }
 
 // Calls fn(std::integral_constant<int64_t, N>) with N = count for the tap

@@ -13,6 +13,7 @@
 
 #include <loom/core/parallel.h>
 #include <loom/ops/cpu/gemm.h>
+#include <loom/ops/cpu/scratch.h>
 
 namespace loom::ops::cpu::direct {
 namespace {
@@ -68,12 +69,8 @@ void for_each_task(int64_t batch, Fn&& fn) {
   });
 }
 
-float* thread_buffer(int slot, int64_t elements) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
-  return buffer.data();
-}
+// The direct kernels' per-thread scratch (ops/cpu/scratch.h): the padded image.
+struct DirectScratch;
 
 // acc_b += broadcast(w[b]) * x for the eight output channels' accumulators
 // of one chunk (named variables, not an array: GCC stores an array of
@@ -203,7 +200,7 @@ void forward(const float* input, const float* weight, const float* bias, const P
   const Padded s = padded_shape(p);
   const int64_t image_in = p.channels * p.height * p.width, image_out = p.out_channels * p.out_h * p.out_w;
   for_each_task(p.batch, [&](int64_t, int64_t first, int64_t last) {
-    float* padded = thread_buffer(0, p.channels * s.plane());
+    float* padded = thread_scratch<DirectScratch>(0, p.channels * s.plane());
     for (int64_t n = first; n < last; ++n) {
       pad_image(input + n * image_in, p, s, padded);
       float* out = output + n * image_out;
@@ -224,7 +221,7 @@ void backward_weight(const float* grad_output, const float* input, const Problem
   // Per task, a 16-float partial sum per weight: the lanes are output columns.
   std::vector<float> sums(static_cast<size_t>(tasks * weights * kLanes), 0.0f);
   for_each_task(p.batch, [&](int64_t task, int64_t first, int64_t last) {
-    float* padded = thread_buffer(1, p.channels * s.plane());
+    float* padded = thread_scratch<DirectScratch>(1, p.channels * s.plane());
     float* task_sums = sums.data() + task * weights * kLanes;
     for (int64_t n = first; n < last; ++n) {
       pad_image(input + n * image_in, p, s, padded);

@@ -28,6 +28,7 @@
 #include <loom/core/error.h>
 #include <loom/core/parallel.h>
 #include <loom/ops/cpu/gemm.h>
+#include <loom/ops/cpu/scratch.h>
 #include <loom/ops/cpu/simd.h>
 
 namespace loom::ops::cpu::winograd {
@@ -267,13 +268,9 @@ void transform_segments(const Transforms& t, Which w, const float* in, int64_t i
   for (int64_t k = 0; k < segments; ++k) transform_rows(t, w, in + k * ld, in_stride, out + k * ld, out_stride, length);
 }
 
-// Per-thread buffers that keep their capacity between calls.
-float* scratch(int slot, int64_t elements) {
-  thread_local std::vector<float> buffers[6];
-  std::vector<float>& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
-  return buffer.data();
-}
+// Winograd's per-thread scratch (ops/cpu/scratch.h), slots 0 to 5.
+struct WinogradScratch;
+float* scratch(int slot, int64_t elements) { return thread_scratch<WinogradScratch>(slot, elements); }
 
 struct Tiling {
   int64_t rows, cols, per_image;  // tiles per output plane: ceil(Ho / m) x ceil(Wo / m)

@@ -351,7 +351,7 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
 }
 
 // Thin column matrices (C * kh * kw <= 32, unit stride) run on the direct
-// kernels where the CPU has AVX-512: the forward and the weight gradient
+// kernels under the AVX-512 GEMM kernel: the forward and the weight gradient
 // (the input gradient stays im2col + GEMM). Shapes: the ConvNet's first conv,
 // the CIFAR stem's, output rows that end inside a 16-float chunk or leave a
 // whole chunk empty, kernels wider than a block of 5 columns, output channels
