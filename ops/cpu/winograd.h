@@ -24,6 +24,11 @@ struct Problem {
 // switched off by LOOM_CPU_WINOGRAD=0.
 int tile_for(const Problem& p);
 
+// Whether tile m runs on the channels-last path (F(4x4, 3x3) and F(4x4,
+// 5x5) with both channel counts multiples of 16, at most 64, under the
+// AVX-512 GEMM kernel) rather than the tile-major one; see winograd.cpp.
+bool channels_last(const Problem& p, int m);
+
 // output (N, O, Ho, Wo) = conv(input, weight) + bias (may be null).
 void forward(const float* input, const float* weight, const float* bias, const Problem& p, int m, float* output);
 // Both gradients, grad_output's tiles transformed once for the two (either

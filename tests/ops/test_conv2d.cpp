@@ -350,6 +350,72 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
   set_num_threads(saved_threads);
 }
 
+// F(4x4, 3x3) and F(4x4, 5x5) with channel counts that are multiples of 16
+// (at most 64) run channels-last under the AVX-512 GEMM kernel, tile-major
+// otherwise: both paths on the same shapes (ragged tiles, uneven and no
+// padding, 16-channel and 32-channel column blocks, several chunks over 1
+// and 2 threads), against the f64 direct loops.
+TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops") {
+  const WinogradCase cases[] = {
+      {"the ConvNet's second conv, batch 9", {9, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
+      {"32 -> 48, 3x3 on 11x13, padding (1, 0)", {5, 32, 11, 13}, {48, 32, 3, 3}, {1, 0}},
+      {"64 -> 16, 5x5, no padding, 12x12 -> 8x8", {3, 64, 12, 12}, {16, 64, 5, 5}, {0, 0}},
+      {"16 -> 16, 3x3 on 8x8, 37 images: several chunks", {37, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}},
+  };
+  const ops::cpu::GemmKernel saved_kernel = ops::cpu::gemm_kernel();
+  std::vector<ops::cpu::GemmKernel> kernels;
+  for (ops::cpu::GemmKernel k : {ops::cpu::GemmKernel::avx512, ops::cpu::GemmKernel::avx2_fma}) {
+    if (ops::cpu::gemm_kernel_supported(k)) kernels.push_back(k);
+  }
+  if (kernels.empty()) MESSAGE("no AVX2: Winograd is off, these shapes run on im2col + GEMM");
+  if (!ops::cpu::gemm_kernel_supported(ops::cpu::GemmKernel::avx512)) {
+    MESSAGE("no AVX-512: the channels-last path is not tested here");
+  }
+  // Where it does not apply: 8 or 80 channels, F(2x2, 3x3).
+  CHECK_FALSE(ops::cpu::winograd::channels_last({2, 8, 8, 8, 16, 3, 1, 1, 8, 8}, 4));
+  CHECK_FALSE(ops::cpu::winograd::channels_last({2, 80, 8, 8, 16, 3, 1, 1, 8, 8}, 4));
+  CHECK_FALSE(ops::cpu::winograd::channels_last({2, 16, 8, 8, 16, 3, 1, 1, 8, 8}, 2));
+  const int saved_threads = get_num_threads();
+  uint64_t seed = 1200;
+  for (ops::cpu::GemmKernel kernel : kernels) {
+    ops::cpu::set_gemm_kernel(kernel);
+    for (const WinogradCase& c : cases) {
+      const ops::cpu::winograd::Problem p = c.problem();
+      REQUIRE(ops::cpu::winograd::tile_for(p) == 4);
+      CHECK(ops::cpu::winograd::channels_last(p, 4) == (kernel == ops::cpu::GemmKernel::avx512));
+      Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32);
+      Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32);
+      Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
+      Tensor dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
+      const DirectConv expected = direct_conv(x, w, dy, {.padding = c.padding});
+      std::vector<double> expected_y = expected.y;
+      for (size_t i = 0; i < expected_y.size(); ++i) {
+        expected_y[i] += b.to_vector<float>()[(i / (p.out_h * p.out_w)) % p.out_channels];
+      }
+      for (int threads : {1, 2}) {
+        INFO(c.name << ", kernel " << ops::cpu::gemm_kernel_name(kernel) << ", " << threads << " threads");
+        set_num_threads(threads);
+        Tensor y = Tensor::empty(dy.sizes(), DType::f32), dx = Tensor::empty(c.input, DType::f32);
+        Tensor dw = Tensor::empty(c.weight, DType::f32), dx2 = Tensor::empty(c.input, DType::f32);
+        Tensor dw2 = Tensor::empty(c.weight, DType::f32);
+        ops::cpu::winograd::forward(x.data<float>(), w.data<float>(), b.data<float>(), p, 4, y.data<float>());
+        ops::cpu::winograd::backward_input(dy.data<float>(), w.data<float>(), p, 4, dx.data<float>());
+        ops::cpu::winograd::backward_weight(dy.data<float>(), x.data<float>(), p, 4, dw.data<float>());
+        ops::cpu::winograd::backward(dy.data<float>(), x.data<float>(), w.data<float>(), p, 4, dx2.data<float>(),
+                                     dw2.data<float>());
+        CHECK(max_relative_difference(y, expected_y) < 2e-5);
+        CHECK(max_relative_difference(dx, expected.dx) < 2e-5);
+        CHECK(max_relative_difference(dw, expected.dw) < 2e-5);
+        CHECK(max_relative_difference(dx2, expected.dx) < 2e-5);
+        CHECK(max_relative_difference(dw2, expected.dw) < 2e-5);
+      }
+      seed += 4;
+    }
+  }
+  ops::cpu::set_gemm_kernel(saved_kernel);
+  set_num_threads(saved_threads);
+}
+
 // Thin column matrices (C * kh * kw <= 32, unit stride) run on the direct
 // kernels under the AVX-512 GEMM kernel: the forward and the weight gradient
 // (the input gradient stays im2col + GEMM). Shapes: the ConvNet's first conv,
