@@ -678,7 +678,7 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
 constexpr int64_t kLanes = 16;
 // At most this many channels in or out: beyond, the products dominate and
 // the packed GEMMs of the path above run them faster.
-constexpr int64_t kChannelsLastMax = 64;
+constexpr int64_t kChannelsLastMax = 128;
 
 // The channels-last path's per-thread scratch (ops/cpu/scratch.h), slots 0 to 3.
 struct ChannelsLastScratch;
