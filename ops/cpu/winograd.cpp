@@ -10,6 +10,8 @@
 // the two conv2d uses, gather their input and output-gradient tiles with the
 // first transform already applied along s (split_row_transformed, 4 tiles per
 // instruction), which saves a pass over the chunk buffers.
+// With few channels (multiples of 16, at most 128) and the AVX-512 GEMM
+// kernel, the chunk runs channels-last instead (the section at the end).
 #include <loom/ops/cpu/winograd.h>
 
 #if defined(__x86_64__)
@@ -617,9 +619,9 @@ float* transformed_grad_output(const float* grad_output, const Problem& p, const
   return dm;
 }
 
-// Images per chunk and how the chunks are spread over the threads.
+// Images per chunk and how many tasks share the batch.
 struct Plan {
-  int64_t fold, groups, tasks;
+  int64_t fold, tasks;
 };
 // About 64 tiles per chunk, fewer (down to 16) when the channels would make
 // a chunk buffer (α² x channels x tiles floats) larger than 8 MiB. With 128
@@ -631,29 +633,23 @@ Plan plan(const Problem& p, int m) {
   const int64_t batch = std::max<int64_t>(1, p.batch), per_image = tiling(p, m).per_image;
   const int64_t alpha = m + p.kernel - 1, widest = std::max<int64_t>(1, std::max(p.channels, p.out_channels));
   const int64_t target = std::clamp<int64_t>(kChunkBufferFloats / (alpha * alpha * widest), kMinTiles, kTargetTiles);
-  int64_t fold = std::clamp<int64_t>(target / per_image, 1, batch);
-  int64_t groups = (batch + fold - 1) / fold;
   const int64_t threads = in_parallel_region() ? 1 : get_num_threads();
-  const int64_t tasks = std::min(threads, groups);
-  if (tasks > 1) {
-    // Whole chunks per thread: 3 chunks on 2 threads become 4 smaller ones.
-    const int64_t per_task = (groups + tasks - 1) / tasks;
-    fold = (batch + per_task * tasks - 1) / (per_task * tasks);
-    groups = (batch + fold - 1) / fold;
-  }
-  return {fold, groups, tasks};
+  return {std::clamp<int64_t>(target / per_image, 1, batch), std::min(threads, batch)};
 }
 
-// fn(task, chunk) for every chunk, the chunks of a task in order.
+// fn(task, chunk) for every chunk. Task t takes images [batch t / tasks,
+// batch (t + 1) / tasks), in chunks of at most `fold` images as even as
+// they go, in order: the same chunks, and so the same sums, on every run.
+// (Whole chunks per task split the ConvNet's 25 chunks of 4 images 12 / 13.)
 template <class Fn>
 void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
   const int64_t per_image = tiling(p, m).per_image;
   auto run_task = [&](int64_t task) {
-    const int64_t first = plan.groups * task / plan.tasks, last = plan.groups * (task + 1) / plan.tasks;
-    for (int64_t group = first; group < last; ++group) {
-      const int64_t n0 = group * plan.fold;
-      if (n0 >= p.batch) continue;
-      const int64_t images = std::min(plan.fold, p.batch - n0), tiles = images * per_image;
+    const int64_t first = p.batch * task / plan.tasks, count = p.batch * (task + 1) / plan.tasks - first;
+    const int64_t chunks = (count + plan.fold - 1) / plan.fold;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t n0 = first + count * c / chunks, images = first + count * (c + 1) / chunks - n0;
+      const int64_t tiles = images * per_image;
       fn(task, Chunk{n0, images, tiles, tiles | 1});
     }
   };
@@ -677,10 +673,11 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
 #if defined(__x86_64__)
 constexpr int64_t kLanes = 16;
 // At most this many channels in or out: beyond, the products dominate and
-// the packed GEMMs of the path above run them faster.
+// the packed GEMMs of the path above run them faster (ResNet's 256-channel
+// 3x3 on 8x8 planes: 8-15% slower channels-last; 128 on 16x16: 3-8% faster).
 constexpr int64_t kChannelsLastMax = 128;
 
-// The channels-last path's per-thread scratch (ops/cpu/scratch.h), slots 0 to 3.
+// The channels-last path's per-thread scratch (ops/cpu/scratch.h), slots 0 to 2.
 struct ChannelsLastScratch;
 float* cl_scratch(int slot, int64_t elements) { return thread_scratch<ChannelsLastScratch>(slot, elements); }
 
@@ -972,8 +969,8 @@ void grad_input_transform(const float* dv, const Tiling& tl, const ClChunk& g, i
 }
 #pragma GCC pop_options
 
-// The transformed weight in both orientations: U[ξ][ν][o][c] (slot 5 of the
-// path above) and, when `forward`, U[ξ][ν][c][o] too (a new vector).
+// U[e][c][o] from transform_weight's U[e][o][c] (e = ξ α + ν): the forward
+// products' B operand, rows over the input channels.
 std::vector<float> weight_c_major(const float* u, int64_t alpha2, int64_t o_count, int64_t c_count) {
   std::vector<float> out(static_cast<size_t>(alpha2 * o_count * c_count));
   for (int64_t e = 0; e < alpha2; ++e) {
