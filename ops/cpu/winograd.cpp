@@ -721,9 +721,11 @@ inline __attribute__((always_inline)) void fixed_product_16(const __m512* x, Sto
 // channels-last conversion, transposed in registers.
 void transpose_block(const float* src, int64_t src_stride, int rows, int cols, float* dst, int64_t dst_stride,
                      const float* add = nullptr) {
-  const __mmask16 col_mask = static_cast<__mmask16>((1u << cols) - 1), row_mask = static_cast<__mmask16>((1u << rows) - 1);
+  const auto col_mask = static_cast<__mmask16>((1u << cols) - 1), row_mask = static_cast<__mmask16>((1u << rows) - 1);
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * src_stride) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) {
+    r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * src_stride) : _mm512_setzero_ps();
+  }
   // Pairs of rows interleaved by 32 bits, then by 64: r[4q + k] holds, in
   // each 128-bit lane l, column 4l + k of rows 4q .. 4q+3.
   for (int i = 0; i < 16; i += 2) {
@@ -812,7 +814,9 @@ void product(int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t 
     const float* a_rows = a + r * a_row;
     float* c_rows = c + r * ldc;
     int64_t j = 0;
-    for (; j + 32 <= cols; j += 32) product_tile<2>(depth, a_rows, a_row, a_col, b + j, ldb, c_rows + j, ldc, accumulate);
+    for (; j + 32 <= cols; j += 32) {
+      product_tile<2>(depth, a_rows, a_row, a_col, b + j, ldb, c_rows + j, ldc, accumulate);
+    }
     if (j < cols) product_tile<1>(depth, a_rows, a_row, a_col, b + j, ldb, c_rows + j, ldc, accumulate);
   }
 }
@@ -1060,7 +1064,9 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
   std::vector<float> du(static_cast<size_t>(size));
   for (int64_t e = 0; e < e_count; ++e) {
     for (int64_t c = 0; c < c_count; ++c) {
-      for (int64_t o = 0; o < o_count; ++o) du[(e * o_count + o) * c_count + c] = partials[(e * c_count + c) * o_count + o];
+      for (int64_t o = 0; o < o_count; ++o) {
+        du[(e * o_count + o) * c_count + c] = partials[(e * c_count + c) * o_count + o];
+      }
     }
   }
   inverse_transform_weight(du.data(), p, t, grad_weight);

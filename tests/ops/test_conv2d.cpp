@@ -414,7 +414,8 @@ TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops
     // An empty batch: an empty output and a zero weight gradient.
     const Tensor x = Tensor::zeros({0, 16, 14, 14}), w = random_tensor({32, 16, 5, 5}, seed, -1, 1, DType::f32);
     CHECK(ops::cpu::conv2d_forward(x, w, Tensor(), {.padding = {2, 2}}).sizes() == Shape{0, 32, 14, 14});
-    const Tensor dw = ops::cpu::conv2d_backward_weight(Tensor::zeros({0, 32, 14, 14}), x, w.sizes(), {.padding = {2, 2}});
+    const Tensor dw =
+        ops::cpu::conv2d_backward_weight(Tensor::zeros({0, 32, 14, 14}), x, w.sizes(), {.padding = {2, 2}});
     const std::vector<float> values = dw.to_vector<float>();
     CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; }));
   }
