@@ -5,12 +5,14 @@
 
 #include <zlib.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <loom/core/error.h>
@@ -96,6 +98,22 @@ inline void run_python(const std::string& python, const std::string& script_and_
 inline int thread_count() {
   int count = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++count;
+  return count;
+}
+
+// thread_count() once it has dropped to `expected`, or after 2 s. A joined
+// thread can still be listed for a moment: the kernel wakes the joiner
+// (clearing the thread's id) before it removes the thread from
+// /proc/self/task, and on a loaded machine (CI's sanitizer run) a count read
+// right after the join saw it. A thread that is really left over stays and
+// fails the check.
+inline int thread_count_settled(int expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int count = thread_count();
+  while (count != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    count = thread_count();
+  }
   return count;
 }
 

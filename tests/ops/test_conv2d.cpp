@@ -353,14 +353,16 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
 // F(4x4, 3x3) and F(4x4, 5x5) with channel counts that are multiples of 16
 // (at most 128) run channels-last under the AVX-512 GEMM kernel, tile-major
 // otherwise: both paths on the same shapes (ragged tiles, uneven and no
-// padding, 16-channel and 32-channel column blocks, several chunks over 1
-// and 2 threads), against the f64 direct loops.
+// padding, 16-channel and 32-channel column blocks, plane rows of several
+// 16-pixel blocks, several chunks over 1 and 2 threads), against the f64
+// direct loops.
 TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops") {
   const WinogradCase cases[] = {
       {"the ConvNet's second conv, batch 9", {9, 16, 14, 14}, {32, 16, 5, 5}, {2, 2}},
       {"32 -> 48, 3x3 on 11x13, padding (1, 0)", {5, 32, 11, 13}, {48, 32, 3, 3}, {1, 0}},
       {"128 -> 16, 5x5, no padding, 12x12 -> 8x8", {3, 128, 12, 12}, {16, 128, 5, 5}, {0, 0}},
       {"16 -> 16, 3x3 on 8x8, 37 images: several chunks", {37, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}},
+      {"16 -> 32, 3x3 on 10x37: rows of 3 blocks of 16 pixels", {2, 16, 10, 37}, {32, 16, 3, 3}, {1, 1}},
   };
   const ops::cpu::GemmKernel saved_kernel = ops::cpu::gemm_kernel();
   std::vector<ops::cpu::GemmKernel> kernels;
