@@ -670,7 +670,15 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
 // are tile-major, V[t][ξ][ν][c] and M[t][ξ][ν][o]: a tile's elements are
 // contiguous for its transforms, and the α² products read them in place
 // (product_tile), with no packing. Channel counts must be multiples of 16.
-#if defined(__x86_64__)
+// GCC only: clang ignores `#pragma GCC target`, and the section's
+// functions would be compiled without AVX-512 (a clang build runs the
+// tile-major path).
+#if defined(__x86_64__) && !defined(__clang__)
+#define LOOM_WINOGRAD_CHANNELS_LAST 1
+#else
+#define LOOM_WINOGRAD_CHANNELS_LAST 0
+#endif
+#if LOOM_WINOGRAD_CHANNELS_LAST
 constexpr int64_t kLanes = 16;
 // At most this many channels in or out: beyond, the products dominate and
 // the packed GEMMs of the path above run them faster (ResNet's 256-channel
@@ -1071,12 +1079,12 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
   }
   inverse_transform_weight(du.data(), p, t, grad_weight);
 }
-#endif  // __x86_64__
+#endif  // LOOM_WINOGRAD_CHANNELS_LAST
 
 }  // namespace
 
 bool channels_last(const Problem& p, int m) {
-#if defined(__x86_64__)
+#if LOOM_WINOGRAD_CHANNELS_LAST
   // The GEMM's kernel choice (LOOM_CPU_GEMM, set_gemm_kernel) also chooses
   // this path, as it does the direct kernels (conv2d_direct.h).
   return m == 4 && (p.kernel == 3 || p.kernel == 5) && gemm_kernel() == GemmKernel::avx512 &&
@@ -1107,7 +1115,7 @@ int tile_for(const Problem& p) {
 }
 
 void forward(const float* input, const float* weight, const float* bias, const Problem& p, int m, float* output) {
-#if defined(__x86_64__)
+#if LOOM_WINOGRAD_CHANNELS_LAST
   if (channels_last(p, m)) {
     return p.kernel == 3 ? cl_forward<4, 3>(input, weight, bias, p, output)
                          : cl_forward<4, 5>(input, weight, bias, p, output);
@@ -1132,7 +1140,7 @@ void forward(const float* input, const float* weight, const float* bias, const P
 
 void backward(const float* grad_output, const float* input, const float* weight, const Problem& p, int m,
               float* grad_input, float* grad_weight) {
-#if defined(__x86_64__)
+#if LOOM_WINOGRAD_CHANNELS_LAST
   if (channels_last(p, m)) {
     return p.kernel == 3 ? cl_backward<4, 3>(grad_output, input, weight, p, grad_input, grad_weight)
                          : cl_backward<4, 5>(grad_output, input, weight, p, grad_input, grad_weight);
