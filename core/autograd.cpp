@@ -19,7 +19,18 @@ void accumulate(Tensor& total, Tensor&& gradient) {
     total = std::move(gradient);
     return;
   }
-  // The buffer may alias a tensor someone else holds: sum into a fresh one.
+  // The sum so far is added to in place when nothing else can see it: no
+  // other tensor or view shares it, loom allocated its memory, and no graph
+  // of the gradients is being built. Otherwise it may alias a tensor someone
+  // else holds, and the sum goes into a fresh one. (A residual connection's
+  // gradient is such a sum: the in-place add saves a copy of it.)
+  const bool sole_owner = !grad_mode_enabled() && total.impl_ptr().use_count() == 1 &&
+                          total.storage().use_count() == 1 && total.storage()->owns_memory() &&
+                          total.dtype() == gradient.dtype() && total.is_contiguous() && !total.requires_grad();
+  if (sole_owner) {
+    total.add_(gradient);
+    return;
+  }
   Tensor sum = total.clone();
   sum.add_(gradient);
   total = std::move(sum);

@@ -6,7 +6,7 @@
 
 namespace loom {
 
-Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device), owns_memory_(true) {
   if (device.is_cuda()) {
     data_ = cuda::allocate(nbytes, device.index);
     release_ = [index = device.index](void* p) { cuda::deallocate(p, index); };

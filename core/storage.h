@@ -22,6 +22,9 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
+  // True when this storage allocated its memory (the first constructor): no
+  // one outside loom can see it.
+  bool owns_memory() const { return owns_memory_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
@@ -30,6 +33,7 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   std::function<void(void*)> release_;
+  bool owns_memory_ = false;
 };
 
 // Bytes of CPU tensor storage currently allocated and the peak since start.

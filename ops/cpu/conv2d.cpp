@@ -453,7 +453,8 @@ void for_each_group(const Geometry& g, const BatchPlan& plan, Fn&& fn) {
 }
 
 // conv2d's per-thread scratch (ops/cpu/scratch.h): column matrices and
-// gathered planes, slots 0 to 3.
+// gathered planes, slots 0 to 3. The weight gradients' per-task sums are
+// the calling thread's slot 3 or 4, shared with the team.
 struct Conv2dScratch;
 template <class T>
 T* scratch(int slot, int64_t elements) {
@@ -761,9 +762,7 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
   for (int64_t t = 0; t < plan.tasks; ++t) {
     if (!started[t]) std::fill_n(accumulators + t * size, size, T(0));
   }
-  for (int64_t t = 1; t < plan.tasks; ++t) {
-    for (int64_t i = 0; i < size; ++i) accumulators[i] += accumulators[t * size + i];
-  }
+  add_partials(accumulators, accumulators + size, plan.tasks - 1, size);
   std::vector<CompactGrad<T>> parts;
   for (size_t k = 0; k < classes.size(); ++k) parts.push_back({accumulators + offsets[k], &classes[k].taps});
   spread_taps(parts, g.out_channels * g.channels, kernel, grad_weight);
@@ -862,10 +861,10 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   // Task 0 accumulates into grad_weight itself, the others into partials that
   // are added afterwards in task order (the same sum whatever the timing).
   const int64_t size = g.out_channels * k;
-  std::vector<T> partials(static_cast<size_t>((plan.tasks - 1) * size));
+  T* partials = scratch<T>(4, (plan.tasks - 1) * size);
   std::vector<char> started(static_cast<size_t>(plan.tasks), 0);
   for_each_group(g, plan, [&](int64_t task, int64_t n0, int64_t images) {
-    T* accumulator = task == 0 ? grad_weight : partials.data() + (task - 1) * size;
+    T* accumulator = task == 0 ? grad_weight : partials + (task - 1) * size;
     const int64_t columns = images * plane;
     const T* col = group_columns(input, g, taps, n0, images);
     const T* dy = group_grad_output(grad_output, g, n0, images);
@@ -876,13 +875,10 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   });
   for (int64_t t = 0; t < plan.tasks; ++t) {
     if (started[t]) continue;  // a task without images (batch < threads) contributes zeros
-    T* accumulator = t == 0 ? grad_weight : partials.data() + (t - 1) * size;
+    T* accumulator = t == 0 ? grad_weight : partials + (t - 1) * size;
     std::fill(accumulator, accumulator + size, T(0));
   }
-  for (int64_t t = 1; t < plan.tasks; ++t) {
-    const T* partial = partials.data() + (t - 1) * size;
-    for (int64_t i = 0; i < size; ++i) grad_weight[i] += partial[i];
-  }
+  add_partials(grad_weight, partials, plan.tasks - 1, size);
   if (taps.all_active()) return;
   const std::vector<int64_t> index = active_indices(taps);
   spread_taps<T>({{grad_weight, &index}}, g.out_channels * g.channels, taps.kernel, full_grad_weight);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <loom/core/parallel.h>
+
 namespace loom::ops::cpu {
 
 template <class Owner, class T = float, int Slots = 8>
@@ -16,6 +18,21 @@ T* thread_scratch(int slot, int64_t elements) {
   std::vector<T>& buffer = buffers[slot];
   if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
   return buffer.data();
+}
+
+// dst[i] += partials[t * size + i] for t = 0, 1, ... count - 1, in that
+// order for every i (the same sum whatever the threads' timing), with the
+// elements split over the thread team. Kernels that give each task its own
+// partial result (weight gradients summed over the batch) end with this.
+template <class T>
+void add_partials(T* dst, const T* partials, int64_t count, int64_t size) {
+  if (count <= 0) return;
+  parallel_for(0, size, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t t = 0; t < count; ++t) {
+      const T* partial = partials + t * size;
+      for (int64_t i = begin; i < end; ++i) dst[i] += partial[i];
+    }
+  });
 }
 
 }  // namespace loom::ops::cpu

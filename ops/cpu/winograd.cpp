@@ -270,9 +270,12 @@ void transform_segments(const Transforms& t, Which w, const float* in, int64_t i
   for (int64_t k = 0; k < segments; ++k) transform_rows(t, w, in + k * ld, in_stride, out + k * ld, out_stride, length);
 }
 
-// Winograd's per-thread scratch (ops/cpu/scratch.h), slots 0 to 5.
+// Winograd's per-thread scratch (ops/cpu/scratch.h): slots 0 to 4 for a
+// chunk's buffers, 5 for the transformed weight, 6 and 7 for the weight
+// transforms' halfway results, 8 for the weight gradient's per-task sums.
+// The calling thread's 5 to 8 are shared with the team.
 struct WinogradScratch;
-float* scratch(int slot, int64_t elements) { return thread_scratch<WinogradScratch>(slot, elements); }
+float* scratch(int slot, int64_t elements) { return thread_scratch<WinogradScratch, float, 9>(slot, elements); }
 
 struct Tiling {
   int64_t rows, cols, per_image;  // tiles per output plane: ceil(Ho / m) x ceil(Wo / m)
@@ -282,32 +285,48 @@ Tiling tiling(const Problem& p, int m) {
   return {rows, cols, rows * cols};
 }
 
+// The weight transforms split their (o, c) columns over the thread team, at
+// least this many per thread: ResNet's 256-channel layers have 65,536.
+constexpr int64_t kWeightColumnsGrain = 4096;
+
 // U[ξ][ν][o][c] = sum over (ki, kj) of G[ξ][ki] w[o][c][ki][kj] G[ν][kj], into slot 5.
 const float* transform_weight(const float* weight, const Problem& p, const Transforms& t) {
   const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
-  std::vector<float> taps(static_cast<size_t>(r * r * oc)), half(static_cast<size_t>(alpha * r * oc));
-  for (int64_t i = 0; i < oc; ++i) {
-    for (int64_t k = 0; k < r * r; ++k) taps[k * oc + i] = weight[i * r * r + k];  // [ki][kj][o][c]
-  }
-  transform_rows(t, Which::g, taps.data(), r * oc, half.data(), r * oc, r * oc);  // ki -> ξ
+  float* taps = scratch(6, r * r * oc);      // [ki][kj][o][c]
+  float* half = scratch(7, alpha * r * oc);  // [ξ][kj][o][c]
   float* u = scratch(5, alpha * alpha * oc);
-  for (int64_t xi = 0; xi < alpha; ++xi) {
-    transform_rows(t, Which::g, half.data() + xi * r * oc, oc, u + xi * alpha * oc, oc, oc);  // kj -> ν
-  }
+  parallel_for(0, oc, kWeightColumnsGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t k = 0; k < r * r; ++k) taps[k * oc + i] = weight[i * r * r + k];
+    }
+    for (int64_t kj = 0; kj < r; ++kj) {  // ki -> ξ
+      transform_rows(t, Which::g, taps + kj * oc + begin, r * oc, half + kj * oc + begin, r * oc, end - begin);
+    }
+    for (int64_t xi = 0; xi < alpha; ++xi) {  // kj -> ν
+      transform_rows(t, Which::g, half + xi * r * oc + begin, oc, u + xi * alpha * oc + begin, oc, end - begin);
+    }
+  });
   return u;
 }
 
 // The adjoint: dw[o][c][ki][kj] = sum over (ξ, ν) of G[ξ][ki] dU[ξ][ν][o][c] G[ν][kj].
+// `du` must not be in slot 6 or 7.
 void inverse_transform_weight(const float* du, const Problem& p, const Transforms& t, float* grad_weight) {
   const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
-  std::vector<float> half(static_cast<size_t>(r * alpha * oc)), taps(static_cast<size_t>(r * r * oc));
-  transform_rows(t, Which::gt, du, alpha * oc, half.data(), alpha * oc, alpha * oc);  // ξ -> ki
-  for (int64_t ki = 0; ki < r; ++ki) {
-    transform_rows(t, Which::gt, half.data() + ki * alpha * oc, oc, taps.data() + ki * r * oc, oc, oc);  // ν -> kj
-  }
-  for (int64_t i = 0; i < oc; ++i) {
-    for (int64_t k = 0; k < r * r; ++k) grad_weight[i * r * r + k] = taps[k * oc + i];
-  }
+  float* half = scratch(6, r * alpha * oc);  // [ki][ν][o][c]
+  float* taps = scratch(7, r * r * oc);      // [ki][kj][o][c]
+  parallel_for(0, oc, kWeightColumnsGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t nu = 0; nu < alpha; ++nu) {  // ξ -> ki
+      transform_rows(t, Which::gt, du + nu * oc + begin, alpha * oc, half + nu * oc + begin, alpha * oc,
+                     end - begin);
+    }
+    for (int64_t ki = 0; ki < r; ++ki) {  // ν -> kj
+      transform_rows(t, Which::gt, half + ki * alpha * oc + begin, oc, taps + ki * r * oc + begin, oc, end - begin);
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t k = 0; k < r * r; ++k) grad_weight[i * r * r + k] = taps[k * oc + i];
+    }
+  });
 }
 
 // The tiles of one row of tiles and one plane row: dst[s][tw] = row[tw * m + s]
@@ -659,6 +678,17 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
   });
 }
 
+// The weight gradient's per-task sums, size floats each, into the first:
+// added in task order (the same sum whatever the timing). A task that ran
+// no chunk (an empty batch) never wrote its sum, which counts as zeros.
+void sum_task_partials(float* partials, const std::vector<char>& started, int64_t size) {
+  const int64_t tasks = static_cast<int64_t>(started.size());
+  for (int64_t task = 0; task < tasks; ++task) {
+    if (!started[task]) std::fill_n(partials + task * size, size, 0.0f);
+  }
+  add_partials(partials, partials + size, tasks - 1, size);
+}
+
 // ---- The channels-last path (few channels, AVX-512) ------------------------
 //
 // With few channels (the ConvNet's conv2: 16 -> 32, 5x5 on 14x14 planes) the
@@ -685,7 +715,9 @@ constexpr int64_t kLanes = 16;
 // 3x3 on 8x8 planes: 8-15% slower channels-last; 128 on 16x16: 3-8% faster).
 constexpr int64_t kChannelsLastMax = 128;
 
-// The channels-last path's per-thread scratch (ops/cpu/scratch.h), slots 0 to 2.
+// The channels-last path's per-thread scratch (ops/cpu/scratch.h): slots 0
+// to 2 for a chunk's buffers; the calling thread's 3 and 4, shared with the
+// team, for the weight's layouts and its gradient's per-task sums.
 struct ChannelsLastScratch;
 float* cl_scratch(int slot, int64_t elements) { return thread_scratch<ChannelsLastScratch>(slot, elements); }
 
@@ -983,13 +1015,16 @@ void grad_input_transform(const float* dv, const Tiling& tl, const ClChunk& g, i
 
 // U[e][c][o] from transform_weight's U[e][o][c] (e = ξ α + ν): the forward
 // products' B operand, rows over the input channels.
-std::vector<float> weight_c_major(const float* u, int64_t alpha2, int64_t o_count, int64_t c_count) {
-  std::vector<float> out(static_cast<size_t>(alpha2 * o_count * c_count));
-  for (int64_t e = 0; e < alpha2; ++e) {
-    for (int64_t o = 0; o < o_count; ++o) {
-      for (int64_t c = 0; c < c_count; ++c) out[(e * c_count + c) * o_count + o] = u[(e * o_count + o) * c_count + c];
+// Into slot 3 (the forward has no weight gradient).
+const float* weight_c_major(const float* u, int64_t alpha2, int64_t o_count, int64_t c_count) {
+  float* out = cl_scratch(3, alpha2 * o_count * c_count);
+  parallel_for(0, alpha2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      for (int64_t o = 0; o < o_count; ++o) {
+        for (int64_t c = 0; c < c_count; ++c) out[(e * c_count + c) * o_count + o] = u[(e * o_count + o) * c_count + c];
+      }
     }
-  }
+  });
   return out;
 }
 
@@ -999,7 +1034,7 @@ void cl_forward(const float* input, const float* weight, const float* bias, cons
   constexpr int A = M + R - 1;
   const Transforms& t = F::value;
   const int64_t o_count = p.out_channels, c_count = p.channels, e_count = A * A;
-  const std::vector<float> u = weight_c_major(transform_weight(weight, p, t), e_count, o_count, c_count);
+  const float* u = weight_c_major(transform_weight(weight, p, t), e_count, o_count, c_count);
   const Tiling tl = tiling(p, M);
   for_each_chunk(p, M, plan(p, M), [&](int64_t, const Chunk& k) {
     const ClChunk g = cl_chunk(p, t, k);
@@ -1011,7 +1046,7 @@ void cl_forward(const float* input, const float* weight, const float* bias, cons
     input_transform<F, M, A>(pad, tl, g, k.images, c_count, v);
     std::fill(v + g.tiles * e_count * c_count, v + g.tiles8 * e_count * c_count, 0.0f);
     for (int64_t e = 0; e < e_count; ++e) {  // M[t][e][o] = sum over c of V[t][e][c] U[e][c][o]
-      product(g.tiles8, o_count, c_count, v + e * c_count, e_count * c_count, 1, u.data() + e * c_count * o_count,
+      product(g.tiles8, o_count, c_count, v + e * c_count, e_count * c_count, 1, u + e * c_count * o_count,
               o_count, product_out + e * o_count, e_count * o_count, false);
     }
     output_transform<F, M, A>(product_out, tl, g, k.images, o_count, pad);
@@ -1030,8 +1065,10 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
   const float* u = grad_input != nullptr ? transform_weight(weight, p, t) : nullptr;  // U[e][o][c]
   const Tiling tl = tiling(p, M);
   const Plan chunks = plan(p, M);
-  // dU[e][c][o] per task, summed in task order afterwards.
-  std::vector<float> partials(grad_weight != nullptr ? static_cast<size_t>(chunks.tasks * size) : 0, 0.0f);
+  // dU[e][c][o] per task, summed in task order afterwards. A task's first
+  // chunk overwrites its sum.
+  float* partials = grad_weight != nullptr ? cl_scratch(3, chunks.tasks * size) : nullptr;
+  std::vector<char> started(static_cast<size_t>(chunks.tasks), 0);
   for_each_chunk(p, M, chunks, [&](int64_t task, const Chunk& k) {
     const ClChunk g = cl_chunk(p, t, k);
     float* pad = cl_scratch(0, k.images * std::max(g.in_rows * g.in_cols * c_count, g.out_rows * g.out_cols * o_count));
@@ -1056,28 +1093,28 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
                        g.in_cols, p.pad_h, p.pad_w, pad);
       input_transform<F, M, A>(pad, tl, g, k.images, c_count, v);
       std::fill(v + g.tiles * e_count * c_count, v + g.tiles8 * e_count * c_count, 0.0f);
-      float* du = partials.data() + task * size;
-      for (int64_t e = 0; e < e_count; ++e) {  // dU[e][c][o] += sum over t of V[t][e][c] dM[t][e][o]
+      float* du = partials + task * size;
+      for (int64_t e = 0; e < e_count; ++e) {  // dU[e][c][o] (+)= sum over t of V[t][e][c] dM[t][e][o]
         product(c_count, o_count, g.tiles8, v + e * c_count, 1, e_count * c_count, dm + e * o_count,
-                e_count * o_count, du + e * c_count * o_count, o_count, true);
+                e_count * o_count, du + e * c_count * o_count, o_count, started[task] != 0);
       }
+      started[task] = 1;
     }
   });
   if (grad_weight == nullptr) return;
-  for (int64_t task = 1; task < chunks.tasks; ++task) {
-    const float* partial = partials.data() + task * size;
-    for (int64_t i = 0; i < size; ++i) partials[i] += partial[i];
-  }
+  sum_task_partials(partials, started, size);
   // dU[e][c][o] -> dU[e][o][c], the layout of inverse_transform_weight.
-  std::vector<float> du(static_cast<size_t>(size));
-  for (int64_t e = 0; e < e_count; ++e) {
-    for (int64_t c = 0; c < c_count; ++c) {
-      for (int64_t o = 0; o < o_count; ++o) {
-        du[(e * o_count + o) * c_count + c] = partials[(e * c_count + c) * o_count + o];
+  float* du = cl_scratch(4, size);
+  parallel_for(0, e_count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      for (int64_t c = 0; c < c_count; ++c) {
+        for (int64_t o = 0; o < o_count; ++o) {
+          du[(e * o_count + o) * c_count + c] = partials[(e * c_count + c) * o_count + o];
+        }
       }
     }
-  }
-  inverse_transform_weight(du.data(), p, t, grad_weight);
+  });
+  inverse_transform_weight(du, p, t, grad_weight);
 }
 #endif  // LOOM_WINOGRAD_CHANNELS_LAST
 
@@ -1152,8 +1189,9 @@ void backward(const float* grad_output, const float* input, const float* weight,
   const float* u = grad_input != nullptr ? transform_weight(weight, p, t) : nullptr;
   const Plan chunks = plan(p, m);
   // dU[ξ][ν][o][c] per task, summed in task order afterwards (the same sum
-  // whatever the timing).
-  std::vector<float> partials(grad_weight != nullptr ? static_cast<size_t>(chunks.tasks * size) : 0, 0.0f);
+  // whatever the timing). A task's first chunk overwrites its sum.
+  float* partials = grad_weight != nullptr ? scratch(8, chunks.tasks * size) : nullptr;
+  std::vector<char> started(static_cast<size_t>(chunks.tasks), 0);
   for_each_chunk(p, m, chunks, [&](int64_t task, const Chunk& k) {
     const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
     const float* dm = transformed_grad_output(grad_output, p, t, k);  // slot 2, for both gradients
@@ -1169,19 +1207,18 @@ void backward(const float* grad_output, const float* input, const float* weight,
     }
     if (grad_weight != nullptr) {
       const float* v = transformed_input(input, p, t, k);  // slots 0 and 1, free again here
-      float* du = partials.data() + task * size;
+      float* du = partials + task * size;
+      const float beta = started[task] ? 1.0f : 0.0f;
       for (int64_t e = 0; e < alpha * alpha; ++e) {
         gemm(Transpose::no, Transpose::yes, o_count, c_count, k.tiles, 1.0f, dm + e * ot, k.ld, v + e * ct, k.ld,
-             1.0f, du + e * o_count * c_count, c_count);
+             beta, du + e * o_count * c_count, c_count);
       }
+      started[task] = 1;
     }
   });
   if (grad_weight == nullptr) return;
-  for (int64_t task = 1; task < chunks.tasks; ++task) {
-    const float* partial = partials.data() + task * size;
-    for (int64_t i = 0; i < size; ++i) partials[i] += partial[i];
-  }
-  inverse_transform_weight(partials.data(), p, t, grad_weight);
+  sum_task_partials(partials, started, size);
+  inverse_transform_weight(partials, p, t, grad_weight);
 }
 
 void backward_input(const float* grad_output, const float* weight, const Problem& p, int m, float* grad_input) {

@@ -183,6 +183,10 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"1x1 kernel, plane 4", {9, 16, 2, 2}, {24, 16, 1, 1}, {}},
       {"1x1 kernel, one image per GEMM", {3, 8, 24, 24}, {6, 8, 1, 1}, {}},
       {"1x1 stride 2", {13, 8, 4, 4}, {12, 8, 1, 1}, {.stride = {2, 2}}},
+      // ResNet-50's 8x8 planes at 32x32 inputs: groups of 192 or 256 columns.
+      {"1x1 kernel on 8x8 planes, 3 or 4 images per GEMM", {9, 16, 8, 8}, {24, 16, 1, 1}, {}},
+      {"3x3 stride 2 onto 8x8 planes, 3 or 4 images per GEMM", {9, 8, 16, 16}, {12, 8, 3, 3},
+       {.stride = {2, 2}, .padding = {1, 1}}},
       {"stride 2 padding 3 7x7", {6, 3, 16, 16}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
       {"batch 1", {1, 4, 3, 3}, {5, 4, 3, 3}, {.padding = {1, 1}}},
       {"2x2 -> 1x1 with stride 2: 4 of 9 taps read the image", {5, 6, 2, 2}, {7, 6, 3, 3},
@@ -370,6 +374,7 @@ TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops
       {"128 -> 16, 5x5, no padding, 12x12 -> 8x8", {3, 128, 12, 12}, {16, 128, 5, 5}, {0, 0}},
       {"16 -> 16, 3x3 on 8x8, 37 images: several chunks", {37, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}},
       {"16 -> 32, 3x3 on 10x37: rows of 3 blocks of 16 pixels", {2, 16, 10, 37}, {32, 16, 3, 3}, {1, 1}},
+      {"64 -> 128, 3x3 on 8x8: weight transforms split over threads", {3, 64, 8, 8}, {128, 64, 3, 3}, {1, 1}},
   };
   const ops::cpu::GemmKernel saved_kernel = ops::cpu::gemm_kernel();
   std::vector<ops::cpu::GemmKernel> kernels;

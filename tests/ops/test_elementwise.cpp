@@ -173,3 +173,29 @@ TEST_CASE("AccumulateGrad takes over a gradient nothing else holds, with the pro
   }
   profiler::reset();
 }
+
+TEST_CASE("a gradient summed over two uses is added to in place only when nothing else holds it") {
+  // Two probes feed one sum: one returns a fresh gradient, the other a tensor
+  // the caller keeps. Whichever arrives first, `held` must stay as it was; a
+  // fresh first one is added to in place and then taken over by x.grad.
+  for (bool held_first : {false, true}) {
+    INFO("held first ", held_first);
+    Tensor x = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad(true);
+    Tensor held = Tensor::from_vector<double>({10, 20, 30}, {3});
+    const void* produced = nullptr;
+    auto fresh = [&produced](const TensorList& g, const Node&) {
+      Tensor dx = scale(g[0], 1.0);
+      produced = dx.raw_data();
+      return TensorList{dx};
+    };
+    auto kept = [&held](const TensorList&, const Node&) { return TensorList{held}; };
+    // The node recorded last runs first.
+    Tensor a = x.detach().clone(), b = x.detach().clone();
+    record("first recorded", {x}, {&a}, held_first ? BackwardFunction(fresh) : BackwardFunction(kept));
+    record("second recorded", {x}, {&b}, held_first ? BackwardFunction(kept) : BackwardFunction(fresh));
+    sum(add(a, b)).backward();
+    CHECK(held.to_vector<double>() == std::vector<double>{10, 20, 30});
+    CHECK(x.grad().to_vector<double>() == std::vector<double>{11, 21, 31});
+    if (!held_first) CHECK(x.grad().raw_data() == produced);
+  }
+}
