@@ -918,25 +918,37 @@ inline __attribute__((always_inline)) void for_each_tile(const Tiling& tl, int64
   }
 }
 
+// One tile's 2-D transform, 16 channels from c0 on: out = W x Wᵀ for
+// transform W of F (Out x In), with x[r][s] at in + (r * in_row + s) *
+// channels (In x In) and out[i][j] at out + (i * out_row + j) * channels
+// (Out x Out), stored or, with Add, added to what is there. Rows of x first
+// (s -> j), then its columns (r -> i).
+template <class F, Which W, int Out, int In, bool Add>
+inline __attribute__((always_inline)) void tile_transform_16(const float* in, int64_t in_row, float* out,
+                                                             int64_t out_row, int64_t channels, int64_t c0) {
+  __m512 half[In * Out], x[In];
+  for (int r = 0; r < In; ++r) {
+    for (int s = 0; s < In; ++s) x[s] = _mm512_loadu_ps(in + (r * in_row + s) * channels + c0);
+    fixed_product_16<F, W, Out, In>(x, [&](int j, __m512 sum) { half[r * Out + j] = sum; });
+  }
+  for (int j = 0; j < Out; ++j) {
+    for (int r = 0; r < In; ++r) x[r] = half[r * Out + j];
+    fixed_product_16<F, W, Out, In>(x, [&](int i, __m512 sum) {
+      float* at = out + (i * out_row + j) * channels + c0;
+      if constexpr (Add) sum = _mm512_add_ps(_mm512_loadu_ps(at), sum);
+      _mm512_storeu_ps(at, sum);
+    });
+  }
+}
+
 // V[t][ξ][ν][c] = (Bᵀ d B)[ξ][ν] of every tile d of the padded copy.
 template <class F, int M, int A>
 void input_transform(const float* pad, const Tiling& tl, const ClChunk& g, int64_t images, int64_t channels,
                      float* v) {
   for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
     const float* tile = pad + ((i * g.in_rows + th * M) * g.in_cols + tw * M) * channels;
-    float* vt = v + t * A * A * channels;
     for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
-      __m512 half[A * A], x[A];
-      for (int r = 0; r < A; ++r) {
-        for (int s = 0; s < A; ++s) x[s] = _mm512_loadu_ps(tile + (r * g.in_cols + s) * channels + c0);
-        fixed_product_16<F, Which::bt, A, A>(x, [&](int nu, __m512 sum) { half[r * A + nu] = sum; });  // s -> ν
-      }
-      for (int nu = 0; nu < A; ++nu) {
-        for (int r = 0; r < A; ++r) x[r] = half[r * A + nu];
-        fixed_product_16<F, Which::bt, A, A>(x, [&](int xi, __m512 sum) {  // r -> ξ
-          _mm512_storeu_ps(vt + (xi * A + nu) * channels + c0, sum);
-        });
-      }
+      tile_transform_16<F, Which::bt, A, A, false>(tile, g.in_cols, v + t * A * A * channels, A, channels, c0);
     }
   });
 }
@@ -947,19 +959,8 @@ void grad_output_transform(const float* pad, const Tiling& tl, const ClChunk& g,
                            float* dm) {
   for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
     const float* tile = pad + ((i * g.out_rows + th * M) * g.out_cols + tw * M) * channels;
-    float* dmt = dm + t * A * A * channels;
     for (int64_t o0 = 0; o0 < channels; o0 += kLanes) {
-      __m512 half[M * A], x[A];
-      for (int a = 0; a < M; ++a) {
-        for (int b = 0; b < M; ++b) x[b] = _mm512_loadu_ps(tile + (a * g.out_cols + b) * channels + o0);
-        fixed_product_16<F, Which::a, A, M>(x, [&](int nu, __m512 sum) { half[a * A + nu] = sum; });  // b -> ν
-      }
-      for (int nu = 0; nu < A; ++nu) {
-        for (int a = 0; a < M; ++a) x[a] = half[a * A + nu];
-        fixed_product_16<F, Which::a, A, M>(x, [&](int xi, __m512 sum) {  // a -> ξ
-          _mm512_storeu_ps(dmt + (xi * A + nu) * channels + o0, sum);
-        });
-      }
+      tile_transform_16<F, Which::a, A, M, false>(tile, g.out_cols, dm + t * A * A * channels, A, channels, o0);
     }
   });
 }
@@ -970,19 +971,8 @@ void output_transform(const float* product, const Tiling& tl, const ClChunk& g, 
                       float* pad) {
   for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
     float* tile = pad + ((i * g.out_rows + th * M) * g.out_cols + tw * M) * channels;
-    const float* mt = product + t * A * A * channels;
     for (int64_t o0 = 0; o0 < channels; o0 += kLanes) {
-      __m512 half[A * M], x[A];
-      for (int xi = 0; xi < A; ++xi) {
-        for (int nu = 0; nu < A; ++nu) x[nu] = _mm512_loadu_ps(mt + (xi * A + nu) * channels + o0);
-        fixed_product_16<F, Which::at, M, A>(x, [&](int b, __m512 sum) { half[xi * M + b] = sum; });  // ν -> b
-      }
-      for (int b = 0; b < M; ++b) {
-        for (int xi = 0; xi < A; ++xi) x[xi] = half[xi * M + b];
-        fixed_product_16<F, Which::at, M, A>(x, [&](int a, __m512 sum) {  // ξ -> a
-          _mm512_storeu_ps(tile + (a * g.out_cols + b) * channels + o0, sum);
-        });
-      }
+      tile_transform_16<F, Which::at, M, A, false>(product + t * A * A * channels, A, tile, g.out_cols, channels, o0);
     }
   });
 }
@@ -994,20 +984,8 @@ void grad_input_transform(const float* dv, const Tiling& tl, const ClChunk& g, i
                           float* pad) {
   for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
     float* tile = pad + ((i * g.in_rows + th * M) * g.in_cols + tw * M) * channels;
-    const float* dvt = dv + t * A * A * channels;
     for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
-      __m512 half[A * A], x[A];
-      for (int xi = 0; xi < A; ++xi) {
-        for (int nu = 0; nu < A; ++nu) x[nu] = _mm512_loadu_ps(dvt + (xi * A + nu) * channels + c0);
-        fixed_product_16<F, Which::b, A, A>(x, [&](int s, __m512 sum) { half[xi * A + s] = sum; });  // ν -> s
-      }
-      for (int s = 0; s < A; ++s) {
-        for (int xi = 0; xi < A; ++xi) x[xi] = half[xi * A + s];
-        fixed_product_16<F, Which::b, A, A>(x, [&](int r, __m512 sum) {  // ξ -> r
-          float* at = tile + (r * g.in_cols + s) * channels + c0;
-          _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), sum));
-        });
-      }
+      tile_transform_16<F, Which::b, A, A, true>(dv + t * A * A * channels, A, tile, g.in_cols, channels, c0);
     }
   });
 }
