@@ -453,8 +453,9 @@ void for_each_group(const Geometry& g, const BatchPlan& plan, Fn&& fn) {
 }
 
 // conv2d's per-thread scratch (ops/cpu/scratch.h): column matrices and
-// gathered planes, slots 0 to 3. The weight gradients' per-task sums are
-// the calling thread's slot 3 or 4, shared with the team.
+// gathered planes, slots 0 to 3. The calling thread's slots 3 or 4 (the
+// weight gradient's per-task sums) and 5 (the packed weight) are shared
+// with the team.
 struct Conv2dScratch;
 template <class T>
 T* scratch(int slot, int64_t elements) {
@@ -788,6 +789,9 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
   profiler::add_flops(conv_flops(g, k));
+  // Packed once for every group's GEMM.
+  const PackedA<T> packed_weight(Transpose::no, g.out_channels, k, weight, k,
+                                 scratch<T>(5, PackedA<T>::storage_size(g.out_channels, k)));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* col = group_columns(input, g, taps, n0, images);
@@ -796,8 +800,7 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
     if (bias != nullptr) {
       for (int64_t o = 0; o < g.out_channels; ++o) std::fill(y + o * columns, y + (o + 1) * columns, bias[o]);
     }
-    gemm(Transpose::no, Transpose::no, g.out_channels, columns, k, T(1), weight, k, col, columns,
-         bias != nullptr ? T(1) : T(0), y, columns);
+    gemm(packed_weight, Transpose::no, columns, T(1), col, columns, bias != nullptr ? T(1) : T(0), y, columns);
     if (images > 1) scatter_planes(y, images, g.out_channels, plane, output + n0 * output_size);
   });
 }
@@ -817,6 +820,9 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
   profiler::add_flops(conv_flops(g, k));
+  // Wᵀ, packed once for every group's GEMM.
+  const PackedA<T> packed_weight(Transpose::yes, k, g.out_channels, weight, k,
+                                 scratch<T>(5, PackedA<T>::storage_size(k, g.out_channels)));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* dy = group_grad_output(grad_output, g, n0, images);  // (O, G*Ho*Wo)
@@ -824,7 +830,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     // col = Wᵀ · dY: (C*active, G*Ho*Wo); one pointwise image is its own gradient.
     const bool direct = images == 1 && g.pointwise();
     T* col = direct ? dx : scratch<T>(0, k * columns);
-    gemm(Transpose::yes, Transpose::no, k, columns, g.out_channels, T(1), weight, k, dy, columns, T(0), col, columns);
+    gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, T(0), col, columns);
     if (direct) return;
     if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx);  // col2im is a copy
     std::fill(dx, dx + images * image_size, T(0));

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/core/error.h>
@@ -377,17 +378,26 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
   return ldb % 16 != 0 || std::gcd<int64_t>(ldb / 16, 64) <= 2;
 }
 
+// A packed for the whole problem (PackedA): KC slice pc holds its MR-tall
+// strips at data + pc * m_padded, those of rows from row0 on at
+// + row0 * kc, so that threads splitting the rows read their own.
+struct SharedA {
+  const float* data;
+  int64_t m_padded, row0;
+};
+
 // With `transposed_c`, C is stored transposed: the caller computes Cᵀ.
 // A non-transposed B is read in place, NR columns at a time, rows ldb apart
 // (the micro-kernel's NR x KC strip of it stays in L1 across A's strips as a
 // packed one would); only a ragged last strip is packed, with zeros.
 // With `shared_b`, B was packed beforehand for the whole problem (see
 // gemm_packed) and is read from there: threads that split A's rows share one
-// packing of B instead of each packing all of it.
+// packing of B instead of each packing all of it. With `shared_a`, A was
+// packed beforehand (PackedA) and `a` is not read.
 template <class Kernel>
 void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, bool transposed_c,
-                     const float* shared_b = nullptr) {
+                     const float* shared_b = nullptr, const SharedA* shared_a = nullptr) {
   constexpr int64_t mr = Kernel::mr, nr = Kernel::nr;
   thread_local std::vector<float> packed_a, packed_b;
   packed_a.resize(static_cast<size_t>(kMC * kKC + 8));  // + the overhang of pack_a_strip_rows
@@ -408,7 +418,12 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
       }
       for (int64_t ic = 0; ic < m; ic += kMC) {
         const int64_t mc = std::min(kMC, m - ic);
-        pack_a<mr>(ta, a, lda, ic, mc, pc, kc, packed_a.data());
+        const float* block_a = packed_a.data();
+        if (shared_a != nullptr) {
+          block_a = shared_a->data + pc * shared_a->m_padded + (shared_a->row0 + ic) * kc;
+        } else {
+          pack_a<mr>(ta, a, lda, ic, mc, pc, kc, packed_a.data());
+        }
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const bool in_place = jr < full_strips_end;
           const float* b_strip = in_place ? b + pc * ldb + jc + jr
@@ -416,7 +431,7 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
           const int64_t b_stride = in_place ? ldb : nr;
           for (int64_t ir = 0; ir < mc; ir += mr) {
             float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
-            Kernel::micro_kernel(kc, packed_a.data() + (ir / mr) * kc * mr, b_strip, b_stride, tile, ldc, alpha_beta,
+            Kernel::micro_kernel(kc, block_a + (ir / mr) * kc * mr, b_strip, b_stride, tile, ldc, alpha_beta,
                                  std::min(mr, mc - ir), std::min(nr, nc - jr), transposed_c);
           }
         }
@@ -426,10 +441,12 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
 }
 
 // gemm's f32 path on a packed kernel: the orientation, the thread split and
-// the shared packing of B.
+// the shared packing of B. With `packed_a` (PackedA's packing), C is
+// computed as it is, never flipped.
 template <class Kernel>
 void gemm_packed(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                 const float* packed_a = nullptr) {
   constexpr int64_t mr = Kernel::mr, nr = Kernel::nr;
   // The micro-tiles fit some shapes badly (m = 32 in 6 x 16 tiles: the sixth
   // strip is a third full). Cᵀ = op(B)ᵀ op(A)ᵀ swaps the roles of m and n;
@@ -441,7 +458,8 @@ void gemm_packed(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, fl
   const Transpose flip_b = tb == Transpose::no ? Transpose::yes : Transpose::no;
   const double cost_as_is = slots(m, n) * (b_readable_in_place(tb, ldb) ? 1.0 : 1.25);
   const double cost_flipped = slots(n, m) * (b_readable_in_place(flip_a, lda) ? 1.0 : 1.25);
-  const bool flipped = cost_flipped < cost_as_is;
+  const bool flipped = packed_a == nullptr && cost_flipped < cost_as_is;
+  const int64_t m_padded = (m + mr - 1) / mr * mr;
   // The problem as computed: C' (m' x n') = op(A') op(B'), C' = C or Cᵀ.
   const Transpose ta2 = flipped ? flip_b : ta, tb2 = flipped ? flip_a : tb;
   const int64_t m2 = flipped ? n : m, n2 = flipped ? m : n;
@@ -450,7 +468,9 @@ void gemm_packed(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, fl
   const int64_t lda2 = flipped ? ldb : lda, ldb2 = flipped ? lda : ldb;
   const int64_t threads = in_parallel_region() ? 1 : get_num_threads();
   if (threads == 1 || m * n * k < (int64_t{1} << 21) || m2 < 2 * mr) {
-    gemm_packed_f32<Kernel>(ta2, tb2, m2, n2, k, alpha, a2, lda2, b2, ldb2, beta, c, ldc, flipped);
+    const SharedA whole_a{packed_a, m_padded, 0};
+    gemm_packed_f32<Kernel>(ta2, tb2, m2, n2, k, alpha, a2, lda2, b2, ldb2, beta, c, ldc, flipped, nullptr,
+                            packed_a != nullptr ? &whole_a : nullptr);
     return;
   }
   // Rows of C' split over the threads in whole MR-row strips. A B that must
@@ -481,8 +501,9 @@ void gemm_packed(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, fl
       if (row0 >= row1) continue;
       const float* a_rows = ta2 == Transpose::no ? a2 + row0 * lda2 : a2 + row0;
       float* c_rows = flipped ? c + row0 : c + row0 * ldc;
+      const SharedA rows_a{packed_a, m_padded, row0};
       gemm_packed_f32<Kernel>(ta2, tb2, row1 - row0, n2, k, alpha, a_rows, lda2, b2, ldb2, beta, c_rows, ldc,
-                              flipped, shared_b);
+                              flipped, shared_b, packed_a != nullptr ? &rows_a : nullptr);
     }
   });
 }
@@ -568,6 +589,49 @@ void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alp
   } else {
     gemm_packed<Avx2Kernel>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+}
+
+template <class T>
+int64_t PackedA<T>::storage_size(int64_t m, int64_t k) {
+  constexpr int64_t mr = Avx512Kernel::mr;
+  return std::is_same_v<T, float> ? (m + mr - 1) / mr * mr * k : 0;
+}
+
+template <class T>
+PackedA<T>::PackedA(Transpose transpose, int64_t m, int64_t k, const T* a, int64_t lda, T* storage)
+    : transpose(transpose), m(m), k(k), a(a), lda(lda) {
+  // Only the AVX-512 kernel: its strips (MR = 8) are packed with no store
+  // past their end, so threads can pack neighbouring strips.
+  if constexpr (std::is_same_v<T, float>) {
+    if (m <= 0 || k <= 0 || storage == nullptr || gemm_kernel() != GemmKernel::avx512) return;
+    constexpr int64_t mr = Avx512Kernel::mr;
+    const int64_t m_padded = (m + mr - 1) / mr * mr, strips = m_padded / mr, slices = (k + kKC - 1) / kKC;
+    // Slice pc's strips at storage + pc * m_padded, strip by strip (SharedA's layout).
+    parallel_for(0, slices * strips, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t pc = (task / strips) * kKC, row0 = (task % strips) * mr, kc = std::min(kKC, k - pc);
+        pack_a<mr>(transpose, a, lda, row0, std::min(mr, m - row0), pc, kc, storage + pc * m_padded + row0 * kc);
+      }
+    });
+    packed = storage;
+  }
+}
+
+template struct PackedA<float>;
+template struct PackedA<double>;
+
+void gemm(const PackedA<float>& a, Transpose tb, int64_t n, float alpha, const float* b, int64_t ldb, float beta,
+          float* c, int64_t ldc) {
+  // The kernel is read again: a PackedA made under another one is not used.
+  if (a.packed == nullptr || a.m <= 0 || n <= 0 || gemm_kernel() != GemmKernel::avx512) {
+    return gemm(a.transpose, tb, a.m, n, a.k, alpha, a.a, a.lda, b, ldb, beta, c, ldc);
+  }
+  gemm_packed<Avx512Kernel>(a.transpose, tb, a.m, n, a.k, alpha, a.a, a.lda, b, ldb, beta, c, ldc, a.packed);
+}
+
+void gemm(const PackedA<double>& a, Transpose tb, int64_t n, double alpha, const double* b, int64_t ldb, double beta,
+          double* c, int64_t ldc) {
+  gemm(a.transpose, tb, a.m, n, a.k, alpha, a.a, a.lda, b, ldb, beta, c, ldc);
 }
 
 void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,

@@ -18,6 +18,31 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int64_t m, int64_t n, in
 void gemm(Transpose transpose_a, Transpose transpose_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
+// op(A) (m x k) packed once for several products with different B: conv2d's
+// weight, which the GEMMs over a batch's groups of images would otherwise
+// each pack again. Only f32 under the AVX-512 kernel is packed, into the
+// caller's `storage` of storage_size(m, k) elements, by the thread team;
+// otherwise A is read at the product as gemm reads it. A and the storage
+// must outlive the products.
+template <class T>
+struct PackedA {
+  PackedA(Transpose transpose, int64_t m, int64_t k, const T* a, int64_t lda, T* storage);
+  static int64_t storage_size(int64_t m, int64_t k);
+
+  Transpose transpose;
+  int64_t m, k;
+  const T* a;
+  int64_t lda;
+  const T* packed = nullptr;  // null: not packed
+};
+
+// C (m x n) = alpha * op(A) · op(B) + beta * C, as gemm, with A packed
+// beforehand. With A packed, the product is computed as C, never as Cᵀ.
+void gemm(const PackedA<float>& a, Transpose transpose_b, int64_t n, float alpha, const float* b, int64_t ldb,
+          float beta, float* c, int64_t ldc);
+void gemm(const PackedA<double>& a, Transpose transpose_b, int64_t n, double alpha, const double* b, int64_t ldb,
+          double beta, double* c, int64_t ldc);
+
 // The f32 kernels: packed 8 x 32 tiles in 512-bit registers, packed 6 x 16
 // tiles in 256-bit ones, or Eigen's product.
 enum class GemmKernel { avx512, avx2_fma, eigen };

@@ -4,9 +4,11 @@
 // the row, and alpha / beta.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/core/generator.h>
@@ -18,8 +20,11 @@ using loom::ops::cpu::GemmKernel;
 using loom::ops::cpu::Transpose;
 
 namespace {
+// With `prepacked`, A goes through PackedA first (packed under the AVX-512
+// kernel, remembered otherwise).
 template <class T>
-void check_case(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T alpha, T beta, double tolerance) {
+void check_case(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T alpha, T beta, double tolerance,
+                bool prepacked = false) {
   loom::Generator gen(static_cast<uint64_t>(m * 1000003 + n * 1009 + k));
   const int64_t pad = 3;
   const int64_t a_rows = ta == Transpose::no ? m : k, a_cols = ta == Transpose::no ? k : m;
@@ -30,13 +35,23 @@ void check_case(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T a
   for (auto& v : b) v = static_cast<T>(gen.uniform(-1, 1));
   for (auto& v : c) v = static_cast<T>(gen.uniform(-1, 1));
   std::vector<T> original = c;
-  gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  const std::vector<T> a_values = a;
+  if (prepacked) {
+    std::vector<T> storage(static_cast<size_t>(loom::ops::cpu::PackedA<T>::storage_size(m, k)));
+    const loom::ops::cpu::PackedA<T> packed(ta, m, k, a.data(), lda, storage.data());
+    const bool expect_packed = std::is_same_v<T, float> && loom::ops::cpu::gemm_kernel() == GemmKernel::avx512;
+    CHECK((packed.packed != nullptr) == expect_packed);
+    if (expect_packed) std::fill(a.begin(), a.end(), T(1e6));  // the product must read the packing, not A
+    gemm(packed, tb, n, alpha, b.data(), ldb, beta, c.data(), ldc);
+  } else {
+    gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  }
   double worst = 0;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double expected = 0;
       for (int64_t p = 0; p < k; ++p) {
-        const double av = ta == Transpose::no ? a[i * lda + p] : a[p * lda + i];
+        const double av = ta == Transpose::no ? a_values[i * lda + p] : a_values[p * lda + i];
         const double bv = tb == Transpose::no ? b[p * ldb + j] : b[j * ldb + p];
         expected += av * bv;
       }
@@ -109,5 +124,28 @@ TEST_CASE("gemm splits large problems across threads with the same result") {
       }
     }
   });
+  loom::set_num_threads(1);
+}
+
+TEST_CASE("gemm with A packed beforehand matches a triple loop, on 1 and 2 threads") {
+  // Ragged rows (strips of 8 with zeros), several 256-deep slices, B read in
+  // place or packed, and rows split over threads (m * n * k >= 2^21).
+  const std::vector<std::array<int64_t, 3>> sizes = {{1, 1, 1},    {7, 17, 257}, {64, 48, 520},
+                                                     {97, 130, 300}, {300, 300, 300}, {1000, 37, 70}};
+  for (int threads : {1, 2}) {
+    loom::set_num_threads(threads);
+    INFO(threads, " threads");
+    on_every_kernel([&] {
+      for (auto [m, n, k] : sizes) {
+        for (Transpose ta : {Transpose::no, Transpose::yes}) {
+          for (Transpose tb : {Transpose::no, Transpose::yes}) {
+            check_case<float>(ta, tb, m, n, k, 1.0f, 0.0f, 1e-5, true);
+            check_case<float>(ta, tb, m, n, k, -0.5f, 1.0f, 1e-5, true);
+          }
+        }
+      }
+    });
+    check_case<double>(Transpose::yes, Transpose::no, 97, 130, 300, 2.0, 0.25, 1e-13, true);
+  }
   loom::set_num_threads(1);
 }
