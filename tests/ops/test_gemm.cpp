@@ -1,7 +1,7 @@
 // The CPU GEMM against a plain triple loop in double, on every f32 kernel this
 // CPU has, over every transpose combination, ragged sizes around the kernels'
 // 6 x 16 and 8 x 32 tiles and 256-deep slices, leading dimensions larger than
-// the row, and alpha / beta.
+// the row, alpha / beta, and A packed beforehand (PackedA).
 #include <doctest/doctest.h>
 
 #include <algorithm>
