@@ -272,10 +272,11 @@ void transform_segments(const Transforms& t, Which w, const float* in, int64_t i
 
 // Winograd's per-thread scratch (ops/cpu/scratch.h): slots 0 to 4 for a
 // chunk's buffers, 5 for the transformed weight, 6 and 7 for the weight
-// transforms' halfway results, 8 for the weight gradient's per-task sums.
+// transforms' halfway results, 8 for the weight gradient's per-task sums, 9
+// for the packed transformed weight.
 // The calling thread's 5 to 8 are shared with the team.
 struct WinogradScratch;
-float* scratch(int slot, int64_t elements) { return thread_scratch<WinogradScratch, float, 9>(slot, elements); }
+float* scratch(int slot, int64_t elements) { return thread_scratch<WinogradScratch, float, 10>(slot, elements); }
 
 struct Tiling {
   int64_t rows, cols, per_image;  // tiles per output plane: ceil(Ho / m) x ceil(Wo / m)
@@ -676,6 +677,20 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
   parallel_for(0, plan.tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) run_task(task);
   });
+}
+
+// The α² matrices U[ξ][ν] (o x c each) as GEMM operands packed once for
+// every chunk's products (PackedA, into slot 9): op = U for the forward,
+// Uᵀ for the input gradient.
+std::vector<PackedA<float>> packed_weight(const float* u, int64_t count, int64_t o_count, int64_t c_count,
+                                          Transpose t) {
+  const int64_t rows = t == Transpose::no ? o_count : c_count, depth = t == Transpose::no ? c_count : o_count;
+  const int64_t each = PackedA<float>::storage_size(rows, depth);
+  float* storage = scratch(9, count * each);
+  std::vector<PackedA<float>> out;
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t e = 0; e < count; ++e) out.emplace_back(t, rows, depth, u + e * o_count * c_count, c_count, storage + e * each);
+  return out;
 }
 
 // The weight gradient's per-task sums, size floats each, into the first:
@@ -1122,11 +1137,18 @@ int tile_for(const Problem& p) {
   }();
   if (!enabled) return 0;
   // 3x3 and 5x5 kernels on planes of at least 8x8 with enough channels for
-  // the GEMMs to dominate. On 4x4 planes F(4x4, 3x3) was 1.4-2.2x slower than
-  // im2col + GEMM (ResNet-50's layer4 at 32x32 inputs).
+  // the GEMMs to dominate.
   if (p.kernel != 3 && p.kernel != 5) return 0;
-  if (p.channels < 8 || p.out_channels < 8 || p.out_h < 8 || p.out_w < 8) return 0;
-  return 4;
+  if (p.channels < 8 || p.out_channels < 8) return 0;
+  if (p.out_h >= 8 && p.out_w >= 8) return 4;
+  // Smaller planes (down to 4x4) with many channels: F(2x2, 3x3), whose
+  // transformed weight is 16/9 of the weight and whose 2x2 tiles fill a 4x4
+  // plane. On ResNet-50's layer4 at 32x32 inputs (512 channels, 4x4) the
+  // layer's backward took 343-402 ms per 3 steps against 420-433 on
+  // im2col + GEMM, its forward 151-164 against 156-173; F(4x4, 3x3), one
+  // tile per plane and a weight 4x the size, took 398-427 and 166-186.
+  if (p.kernel == 3 && p.out_h >= 4 && p.out_w >= 4 && p.channels >= 512 && p.out_channels >= 512) return 2;
+  return 0;
 }
 
 void forward(const float* input, const float* weight, const float* bias, const Problem& p, int m, float* output) {
@@ -1138,14 +1160,14 @@ void forward(const float* input, const float* weight, const float* bias, const P
 #endif
   const Transforms& t = transforms(m, static_cast<int>(p.kernel));
   const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
-  const float* u = transform_weight(weight, p, t);
+  const std::vector<PackedA<float>> u =
+      packed_weight(transform_weight(weight, p, t), alpha * alpha, o_count, c_count, Transpose::no);
   for_each_chunk(p, m, plan(p, m), [&](int64_t, const Chunk& k) {
     const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
     const float* v = transformed_input(input, p, t, k);
     float* product = scratch(2, alpha * alpha * ot);  // M[ξ][ν][o][t]
     for (int64_t e = 0; e < alpha * alpha; ++e) {
-      gemm(Transpose::no, Transpose::no, o_count, k.tiles, c_count, 1.0f, u + e * o_count * c_count, c_count,
-           v + e * ct, k.ld, 0.0f, product + e * ot, k.ld);
+      gemm(u[e], Transpose::no, k.tiles, 1.0f, v + e * ct, k.ld, 0.0f, product + e * ot, k.ld);
     }
     float* y = scratch(4, m * m * ot);  // Y[a][b][o][t]
     transform_2d(t, Which::at, alpha, m, o_count, k, product, scratch(3, alpha * m * ot), y);
@@ -1164,7 +1186,10 @@ void backward(const float* grad_output, const float* input, const float* weight,
   const Transforms& t = transforms(m, static_cast<int>(p.kernel));
   const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
   const int64_t size = alpha * alpha * o_count * c_count;
-  const float* u = grad_input != nullptr ? transform_weight(weight, p, t) : nullptr;
+  const std::vector<PackedA<float>> ut =
+      grad_input != nullptr
+          ? packed_weight(transform_weight(weight, p, t), alpha * alpha, o_count, c_count, Transpose::yes)
+          : std::vector<PackedA<float>>();
   const Plan chunks = plan(p, m);
   // dU[ξ][ν][o][c] per task, summed in task order afterwards (the same sum
   // whatever the timing). A task's first chunk overwrites its sum.
@@ -1176,8 +1201,7 @@ void backward(const float* grad_output, const float* input, const float* weight,
     if (grad_input != nullptr) {
       float* dv = scratch(0, alpha * alpha * ct);  // dV[ξ][ν][c][t] = Uᵀ dM
       for (int64_t e = 0; e < alpha * alpha; ++e) {
-        gemm(Transpose::yes, Transpose::no, c_count, k.tiles, o_count, 1.0f, u + e * o_count * c_count, c_count,
-             dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
+        gemm(ut[e], Transpose::no, k.tiles, 1.0f, dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
       }
       float* dp = dv;  // dP[r][s][c][t]; dV is consumed
       transform_2d(t, Which::b, alpha, alpha, c_count, k, dv, scratch(1, alpha * alpha * ct), dp);

@@ -324,18 +324,22 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
       {"ResNet's 3x3 on 8x8 planes", {6, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}},
       {"3x3 on 18x17 planes: rows of 4 tiles and a tail", {3, 8, 18, 17}, {12, 8, 3, 3}, {1, 1}},
       {"3x3, no padding, 40 images: several chunks", {40, 8, 10, 10}, {8, 8, 3, 3}, {0, 0}},
+      // Below 8x8: F(2x2, 3x3)
+      {"ResNet-50's layer4 3x3 on 4x4 planes, 512 channels", {3, 512, 4, 4}, {512, 512, 3, 3}, {1, 1}},
   };
   const bool avx2 = ops::cpu::gemm_kernel_supported(ops::cpu::GemmKernel::avx2_fma);
-  // Where im2col + GEMM stays: 4x4 planes (ResNet-50's layer4 at 32x32 inputs), fewer than 8 channels,
-  // kernels other than 3x3 and 5x5.
+  // Where im2col + GEMM stays: 4x4 planes with fewer than 512 channels or 5x5 kernels, fewer than 8
+  // channels, kernels other than 3x3 and 5x5.
   const ops::cpu::winograd::Problem im2col[] = {
-      {32, 512, 4, 4, 512, 3, 1, 1, 4, 4}, {32, 3, 32, 32, 64, 3, 1, 1, 32, 32}, {32, 64, 8, 8, 64, 1, 0, 0, 8, 8},
-      {32, 64, 14, 14, 64, 7, 3, 3, 14, 14}};
+      {32, 256, 4, 4, 256, 3, 1, 1, 4, 4},    {32, 512, 4, 4, 512, 5, 2, 2, 4, 4},
+      {32, 512, 2, 2, 512, 3, 1, 1, 2, 2},    {32, 3, 32, 32, 64, 3, 1, 1, 32, 32},
+      {32, 64, 8, 8, 64, 1, 0, 0, 8, 8},      {32, 64, 14, 14, 64, 7, 3, 3, 14, 14}};
   for (const ops::cpu::winograd::Problem& p : im2col) CHECK(ops::cpu::winograd::tile_for(p) == 0);
   const int saved_threads = get_num_threads();
   uint64_t seed = 950;
   for (const WinogradCase& c : cases) {
-    REQUIRE(ops::cpu::winograd::tile_for(c.problem()) == (avx2 ? 4 : 0));
+    const int tile = c.input[2] < 8 ? 2 : 4;
+    REQUIRE(ops::cpu::winograd::tile_for(c.problem()) == (avx2 ? tile : 0));
     for (int threads : {1, 2}) {
       INFO(c.name << ", " << threads << " threads");
       set_num_threads(threads);
