@@ -760,10 +760,7 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
     }
     started[task] = 1;
   });
-  for (int64_t t = 0; t < plan.tasks; ++t) {
-    if (!started[t]) std::fill_n(accumulators + t * size, size, T(0));
-  }
-  add_partials(accumulators, accumulators + size, plan.tasks - 1, size);
+  sum_task_partials(accumulators, accumulators + size, started, size);
   std::vector<CompactGrad<T>> parts;
   for (size_t k = 0; k < classes.size(); ++k) parts.push_back({accumulators + offsets[k], &classes[k].taps});
   spread_taps(parts, g.out_channels * g.channels, kernel, grad_weight);
@@ -879,12 +876,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
          started[task] ? T(1) : T(0), accumulator, k);
     started[task] = 1;
   });
-  for (int64_t t = 0; t < plan.tasks; ++t) {
-    if (started[t]) continue;  // a task without images (batch < threads) contributes zeros
-    T* accumulator = t == 0 ? grad_weight : partials + (t - 1) * size;
-    std::fill(accumulator, accumulator + size, T(0));
-  }
-  add_partials(grad_weight, partials, plan.tasks - 1, size);
+  sum_task_partials(grad_weight, partials, started, size);
   if (taps.all_active()) return;
   const std::vector<int64_t> index = active_indices(taps);
   spread_taps<T>({{grad_weight, &index}}, g.out_channels * g.channels, taps.kernel, full_grad_weight);

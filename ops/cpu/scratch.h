@@ -5,6 +5,7 @@
 // so one kernel's buffers are never another's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,19 @@ void add_partials(T* dst, const T* partials, int64_t count, int64_t size) {
       for (int64_t i = begin; i < end; ++i) dst[i] += partial[i];
     }
   });
+}
+
+// The per-task sums of a kernel whose tasks each accumulate their own
+// (task 0's at `first`, task t's at rest + (t - 1) * size), added into
+// `first` in task order. A task that never started (a batch with fewer
+// images than tasks, or none) never wrote its sum, which counts as zeros.
+template <class T>
+void sum_task_partials(T* first, T* rest, const std::vector<char>& started, int64_t size) {
+  const int64_t tasks = static_cast<int64_t>(started.size());
+  for (int64_t task = 0; task < tasks; ++task) {
+    if (!started[task]) std::fill_n(task == 0 ? first : rest + (task - 1) * size, size, T(0));
+  }
+  add_partials(first, rest, tasks - 1, size);
 }
 
 }  // namespace loom::ops::cpu

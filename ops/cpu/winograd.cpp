@@ -693,17 +693,6 @@ std::vector<PackedA<float>> packed_weight(const float* u, int64_t count, int64_t
   return out;
 }
 
-// The weight gradient's per-task sums, size floats each, into the first:
-// added in task order (the same sum whatever the timing). A task that ran
-// no chunk (an empty batch) never wrote its sum, which counts as zeros.
-void sum_task_partials(float* partials, const std::vector<char>& started, int64_t size) {
-  const int64_t tasks = static_cast<int64_t>(started.size());
-  for (int64_t task = 0; task < tasks; ++task) {
-    if (!started[task]) std::fill_n(partials + task * size, size, 0.0f);
-  }
-  add_partials(partials, partials + size, tasks - 1, size);
-}
-
 // ---- The channels-last path (few channels, AVX-512) ------------------------
 //
 // With few channels (the ConvNet's conv2: 16 -> 32, 5x5 on 14x14 planes) the
@@ -1095,7 +1084,7 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
     }
   });
   if (grad_weight == nullptr) return;
-  sum_task_partials(partials, started, size);
+  sum_task_partials(partials, partials + size, started, size);
   // dU[e][c][o] -> dU[e][o][c], the layout of inverse_transform_weight.
   float* du = cl_scratch(4, size);
   parallel_for(0, e_count, 1, [&](int64_t begin, int64_t end) {
@@ -1219,7 +1208,7 @@ void backward(const float* grad_output, const float* input, const float* weight,
     }
   });
   if (grad_weight == nullptr) return;
-  sum_task_partials(partials, started, size);
+  sum_task_partials(partials, partials + size, started, size);
   inverse_transform_weight(partials, p, t, grad_weight);
 }
 
