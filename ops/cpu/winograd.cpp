@@ -297,8 +297,15 @@ const float* transform_weight(const float* weight, const Problem& p, const Trans
   float* half = scratch(7, alpha * r * oc);  // [ξ][kj][o][c]
   float* u = scratch(5, alpha * alpha * oc);
   parallel_for(0, oc, kWeightColumnsGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      for (int64_t k = 0; k < r * r; ++k) taps[k * oc + i] = weight[i * r * r + k];
+    // In blocks of columns, so that each tap's row is written in runs: one
+    // column at a time wrote r² floats oc apart (a power of two), each store
+    // to the same cache set.
+    constexpr int64_t kBlock = 64;
+    for (int64_t i0 = begin; i0 < end; i0 += kBlock) {
+      const int64_t i1 = std::min(end, i0 + kBlock);
+      for (int64_t k = 0; k < r * r; ++k) {
+        for (int64_t i = i0; i < i1; ++i) taps[k * oc + i] = weight[i * r * r + k];
+      }
     }
     for (int64_t kj = 0; kj < r; ++kj) {  // ki -> ξ
       transform_rows(t, Which::g, taps + kj * oc + begin, r * oc, half + kj * oc + begin, r * oc, end - begin);
