@@ -178,6 +178,28 @@ template <int64_t NR>
 __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int64_t ldb, int64_t p0, int64_t depth,
                                                 int64_t col0, int64_t cols, float* packed) {
   static_assert(NR % 8 == 0);
+  if (t == Transpose::no && cols >= 2 * NR) {
+    // Whole strips, a band of rows at a time across all of them: strip by
+    // strip, every row of a strip is a new page when ldb is a large power of
+    // two (NCHW planes of 1024), which the hardware prefetcher does not
+    // follow; across the strips each row is read in order.
+    constexpr int64_t kBand = 8;
+    const int64_t whole = cols / NR;
+    for (int64_t p1 = 0; p1 < depth; p1 += kBand) {
+      const int64_t p2 = std::min(depth, p1 + kBand);
+      for (int64_t strip = 0; strip < whole; ++strip) {
+        float* out = packed + strip * depth * NR;
+        for (int64_t p = p1; p < p2; ++p) {
+          const float* row = b + (p0 + p) * ldb + col0 + strip * NR;
+          for (int64_t c = 0; c < NR; ++c) out[p * NR + c] = row[c];
+        }
+      }
+    }
+    if (whole * NR == cols) return;
+    packed += whole * depth * NR;
+    col0 += whole * NR;
+    cols -= whole * NR;
+  }
   for (int64_t strip = 0; strip < cols; strip += NR) {
     const int64_t width = std::min(NR, cols - strip);
     if (width < NR) std::fill(packed, packed + depth * NR, 0.0f);
@@ -198,17 +220,14 @@ __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int
       // (a ragged strip's last columns, the depth's tail) element-wise. (The
       // ConvNet's first convolution has a weight gradient of 25 columns:
       // element by element, its packing cost as much as its arithmetic.)
+      // Group by group, so that 8 rows of B are read at a time, not all NR:
+      // with rows 1024 floats apart (a 32 x 32 plane's weight gradient) that
+      // was 6% faster than the other order.
       const float* columns = b + (col0 + strip) * ldb + p0;
       const int64_t grouped = width / 8 * 8, depth8 = depth / 8 * 8;
-      for (int64_t p = 0; p < depth8; p += 8) {
-        if (grouped == NR) {  // a full strip: the group loop unrolled (NR is a constant)
-          for (int64_t group = 0; group < NR; group += 8) {
-            transpose_8x8(columns + group * ldb + p, ldb, packed + p * NR + group, NR);
-          }
-        } else {
-          for (int64_t group = 0; group < grouped; group += 8) {
-            transpose_8x8(columns + group * ldb + p, ldb, packed + p * NR + group, NR);
-          }
+      for (int64_t group = 0; group < grouped; group += 8) {
+        for (int64_t p = 0; p < depth8; p += 8) {
+          transpose_8x8(columns + group * ldb + p, ldb, packed + p * NR + group, NR);
         }
       }
       for (int64_t c = 0; c < width; ++c) {

@@ -21,15 +21,15 @@ using loom::ops::cpu::Transpose;
 
 namespace {
 // With `prepacked`, A goes through PackedA first (packed under the AVX-512
-// kernel, remembered otherwise).
+// kernel, remembered otherwise). `ldb`, when given, is B's leading dimension.
 template <class T>
 void check_case(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T alpha, T beta, double tolerance,
-                bool prepacked = false) {
+                bool prepacked = false, int64_t ldb_given = 0) {
   loom::Generator gen(static_cast<uint64_t>(m * 1000003 + n * 1009 + k));
   const int64_t pad = 3;
   const int64_t a_rows = ta == Transpose::no ? m : k, a_cols = ta == Transpose::no ? k : m;
   const int64_t b_rows = tb == Transpose::no ? k : n, b_cols = tb == Transpose::no ? n : k;
-  const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
+  const int64_t lda = a_cols + pad, ldb = ldb_given > 0 ? ldb_given : b_cols + pad, ldc = n + pad;
   std::vector<T> a(a_rows * lda), b(b_rows * ldb), c(m * ldc);
   for (auto& v : a) v = static_cast<T>(gen.uniform(-1, 1));
   for (auto& v : b) v = static_cast<T>(gen.uniform(-1, 1));
@@ -106,6 +106,24 @@ TEST_CASE("gemm matches a triple loop for every transpose, ragged sizes, alpha a
       for (Transpose tb : {Transpose::no, Transpose::yes}) check_case<double>(ta, tb, m, n, k, 2.0, 0.25, 1e-13);
     }
   }
+}
+
+TEST_CASE("gemm packs B whose rows are a large power of two apart, whole strips a band of rows at a time") {
+  // Rows 1024 floats apart (NCHW planes of 32 x 32) crowd L1's sets, so B is
+  // packed, not read in place: several whole 32-column strips read across a
+  // band of rows, a ragged last strip, several 256-deep slices and a depth
+  // that is not a multiple of the band; transposed, 8 x 8 groups and a tail.
+  loom::set_num_threads(1);
+  on_every_kernel([] {
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{20, 100, 300}, {9, 64, 517}, {8, 1000, 45}}) {
+      for (Transpose ta : {Transpose::no, Transpose::yes}) {
+        for (Transpose tb : {Transpose::no, Transpose::yes}) {
+          check_case<float>(ta, tb, m, n, k, 1.0f, 0.0f, 1e-5, false, 1024);
+          check_case<float>(ta, tb, m, n, k, -0.5f, 1.0f, 1e-5, true, 1024);
+        }
+      }
+    }
+  });
 }
 
 TEST_CASE("gemm splits large problems across threads with the same result") {
