@@ -4,6 +4,8 @@
 #include <loom/ops/dispatch.h>
 #include <loom/ops/elementwise.h>
 
+#include <tuple>
+
 namespace loom {
 
 namespace {
@@ -95,13 +97,20 @@ SavedForward save_forward(const Tensor& input, const Tensor& weight, const Tenso
 // The input, weight and bias gradients of batch norm for the output gradient
 // dy (masked by `relu` inside the kernels when enabled); weight and bias are
 // the node's inputs `weight_index` and `weight_index + 1`.
+// Whether batch_norm_gradients needs backward_reduce's sums.
+bool needs_sums(const Node& node, const SavedForward& s, size_t weight_index) {
+  return s.training || node.needs_input_grad(weight_index) || node.needs_input_grad(weight_index + 1);
+}
+
+// `reduced`, when defined, are backward_reduce's sums for dy, computed by the
+// caller (batch_norm_add_relu's, with its mask).
 TensorList batch_norm_gradients(const Node& node, const Tensor& dy, const SavedForward& s, const ops::FusedRelu& relu,
-                                size_t weight_index) {
+                                size_t weight_index, const Tensor& reduced = Tensor()) {
   const Tensor& x = s.input;
   const Tensor &mean = s.statistics.mean, &var = s.statistics.var;
   const size_t bias_index = weight_index + 1;
-  Tensor sums;  // (2, C) f64: (sum dy, sum dy * xhat)
-  if (s.training || node.needs_input_grad(weight_index) || node.needs_input_grad(bias_index)) {
+  Tensor sums = reduced;  // (2, C) f64: (sum dy, sum dy * xhat)
+  if (!sums.defined() && needs_sums(node, s, weight_index)) {
     sums = LOOM_DISPATCH(x, batch_norm_backward_reduce, dy, x, mean, var, s.eps, relu);
   }
   Tensor dx;
@@ -168,12 +177,21 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
   }
   // Backward masks with the output itself (the block's output, kept anyway as
   // the next block's input), then runs batch_norm's backward on the masked
-  // gradient, which is also the residual's.
+  // gradient, which is also the residual's. When backward needs the sums, one
+  // pass masks and sums.
   record("batch_norm_add_relu", {input, residual, weight, bias}, {&out},
          [saved = save_forward(input, weight, bias, statistics, training, eps, {}),
           y = out.detach()](const TensorList& g, const Node& node) {
-           const Tensor masked = LOOM_DISPATCH(y, unary_backward, ops::Unary::relu, g[0].to(y.dtype()), y);
-           TensorList grads = batch_norm_gradients(node, masked, saved, {}, 2);
+           const Tensor dy = g[0].to(y.dtype());
+           Tensor masked, sums;
+           if (needs_sums(node, saved, 2)) {
+             std::tie(sums, masked) =
+                 LOOM_DISPATCH(y, batch_norm_backward_reduce_relu_output, dy, y, saved.input,
+                               saved.statistics.mean, saved.statistics.var, saved.eps);
+           } else {
+             masked = LOOM_DISPATCH(y, unary_backward, ops::Unary::relu, dy, y);
+           }
+           TensorList grads = batch_norm_gradients(node, masked, saved, {}, 2, sums);
            return TensorList{grads[0], node.needs_input_grad(1) ? masked : Tensor(), grads[1], grads[2]};
          });
   return out;

@@ -27,6 +27,8 @@
 // parameter's.
 #pragma once
 
+#include <utility>
+
 #include <cstdint>
 #include <functional>
 
@@ -113,6 +115,13 @@ Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& v
 // The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});
+// batch_norm_add_relu's backward reduction: g = dy where the forward's
+// `output` (after the add and the ReLU) is positive, else 0 (relu's
+// backward), and backward_reduce's sums of g: {sums, g}, g in grad_output's
+// dtype. g is also the residual's gradient.
+std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output, const Tensor& output,
+                                                                 const Tensor& input, const Tensor& mean,
+                                                                 const Tensor& var, double eps);
 // The input gradient. `grad_sums` are backward_reduce's sums over `count`
 // elements per channel (all ranks for SyncBatchNorm); undefined grad_sums mean
 // that mean and var were constants (eval mode): dx = weight * invstd * dy.
@@ -130,6 +139,9 @@ Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& v
                         const Tensor& residual = Tensor());
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});
+std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output, const Tensor& output,
+                                                                 const Tensor& input, const Tensor& mean,
+                                                                 const Tensor& var, double eps);
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
                                  double eps, const FusedRelu& relu = {});

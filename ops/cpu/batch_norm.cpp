@@ -7,9 +7,11 @@
 // loop per image instead of a loop per row (flat_rows).
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/batch_norm_math.h>
+#include <loom/ops/elementwise_math.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -94,13 +96,15 @@ void for_each_row(const ChannelGeometry& l, Fn&& fn) {
 
 // Calls row_sums(c, offset, a, b) for every (n, c) row of channel c, one
 // channel per task, accumulating into the channel's two f64 sums a and b;
-// returns them as a (2, C) f64 tensor.
+// returns them as a (2, C) f64 tensor. Rows shorter than `short_row` are
+// walked a block of channels at a time (each channel's rows still in batch
+// order, so the sums are the same).
 template <class RowSums>
-Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums) {
+Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums, int64_t short_row = kShortRow) {
   Tensor out = Tensor::empty({2, l.channels}, DType::f64);
   double* first = out.data<double>();
   double* second = first + l.channels;
-  if (l.inner < kShortRow) {
+  if (l.inner < short_row) {
     // Rows of under 64 elements (5x5 to 7x7 planes; smaller ones are
     // flat_rows), channels * inner apart: one channel at a time would touch a
     // cache line per element. A task takes a block of channels and walks the
@@ -236,6 +240,45 @@ __attribute__((target("avx2"))) void backward_row_sums_avx2(const float* dy, con
   _mm256_store_ps(lanes_gx, _mm256_add_ps(gx_sum0, gx_sum1));
   for (; i < n; ++i) {
     const float g = masked<Masked>(dy[i], x, i, a, b);
+    lanes_g[0] += g;
+    lanes_gx[0] += g * (x[i] - mean);
+  }
+  for (int lane = 0; lane < 8; ++lane) {
+    sum_dy += static_cast<double>(lanes_g[lane]);
+    sum_dy_xmu += static_cast<double>(lanes_gx[lane]);
+  }
+}
+
+// One row of batch_norm_backward_reduce_relu_output in f32 with AVX2: g = dy
+// where y > 0, else 0, stored into `g_out`, and the sums of g and of
+// g * (x - mean). (y > 0 is false for a NaN y, as in relu's backward.)
+__attribute__((target("avx2"))) inline void relu_output_sums_step(const float* dy, const float* y, const float* x,
+                                                                   float* g_out, __m256 vmean, __m256& g_sum,
+                                                                   __m256& gx_sum) {
+  const __m256 positive = _mm256_cmp_ps(_mm256_loadu_ps(y), _mm256_setzero_ps(), _CMP_GT_OQ);
+  const __m256 g = _mm256_and_ps(_mm256_loadu_ps(dy), positive);
+  _mm256_storeu_ps(g_out, g);
+  g_sum = _mm256_add_ps(g_sum, g);
+  gx_sum = _mm256_add_ps(gx_sum, _mm256_mul_ps(g, _mm256_sub_ps(_mm256_loadu_ps(x), vmean)));
+}
+
+__attribute__((target("avx2"))) void relu_output_row_sums_avx2(const float* dy, const float* y, const float* x,
+                                                               float* g_out, int64_t n, float mean, double& sum_dy,
+                                                               double& sum_dy_xmu) {
+  const __m256 vmean = _mm256_set1_ps(mean), zero = _mm256_setzero_ps();
+  __m256 g_sum0 = zero, g_sum1 = zero, gx_sum0 = zero, gx_sum1 = zero;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    relu_output_sums_step(dy + i, y + i, x + i, g_out + i, vmean, g_sum0, gx_sum0);
+    relu_output_sums_step(dy + i + 8, y + i + 8, x + i + 8, g_out + i + 8, vmean, g_sum1, gx_sum1);
+  }
+  for (; i + 8 <= n; i += 8) relu_output_sums_step(dy + i, y + i, x + i, g_out + i, vmean, g_sum0, gx_sum0);
+  alignas(32) float lanes_g[8], lanes_gx[8];
+  _mm256_store_ps(lanes_g, _mm256_add_ps(g_sum0, g_sum1));
+  _mm256_store_ps(lanes_gx, _mm256_add_ps(gx_sum0, gx_sum1));
+  for (; i < n; ++i) {
+    const float g = y[i] > 0.0f ? dy[i] : 0.0f;
+    g_out[i] = g;
     lanes_g[0] += g;
     lanes_gx[0] += g * (x[i] - mean);
   }
@@ -460,6 +503,81 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
   double* second = sums.data<double>() + l.channels;
   for (int64_t c = 0; c < l.channels; ++c) second[c] *= invstd[c];
   return sums;
+}
+
+std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output_in, const Tensor& output_in,
+                                                                 const Tensor& input_in, const Tensor& mean,
+                                                                 const Tensor& var, double eps) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in), output = cpu_compute_input(output_in);
+  const Tensor input = cpu_compute_input(input_in);
+  LOOM_CHECK(output.sizes() == input.sizes() && grad_output.sizes() == input.sizes(),
+             "batch_norm_add_relu backward: the output ", shape_str(output.sizes()), " and its gradient ",
+             shape_str(grad_output.sizes()), " must have the input's shape ", shape_str(input.sizes()));
+  const ChannelGeometry l = channel_geometry(input);
+  const std::vector<double> m = per_channel(mean, l.channels, 0.0);
+  const std::vector<double> invstd = inverse_std(per_channel(var, l.channels, 1.0), eps);
+  Tensor g_out = Tensor::empty(input.sizes(), input.dtype());
+  Tensor sums = visit_compute_dtype(input.dtype(), "batch_norm_add_relu backward", [&]<class T>() {
+    const T* x = input.data<T>();
+    const T* dy = grad_output.data<T>();
+    const T* y = output.data<T>();
+    T* g = g_out.data<T>();
+    if (flat_rows(l)) {  // 1x1 to 4x4 planes: straight into f64
+      const std::vector<T> ms = spread_per_channel<T>(l, m);
+      return channel_sums_flat(l, [&](int64_t offset, int64_t first, int64_t count, double* sum_dy,
+                                      double* sum_dy_xmu) {
+        const int64_t base = offset + first;
+        // Two loops over the block (in cache for the second), each vectorised:
+        // one loop that stores g and sums it was not.
+        for (int64_t j = 0; j < count; ++j) g[base + j] = ::loom::ops::Relu::backward(dy[base + j], y[base + j]);
+        const T* gs = g + base;
+        const T* xs = x + base;
+        for (int64_t j = 0; j < count; ++j) {
+          sum_dy[j] += static_cast<double>(gs[j]);
+          sum_dy_xmu[j] += static_cast<double>(gs[j] * (xs[j] - ms[first + j]));
+        }
+      });
+    }
+    // A block of channels at a time whatever the row length: channel by
+    // channel, each row written lies a whole image away from the last, and
+    // the writes (of a new tensor) cost twice the fused pass's gain.
+    return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
+      const T mc = static_cast<T>(m[c]);
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (cpu_has_avx2()) {
+          return relu_output_row_sums_avx2(dy + offset, y + offset, x + offset, g + offset, l.inner, mc, sum_dy,
+                                           sum_dy_xmu);
+        }
+      }
+#endif
+      T lane_dy[kLanes] = {}, lane_dy_xmu[kLanes] = {};
+      int64_t s = 0;
+      for (; s + kLanes <= l.inner; s += kLanes) {
+        for (int lane = 0; lane < kLanes; ++lane) {
+          const int64_t i = offset + s + lane;
+          const T gi = ::loom::ops::Relu::backward(dy[i], y[i]);
+          g[i] = gi;
+          lane_dy[lane] += gi;
+          lane_dy_xmu[lane] += gi * (x[i] - mc);
+        }
+      }
+      for (; s < l.inner; ++s) {
+        const int64_t i = offset + s;
+        const T gi = ::loom::ops::Relu::backward(dy[i], y[i]);
+        g[i] = gi;
+        lane_dy[0] += gi;
+        lane_dy_xmu[0] += gi * (x[i] - mc);
+      }
+      for (int lane = 0; lane < kLanes; ++lane) {
+        sum_dy += static_cast<double>(lane_dy[lane]);
+        sum_dy_xmu += static_cast<double>(lane_dy_xmu[lane]);
+      }
+    }, std::numeric_limits<int64_t>::max());
+  });
+  double* second = sums.data<double>() + l.channels;
+  for (int64_t c = 0; c < l.channels; ++c) second[c] *= invstd[c];
+  return {sums, g_out.to(grad_output_in.dtype())};
 }
 
 Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,

@@ -11,6 +11,7 @@
 
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/batch_norm_math.h>
+#include <loom/ops/elementwise.h>
 #include <loom/ops/cuda/common.cuh>
 
 namespace loom::ops::cuda {
@@ -383,6 +384,16 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input
                                                         x.device(), stream_of(x))
                                    : Tensor();
   return channel_sums<true>(x, dy, l, channel_array(mean), channel_array(var), eps, mask);
+}
+
+// Two launches: the masked gradient is written by relu's backward and the
+// sums read it back (the CPU twin fuses them; on a GPU this pass is small).
+std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output, const Tensor& output,
+                                                                 const Tensor& input, const Tensor& mean,
+                                                                 const Tensor& var, double eps) {
+  Tensor g = unary_backward(Unary::relu, grad_output, output);
+  Tensor sums = batch_norm_backward_reduce(g, input, mean, var, eps);
+  return {sums, g};
 }
 
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,

@@ -263,22 +263,32 @@ TEST_CASE("batch_norm_add_relu equals relu(batch_norm + residual) and its gradie
 
 TEST_CASE("batch_norm_add_relu in f32: output and gradients equal the three ops'") {
   using loom::testing::random_tensor;
-  const Shape shape{4, 6, 2, 2};  // ResNet's layer3 planes
-  Tensor x = random_tensor(shape, 71, -1, 1, DType::f32), r = random_tensor(shape, 72, -1, 1, DType::f32);
-  Tensor w = random_tensor({6}, 73, 0.5, 1.5, DType::f32), b = random_tensor({6}, 74, -0.5, 0.5, DType::f32);
-  Tensor dy = random_tensor(shape, 75, -1, 1, DType::f32);
-  auto gradients = [&](bool fused) {
-    Tensor xi = x.clone().set_requires_grad(true), ri = r.clone().set_requires_grad(true);
-    Tensor wi = w.clone().set_requires_grad(true), bi = b.clone().set_requires_grad(true);
-    Tensor rm = Tensor::zeros({6}), rv = Tensor::ones({6});
-    Tensor y = fused ? batch_norm_add_relu(xi, ri, wi, bi, rm, rv, true)
-                     : relu(add(batch_norm(xi, wi, bi, rm, rv, true), ri));
-    y.backward(dy);
-    return std::vector<Tensor>{y, xi.grad(), ri.grad(), wi.grad(), bi.grad()};
-  };
-  const auto fused = gradients(true), composed = gradients(false);
-  for (size_t i = 0; i < fused.size(); ++i) {
-    INFO("tensor ", i);
-    CHECK(loom::testing::max_abs_diff(fused[i], composed[i]) == 0);
+  // Backward masks and sums in one pass (batch_norm_backward_reduce_relu_output);
+  // the three ops mask, then sum: the same arithmetic in the same order. Planes
+  // of 2x2 (ResNet's layer3 at 32x32, summed image by image), 7x7 (rows under
+  // 64, summed a block of channels at a time) and 9x11 (rows of 99: 16-wide
+  // steps, an 8-wide step and a scalar tail), with 70 channels: two blocks of
+  // channels, the second ragged.
+  for (const Shape& shape : {Shape{4, 6, 2, 2}, Shape{3, 6, 7, 7}, Shape{2, 6, 9, 11}, Shape{2, 70, 9, 11}}) {
+    INFO("shape ", shape_str(shape));
+    const int64_t channels = shape[1];
+    Tensor x = random_tensor(shape, 71, -1, 1, DType::f32), r = random_tensor(shape, 72, -1, 1, DType::f32);
+    Tensor w = random_tensor({channels}, 73, 0.5, 1.5, DType::f32);
+    Tensor b = random_tensor({channels}, 74, -0.5, 0.5, DType::f32);
+    Tensor dy = random_tensor(shape, 75, -1, 1, DType::f32);
+    auto gradients = [&](bool fused) {
+      Tensor xi = x.clone().set_requires_grad(true), ri = r.clone().set_requires_grad(true);
+      Tensor wi = w.clone().set_requires_grad(true), bi = b.clone().set_requires_grad(true);
+      Tensor rm = Tensor::zeros({channels}), rv = Tensor::ones({channels});
+      Tensor y = fused ? batch_norm_add_relu(xi, ri, wi, bi, rm, rv, true)
+                       : relu(add(batch_norm(xi, wi, bi, rm, rv, true), ri));
+      y.backward(dy);
+      return std::vector<Tensor>{y, xi.grad(), ri.grad(), wi.grad(), bi.grad()};
+    };
+    const auto fused = gradients(true), composed = gradients(false);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      INFO("tensor ", i);
+      CHECK(loom::testing::max_abs_diff(fused[i], composed[i]) == 0);
+    }
   }
 }
