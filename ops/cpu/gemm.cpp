@@ -636,6 +636,21 @@ PackedA<T>::PackedA(Transpose transpose, int64_t m, int64_t k, const T* a, int64
   }
 }
 
+template <class T>
+bool PackedA<T>::packs() {
+  return std::is_same_v<T, float> && gemm_kernel() == GemmKernel::avx512;
+}
+
+template <class T>
+PackedA<T> PackedA<T>::adopt(Transpose transpose, int64_t m, int64_t k, const T* packed) {
+  static_assert(kSliceDepth == kKC && kStripRows == Avx512Kernel::mr);
+  LOOM_CHECK(packs() && m % kStripRows == 0, "PackedA::adopt: a packing of ", m, " rows under the ",
+             gemm_kernel_name(), " kernel");
+  PackedA out(transpose, m, k, nullptr, 0, nullptr);
+  out.packed = packed;
+  return out;
+}
+
 template struct PackedA<float>;
 template struct PackedA<double>;
 
@@ -643,6 +658,8 @@ void gemm(const PackedA<float>& a, Transpose tb, int64_t n, float alpha, const f
           float* c, int64_t ldc) {
   // The kernel is read again: a PackedA made under another one is not used.
   if (a.packed == nullptr || a.m <= 0 || n <= 0 || gemm_kernel() != GemmKernel::avx512) {
+    LOOM_CHECK(a.a != nullptr || a.m <= 0 || n <= 0, "gemm: a PackedA adopted (no A kept) is used under the ",
+               gemm_kernel_name(), " kernel");
     return gemm(a.transpose, tb, a.m, n, a.k, alpha, a.a, a.lda, b, ldb, beta, c, ldc);
   }
   gemm_packed<Avx512Kernel>(a.transpose, tb, a.m, n, a.k, alpha, a.a, a.lda, b, ldb, beta, c, ldc, a.packed);

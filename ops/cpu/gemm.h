@@ -29,6 +29,18 @@ struct PackedA {
   PackedA(Transpose transpose, int64_t m, int64_t k, const T* a, int64_t lda, T* storage);
   static int64_t storage_size(int64_t m, int64_t k);
 
+  // Whether the constructor packs (f32 under the AVX-512 kernel). Where it
+  // does, a caller may write op(A) in the packing's layout itself and adopt
+  // it: for m a multiple of kStripRows, op(A)(i, p) lies at
+  //   s * kSliceDepth * m + (i / kStripRows) * kStripRows * kc
+  //     + (p - s * kSliceDepth) * kStripRows + i % kStripRows,
+  // s = p / kSliceDepth, kc = min(kSliceDepth, k - s * kSliceDepth).
+  static bool packs();
+  static constexpr int64_t kSliceDepth = 256, kStripRows = 8;
+  // op(A) already packed in that layout (packs() true, m a multiple of
+  // kStripRows); A itself is not kept.
+  static PackedA adopt(Transpose transpose, int64_t m, int64_t k, const T* packed);
+
   Transpose transpose;
   int64_t m, k;
   const T* a;

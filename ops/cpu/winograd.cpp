@@ -290,29 +290,69 @@ Tiling tiling(const Problem& p, int m) {
 // least this many per thread: ResNet's 256-channel layers have 65,536.
 constexpr int64_t kWeightColumnsGrain = 4096;
 
-// U[ξ][ν][o][c] = sum over (ki, kj) of G[ξ][ki] w[o][c][ki][kj] G[ν][kj], into slot 5.
-const float* transform_weight(const float* weight, const Problem& p, const Transforms& t) {
-  const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
-  float* taps = scratch(6, r * r * oc);      // [ki][kj][o][c]
-  float* half = scratch(7, alpha * r * oc);  // [ξ][kj][o][c]
+// The order of U's columns: [o][c] (o-major), [c][o] (c-major: the
+// channels-last path's products read U[e][c][o]), or PackedA's.
+enum class Order { o_major, c_major };
+
+// Columns [begin, end) of the weight's taps, gathered: taps[k][q] =
+// weight[source(q) * r² + k], where sources(q0, count, from) sets from[j] =
+// source(q0 + j), the (o, c) index o * C + c of column q0 + j. In blocks of
+// columns, so that each tap's row is written in runs: one column at a time
+// wrote r² floats oc apart (a power of two), each store to the same cache set.
+template <class Sources>
+void gather_taps(const float* weight, int64_t taps_per_column, int64_t columns, int64_t begin, int64_t end,
+                 Sources&& sources, float* taps) {
+  constexpr int64_t kBlock = 64;
+  int64_t from[kBlock];
+  for (int64_t q0 = begin; q0 < end; q0 += kBlock) {
+    const int64_t count = std::min(end - q0, kBlock);
+    sources(q0, count, from);
+    for (int64_t j = 0; j < count; ++j) from[j] *= taps_per_column;
+    for (int64_t k = 0; k < taps_per_column; ++k) {
+      float* row = taps + k * columns + q0;
+      for (int64_t j = 0; j < count; ++j) row[j] = weight[from[j] + k];
+    }
+  }
+}
+
+// The G transforms of columns [begin, end) of taps[ki][kj][column] (through
+// half[ξ][kj][column]) into u[ξ][ν][column].
+void transform_taps(const Transforms& t, int64_t columns, const float* taps, float* half, float* u, int64_t begin,
+                    int64_t end) {
+  const int64_t r = t.r, alpha = t.alpha;
+  for (int64_t kj = 0; kj < r; ++kj) {  // ki -> ξ
+    transform_rows(t, Which::g, taps + kj * columns + begin, r * columns, half + kj * columns + begin, r * columns,
+                   end - begin);
+  }
+  for (int64_t xi = 0; xi < alpha; ++xi) {  // kj -> ν
+    transform_rows(t, Which::g, half + xi * r * columns + begin, columns, u + xi * alpha * columns + begin, columns,
+                   end - begin);
+  }
+}
+
+// U[ξ][ν][o][c] = sum over (ki, kj) of G[ξ][ki] w[o][c][ki][kj] G[ν][kj], into
+// slot 5; U[ξ][ν][c][o] with Order::c_major.
+const float* transform_weight(const float* weight, const Problem& p, const Transforms& t,
+                              Order order = Order::o_major) {
+  const int64_t o_count = p.out_channels, c_count = p.channels, oc = o_count * c_count, r = t.r, alpha = t.alpha;
+  float* taps = scratch(6, r * r * oc);      // [ki][kj][column]
+  float* half = scratch(7, alpha * r * oc);  // [ξ][kj][column]
   float* u = scratch(5, alpha * alpha * oc);
   parallel_for(0, oc, kWeightColumnsGrain, [&](int64_t begin, int64_t end) {
-    // In blocks of columns, so that each tap's row is written in runs: one
-    // column at a time wrote r² floats oc apart (a power of two), each store
-    // to the same cache set.
-    constexpr int64_t kBlock = 64;
-    for (int64_t i0 = begin; i0 < end; i0 += kBlock) {
-      const int64_t i1 = std::min(end, i0 + kBlock);
-      for (int64_t k = 0; k < r * r; ++k) {
-        for (int64_t i = i0; i < i1; ++i) taps[k * oc + i] = weight[i * r * r + k];
-      }
-    }
-    for (int64_t kj = 0; kj < r; ++kj) {  // ki -> ξ
-      transform_rows(t, Which::g, taps + kj * oc + begin, r * oc, half + kj * oc + begin, r * oc, end - begin);
-    }
-    for (int64_t xi = 0; xi < alpha; ++xi) {  // kj -> ν
-      transform_rows(t, Which::g, half + xi * r * oc + begin, oc, u + xi * alpha * oc + begin, oc, end - begin);
-    }
+    gather_taps(weight, r * r, oc, begin, end,
+                [&](int64_t q0, int64_t count, int64_t* from) {
+                  if (order == Order::o_major) {
+                    for (int64_t j = 0; j < count; ++j) from[j] = q0 + j;
+                    return;
+                  }
+                  int64_t c = q0 / o_count, o = q0 % o_count;  // column q = c * O + o
+                  for (int64_t j = 0; j < count; ++j) {
+                    from[j] = o * c_count + c;
+                    if (++o == o_count) o = 0, ++c;
+                  }
+                },
+                taps);
+    transform_taps(t, oc, taps, half, u, begin, end);
   });
   return u;
 }
@@ -700,6 +740,50 @@ std::vector<PackedA<float>> packed_weight(const float* u, int64_t count, int64_t
   return out;
 }
 
+// packed_weight(transform_weight(...)) in one go where the GEMM packs A and
+// op(U_e)'s rows fill whole strips: the taps are gathered in the packing's
+// order (PackedA's layout), so the G transforms write every U_e packed, into
+// slot 9, and no U is packed afterwards (that pass and its read of U were
+// 9% of the forward of a 256-channel 3x3 on 8x8 planes). The same values.
+std::vector<PackedA<float>> packed_transformed_weight(const float* weight, const Problem& p, const Transforms& t,
+                                                      Transpose op) {
+  const int64_t o_count = p.out_channels, c_count = p.channels, oc = o_count * c_count, r = t.r, alpha = t.alpha;
+  const int64_t rows = op == Transpose::no ? o_count : c_count, depth = op == Transpose::no ? c_count : o_count;
+  constexpr int64_t kStrip = PackedA<float>::kStripRows, kSlice = PackedA<float>::kSliceDepth;
+  if (!PackedA<float>::packs() || rows % kStrip != 0) {
+    return packed_weight(transform_weight(weight, p, t), alpha * alpha, o_count, c_count, op);
+  }
+  float* taps = scratch(6, r * r * oc);      // [ki][kj][packing position]
+  float* half = scratch(7, alpha * r * oc);  // [ξ][kj][packing position]
+  float* u = scratch(9, alpha * alpha * oc);
+  // Position q of slice s, strip (rows i0 .. i0+8), depth d, row i is
+  // s * kSlice * rows + i0 * kc + (d - s * kSlice) * 8 + (i - i0): the
+  // strips of a slice follow one another, so each task's positions are a
+  // range. op(U)(i, d) is U[o = i][c = d], or U[o = d][c = i] transposed.
+  const int64_t strips = rows / kStrip, slices = (depth + kSlice - 1) / kSlice;
+  parallel_for(0, slices * strips, std::max<int64_t>(1, kWeightColumnsGrain / (kStrip * kSlice)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t task = begin; task < end; ++task) {
+                   const int64_t d0 = (task / strips) * kSlice, i0 = (task % strips) * kStrip;
+                   const int64_t kc = std::min(kSlice, depth - d0), first = d0 * rows + i0 * kc;
+                   gather_taps(weight, r * r, oc, first, first + kc * kStrip,
+                               [&](int64_t q0, int64_t count, int64_t* from) {
+                                 for (int64_t j = 0; j < count; ++j) {
+                                   const int64_t q = q0 + j - first, d = d0 + q / kStrip, i = i0 + q % kStrip;
+                                   from[j] = op == Transpose::no ? i * c_count + d : d * c_count + i;
+                                 }
+                               },
+                               taps);
+                 }
+               });
+  parallel_for(0, oc, kWeightColumnsGrain,
+               [&](int64_t begin, int64_t end) { transform_taps(t, oc, taps, half, u, begin, end); });
+  std::vector<PackedA<float>> out;
+  out.reserve(static_cast<size_t>(alpha * alpha));
+  for (int64_t e = 0; e < alpha * alpha; ++e) out.push_back(PackedA<float>::adopt(op, rows, depth, u + e * oc));
+  return out;
+}
+
 // ---- The channels-last path (few channels, AVX-512) ------------------------
 //
 // With few channels (the ConvNet's conv2: 16 -> 32, 5x5 on 14x14 planes) the
@@ -728,7 +812,8 @@ constexpr int64_t kChannelsLastMax = 128;
 
 // The channels-last path's per-thread scratch (ops/cpu/scratch.h): slots 0
 // to 2 for a chunk's buffers; the calling thread's 3 and 4, shared with the
-// team, for the weight's layouts and its gradient's per-task sums.
+// team, for the weight gradient's per-task sums and its [o][c] layout. (The
+// transformed weight is Winograd's slot 5, gathered c-major.)
 struct ChannelsLastScratch;
 float* cl_scratch(int slot, int64_t elements) { return thread_scratch<ChannelsLastScratch>(slot, elements); }
 
@@ -1002,28 +1087,13 @@ void grad_input_transform(const float* dv, const Tiling& tl, const ClChunk& g, i
 }
 #pragma GCC pop_options
 
-// U[e][c][o] from transform_weight's U[e][o][c] (e = ξ α + ν): the forward
-// products' B operand, rows over the input channels.
-// Into slot 3 (the forward has no weight gradient).
-const float* weight_c_major(const float* u, int64_t alpha2, int64_t o_count, int64_t c_count) {
-  float* out = cl_scratch(3, alpha2 * o_count * c_count);
-  parallel_for(0, alpha2, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t e = begin; e < end; ++e) {
-      for (int64_t o = 0; o < o_count; ++o) {
-        for (int64_t c = 0; c < c_count; ++c) out[(e * c_count + c) * o_count + o] = u[(e * o_count + o) * c_count + c];
-      }
-    }
-  });
-  return out;
-}
-
 template <int M, int R>
 void cl_forward(const float* input, const float* weight, const float* bias, const Problem& p, float* output) {
   using F = Fixed<M, R>;
   constexpr int A = M + R - 1;
   const Transforms& t = F::value;
   const int64_t o_count = p.out_channels, c_count = p.channels, e_count = A * A;
-  const float* u = weight_c_major(transform_weight(weight, p, t), e_count, o_count, c_count);
+  const float* u = transform_weight(weight, p, t, Order::c_major);  // U[e][c][o]
   const Tiling tl = tiling(p, M);
   for_each_chunk(p, M, plan(p, M), [&](int64_t, const Chunk& k) {
     const ClChunk g = cl_chunk(p, t, k);
@@ -1156,8 +1226,7 @@ void forward(const float* input, const float* weight, const float* bias, const P
 #endif
   const Transforms& t = transforms(m, static_cast<int>(p.kernel));
   const int64_t alpha = t.alpha, o_count = p.out_channels, c_count = p.channels;
-  const std::vector<PackedA<float>> u =
-      packed_weight(transform_weight(weight, p, t), alpha * alpha, o_count, c_count, Transpose::no);
+  const std::vector<PackedA<float>> u = packed_transformed_weight(weight, p, t, Transpose::no);
   for_each_chunk(p, m, plan(p, m), [&](int64_t, const Chunk& k) {
     const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
     const float* v = transformed_input(input, p, t, k);
@@ -1184,7 +1253,7 @@ void backward(const float* grad_output, const float* input, const float* weight,
   const int64_t size = alpha * alpha * o_count * c_count;
   const std::vector<PackedA<float>> ut =
       grad_input != nullptr
-          ? packed_weight(transform_weight(weight, p, t), alpha * alpha, o_count, c_count, Transpose::yes)
+          ? packed_transformed_weight(weight, p, t, Transpose::yes)
           : std::vector<PackedA<float>>();
   const Plan chunks = plan(p, m);
   // dU[ξ][ν][o][c] per task, summed in task order afterwards (the same sum
