@@ -94,16 +94,16 @@ SavedForward save_forward(const Tensor& input, const Tensor& weight, const Tenso
           weight.defined() ? weight.dtype() : DType::f32, bias.defined() ? bias.dtype() : DType::f32};
 }
 
-// The input, weight and bias gradients of batch norm for the output gradient
-// dy (masked by `relu` inside the kernels when enabled); weight and bias are
-// the node's inputs `weight_index` and `weight_index + 1`.
 // Whether batch_norm_gradients needs backward_reduce's sums.
 bool needs_sums(const Node& node, const SavedForward& s, size_t weight_index) {
   return s.training || node.needs_input_grad(weight_index) || node.needs_input_grad(weight_index + 1);
 }
 
-// `reduced`, when defined, are backward_reduce's sums for dy, computed by the
-// caller (batch_norm_add_relu's, with its mask).
+// The input, weight and bias gradients of batch norm for the output gradient
+// dy (masked by `relu` inside the kernels when enabled); weight and bias are
+// the node's inputs `weight_index` and `weight_index + 1`. `reduced`, when
+// defined, are backward_reduce's sums for dy, computed by the caller
+// (batch_norm_add_relu's, with its mask).
 TensorList batch_norm_gradients(const Node& node, const Tensor& dy, const SavedForward& s, const ops::FusedRelu& relu,
                                 size_t weight_index, const Tensor& reduced = Tensor()) {
   const Tensor& x = s.input;

@@ -27,10 +27,9 @@
 // parameter's.
 #pragma once
 
-#include <utility>
-
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include <loom/core/tensor.h>
 

@@ -290,8 +290,9 @@ Tiling tiling(const Problem& p, int m) {
 // least this many per thread: ResNet's 256-channel layers have 65,536.
 constexpr int64_t kWeightColumnsGrain = 4096;
 
-// The order of U's columns: [o][c] (o-major), [c][o] (c-major: the
-// channels-last path's products read U[e][c][o]), or PackedA's.
+// The order of transform_weight's U columns: [o][c] (o-major) or [c][o]
+// (c-major: the channels-last path's products read U[e][c][o]).
+// packed_transformed_weight writes PackedA's order instead.
 enum class Order { o_major, c_major };
 
 // Columns [begin, end) of the weight's taps, gathered: taps[k][q] =
