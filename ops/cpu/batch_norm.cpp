@@ -234,45 +234,6 @@ __attribute__((target("avx2"))) void backward_row_sums_avx2(const float* dy, con
   }
 }
 
-// One row of batch_norm_backward_reduce_relu_output in f32 with AVX2: g = dy
-// where y > 0, else 0, stored into `g_out`, and the sums of g and of
-// g * (x - mean). (y > 0 is false for a NaN y, as in relu's backward.)
-__attribute__((target("avx2"))) inline void relu_output_sums_step(const float* dy, const float* y, const float* x,
-                                                                   float* g_out, __m256 vmean, __m256& g_sum,
-                                                                   __m256& gx_sum) {
-  const __m256 positive = _mm256_cmp_ps(_mm256_loadu_ps(y), _mm256_setzero_ps(), _CMP_GT_OQ);
-  const __m256 g = _mm256_and_ps(_mm256_loadu_ps(dy), positive);
-  _mm256_storeu_ps(g_out, g);
-  g_sum = _mm256_add_ps(g_sum, g);
-  gx_sum = _mm256_add_ps(gx_sum, _mm256_mul_ps(g, _mm256_sub_ps(_mm256_loadu_ps(x), vmean)));
-}
-
-__attribute__((target("avx2"))) void relu_output_row_sums_avx2(const float* dy, const float* y, const float* x,
-                                                               float* g_out, int64_t n, float mean, double& sum_dy,
-                                                               double& sum_dy_xmu) {
-  const __m256 vmean = _mm256_set1_ps(mean), zero = _mm256_setzero_ps();
-  __m256 g_sum0 = zero, g_sum1 = zero, gx_sum0 = zero, gx_sum1 = zero;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    relu_output_sums_step(dy + i, y + i, x + i, g_out + i, vmean, g_sum0, gx_sum0);
-    relu_output_sums_step(dy + i + 8, y + i + 8, x + i + 8, g_out + i + 8, vmean, g_sum1, gx_sum1);
-  }
-  for (; i + 8 <= n; i += 8) relu_output_sums_step(dy + i, y + i, x + i, g_out + i, vmean, g_sum0, gx_sum0);
-  alignas(32) float lanes_g[8], lanes_gx[8];
-  _mm256_store_ps(lanes_g, _mm256_add_ps(g_sum0, g_sum1));
-  _mm256_store_ps(lanes_gx, _mm256_add_ps(gx_sum0, gx_sum1));
-  for (; i < n; ++i) {
-    const float g = y[i] > 0.0f ? dy[i] : 0.0f;
-    g_out[i] = g;
-    lanes_g[0] += g;
-    lanes_gx[0] += g * (x[i] - mean);
-  }
-  for (int lane = 0; lane < 8; ++lane) {
-    sum_dy += static_cast<double>(lanes_g[lane]);
-    sum_dy_xmu += static_cast<double>(lanes_gx[lane]);
-  }
-}
-
 // One row of the forward statistics in f32 with AVX2: the sums of x and of
 // x * x in 16 lanes, then added into the f64 sums. The portable loop in
 // batch_norm_stats (8 lanes) is vectorised by GCC with shuffles and spills:
@@ -306,6 +267,50 @@ __attribute__((target("avx2"))) void row_sums_avx2(const float* x, int64_t n, do
   }
 }
 #endif
+
+// backward_reduce's terms of one (n, c) row of n elements: sum_dy gains the
+// sum of g and sum_dy_xmu that of g * (x - mean), g = dy masked by the fused
+// ReLU (x * a + b > 0) when Masked. f32 runs the AVX2 loop where the CPU has
+// it; otherwise kLanes independent lanes in T, added into the f64 sums.
+template <class T, bool Masked>
+void row_backward_sums(const T* dy, const T* x, int64_t n, T a, T b, T mean, double& sum_dy, double& sum_dy_xmu) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_has_avx2()) return backward_row_sums_avx2<Masked>(dy, x, n, a, b, mean, sum_dy, sum_dy_xmu);
+  }
+#endif
+  T lane_dy[kLanes] = {}, lane_dy_xmu[kLanes] = {};
+  int64_t s = 0;
+  for (; s + kLanes <= n; s += kLanes) {
+    for (int lane = 0; lane < kLanes; ++lane) {
+      const T g = masked<Masked>(dy[s + lane], x, s + lane, a, b);
+      lane_dy[lane] += g;
+      lane_dy_xmu[lane] += g * (x[s + lane] - mean);
+    }
+  }
+  for (; s < n; ++s) {
+    const T g = masked<Masked>(dy[s], x, s, a, b);
+    lane_dy[0] += g;
+    lane_dy_xmu[0] += g * (x[s] - mean);
+  }
+  for (int lane = 0; lane < kLanes; ++lane) {
+    sum_dy += static_cast<double>(lane_dy[lane]);
+    sum_dy_xmu += static_cast<double>(lane_dy_xmu[lane]);
+  }
+}
+
+// The same for flat_rows' run of `count` elements, each with its own
+// coefficients (as, bs: the fused ReLU's, read when Masked; means) and its
+// own f64 sums.
+template <class T, bool Masked>
+void flat_backward_sums(const T* dy, const T* x, int64_t count, const T* as, const T* bs, const T* means,
+                        double* sum_dy, double* sum_dy_xmu) {
+  for (int64_t j = 0; j < count; ++j) {
+    const T g = masked<Masked>(dy[j], x, j, Masked ? as[j] : T(0), Masked ? bs[j] : T(0));
+    sum_dy[j] += static_cast<double>(g);
+    sum_dy_xmu[j] += static_cast<double>(g * (x[j] - means[j]));
+  }
+}
 }  // namespace
 
 Tensor batch_norm_stats(const Tensor& input_in) {
@@ -442,45 +447,13 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
         const std::vector<T> bs = Masked ? spread_per_channel<T>(l, forward.shift) : std::vector<T>();
         return channel_sums_flat(l, [&](int64_t offset, int64_t first, int64_t count, double* sum_dy,
                                         double* sum_dy_xmu) {
-          const T* xs = x + offset + first;
-          const T* dys = dy + offset + first;
-          for (int64_t j = 0; j < count; ++j) {
-            const int64_t e = first + j;  // the element within the image
-            const T g = masked<Masked>(dys[j], xs, j, Masked ? as[e] : T(0), Masked ? bs[e] : T(0));
-            sum_dy[j] += static_cast<double>(g);
-            sum_dy_xmu[j] += static_cast<double>(g * (xs[j] - ms[e]));
-          }
+          flat_backward_sums<T, Masked>(dy + offset + first, x + offset + first, count, Masked ? as.data() + first : nullptr,
+                                        Masked ? bs.data() + first : nullptr, ms.data() + first, sum_dy, sum_dy_xmu);
         });
       }
       return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
-        const T mc = static_cast<T>(m[c]);
-        const T a = static_cast<T>(forward.scale[c]), b = static_cast<T>(forward.shift[c]);
-#if defined(__x86_64__)
-        if constexpr (std::is_same_v<T, float>) {
-          if (cpu_has_avx2()) {
-            backward_row_sums_avx2<Masked>(dy + offset, x + offset, l.inner, a, b, mc, sum_dy, sum_dy_xmu);
-            return;
-          }
-        }
-#endif
-        T lane_dy[kLanes] = {}, lane_dy_xmu[kLanes] = {};
-        int64_t s = 0;
-        for (; s + kLanes <= l.inner; s += kLanes) {
-          for (int lane = 0; lane < kLanes; ++lane) {
-            const T g = masked<Masked>(dy[offset + s + lane], x, offset + s + lane, a, b);
-            lane_dy[lane] += g;
-            lane_dy_xmu[lane] += g * (x[offset + s + lane] - mc);
-          }
-        }
-        for (; s < l.inner; ++s) {
-          const T g = masked<Masked>(dy[offset + s], x, offset + s, a, b);
-          lane_dy[0] += g;
-          lane_dy_xmu[0] += g * (x[offset + s] - mc);
-        }
-        for (int lane = 0; lane < kLanes; ++lane) {
-          sum_dy += static_cast<double>(lane_dy[lane]);
-          sum_dy_xmu += static_cast<double>(lane_dy_xmu[lane]);
-        }
+        row_backward_sums<T, Masked>(dy + offset, x + offset, l.inner, static_cast<T>(forward.scale[c]),
+                                     static_cast<T>(forward.shift[c]), static_cast<T>(m[c]), sum_dy, sum_dy_xmu);
       });
     });
   });
@@ -507,54 +480,25 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& g
     const T* dy = grad_output.data<T>();
     const T* y = output.data<T>();
     T* g = g_out.data<T>();
+    // Each run of elements is masked into g, then summed as backward_reduce
+    // sums (unmasked) while it is in cache: the sums of the two ops, in one
+    // pass over the tensors.
+    const auto mask = [&](int64_t begin, int64_t count) {
+      for (int64_t i = begin; i < begin + count; ++i) g[i] = ::loom::ops::Relu::backward(dy[i], y[i]);
+    };
     if (flat_rows(l)) {  // 1x1 to 4x4 planes: straight into f64
       const std::vector<T> ms = spread_per_channel<T>(l, m);
       return channel_sums_flat(l, [&](int64_t offset, int64_t first, int64_t count, double* sum_dy,
                                       double* sum_dy_xmu) {
-        const int64_t base = offset + first;
-        // Two loops over the block (in cache for the second), each vectorised:
-        // one loop that stores g and sums it was not.
-        for (int64_t j = 0; j < count; ++j) g[base + j] = ::loom::ops::Relu::backward(dy[base + j], y[base + j]);
-        const T* gs = g + base;
-        const T* xs = x + base;
-        for (int64_t j = 0; j < count; ++j) {
-          sum_dy[j] += static_cast<double>(gs[j]);
-          sum_dy_xmu[j] += static_cast<double>(gs[j] * (xs[j] - ms[first + j]));
-        }
+        mask(offset + first, count);
+        flat_backward_sums<T, false>(g + offset + first, x + offset + first, count, nullptr, nullptr,
+                                     ms.data() + first, sum_dy, sum_dy_xmu);
       });
     }
     return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
-      const T mc = static_cast<T>(m[c]);
-#if defined(__x86_64__)
-      if constexpr (std::is_same_v<T, float>) {
-        if (cpu_has_avx2()) {
-          return relu_output_row_sums_avx2(dy + offset, y + offset, x + offset, g + offset, l.inner, mc, sum_dy,
-                                           sum_dy_xmu);
-        }
-      }
-#endif
-      T lane_dy[kLanes] = {}, lane_dy_xmu[kLanes] = {};
-      int64_t s = 0;
-      for (; s + kLanes <= l.inner; s += kLanes) {
-        for (int lane = 0; lane < kLanes; ++lane) {
-          const int64_t i = offset + s + lane;
-          const T gi = ::loom::ops::Relu::backward(dy[i], y[i]);
-          g[i] = gi;
-          lane_dy[lane] += gi;
-          lane_dy_xmu[lane] += gi * (x[i] - mc);
-        }
-      }
-      for (; s < l.inner; ++s) {
-        const int64_t i = offset + s;
-        const T gi = ::loom::ops::Relu::backward(dy[i], y[i]);
-        g[i] = gi;
-        lane_dy[0] += gi;
-        lane_dy_xmu[0] += gi * (x[i] - mc);
-      }
-      for (int lane = 0; lane < kLanes; ++lane) {
-        sum_dy += static_cast<double>(lane_dy[lane]);
-        sum_dy_xmu += static_cast<double>(lane_dy_xmu[lane]);
-      }
+      mask(offset, l.inner);
+      row_backward_sums<T, false>(g + offset, x + offset, l.inner, T(0), T(0), static_cast<T>(m[c]), sum_dy,
+                                  sum_dy_xmu);
     });
   });
   double* second = sums.data<double>() + l.channels;
