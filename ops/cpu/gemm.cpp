@@ -397,6 +397,14 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
   return ldb % 16 != 0 || std::gcd<int64_t>(ldb / 16, 64) <= 2;
 }
 
+}  // namespace
+
+int64_t gemm_b_stride(int64_t columns) {
+  return b_readable_in_place(Transpose::no, columns) ? columns : columns + 16;
+}
+
+namespace {
+
 // A packed for the whole problem (PackedA): KC slice pc holds its MR-tall
 // strips at data + pc * m_padded, those of rows from row0 on at
 // + row0 * kc, so that threads splitting the rows read their own.

@@ -55,6 +55,12 @@ void gemm(const PackedA<float>& a, Transpose transpose_b, int64_t n, float alpha
 void gemm(const PackedA<double>& a, Transpose transpose_b, int64_t n, double alpha, const double* b, int64_t ldb,
           double beta, double* c, int64_t ldc);
 
+// The row stride, at least `columns` floats, for a matrix built to be gemm's
+// non-transposed B: one that the f32 kernels read in place. Rows a multiple
+// of a large power of two apart alias in L1, and gemm packs such a B first
+// (a copy of it); 16 floats more and it is read where it lies.
+int64_t gemm_b_stride(int64_t columns);
+
 // The f32 kernels: packed 8 x 32 tiles in 512-bit registers, packed 6 x 16
 // tiles in 256-bit ones, or Eigen's product.
 enum class GemmKernel { avx512, avx2_fma, eigen };

@@ -187,6 +187,9 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"1x1 kernel on 8x8 planes, 3 or 4 images per GEMM", {9, 16, 8, 8}, {24, 16, 1, 1}, {}},
       {"3x3 stride 2 onto 8x8 planes, 3 or 4 images per GEMM", {9, 8, 16, 16}, {12, 8, 3, 3},
        {.stride = {2, 2}, .padding = {1, 1}}},
+      // A column matrix of 256-column rows, stored 272 apart (gemm_b_stride) so the GEMM reads it in place.
+      {"3x3 stride 2 onto 16x16 planes (ResNet-50's layer2 at 32x32), one image per GEMM", {3, 8, 32, 32},
+       {12, 8, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
       {"stride 2 padding 3 7x7", {6, 3, 16, 16}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
       {"batch 1", {1, 4, 3, 3}, {5, 4, 3, 3}, {.padding = {1, 1}}},
       {"2x2 -> 1x1 with stride 2: 4 of 9 taps read the image", {5, 6, 2, 2}, {7, 6, 3, 3},
