@@ -13,21 +13,24 @@ thread_local bool t_grad_mode = true;
 // The callbacks of the backward pass running on this thread, if any.
 thread_local std::vector<std::function<void()>>* t_end_of_backward = nullptr;
 
+// Whether the sum so far may be added to in place: nothing else can see it
+// (no other tensor or view shares it), loom allocated its memory, and no
+// graph of the gradients is being built. Otherwise it may alias a tensor
+// someone else holds.
+bool addable_in_place(const Tensor& total) {
+  return !grad_mode_enabled() && total.impl_ptr().use_count() == 1 && total.storage().use_count() == 1 &&
+         total.storage()->owns_memory() && total.is_contiguous() && !total.requires_grad();
+}
+
 void accumulate(Tensor& total, Tensor&& gradient) {
   if (!gradient.defined()) return;
   if (!total.defined()) {
     total = std::move(gradient);
     return;
   }
-  // The sum so far is added to in place when nothing else can see it: no
-  // other tensor or view shares it, loom allocated its memory, and no graph
-  // of the gradients is being built. Otherwise it may alias a tensor someone
-  // else holds, and the sum goes into a fresh one. (A residual connection's
-  // gradient is such a sum: the in-place add saves a copy of it.)
-  const bool sole_owner = !grad_mode_enabled() && total.impl_ptr().use_count() == 1 &&
-                          total.storage().use_count() == 1 && total.storage()->owns_memory() &&
-                          total.dtype() == gradient.dtype() && total.is_contiguous() && !total.requires_grad();
-  if (sole_owner) {
+  // Added in place where it may be, else into a fresh tensor. (A residual
+  // connection's gradient is such a sum: the in-place add saves a copy of it.)
+  if (addable_in_place(total) && total.dtype() == gradient.dtype()) {
     total.add_(gradient);
     return;
   }
@@ -43,6 +46,11 @@ Node::Node(std::string name, uint32_t num_outputs)
 const Tensor& Node::gradient_destination(size_t i) const {
   static const Tensor none;
   return i < gradient_destinations_.size() ? gradient_destinations_[i] : none;
+}
+
+const Tensor& Node::gradient_sum(size_t i) const {
+  static const Tensor none;
+  return i < gradient_sums_.size() ? gradient_sums_[i] : none;
 }
 
 Tensor Node::gradient_buffer(uint32_t) const { return {}; }
@@ -217,21 +225,28 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
       later_first);
 
-  // Decided when `node` is about to run (not in advance): an input whose node
-  // asks for a buffer and has no gradient pending from another node yet.
+  // Decided when `node` is about to run (not in advance), input by input (an
+  // input twice among the node's is offered to the first only): the sum
+  // pending for it when that may be added to in place (gradient_sum), else,
+  // with nothing pending, the buffer its node asks for (gradient_destination).
   auto offer_gradient_destinations = [&](Node& node) {
     for (size_t i = 0; i < node.next_edges.size(); ++i) {
       const Edge& edge = node.next_edges[i];
       if (!edge.valid()) continue;
-      Tensor buffer = edge.node->gradient_buffer(edge.input_nr);
-      if (!buffer.defined()) continue;
-      auto slot = pending.find(edge.node.get());
-      if (slot != pending.end() && slot->second.grads.at(edge.input_nr).defined()) continue;
-      // The same input twice among this node's: offer it to the first only.
       bool earlier = false;
       for (size_t j = 0; j < i && !earlier; ++j)
         earlier = node.next_edges[j].node == edge.node && node.next_edges[j].input_nr == edge.input_nr;
       if (earlier) continue;
+      auto slot = pending.find(edge.node.get());
+      if (slot != pending.end() && slot->second.grads.at(edge.input_nr).defined()) {
+        const Tensor& sum = slot->second.grads[edge.input_nr];
+        if (!addable_in_place(sum)) continue;
+        if (node.gradient_sums_.empty()) node.gradient_sums_.resize(node.next_edges.size());
+        node.gradient_sums_[i] = sum;
+        continue;
+      }
+      Tensor buffer = edge.node->gradient_buffer(edge.input_nr);
+      if (!buffer.defined()) continue;
       if (node.gradient_destinations_.empty()) node.gradient_destinations_.resize(node.next_edges.size());
       node.gradient_destinations_[i] = std::move(buffer);
     }
@@ -263,23 +278,35 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     for (const Tensor& g : grads) any_gradient = any_gradient || g.defined();
     // A node that received no gradient at all passes none on.
     TensorList input_grads;
+    // Inputs whose gradient the node added into the offered sum (gradient_sum):
+    // the pending sum already holds it.
+    std::vector<char> summed_in_place(node->next_edges.size(), 0);
     if (any_gradient) {
       offer_gradient_destinations(*node);
       struct ClearDestinations {
         Node& node;
-        ~ClearDestinations() { node.gradient_destinations_.clear(); }
+        ~ClearDestinations() {
+          node.gradient_destinations_.clear();
+          node.gradient_sums_.clear();
+        }
       } clear_destinations{*node};
-      // The scope reads the shape and keeps no reference (no copy of grads[0]
-      // here either): AccumulateGrad takes over a gradient only when nothing
-      // else holds it.
-      profiler::Scope scope(profiler::active() ? node->name() + " backward" : std::string(), grads[0]);
-      input_grads = node->apply(std::move(grads));
+      {
+        // The scope reads the shape and keeps no reference (no copy of grads[0]
+        // here either): AccumulateGrad takes over a gradient only when nothing
+        // else holds it.
+        profiler::Scope scope(profiler::active() ? node->name() + " backward" : std::string(), grads[0]);
+        input_grads = node->apply(std::move(grads));
+      }
+      for (size_t i = 0; i < node->gradient_sums_.size() && i < input_grads.size(); ++i) {
+        const Tensor& sum = node->gradient_sums_[i];
+        summed_in_place[i] = sum.defined() && input_grads[i].is_same(sum);
+      }
     }
     if (!retain_graph) node->release_saved();
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& edge = node->next_edges[i];
       if (!edge.valid()) continue;
-      Tensor gradient = i < input_grads.size() ? std::move(input_grads[i]) : Tensor();
+      Tensor gradient = i < input_grads.size() && !summed_in_place[i] ? std::move(input_grads[i]) : Tensor();
       deliver(edge, std::move(gradient));
       if (--dependencies[edge.node.get()] == 0) ready.push(edge.node);
     }

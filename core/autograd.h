@@ -48,6 +48,15 @@ class Node {
   // whole extent) returns it as that input's gradient; an op that can't
   // ignores it, and the receiving node copies (AccumulateGrad).
   const Tensor& gradient_destination(size_t i) const;
+  // The gradient other nodes have already sent to input `i` in this pass,
+  // offered during apply() when it may be added to in place (the sum's only
+  // holder is the engine, loom owns its memory, it is contiguous, and no
+  // graph of the gradients is being built), or an undefined tensor. An op
+  // that adds its gradient for input `i` into it returns it as that
+  // gradient, and the engine adds nothing more; an op that doesn't returns
+  // its own, which the engine adds. (A residual block's first convolution
+  // adds its input gradient to the shortcut's this way, saving a pass.)
+  const Tensor& gradient_sum(size_t i) const;
   // The memory this node would like the gradient arriving at its input
   // `input_nr` computed in, or an undefined tensor (the default). The engine
   // asks just before running the node that produces that gradient.
@@ -63,6 +72,7 @@ class Node {
   std::string name_;
   uint32_t num_outputs_;
   TensorList gradient_destinations_;  // set by the engine around apply(); empty otherwise
+  TensorList gradient_sums_;          // likewise
 };
 
 // Backward of an op as a closure over exactly what it saved.

@@ -54,12 +54,15 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
            const Tensor dy = g[0].to(x.dtype());
            Tensor dx, dw, db;
            // The weight gradient is computed straight into its gradient destination
-           // (a DDP bucket); the small bias gradient is copied there.
+           // (a DDP bucket); the small bias gradient is copied there. The input
+           // gradient is added to the one already summed for the input, where the
+           // kernel can (a bottleneck's first convolution: the shortcut's gradient).
+           const Tensor& dx_sum = node.gradient_sum(0);
            if (node.needs_input_grad(0) && node.needs_input_grad(1)) {
-             std::tie(dx, dw) =
-                 LOOM_DISPATCH(dy, conv2d_backward_input_weight, dy, x, w, params, node.gradient_destination(1));
+             std::tie(dx, dw) = LOOM_DISPATCH(dy, conv2d_backward_input_weight, dy, x, w, params,
+                                              node.gradient_destination(1), dx_sum);
            } else if (node.needs_input_grad(0)) {
-             dx = LOOM_DISPATCH(dy, conv2d_backward_input, dy, w, x.sizes(), params);
+             dx = LOOM_DISPATCH(dy, conv2d_backward_input, dy, w, x.sizes(), params, dx_sum);
            } else if (node.needs_input_grad(1)) {
              dw = LOOM_DISPATCH(dy, conv2d_backward_weight, dy, x, w.sizes(), params, node.gradient_destination(1));
            }

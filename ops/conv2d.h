@@ -45,33 +45,41 @@ namespace ops::cpu {
 // All tensors of one dtype (f32, f64; f16 / bf16 computed in f32), which the
 // results keep. `bias` may be undefined.
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+// `grad_input_sum`, when defined and fitting (input_sizes, grad_output's
+// dtype, f32 or f64, contiguous), is the input's gradient summed so far
+// (Node::gradient_sum): the input gradient is added into it and it is
+// returned, except where conv2d runs Winograd, which returns a fresh one.
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
-                             const Conv2dParams& params);
+                             const Conv2dParams& params, const Tensor& grad_input_sum = Tensor());
 // `out`, when defined and fitting (weight_sizes, grad_output's dtype and
 // device, contiguous), receives the weight gradient and is returned (a
 // gradient destination, Node::gradient_destination); otherwise it is allocated.
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
                               const Conv2dParams& params, const Tensor& out = Tensor());
 // Both gradients at once: {grad_input, grad_weight}, the weight's into `out`
-// as above. On the CPU, where conv2d uses Winograd (f32) the output
+// and the input's into `grad_input_sum` as above. On the CPU, where conv2d uses Winograd (f32) the output
 // gradient's tiles are transformed once for the two; elsewhere the two
 // functions above run. On CUDA the output gradient is put into the input's
 // memory order once for cuDNN's two passes.
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
-                                                       const Tensor& out = Tensor());
+                                                       const Tensor& out = Tensor(),
+                                                       const Tensor& grad_input_sum = Tensor());
 Tensor conv2d_backward_bias(const Tensor& grad_output);  // (O)
 }  // namespace ops::cpu
 
+// The input gradient is always a fresh tensor here: `grad_input_sum` is not
+// added into (cuDNN's beta could; the engine adds it instead).
 namespace ops::cuda {
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
-                             const Conv2dParams& params);
+                             const Conv2dParams& params, const Tensor& grad_input_sum = Tensor());
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
                               const Conv2dParams& params, const Tensor& out = Tensor());
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
-                                                       const Tensor& out = Tensor());
+                                                       const Tensor& out = Tensor(),
+                                                       const Tensor& grad_input_sum = Tensor());
 Tensor conv2d_backward_bias(const Tensor& grad_output);
 }  // namespace ops::cuda
 

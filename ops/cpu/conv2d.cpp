@@ -399,6 +399,18 @@ void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t
     }
   }
 }
+// The same, added into `batched`.
+template <class T>
+void scatter_planes_add(const T* side_by_side, int64_t images, int64_t rows, int64_t plane, T* batched) {
+  const int64_t ld = images * plane;
+  for (int64_t n = 0; n < images; ++n) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* src = side_by_side + r * ld + n * plane;
+      T* dst = batched + (n * rows + r) * plane;
+      for (int64_t i = 0; i < plane; ++i) dst[i] += src[i];
+    }
+  }
+}
 
 // How the batch is cut into GEMMs. A GEMM over one image has Ho*Wo columns:
 // 196 for the MNIST ConvNet's second conv, but 1 to 64 in ResNet-50's later
@@ -725,15 +737,16 @@ void forward_by_class(const T* input, const T* weight, const T* bias, const Geom
   });
 }
 
+// With `add`, grad_input holds a gradient that this one is added to.
 template <class T>
 void backward_input_by_class(const T* grad_output, const T* weight, const Geometry& g,
-                             const std::vector<PositionClass>& classes, T* grad_input) {
+                             const std::vector<PositionClass>& classes, T* grad_input, bool add) {
   const int64_t image_in = g.channels * g.input_plane(), image_out = g.out_channels * g.output_plane();
   const std::vector<const T*> weights = class_weights(weight, g, classes);
   profiler::add_flops(class_flops(g, classes));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     T* dx = grad_input + n0 * image_in;
-    std::fill(dx, dx + images * image_in, T(0));
+    if (!add) std::fill(dx, dx + images * image_in, T(0));
     for (size_t k = 0; k < classes.size(); ++k) {
       const PositionClass& pc = classes[k];
       const int64_t columns = images * pc.count(), rows = pc.col_rows(g);
@@ -824,17 +837,20 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
   });
 }
 
+// With `add`, grad_input holds a gradient that this one is added to (never
+// under Winograd: the caller checks winograd_tile).
 template <class T>
-void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input) {
+void backward_input(const T* grad_output, const T* weight, const Geometry& g, T* grad_input, bool add) {
   const int64_t plane = g.output_plane(), image_size = g.channels * g.input_plane();
   if (const int m = winograd_tile<T>(g)) {
+    LOOM_CHECK(!add, "conv2d backward: Winograd does not add into an input gradient");
     profiler::add_flops(conv_flops(g, g.col_rows()));
     if constexpr (std::is_same_v<T, float>) winograd::backward_input(grad_output, weight, winograd_problem(g), m, grad_input);
     return;
   }
   const Taps taps = make_taps(g);
   if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
-    return backward_input_by_class(grad_output, weight, g, classes, grad_input);
+    return backward_input_by_class(grad_output, weight, g, classes, grad_input, add);
   }
   const int64_t k = taps.col_rows(g);
   weight = active_weight(weight, g, taps);  // (O, C*active)
@@ -847,13 +863,17 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     const int64_t columns = images * plane;
     const T* dy = group_grad_output(grad_output, g, n0, images);  // (O, G*Ho*Wo)
     T* dx = grad_input + n0 * image_size;
-    // col = Wᵀ · dY: (C*active, G*Ho*Wo); one pointwise image is its own gradient.
+    // col = Wᵀ · dY: (C*active, G*Ho*Wo); one pointwise image is its own
+    // gradient (added to dx by the GEMM's beta).
     const bool direct = images == 1 && g.pointwise();
     T* col = direct ? dx : scratch<T>(0, k * columns);
-    gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, T(0), col, columns);
+    gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, direct && add ? T(1) : T(0), col, columns);
     if (direct) return;
-    if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx);  // col2im is a copy
-    std::fill(dx, dx + images * image_size, T(0));
+    if (g.pointwise()) {  // col2im is a copy
+      return add ? scatter_planes_add(col, images, g.channels, plane, dx)
+                 : scatter_planes(col, images, g.channels, plane, dx);
+    }
+    if (!add) std::fill(dx, dx + images * image_size, T(0));
     for (int64_t i = 0; i < images; ++i) col2im_add(col + i * plane, columns, g, taps, dx + i * image_size);
   });
 }
@@ -920,12 +940,17 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_output_in, const Tensor& weight_in, const Shape& input_sizes,
-                             const Conv2dParams& params) {
+                             const Conv2dParams& params, const Tensor& grad_input_sum) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), weight = cpu_compute_input(weight_in);
   const Geometry g = make_geometry(input_sizes, weight.sizes(), params);
-  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
-  visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
-    backward_input(grad_output.data<T>(), weight.data<T>(), g, grad_input.data<T>());
+  // Added into the sum where it is in the compute dtype and conv2d is not
+  // Winograd (whose planes are written, not added to).
+  const DType dtype = grad_output.dtype();
+  const bool add = grad_output_in.dtype() == dtype && fits_result(grad_input_sum, input_sizes, dtype, Device::cpu()) &&
+                   !(dtype == DType::f32 && winograd_tile<float>(g) != 0);
+  Tensor grad_input = add ? grad_input_sum : Tensor::empty(input_sizes, dtype);
+  visit_compute_dtype(dtype, "conv2d backward", [&]<class T>() {
+    backward_input(grad_output.data<T>(), weight.data<T>(), g, grad_input.data<T>(), add);
   });
   return grad_input.to(grad_output_in.dtype());
 }
@@ -949,12 +974,12 @@ Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_
 
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
-                                                       const Tensor& weight_out) {
+                                                       const Tensor& weight_out, const Tensor& grad_input_sum) {
   const Geometry g = make_geometry(input.sizes(), weight.sizes(), params);
   const bool f32 = grad_output.dtype() == DType::f32 && input.dtype() == DType::f32 && weight.dtype() == DType::f32;
   const int m = f32 ? winograd_tile<float>(g) : 0;
   if (m == 0) {
-    return {conv2d_backward_input(grad_output, weight, input.sizes(), params),
+    return {conv2d_backward_input(grad_output, weight, input.sizes(), params, grad_input_sum),
             conv2d_backward_weight(grad_output, input, weight.sizes(), params, weight_out)};
   }
   const Tensor dy = cpu_compute_input(grad_output), x = cpu_compute_input(input), w = cpu_compute_input(weight);

@@ -334,7 +334,7 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in, const Shape& input_sizes,
-                             const Conv2dParams& params) {
+                             const Conv2dParams& params, const Tensor&) {
   const auto device_guard = on_device_of("conv2d backward", grad_output);
   const MemoryFormat format = memory_format_of(grad_output);
   const Tensor dy = in_memory_format(grad_output, format), w = in_memory_format(weight_in, format);
@@ -382,7 +382,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input_in,
 
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
-                                                       const Tensor& out) {
+                                                       const Tensor& out, const Tensor&) {
   const auto device_guard = on_device_of("conv2d backward", grad_output);
   // cuDNN has no pass that computes both; the output gradient is put into the
   // input's memory order once for the two.

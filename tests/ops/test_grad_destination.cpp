@@ -4,7 +4,9 @@
 // Node::gradient_destination), with the values it computes without one (f32
 // and f64); accumulation without zeroing, a parameter used twice,
 // retain_graph, dtype casts and ops that ignore the offer still give the
-// right sums, in the buffer.
+// right sums, in the buffer. The gradient already summed for an input
+// (Node::gradient_sum) is offered only where it may be added to in place,
+// and conv2d's CPU input gradient is added into it.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -259,6 +261,126 @@ TEST_SUITE("grad destination") {
     CHECK_FALSE(offered.defined());
     CHECK(w.grad().is_same(destination));
     check_close(w.grad(), values({4}, DType::f64, 0.2), 2.0, "identity accumulated");
+  }
+
+  TEST_CASE("the engine offers an input's pending sum; an op that adds into it is not added again") {
+    // h = 1.5 x feeds an op of its own (a = h * v1) and, recorded after it so
+    // that its backward runs first, b = h * v2: h's gradient is then pending
+    // when the op's backward runs. The op adds into the offered sum or
+    // ignores it; when b's gradient is also held elsewhere nothing is offered.
+    const Tensor v1 = values({4}, DType::f64, 0.2), v2 = values({4}, DType::f64, 0.9);
+    for (bool add_into : {true, false}) {
+      for (bool held_elsewhere : {false, true}) {
+        INFO("add into the sum: ", add_into, ", b's gradient held elsewhere: ", held_elsewhere);
+        Tensor x = leaf({4}, DType::f64, 0.0);
+        Tensor offered, returned, kept;
+        Tensor h = x * 1.5;
+        Tensor a;
+        {
+          NoGradGuard no_grad;
+          a = h * v1;
+        }
+        record("times_v1", {h}, {&a}, [&](const TensorList& g, const Node& node) {
+          offered = node.gradient_sum(0);
+          const Tensor own = g[0] * v1;
+          returned = own;
+          if (add_into && offered.defined()) {
+            returned = offered;
+            returned.add_(own);
+          }
+          return TensorList{returned};
+        });
+        Tensor b;
+        {
+          NoGradGuard no_grad;
+          b = h * v2;
+        }
+        record("times_v2", {h}, {&b}, [&](const TensorList& g, const Node&) {
+          Tensor own = g[0] * v2;
+          if (held_elsewhere) kept = own;
+          return TensorList{own};
+        });
+        (sum(a) + sum(b)).backward();
+        CHECK(offered.defined() == !held_elsewhere);
+        if (offered.defined() && add_into) CHECK(returned.is_same(offered));
+        check_close(x.grad(), (v1 + v2) * 1.5, 1.0, "x's gradient");
+      }
+    }
+  }
+
+  TEST_CASE("the CPU conv2d input gradient is added into the sum given, except under Winograd") {
+    struct Case {
+      const char* name;
+      Shape input, weight;
+      Conv2dParams params;
+      bool winograd;  // for f32
+    };
+    const Case cases[] = {
+        {"1x1, one image per GEMM: the GEMM's beta", {2, 8, 16, 16}, {6, 8, 1, 1}, {}, false},
+        {"1x1 on 4x4 planes, images side by side: scattered and added", {6, 8, 4, 4}, {5, 8, 1, 1}, {}, false},
+        {"1x1 stride 2 (ResNet's downsample): folded back", {2, 8, 8, 8}, {6, 8, 1, 1}, {.stride = {2, 2}}, false},
+        {"3x3 stride 2: folded back (col2im)", {2, 4, 9, 9}, {3, 4, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}},
+         false},
+        {"3x3 on 2x2 planes: position classes", {3, 6, 2, 2}, {5, 6, 3, 3}, {.padding = {1, 1}}, false},
+        {"3x3 on 8x8 planes, 8 channels: Winograd in f32, a fresh gradient", {2, 8, 8, 8}, {8, 8, 3, 3},
+         {.padding = {1, 1}}, true},
+    };
+    for (const Case& c : cases) {
+      for (DType dtype : {DType::f32, DType::f64}) {
+        INFO(c.name, ", ", dtype_name(dtype));
+        const Tensor x = values(c.input, dtype, 0.3), w = values(c.weight, dtype, 0.7);
+        const Tensor y = ops::cpu::conv2d_forward(x, w, Tensor(), c.params);
+        const Tensor dy = values(y.sizes(), dtype, 1.3);
+        const Tensor plain = ops::cpu::conv2d_backward_input(dy, w, x.sizes(), c.params);
+        const Tensor prior = values(x.sizes(), dtype, 2.1);
+        const bool adds = !(c.winograd && dtype == DType::f32);
+        Tensor sum_alone = prior.clone(), sum_both = prior.clone();
+        const Tensor alone = ops::cpu::conv2d_backward_input(dy, w, x.sizes(), c.params, sum_alone);
+        const Tensor both = ops::cpu::conv2d_backward_input_weight(dy, x, w, c.params, Tensor(), sum_both).first;
+        CHECK(alone.is_same(sum_alone) == adds);
+        CHECK(both.is_same(sum_both) == adds);
+        const Tensor expected = adds ? prior + plain : plain;
+        check_close(alone, expected, 1.0, "input gradient alone");
+        check_close(both, expected, 1.0, "input gradient with the weight's");
+        if (!adds) {
+          check_close(sum_alone, prior, 1.0, "the sum, untouched");
+          check_close(sum_both, prior, 1.0, "the sum, untouched");
+        }
+      }
+    }
+    // A sum that does not fit (another dtype, or another shape) is left alone.
+    const Tensor x = values({2, 8, 16, 16}, DType::f32, 0.3), w = values({6, 8, 1, 1}, DType::f32, 0.7);
+    const Tensor dy = values({2, 6, 16, 16}, DType::f32, 1.3);
+    Tensor other_dtype = values(x.sizes(), DType::f64, 2.1), other_shape = values({2, 8, 16, 15}, DType::f32, 2.1);
+    CHECK_FALSE(ops::cpu::conv2d_backward_input(dy, w, x.sizes(), {}, other_dtype).is_same(other_dtype));
+    CHECK_FALSE(ops::cpu::conv2d_backward_input(dy, w, x.sizes(), {}, other_shape).is_same(other_shape));
+    check_close(other_dtype, values(x.sizes(), DType::f64, 2.1), 1.0, "a sum of another dtype, untouched");
+  }
+
+  TEST_CASE("a residual block's convolution adds its input gradient into the shortcut's") {
+    // out = conv(h) + relu(h), h = 2 x: relu's backward sends h's gradient
+    // before the convolution's runs, which is offered that sum and adds into
+    // it. The gradient is the one computed by the kernels apart.
+    for (DType dtype : {DType::f32, DType::f64}) {
+      for (const Shape& input : {Shape{2, 8, 16, 16}, Shape{6, 8, 4, 4}}) {
+        INFO(dtype_name(dtype), ", input ", shape_str(input));
+        Tensor x = leaf(input, dtype, 0.1);
+        const Tensor w = values({8, 8, 1, 1}, dtype, 0.4), v = values(input, dtype, 0.8);
+        Tensor h = x * 2.0;
+        // Recorded in this order (operands of one expression are not), so the
+        // convolution's backward runs after relu's.
+        const Tensor branch = conv2d(h, w);
+        const Tensor shortcut = relu(h);
+        sum((branch + shortcut) * v).backward();
+        // By hand: dL/dh = conv's input gradient of v, plus v where h > 0.
+        const Tensor hv = h.detach();
+        const Tensor by_conv = ops::cpu::conv2d_backward_input(v, w, input, {});
+        std::vector<double> expected = by_conv.to_vector<double>(), hs = hv.to_vector<double>(),
+                            vs = v.to_vector<double>();
+        for (size_t i = 0; i < expected.size(); ++i) expected[i] = 2.0 * (expected[i] + (hs[i] > 0 ? vs[i] : 0.0));
+        check_close(x.grad(), Tensor::from_vector_as(expected, input, dtype), 1.0, "x's gradient");
+      }
+    }
   }
 
   TEST_CASE("the CPU kernels write the weight and bias gradients into the memory given") {
