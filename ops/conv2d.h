@@ -57,9 +57,9 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, co
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
                               const Conv2dParams& params, const Tensor& out = Tensor());
 // Both gradients at once: {grad_input, grad_weight}, the weight's into `out`
-// and the input's into `grad_input_sum` as above. On the CPU, where conv2d uses Winograd (f32) the output
-// gradient's tiles are transformed once for the two; elsewhere the two
-// functions above run. On CUDA the output gradient is put into the input's
+// and the input's into `grad_input_sum` as above. On the CPU, where conv2d
+// uses Winograd (f32) the output gradient's tiles are transformed once for
+// the two; elsewhere the two functions above run. On CUDA the output gradient is put into the input's
 // memory order once for cuDNN's two passes.
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
@@ -68,8 +68,9 @@ std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output
 Tensor conv2d_backward_bias(const Tensor& grad_output);  // (O)
 }  // namespace ops::cpu
 
-// The input gradient is always a fresh tensor here: `grad_input_sum` is not
-// added into (cuDNN's beta could; the engine adds it instead).
+// The CUDA twins. Their input gradient is always a fresh tensor:
+// `grad_input_sum` is not added into (cuDNN's beta could), and the engine
+// adds the two.
 namespace ops::cuda {
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
