@@ -1,5 +1,6 @@
 #include <loom/core/autograd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <queue>
 #include <unordered_map>
@@ -279,8 +280,8 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     // A node that received no gradient at all passes none on.
     TensorList input_grads;
     // Inputs whose gradient the node added into the offered sum (gradient_sum):
-    // the pending sum already holds it.
-    std::vector<char> summed_in_place(node->next_edges.size(), 0);
+    // the pending sum already holds it. Sized only when a sum was offered.
+    std::vector<char> summed_in_place;
     if (any_gradient) {
       offer_gradient_destinations(*node);
       struct ClearDestinations {
@@ -297,7 +298,8 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
         profiler::Scope scope(profiler::active() ? node->name() + " backward" : std::string(), grads[0]);
         input_grads = node->apply(std::move(grads));
       }
-      for (size_t i = 0; i < node->gradient_sums_.size() && i < input_grads.size(); ++i) {
+      summed_in_place.resize(std::min(node->gradient_sums_.size(), input_grads.size()));
+      for (size_t i = 0; i < summed_in_place.size(); ++i) {
         const Tensor& sum = node->gradient_sums_[i];
         summed_in_place[i] = sum.defined() && input_grads[i].is_same(sum);
       }
@@ -306,7 +308,8 @@ void run_backward(const TensorList& roots, const TensorList& root_grads, bool re
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& edge = node->next_edges[i];
       if (!edge.valid()) continue;
-      Tensor gradient = i < input_grads.size() && !summed_in_place[i] ? std::move(input_grads[i]) : Tensor();
+      const bool summed = i < summed_in_place.size() && summed_in_place[i];
+      Tensor gradient = i < input_grads.size() && !summed ? std::move(input_grads[i]) : Tensor();
       deliver(edge, std::move(gradient));
       if (--dependencies[edge.node.get()] == 0) ready.push(edge.node);
     }

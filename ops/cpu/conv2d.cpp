@@ -390,24 +390,19 @@ void gather_planes(const T* batched, int64_t images, int64_t rows, int64_t plane
     }
   }
 }
+// With `add`, side_by_side is added into `batched` instead of copied.
 template <class T>
-void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t plane, T* batched) {
-  const int64_t ld = images * plane;
-  for (int64_t n = 0; n < images; ++n) {
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(side_by_side + r * ld + n * plane, plane, batched + (n * rows + r) * plane);
-    }
-  }
-}
-// The same, added into `batched`.
-template <class T>
-void scatter_planes_add(const T* side_by_side, int64_t images, int64_t rows, int64_t plane, T* batched) {
+void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t plane, T* batched, bool add = false) {
   const int64_t ld = images * plane;
   for (int64_t n = 0; n < images; ++n) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = side_by_side + r * ld + n * plane;
       T* dst = batched + (n * rows + r) * plane;
-      for (int64_t i = 0; i < plane; ++i) dst[i] += src[i];
+      if (add) {
+        for (int64_t i = 0; i < plane; ++i) dst[i] += src[i];
+      } else {
+        std::copy_n(src, plane, dst);
+      }
     }
   }
 }
@@ -598,10 +593,10 @@ struct Columns {
 // im2col into scratch slot 0, or, for one image under a pointwise kernel, the
 // image itself. Built here, its rows are gemm_b_stride apart, so that the
 // forward GEMM reads it where it lies instead of packing a copy. (ResNet-50's
-// stride-2 convolutions at 32x32 input, batch 32, 2 threads: the layer2 3x3
-// forward 17.7-18.7 -> 14.3-16.6 ms, its 1x1 downsample 14.1-15.7 -> 12.2-12.4;
-// their weight gradients, whose transposing packing the stride also helps,
-// 16.4-20.1 -> 13.2-17.0.)
+// stride-2 convolutions at 32x32 input, batch 32, 2 threads, two alternating
+// pairs: the layer2 3x3 forward 17.7-18.7 -> 14.3-16.6 ms and its weight
+// gradient 19.1-20.1 -> 17.0-17.8; the 1x1 downsample's 14.1-15.7 ->
+// 12.2-12.4 and 14.3-16.4 -> 13.2-13.5. A later set was within noise.)
 template <class T>
 Columns<T> group_columns(const T* input, const Geometry& g, const Taps& taps, int64_t n0, int64_t images) {
   const int64_t image_size = g.channels * g.input_plane(), plane = g.output_plane(), columns = images * plane;
@@ -869,10 +864,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     T* col = direct ? dx : scratch<T>(0, k * columns);
     gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, direct && add ? T(1) : T(0), col, columns);
     if (direct) return;
-    if (g.pointwise()) {  // col2im is a copy
-      return add ? scatter_planes_add(col, images, g.channels, plane, dx)
-                 : scatter_planes(col, images, g.channels, plane, dx);
-    }
+    if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx, add);  // col2im is a copy
     if (!add) std::fill(dx, dx + images * image_size, T(0));
     for (int64_t i = 0; i < images; ++i) col2im_add(col + i * plane, columns, g, taps, dx + i * image_size);
   });
