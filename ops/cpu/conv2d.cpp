@@ -496,22 +496,33 @@ void with_tap_count(int64_t count, Fn&& fn) {
 
 // The weight's columns of some taps, for `rows` rows of `kernel` taps
 // (rows = O*C): compact[r * n + j] = weight[r * kernel + index[j]], j < n.
+// With `group` > 0, each group of `group` rows (one output channel's C) is
+// stored `ld` apart instead: compact[(r / group) * ld + (r % group) * n + j].
 // Rows split over the threads (ResNet-50's layer4 weights are 9 MiB).
 constexpr int64_t kTapRowGrain = 4096;
 template <class T>
-void gather_taps(const T* weight, int64_t rows, int64_t kernel, const int64_t* index, int64_t n, T* compact) {
+void gather_taps(const T* weight, int64_t rows, int64_t kernel, const int64_t* index, int64_t n, T* compact,
+                 int64_t group = 0, int64_t ld = 0) {
+  if (group <= 0) group = rows, ld = rows * n;
   with_tap_count(n, [&](auto fixed) {
     constexpr int64_t N = decltype(fixed)::value;
     parallel_for(0, rows, kTapRowGrain, [&](int64_t begin, int64_t end) {
+      // Row r = o * group + c goes to compact + o * ld + c * n.
+      int64_t c = begin % group;
+      T* out = compact + (begin / group) * ld + c * n;
       if constexpr (N > 0) {
         int64_t taps[N];
         std::copy_n(index, N, taps);
         for (int64_t r = begin; r < end; ++r) {
-          for (int64_t j = 0; j < N; ++j) compact[r * N + j] = weight[r * kernel + taps[j]];
+          for (int64_t j = 0; j < N; ++j) out[j] = weight[r * kernel + taps[j]];
+          out += N;
+          if (++c == group) c = 0, out += ld - group * N;
         }
       } else {
         for (int64_t r = begin; r < end; ++r) {
-          for (int64_t j = 0; j < n; ++j) compact[r * n + j] = weight[r * kernel + index[j]];
+          for (int64_t j = 0; j < n; ++j) out[j] = weight[r * kernel + index[j]];
+          out += n;
+          if (++c == group) c = 0, out += ld - group * n;
         }
       }
     });
@@ -641,24 +652,36 @@ const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, 
 //   weight grad  dW_k (O, C*taps) += dY_k · X_kᵀ,  spread into dW at the end
 // where W_k is the weight's columns of class k's taps.
 
-// W_k for every class, one after another in scratch slot 2 (the weight itself
-// for a class with every tap of the kernel).
+// W_k for every class, one after another in scratch slot 2, its rows
+// `ld` apart (the weight itself, rows C*kernel apart, for a class with every
+// tap of the kernel). The rows are padded as gemm_b_stride pads B's: the
+// input gradient packs W_kᵀ by reading eight floats from each of its O rows
+// in turn, and rows a large power of two apart (C*taps = 1024 for ResNet-50's
+// layer3) fall into a few sets of L1 and evict each other.
 template <class T>
-std::vector<const T*> class_weights(const T* weight, const Geometry& g, const std::vector<PositionClass>& classes) {
+struct ClassWeight {
+  const T* data;
+  int64_t ld;
+};
+
+template <class T>
+std::vector<ClassWeight<T>> class_weights(const T* weight, const Geometry& g,
+                                          const std::vector<PositionClass>& classes) {
   const int64_t kernel = g.kernel_h * g.kernel_w;
   int64_t total = 0;
-  for (const PositionClass& pc : classes) total += g.out_channels * pc.col_rows(g);
+  for (const PositionClass& pc : classes) total += g.out_channels * gemm_b_stride(pc.col_rows(g));
   T* compact = scratch<T>(2, total);
-  std::vector<const T*> out;
+  std::vector<ClassWeight<T>> out;
   for (const PositionClass& pc : classes) {
     const int64_t taps = static_cast<int64_t>(pc.taps.size());
     if (taps == kernel) {
-      out.push_back(weight);
+      out.push_back({weight, pc.col_rows(g)});
       continue;
     }
-    out.push_back(compact);
-    gather_taps(weight, g.out_channels * g.channels, kernel, pc.taps.data(), taps, compact);
-    compact += g.out_channels * pc.col_rows(g);
+    const int64_t ld = gemm_b_stride(pc.col_rows(g));
+    out.push_back({compact, ld});
+    gather_taps(weight, g.out_channels * g.channels, kernel, pc.taps.data(), taps, compact, g.channels, ld);
+    compact += g.out_channels * ld;
   }
   return out;
 }
@@ -719,7 +742,7 @@ template <class T>
 void forward_by_class(const T* input, const T* weight, const T* bias, const Geometry& g,
                       const std::vector<PositionClass>& classes, T* output) {
   const int64_t plane = g.output_plane(), image_in = g.channels * g.input_plane(), image_out = g.out_channels * plane;
-  const std::vector<const T*> weights = class_weights(weight, g, classes);
+  const std::vector<ClassWeight<T>> weights = class_weights(weight, g, classes);
   profiler::add_flops(class_flops(g, classes));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     T* out = output + n0 * image_out;
@@ -730,8 +753,8 @@ void forward_by_class(const T* input, const T* weight, const T* bias, const Geom
       if (rows > 0) {
         T* col = scratch<T>(0, rows * columns);
         class_im2col(input + n0 * image_in, images, g, pc, col);
-        gemm(Transpose::no, Transpose::no, g.out_channels, columns, rows, T(1), weights[k], rows, col, columns, T(0), y,
-             columns);
+        gemm(Transpose::no, Transpose::no, g.out_channels, columns, rows, T(1), weights[k].data, weights[k].ld, col,
+             columns, T(0), y, columns);
       } else {
         std::fill(y, y + g.out_channels * columns, T(0));  // every tap in the padding
       }
@@ -752,7 +775,7 @@ template <class T>
 void backward_input_by_class(const T* grad_output, const T* weight, const Geometry& g,
                              const std::vector<PositionClass>& classes, T* grad_input, bool add) {
   const int64_t image_in = g.channels * g.input_plane(), image_out = g.out_channels * g.output_plane();
-  const std::vector<const T*> weights = class_weights(weight, g, classes);
+  const std::vector<ClassWeight<T>> weights = class_weights(weight, g, classes);
   profiler::add_flops(class_flops(g, classes));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     T* dx = grad_input + n0 * image_in;
@@ -764,8 +787,8 @@ void backward_input_by_class(const T* grad_output, const T* weight, const Geomet
       T* dy = scratch<T>(1, g.out_channels * columns);
       class_gather(grad_output + n0 * image_out, images, g, pc, dy);
       T* col = scratch<T>(0, rows * columns);
-      gemm(Transpose::yes, Transpose::no, rows, columns, g.out_channels, T(1), weights[k], rows, dy, columns, T(0), col,
-           columns);
+      gemm(Transpose::yes, Transpose::no, rows, columns, g.out_channels, T(1), weights[k].data, weights[k].ld, dy,
+           columns, T(0), col, columns);
       class_col2im_add(col, images, g, pc, dx);
     }
   });

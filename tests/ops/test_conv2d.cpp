@@ -205,6 +205,9 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
       // Small planes where most (tap, position) pairs read the padding: a GEMM per position class.
       {"position classes: 3x3 on 2x2 planes, four corner classes", {9, 6, 2, 2}, {7, 6, 3, 3}, {.padding = {1, 1}}},
+      // 32 channels x 4 taps: the class weights' 128-float rows are stored 144 apart (gemm_b_stride).
+      {"position classes: 3x3 on 2x2 planes, class weights in padded rows", {5, 32, 2, 2}, {9, 32, 3, 3},
+       {.padding = {1, 1}}},
       {"3x3 on 4x4 planes: one GEMM over the padded plane (1.44x the true multiply-adds), ragged folds",
        {37, 5, 4, 4}, {6, 5, 3, 3}, {.padding = {1, 1}}},
       {"position classes: 3x3 on 3x3 planes, corners (4 taps), edges (6), centre (9), ragged folds", {37, 5, 3, 3},
