@@ -379,22 +379,37 @@ void col2im_add(const T* col, int64_t ld, const Geometry& g, const Taps& taps, T
   }
 }
 
+// Runs fn(i) for the images i of a group, `elements` elements copied for
+// each, spread over the thread team outside a parallel region. A group that
+// runs alone (BatchPlan::tasks == 1, the rule on ResNet-50's small planes at
+// batch 32) splits its GEMM over the threads; the copies around the GEMM
+// (im2col, col2im, gathering and scattering planes) would otherwise run on
+// one thread while the others wait.
+constexpr int64_t kImageGrainElements = int64_t{1} << 14;  // less is not worth a fork
+template <class Fn>
+void for_each_image(int64_t images, int64_t elements, Fn&& fn) {
+  const int64_t grain = std::max<int64_t>(1, kImageGrainElements / std::max<int64_t>(elements, 1));
+  parallel_for(0, images, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
 // (G, rows, plane) <-> (rows, G * plane): the layout of G images' planes side
 // by side, so that one GEMM covers them all.
 template <class T>
 void gather_planes(const T* batched, int64_t images, int64_t rows, int64_t plane, T* side_by_side) {
   const int64_t ld = images * plane;
-  for (int64_t n = 0; n < images; ++n) {
+  for_each_image(images, rows * plane, [&](int64_t n) {
     for (int64_t r = 0; r < rows; ++r) {
       std::copy_n(batched + (n * rows + r) * plane, plane, side_by_side + r * ld + n * plane);
     }
-  }
+  });
 }
 // With `add`, side_by_side is added into `batched` instead of copied.
 template <class T>
 void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t plane, T* batched, bool add = false) {
   const int64_t ld = images * plane;
-  for (int64_t n = 0; n < images; ++n) {
+  for_each_image(images, rows * plane, [&](int64_t n) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = side_by_side + r * ld + n * plane;
       T* dst = batched + (n * rows + r) * plane;
@@ -404,7 +419,7 @@ void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t
         std::copy_n(src, plane, dst);
       }
     }
-  }
+  });
 }
 
 // How the batch is cut into GEMMs. A GEMM over one image has Ho*Wo columns:
@@ -629,7 +644,8 @@ Columns<T> group_columns(const T* input, const Geometry& g, const Taps& taps, in
   if (images == 1 && g.pointwise()) return {input + n0 * image_size, plane};
   const int64_t ld = gemm_b_stride(columns);
   T* buffer = scratch<T>(0, taps.col_rows(g) * ld);
-  for (int64_t i = 0; i < images; ++i) im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, ld);
+  for_each_image(images, taps.col_rows(g) * plane,
+                 [&](int64_t i) { im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, ld); });
   return {buffer, ld};
 }
 
@@ -690,7 +706,7 @@ std::vector<ClassWeight<T>> class_weights(const T* weight, const Geometry& g,
 template <class T>
 void class_im2col(const T* input, int64_t images, const Geometry& g, const PositionClass& pc, T* col) {
   const int64_t count = pc.count(), taps = static_cast<int64_t>(pc.taps.size()), columns = images * count;
-  for (int64_t i = 0; i < images; ++i) {
+  for_each_image(images, pc.col_rows(g) * count, [&](int64_t i) {
     for (int64_t c = 0; c < g.channels; ++c) {
       const T* plane = input + (i * g.channels + c) * g.input_plane();
       for (int64_t j = 0; j < taps; ++j) {
@@ -699,14 +715,14 @@ void class_im2col(const T* input, int64_t images, const Geometry& g, const Posit
         for (int64_t p = 0; p < count; ++p) out[p] = plane[source[p]];
       }
     }
-  }
+  });
 }
 
 // The adjoint of class_im2col: dx (images, C, H, W) += fold of col.
 template <class T>
 void class_col2im_add(const T* col, int64_t images, const Geometry& g, const PositionClass& pc, T* dx) {
   const int64_t count = pc.count(), taps = static_cast<int64_t>(pc.taps.size()), columns = images * count;
-  for (int64_t i = 0; i < images; ++i) {
+  for_each_image(images, pc.col_rows(g) * count, [&](int64_t i) {
     for (int64_t c = 0; c < g.channels; ++c) {
       T* plane = dx + (i * g.channels + c) * g.input_plane();
       for (int64_t j = 0; j < taps; ++j) {
@@ -715,20 +731,20 @@ void class_col2im_add(const T* col, int64_t images, const Geometry& g, const Pos
         for (int64_t p = 0; p < count; ++p) plane[source[p]] += in[p];
       }
     }
-  }
+  });
 }
 
 // dY_k: the class's positions of `images` output images, (O, images*count).
 template <class T>
 void class_gather(const T* images_out, int64_t images, const Geometry& g, const PositionClass& pc, T* out) {
   const int64_t count = pc.count(), columns = images * count, plane = g.output_plane();
-  for (int64_t i = 0; i < images; ++i) {
+  for_each_image(images, g.out_channels * count, [&](int64_t i) {
     for (int64_t o = 0; o < g.out_channels; ++o) {
       const T* src = images_out + (i * g.out_channels + o) * plane;
       T* dst = out + o * columns + i * count;
       for (int64_t p = 0; p < count; ++p) dst[p] = src[pc.positions[p]];
     }
-  }
+  });
 }
 
 // The GEMMs' FLOPs over the batch: the convolution's true multiply-adds.
@@ -758,14 +774,14 @@ void forward_by_class(const T* input, const T* weight, const T* bias, const Geom
       } else {
         std::fill(y, y + g.out_channels * columns, T(0));  // every tap in the padding
       }
-      for (int64_t i = 0; i < images; ++i) {
+      for_each_image(images, g.out_channels * count, [&](int64_t i) {
         for (int64_t o = 0; o < g.out_channels; ++o) {
           const T b = bias != nullptr ? bias[o] : T(0);
           const T* src = y + o * columns + i * count;
           T* dst = out + i * image_out + o * plane;
           for (int64_t p = 0; p < count; ++p) dst[pc.positions[p]] = src[p] + b;
         }
-      }
+      });
     }
   });
 }
@@ -901,7 +917,8 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     if (direct) return;
     if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx, add);  // col2im is a copy
     if (!add) std::fill(dx, dx + images * image_size, T(0));
-    for (int64_t i = 0; i < images; ++i) col2im_add(col + i * plane, columns, g, taps, dx + i * image_size);
+    for_each_image(images, k * plane,
+                   [&](int64_t i) { col2im_add(col + i * plane, columns, g, taps, dx + i * image_size); });
   });
 }
 

@@ -205,6 +205,12 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
        {.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 1}}},
       // Small planes where most (tap, position) pairs read the padding: a GEMM per position class.
       {"position classes: 3x3 on 2x2 planes, four corner classes", {9, 6, 2, 2}, {7, 6, 3, 3}, {.padding = {1, 1}}},
+      // One group of images whose GEMM splits over the threads: the copies around it (im2col, the
+      // output's scatter, col2im; the classes' gathers) split the group's images over the threads.
+      {"3x3 on 4x4 planes, one group of 12 images: copies split over the threads", {12, 64, 4, 4},
+       {512, 64, 3, 3}, {.padding = {1, 1}}},
+      {"position classes on 2x2 planes, one group of 33 images: copies split over the threads", {33, 256, 2, 2},
+       {8, 256, 3, 3}, {.padding = {1, 1}}},
       // 32 channels x 4 taps: the class weights' 128-float rows are stored 144 apart (gemm_b_stride).
       {"position classes: 3x3 on 2x2 planes, class weights in padded rows", {5, 32, 2, 2}, {9, 32, 3, 3},
        {.padding = {1, 1}}},
