@@ -296,6 +296,21 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
 
 #endif
 
+// std::copy_n for the rows of one plane, which on ResNet-50's small planes
+// are 1 to 16 elements: copy_n calls memmove for each, and with 1x1 planes
+// (a batch's (N, C) transposed to (C, N) and back) those calls took 11% of
+// a 1x1 convolution's time. The sizes of those planes are copied by moves of
+// a size known at compile time instead.
+template <class T>
+inline void copy_plane(const T* src, int64_t n, T* dst) {
+  switch (n) {
+    case 1: *dst = *src; return;
+    case 4: std::memcpy(dst, src, 4 * sizeof(T)); return;
+    case 16: std::memcpy(dst, src, 16 * sizeof(T)); return;
+    default: std::copy_n(src, n, dst);
+  }
+}
+
 // image (C, H, W) -> its block of columns in col (C*kH*kW rows, row stride
 // `ld`, Ho*Wo columns), zeros where the window is in the padding.
 template <class T>
@@ -308,7 +323,7 @@ void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t
   const auto& p = g.params;
   const int64_t plane_out = g.output_plane(), kernel = static_cast<int64_t>(taps.taps.size());
   if (g.pointwise()) {  // each channel's plane is its row: a copy, not a table lookup per element
-    for (int64_t c = 0; c < g.channels; ++c) std::copy_n(image + c * plane_out, plane_out, col + c * ld);
+    for (int64_t c = 0; c < g.channels; ++c) copy_plane(image + c * plane_out, plane_out, col + c * ld);
     return;
   }
   for (int64_t c = 0; c < g.channels; ++c) {
@@ -401,7 +416,7 @@ void gather_planes(const T* batched, int64_t images, int64_t rows, int64_t plane
   const int64_t ld = images * plane;
   for_each_image(images, rows * plane, [&](int64_t n) {
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(batched + (n * rows + r) * plane, plane, side_by_side + r * ld + n * plane);
+      copy_plane(batched + (n * rows + r) * plane, plane, side_by_side + r * ld + n * plane);
     }
   });
 }
@@ -416,7 +431,7 @@ void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t
       if (add) {
         for (int64_t i = 0; i < plane; ++i) dst[i] += src[i];
       } else {
-        std::copy_n(src, plane, dst);
+        copy_plane(src, plane, dst);
       }
     }
   });
