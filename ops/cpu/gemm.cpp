@@ -28,6 +28,7 @@ namespace {
 constexpr int64_t kKC = 256;   // depth of a packed slice
 constexpr int64_t kMC = 96;    // rows of A packed at once (a multiple of every MR)
 constexpr int64_t kNC = 2048;  // columns of B packed at once (a multiple of every NR)
+constexpr int64_t kInPlaceAColumns = 128;  // see a_readable_in_place
 
 bool cpu_has(GemmKernel kernel) {
   static const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -246,8 +247,10 @@ __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int
 // alpha and beta arrive through memory: as float arguments they would pin a
 // vector register for the whole loop and force an accumulator to spill.
 // `b_stride` is the distance between B's rows: NR when packed, ldb when
-// the strip is read in place. The accumulators are named variables, not an
-// array, so that the compiler keeps every one in a register.
+// the strip is read in place; `a_stride` likewise between A's depth steps
+// (MR when packed, lda for a transposed A read in place). The accumulators
+// are named variables, not an array, so that the compiler keeps every one in
+// a register.
 
 // The slow path of both micro-kernels: C tile = alpha * tile + beta * C tile
 // for the `rows` x `cols` corner of a micro-tile spilled to memory (rows of
@@ -272,8 +275,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_row(float a_v
 }
 
 // 6 x 16: twelve 8-float accumulators.
-__attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const float* a, const float* b,
-                                                            int64_t b_stride, float* c, int64_t ldc,
+__attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const float* a, int64_t a_stride,
+                                                            const float* b, int64_t b_stride, float* c, int64_t ldc,
                                                             const float* alpha_beta, int64_t rows, int64_t cols,
                                                             bool transposed_c) {
   constexpr int64_t mr = 6, nr = 16;
@@ -288,7 +291,7 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t depth, const 
     fma_row(a[3], b0, b1, c30, c31);
     fma_row(a[4], b0, b1, c40, c41);
     fma_row(a[5], b0, b1, c50, c51);
-    a += mr;
+    a += a_stride;
     b += b_stride;
   }
   const __m256 accumulators[mr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
@@ -325,8 +328,8 @@ __attribute__((target("avx512f"), always_inline)) inline void fma_row(float a_va
 // 8 x 32: sixteen 16-float accumulators. A ragged tile that is not
 // transposed is loaded and stored with lane masks, so it costs no more than
 // a full one and never touches C beyond its `cols` columns.
-__attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t depth, const float* a, const float* b,
-                                                             int64_t b_stride, float* c, int64_t ldc,
+__attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t depth, const float* a, int64_t a_stride,
+                                                             const float* b, int64_t b_stride, float* c, int64_t ldc,
                                                              const float* alpha_beta, int64_t rows, int64_t cols,
                                                              bool transposed_c) {
   constexpr int64_t mr = 8, nr = 32;
@@ -344,7 +347,7 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t depth, const
     fma_row(a[5], b0, b1, c50, c51);
     fma_row(a[6], b0, b1, c60, c61);
     fma_row(a[7], b0, b1, c70, c71);
-    a += mr;
+    a += a_stride;
     b += b_stride;
   }
   const __m512 accumulators[mr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
@@ -397,6 +400,15 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
   return ldb % 16 != 0 || std::gcd<int64_t>(ldb / 16, 64) <= 2;
 }
 
+// Whether a transposed A (stored k x m, each depth step's MR rows
+// contiguous) is read in place, its full strips unpacked, for a product of n
+// columns. Packing A pays for itself over many column strips of B; with few,
+// each packed element would be used for few multiply-adds (conv2d's input
+// gradients on ResNet-50's small planes at batch 32: 32 or 128 columns, Wᵀ
+// packed for them cost a sixth as much time as the micro-kernel; read in
+// place, those gradients are 11-30% faster).
+bool a_readable_in_place(Transpose ta, int64_t n) { return ta == Transpose::yes && n <= kInPlaceAColumns; }
+
 }  // namespace
 
 int64_t gemm_b_stride(int64_t columns) {
@@ -429,6 +441,7 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
   thread_local std::vector<float> packed_a, packed_b;
   packed_a.resize(static_cast<size_t>(kMC * kKC + 8));  // + the overhang of pack_a_strip_rows
   const bool direct_b = shared_b == nullptr && b_readable_in_place(tb, ldb);
+  const bool direct_a = shared_a == nullptr && a_readable_in_place(ta, n);
   const int64_t n_padded = (n + nr - 1) / nr * nr;
   for (int64_t jc = 0; jc < n; jc += kNC) {
     const int64_t nc = std::min(kNC, n - jc);
@@ -445,11 +458,12 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
       }
       for (int64_t ic = 0; ic < m; ic += kMC) {
         const int64_t mc = std::min(kMC, m - ic);
+        const int64_t full_strips_rows = direct_a ? mc / mr * mr : 0;  // rows read in place
         const float* block_a = packed_a.data();
         if (shared_a != nullptr) {
           block_a = shared_a->data + pc * shared_a->m_padded + (shared_a->row0 + ic) * kc;
-        } else {
-          pack_a<mr>(ta, a, lda, ic, mc, pc, kc, packed_a.data());
+        } else if (full_strips_rows < mc) {
+          pack_a<mr>(ta, a, lda, ic + full_strips_rows, mc - full_strips_rows, pc, kc, packed_a.data());
         }
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const bool in_place = jr < full_strips_end;
@@ -458,7 +472,10 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
           const int64_t b_stride = in_place ? ldb : nr;
           for (int64_t ir = 0; ir < mc; ir += mr) {
             float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
-            Kernel::micro_kernel(kc, block_a + (ir / mr) * kc * mr, b_strip, b_stride, tile, ldc, alpha_beta,
+            const bool a_in_place = ir < full_strips_rows;
+            const float* a_strip =
+                a_in_place ? a + pc * lda + ic + ir : block_a + ((ir - full_strips_rows) / mr) * kc * mr;
+            Kernel::micro_kernel(kc, a_strip, a_in_place ? lda : mr, b_strip, b_stride, tile, ldc, alpha_beta,
                                  std::min(mr, mc - ir), std::min(nr, nc - jr), transposed_c);
           }
         }
