@@ -296,6 +296,60 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
 
 #endif
 
+#if defined(__x86_64__)
+// f32 under the AVX-512 kernel, tabled output planes read from input planes of
+// at most 64 elements (ResNet-50's 3x3 and strided 1x1 convolutions on 8x8,
+// 4x4 and 2x2 planes): a channel's input plane is loaded into up to four
+// 512-bit registers once, and every 16 outputs of a tap are one or two
+// permutes of them by the tap's table of sources, lanes in the padding zeroed.
+// Element by element, those table lookups were 3.7% of ResNet-50's ImageNet
+// stem step at 2 threads.
+constexpr int64_t kRegisterPlane = 64;
+
+bool register_planes_apply(const Geometry& g, const Taps& taps) {
+  return taps.tabled && g.input_plane() <= kRegisterPlane && gemm_kernel() == GemmKernel::avx512;
+}
+
+__attribute__((target("avx512f"))) void im2col_register_planes(const float* image, const Geometry& g,
+                                                                const Taps& taps, float* col, int64_t ld) {
+  const int64_t plane_in = g.input_plane(), plane_out = g.output_plane();
+  const int64_t kernel = static_cast<int64_t>(taps.taps.size()), chunks = (plane_out + 15) / 16;
+  const auto lanes = [](int64_t n) {
+    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
+  };
+  const __mmask16 m0 = lanes(plane_in), m1 = lanes(plane_in - 16), m2 = lanes(plane_in - 32),
+                  m3 = lanes(plane_in - 48);
+  const __mmask16 last = lanes(plane_out - 16 * (chunks - 1));
+  const bool wide = plane_in > 32;
+  const __m512i zero = _mm512_setzero_si512(), thirty_two = _mm512_set1_epi32(32);
+  for (int64_t c = 0; c < g.channels; ++c) {
+    const float* plane = image + c * plane_in;
+    const __m512 v0 = _mm512_maskz_loadu_ps(m0, plane), v1 = _mm512_maskz_loadu_ps(m1, plane + 16);
+    const __m512 v2 = wide ? _mm512_maskz_loadu_ps(m2, plane + 32) : _mm512_setzero_ps();
+    const __m512 v3 = wide ? _mm512_maskz_loadu_ps(m3, plane + 48) : _mm512_setzero_ps();
+    for (int64_t t = 0; t < kernel; ++t) {
+      const int32_t* source = taps.sources.data() + t * plane_out;
+      float* out = col + (c * kernel + t) * ld;
+      for (int64_t j = 0; j < chunks; ++j) {
+        // Lanes past the plane's end load nothing and store nothing.
+        const __mmask16 valid = j == chunks - 1 ? last : 0xFFFF;
+        const __m512i index = _mm512_maskz_loadu_epi32(valid, source + 16 * j);
+        const __mmask16 inside = _mm512_mask_cmpge_epi32_mask(valid, index, zero);
+        // permutex2var picks by the index's low 5 bits, within (v0, v1) or (v2, v3).
+        const __mmask16 high = _mm512_mask_cmpge_epi32_mask(inside, index, thirty_two);
+        __m512 v = _mm512_maskz_permutex2var_ps(static_cast<__mmask16>(inside & ~high), v0, index, v1);
+        if (wide) v = _mm512_mask_blend_ps(high, v, _mm512_permutex2var_ps(v2, index, v3));
+        if (valid == 0xFFFF) {
+          _mm512_storeu_ps(out + 16 * j, v);
+        } else {
+          _mm512_mask_storeu_ps(out + 16 * j, valid, v);
+        }
+      }
+    }
+  }
+}
+#endif
+
 // std::copy_n for the rows of one plane, which on ResNet-50's small planes
 // are 1 to 16 elements: copy_n calls memmove for each, and with 1x1 planes
 // (a batch's (N, C) transposed to (C, N) and back) those calls took 11% of
@@ -326,6 +380,11 @@ void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t
     for (int64_t c = 0; c < g.channels; ++c) copy_plane(image + c * plane_out, plane_out, col + c * ld);
     return;
   }
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (register_planes_apply(g, taps)) return im2col_register_planes(image, g, taps, col, ld);
+  }
+#endif
   for (int64_t c = 0; c < g.channels; ++c) {
     const T* plane = image + c * g.input_plane();
     T* rows_of_c = col + c * kernel * ld;

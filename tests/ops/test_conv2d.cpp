@@ -187,6 +187,11 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"1x1 kernel on 8x8 planes, 3 or 4 images per GEMM", {9, 16, 8, 8}, {24, 16, 1, 1}, {}},
       {"3x3 stride 2 onto 8x8 planes, 3 or 4 images per GEMM", {9, 8, 16, 16}, {12, 8, 3, 3},
        {.stride = {2, 2}, .padding = {1, 1}}},
+      // f32 im2col by permutes of the input plane held in registers: 64 elements (four registers), 16 (one).
+      {"3x3 on 8x8 planes (ResNet-50's layer1 at 32x32), 4 images per GEMM", {9, 8, 8, 8}, {12, 8, 3, 3},
+       {.padding = {1, 1}}},
+      {"3x3 stride 2 from 8x8 onto 4x4 planes", {9, 8, 8, 8}, {12, 8, 3, 3},
+       {.stride = {2, 2}, .padding = {1, 1}}},
       // A column matrix of 256-column rows, stored 272 apart (gemm_b_stride) so the GEMM reads it in place.
       {"3x3 stride 2 onto 16x16 planes (ResNet-50's layer2 at 32x32), one image per GEMM", {3, 8, 32, 32},
        {12, 8, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
