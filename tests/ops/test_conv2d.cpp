@@ -216,6 +216,11 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
        {512, 64, 3, 3}, {.padding = {1, 1}}},
       {"position classes on 2x2 planes, one group of 33 images: copies split over the threads", {33, 256, 2, 2},
        {8, 256, 3, 3}, {.padding = {1, 1}}},
+      // 128 x 128 weight rows: the classes' taps gathered and spread in two ranges of rows, one per thread.
+      {"position classes on 2x2 planes, 16384 weight rows split over the threads", {3, 128, 2, 2},
+       {128, 128, 3, 3}, {.padding = {1, 1}}},
+      {"position classes on 2x2 planes, 127 x 68 weight rows split mid-block", {2, 68, 2, 2}, {127, 68, 3, 3},
+       {.padding = {1, 1}}},
       // 32 channels x 4 taps: the class weights' 128-float rows are stored 144 apart (gemm_b_stride).
       {"position classes: 3x3 on 2x2 planes, class weights in padded rows", {5, 32, 2, 2}, {9, 32, 3, 3},
        {.padding = {1, 1}}},
@@ -238,10 +243,13 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       for (int threads : {1, 2}) {
         INFO(c.name << ", " << dtype_name(dtype) << ", " << threads << " threads");
         set_num_threads(threads);
-        Tensor x = random_tensor(c.input, seed, -1, 1, dtype).set_requires_grad(true);
-        Tensor w = random_tensor(c.weight, seed + 1, -1, 1, dtype).set_requires_grad(true);
+        // Other values at each thread count: the kernels' scratch keeps what
+        // the previous run wrote, which would hide a part the next one skips.
+        const uint64_t run_seed = seed + 1000 * static_cast<uint64_t>(threads);
+        Tensor x = random_tensor(c.input, run_seed, -1, 1, dtype).set_requires_grad(true);
+        Tensor w = random_tensor(c.weight, run_seed + 1, -1, 1, dtype).set_requires_grad(true);
         Tensor y = conv2d(x, w, Tensor(), c.params);
-        Tensor dy = random_tensor(y.sizes(), seed + 2, -1, 1, dtype);
+        Tensor dy = random_tensor(y.sizes(), run_seed + 2, -1, 1, dtype);
         y.backward(dy);
         const DirectConv expected = direct_conv(x.detach(), w.detach(), dy, c.params);
         const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-12;
