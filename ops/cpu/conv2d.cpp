@@ -628,6 +628,53 @@ __attribute__((target("avx512f"))) void gather_tap_blocks(const float* weight, i
   }
   for (; r < end; ++r) row(r);
 }
+
+// spread_taps likewise, for parts of n taps each as above: a block of 16 / n
+// rows of each part is one register, and each 16 outputs of the block's rows
+// (contiguous in the full gradient) are the sum of masked permutes of those
+// registers. Element by element, this spread took 10% of the 3x3 convolution
+// on 2x2 planes at 1 thread.
+struct SpreadLanes {
+  alignas(64) int32_t index[4][16];  // per output register of a block: lanes of the part's register
+  uint16_t mask[4];                  // the output lanes this part has a tap at
+};
+
+__attribute__((target("avx512f"))) void spread_tap_blocks(const float* const* parts, const SpreadLanes* lanes,
+                                                           int64_t part_count, int64_t n, int64_t begin,
+                                                           int64_t end, int64_t kernel, float* full) {
+  const int64_t block = 16 / n, span = block * kernel, registers = (span + 15) / 16;
+  const auto row = [&](int64_t r) {  // one row, element by element
+    for (int64_t k = 0; k < kernel; ++k) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < part_count; ++p) {
+        // Row r's element k is element k of a block starting at row r.
+        if (lanes[p].mask[k / 16] >> (k % 16) & 1) sum += parts[p][r * n + lanes[p].index[k / 16][k % 16]];
+      }
+      full[r * kernel + k] = sum;
+    }
+  };
+  int64_t r = begin;
+  for (; r < end && r % block != 0; ++r) row(r);
+  for (; r + block <= end; r += block) {
+    __m512 in[16];
+    for (int64_t p = 0; p < part_count; ++p) in[p] = _mm512_loadu_ps(parts[p] + r * n);
+    float* out = full + r * kernel;
+    for (int64_t q = 0; q < registers; ++q) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t p = 0; p < part_count; ++p) {
+        const __m512i index = _mm512_load_si512(lanes[p].index[q]);
+        sum = _mm512_add_ps(sum, _mm512_maskz_permutexvar_ps(lanes[p].mask[q], index, in[p]));
+      }
+      const int64_t left = span - 16 * q;
+      if (left >= 16) {
+        _mm512_storeu_ps(out + 16 * q, sum);
+      } else {
+        _mm512_mask_storeu_ps(out + 16 * q, static_cast<__mmask16>((1u << left) - 1), sum);
+      }
+    }
+  }
+  for (; r < end; ++r) row(r);
+}
 #endif
 
 // The weight's columns of some taps, for `rows` rows of `kernel` taps
@@ -707,6 +754,44 @@ struct CompactGrad {
 // the cache (one pass over the full gradient, not a memset and then a scatter).
 template <class T>
 void spread_taps(const std::vector<CompactGrad<T>>& parts, int64_t rows, int64_t kernel, T* full) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t n = parts.empty() ? 0 : static_cast<int64_t>(parts[0].index->size());
+    const bool same_n = std::all_of(parts.begin(), parts.end(), [&](const CompactGrad<T>& part) {
+      return static_cast<int64_t>(part.index->size()) == n;
+    });
+    if (same_n && parts.size() <= 16 && register_taps_apply(kernel, n, rows)) {
+      // Output lane l of a block's register q is element e = 16 q + l of its
+      // rows: row e / kernel, tap e % kernel, found in a part at row * n + j.
+      const int64_t block = 16 / n;
+      std::vector<SpreadLanes> lanes(parts.size());
+      std::vector<const float*> values;
+      for (size_t p = 0; p < parts.size(); ++p) {
+        values.push_back(parts[p].values);
+        for (int64_t q = 0; q < 4; ++q) {
+          int32_t* index = lanes[p].index[q];
+          std::fill_n(index, 16, 0);
+          unsigned mask = 0;
+          for (int64_t l = 0; l < 16; ++l) {
+            const int64_t e = 16 * q + l;
+            if (e >= block * kernel) continue;
+            const std::vector<int64_t>& taps = *parts[p].index;
+            const auto at = std::find(taps.begin(), taps.end(), e % kernel);
+            if (at == taps.end()) continue;
+            index[l] = static_cast<int32_t>((e / kernel) * n + (at - taps.begin()));
+            mask |= 1u << l;
+          }
+          lanes[p].mask[q] = static_cast<uint16_t>(mask);
+        }
+      }
+      parallel_for(0, rows, kTapRowGrain, [&](int64_t begin, int64_t end) {
+        spread_tap_blocks(values.data(), lanes.data(), static_cast<int64_t>(parts.size()), n, begin, end, kernel,
+                          full);
+      });
+      return;
+    }
+  }
+#endif
   constexpr int64_t kBlockRows = 512;
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   parallel_for(0, blocks, kTapRowGrain / kBlockRows, [&](int64_t begin, int64_t end) {
