@@ -28,7 +28,8 @@ namespace {
 constexpr int64_t kKC = 256;   // depth of a packed slice
 constexpr int64_t kMC = 96;    // rows of A packed at once (a multiple of every MR)
 constexpr int64_t kNC = 2048;  // columns of B packed at once (a multiple of every NR)
-constexpr int64_t kInPlaceAColumns = 128;  // see a_readable_in_place
+constexpr int64_t kInPlaceAColumns = 128;     // see a_readable_in_place
+constexpr int64_t kInPlaceARowsColumns = 64;  // likewise
 
 bool cpu_has(GemmKernel kernel) {
   static const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -328,27 +329,47 @@ __attribute__((target("avx512f"), always_inline)) inline void fma_row(float a_va
 // 8 x 32: sixteen 16-float accumulators. A ragged tile that is not
 // transposed is loaded and stored with lane masks, so it costs no more than
 // a full one and never touches C beyond its `cols` columns.
-__attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t depth, const float* a, int64_t a_stride,
-                                                             const float* b, int64_t b_stride, float* c, int64_t ldc,
-                                                             const float* alpha_beta, int64_t rows, int64_t cols,
-                                                             bool transposed_c) {
+// With kRowsInPlace, A's strip is 8 rows of a row-major A read in place,
+// `a_stride` (lda) apart, each contiguous over the depth.
+template <bool kRowsInPlace>
+__attribute__((target("avx512f"))) void micro_kernel_avx512_t(int64_t depth, const float* a, int64_t a_stride,
+                                                               const float* b, int64_t b_stride, float* c,
+                                                               int64_t ldc, const float* alpha_beta, int64_t rows,
+                                                               int64_t cols, bool transposed_c) {
   constexpr int64_t mr = 8, nr = 32;
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(), c11 = _mm512_setzero_ps();
   __m512 c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps(), c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps();
   __m512 c40 = _mm512_setzero_ps(), c41 = _mm512_setzero_ps(), c50 = _mm512_setzero_ps(), c51 = _mm512_setzero_ps();
   __m512 c60 = _mm512_setzero_ps(), c61 = _mm512_setzero_ps(), c70 = _mm512_setzero_ps(), c71 = _mm512_setzero_ps();
-  for (int64_t p = 0; p < depth; ++p) {
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-    fma_row(a[0], b0, b1, c00, c01);
-    fma_row(a[1], b0, b1, c10, c11);
-    fma_row(a[2], b0, b1, c20, c21);
-    fma_row(a[3], b0, b1, c30, c31);
-    fma_row(a[4], b0, b1, c40, c41);
-    fma_row(a[5], b0, b1, c50, c51);
-    fma_row(a[6], b0, b1, c60, c61);
-    fma_row(a[7], b0, b1, c70, c71);
-    a += a_stride;
-    b += b_stride;
+  if constexpr (kRowsInPlace) {
+    const float* a4 = a + 4 * a_stride;
+    const int64_t l1 = a_stride, l2 = 2 * a_stride, l3 = 3 * a_stride;
+    for (int64_t p = 0; p < depth; ++p) {
+      const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+      fma_row(a[p], b0, b1, c00, c01);
+      fma_row(a[l1 + p], b0, b1, c10, c11);
+      fma_row(a[l2 + p], b0, b1, c20, c21);
+      fma_row(a[l3 + p], b0, b1, c30, c31);
+      fma_row(a4[p], b0, b1, c40, c41);
+      fma_row(a4[l1 + p], b0, b1, c50, c51);
+      fma_row(a4[l2 + p], b0, b1, c60, c61);
+      fma_row(a4[l3 + p], b0, b1, c70, c71);
+      b += b_stride;
+    }
+  } else {
+    for (int64_t p = 0; p < depth; ++p) {
+      const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+      fma_row(a[0], b0, b1, c00, c01);
+      fma_row(a[1], b0, b1, c10, c11);
+      fma_row(a[2], b0, b1, c20, c21);
+      fma_row(a[3], b0, b1, c30, c31);
+      fma_row(a[4], b0, b1, c40, c41);
+      fma_row(a[5], b0, b1, c50, c51);
+      fma_row(a[6], b0, b1, c60, c61);
+      fma_row(a[7], b0, b1, c70, c71);
+      a += a_stride;
+      b += b_stride;
+    }
   }
   const __m512 accumulators[mr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
                                       {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
@@ -383,10 +404,16 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t depth, const
 struct Avx2Kernel {
   static constexpr int64_t mr = 6, nr = 16;
   static constexpr auto micro_kernel = micro_kernel_avx2;
+  static constexpr bool reads_rows_in_place = false;  // no micro_kernel_rows
+  static constexpr auto micro_kernel_rows = micro_kernel_avx2;
 };
+constexpr auto micro_kernel_avx512 = micro_kernel_avx512_t<false>;
 struct Avx512Kernel {
   static constexpr int64_t mr = 8, nr = 32;
   static constexpr auto micro_kernel = micro_kernel_avx512;
+  // A non-transposed A's strip read in place (rows a_stride apart).
+  static constexpr bool reads_rows_in_place = true;
+  static constexpr auto micro_kernel_rows = micro_kernel_avx512_t<true>;
 };
 static_assert(kMC % Avx2Kernel::mr == 0 && kMC % Avx512Kernel::mr == 0);
 static_assert(kNC % Avx2Kernel::nr == 0 && kNC % Avx512Kernel::nr == 0);
@@ -400,14 +427,18 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
   return ldb % 16 != 0 || std::gcd<int64_t>(ldb / 16, 64) <= 2;
 }
 
-// Whether a transposed A (stored k x m, each depth step's MR rows
-// contiguous) is read in place, its full strips unpacked, for a product of n
-// columns. Packing A pays for itself over many column strips of B; with few,
-// each packed element would be used for few multiply-adds (conv2d's input
-// gradients on ResNet-50's small planes at batch 32: 32 or 128 columns, Wᵀ
-// packed for them cost a sixth as much time as the micro-kernel; read in
-// place, those gradients are 11-30% faster).
-bool a_readable_in_place(Transpose ta, int64_t n) { return ta == Transpose::yes && n <= kInPlaceAColumns; }
+// Whether A's full strips are read in place, unpacked, for a product of n
+// columns: a transposed A (stored k x m, each depth step's MR rows
+// contiguous), or a non-transposed A's rows under a kernel that reads them in
+// place (`reads_rows`). Packing A pays for itself over many column strips of
+// B; with few, each packed element would be used for few multiply-adds
+// (conv2d on ResNet-50's small planes at batch 32, 2 threads: with 32 columns
+// the input gradients were 11-30% faster and the forward 10-14%; with 128 the
+// input gradients gained and the forward's rows did not).
+bool a_readable_in_place(Transpose ta, int64_t n, bool reads_rows) {
+  if (ta == Transpose::yes) return n <= kInPlaceAColumns;
+  return reads_rows && n <= kInPlaceARowsColumns;
+}
 
 }  // namespace
 
@@ -441,7 +472,7 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
   thread_local std::vector<float> packed_a, packed_b;
   packed_a.resize(static_cast<size_t>(kMC * kKC + 8));  // + the overhang of pack_a_strip_rows
   const bool direct_b = shared_b == nullptr && b_readable_in_place(tb, ldb);
-  const bool direct_a = shared_a == nullptr && a_readable_in_place(ta, n);
+  const bool direct_a = shared_a == nullptr && a_readable_in_place(ta, n, Kernel::reads_rows_in_place);
   const int64_t n_padded = (n + nr - 1) / nr * nr;
   for (int64_t jc = 0; jc < n; jc += kNC) {
     const int64_t nc = std::min(kNC, n - jc);
@@ -473,6 +504,11 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
           for (int64_t ir = 0; ir < mc; ir += mr) {
             float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
             const bool a_in_place = ir < full_strips_rows;
+            if (a_in_place && ta == Transpose::no) {
+              Kernel::micro_kernel_rows(kc, a + (ic + ir) * lda + pc, lda, b_strip, b_stride, tile, ldc, alpha_beta,
+                                        mr, std::min(nr, nc - jr), transposed_c);
+              continue;
+            }
             const float* a_strip =
                 a_in_place ? a + pc * lda + ic + ir : block_a + ((ir - full_strips_rows) / mr) * kc * mr;
             Kernel::micro_kernel(kc, a_strip, a_in_place ? lda : mr, b_strip, b_stride, tile, ldc, alpha_beta,

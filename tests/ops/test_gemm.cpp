@@ -91,9 +91,9 @@ TEST_CASE("gemm matches a triple loop for every transpose, ragged sizes, alpha a
                                                      {9, 2085, 300}, {64, 48, 520}, {3, 4100, 17},
                                                      // a transposed B of 25 columns: 8 x 8 groups and one column
                                                      {16, 25, 784},
-                                                     // a transposed A read in place (few columns): three row
-                                                     // blocks, a ragged last strip packed, three slices
-                                                     {203, 128, 600}};
+                                                     // A read in place (few columns), transposed or not: three
+                                                     // row blocks, a ragged last strip packed, three slices
+                                                     {203, 128, 600}, {203, 64, 600}};
   on_every_kernel([&] {
     for (auto [m, n, k] : sizes) {
       for (Transpose ta : {Transpose::no, Transpose::yes}) {
