@@ -457,7 +457,8 @@ void col2im_add(const T* col, int64_t ld, const Geometry& g, const Taps& taps, T
 // each, spread over the thread team outside a parallel region. A group that
 // runs alone (BatchPlan::tasks == 1, the rule on ResNet-50's small planes at
 // batch 32) splits its GEMM over the threads; the copies around the GEMM
-// (im2col, col2im, gathering and scattering planes) would otherwise run on
+// (im2col, zeroing the input gradient and col2im, gathering and scattering
+// planes) would otherwise run on
 // one thread while the others wait.
 constexpr int64_t kImageGrainElements = int64_t{1} << 14;  // less is not worth a fork
 template <class Fn>
@@ -1011,7 +1012,7 @@ void backward_input_by_class(const T* grad_output, const T* weight, const Geomet
   profiler::add_flops(class_flops(g, classes));
   for_each_group(g, plan_batch(g), [&](int64_t, int64_t n0, int64_t images) {
     T* dx = grad_input + n0 * image_in;
-    if (!add) std::fill(dx, dx + images * image_in, T(0));
+    if (!add) for_each_image(images, image_in, [&](int64_t i) { std::fill_n(dx + i * image_in, image_in, T(0)); });
     for (size_t k = 0; k < classes.size(); ++k) {
       const PositionClass& pc = classes[k];
       const int64_t columns = images * pc.count(), rows = pc.col_rows(g);
@@ -1132,7 +1133,9 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, direct && add ? T(1) : T(0), col, columns);
     if (direct) return;
     if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx, add);  // col2im is a copy
-    if (!add) std::fill(dx, dx + images * image_size, T(0));
+    if (!add) {
+      for_each_image(images, image_size, [&](int64_t i) { std::fill_n(dx + i * image_size, image_size, T(0)); });
+    }
     for_each_image(images, k * plane,
                    [&](int64_t i) { col2im_add(col + i * plane, columns, g, taps, dx + i * image_size); });
   });
