@@ -458,8 +458,7 @@ void col2im_add(const T* col, int64_t ld, const Geometry& g, const Taps& taps, T
 // runs alone (BatchPlan::tasks == 1, the rule on ResNet-50's small planes at
 // batch 32) splits its GEMM over the threads; the copies around the GEMM
 // (im2col, zeroing the input gradient and col2im, gathering and scattering
-// planes) would otherwise run on
-// one thread while the others wait.
+// planes) would otherwise run on one thread while the others wait.
 constexpr int64_t kImageGrainElements = int64_t{1} << 14;  // less is not worth a fork
 template <class Fn>
 void for_each_image(int64_t images, int64_t elements, Fn&& fn) {
