@@ -937,8 +937,9 @@ std::vector<ClassWeight<T>> class_weights(const T* weight, const Geometry& g,
   // Classes with as many taps each (the four corners of a 2x2 plane): one pass over the weight for all.
   if constexpr (std::is_same_v<T, float>) {
     const int64_t n = gathered.empty() ? 0 : static_cast<int64_t>(gathered[0]->taps.size());
-    const bool same_n = std::all_of(gathered.begin(), gathered.end(),
-                                    [&](const PositionClass* pc) { return static_cast<int64_t>(pc->taps.size()) == n; });
+    const bool same_n = std::all_of(gathered.begin(), gathered.end(), [&](const PositionClass* pc) {
+      return static_cast<int64_t>(pc->taps.size()) == n;
+    });
     if (gathered.size() > 1 && gathered.size() <= 16 && same_n && register_taps_apply(kernel, n, g.channels)) {
       std::vector<const int64_t*> indexes;
       for (const PositionClass* pc : gathered) indexes.push_back(pc->taps.data());
