@@ -3,8 +3,10 @@
 // row strips, and a register-blocked micro-kernel does the arithmetic: 8 x 32
 // with AVX-512 (sixteen 16-float accumulators: two vector loads of B and eight
 // broadcasts of A feed 16 FMAs) or 6 x 16 with AVX2/FMA (twelve 8-float ones).
-// Packing absorbs the transposes and zero-pads ragged edges. The kernel is
-// chosen at run time: the widest the CPU has, or the one LOOM_CPU_GEMM names.
+// Packing absorbs the transposes and zero-pads ragged edges; where it would
+// not pay, full strips are read where they lie (B whose rows do not alias in
+// L1; A for products of few columns). The kernel is chosen at run time: the
+// widest the CPU has, or the one LOOM_CPU_GEMM names.
 #include <loom/ops/cpu/gemm.h>
 
 #include <immintrin.h>
@@ -405,7 +407,6 @@ struct Avx2Kernel {
   static constexpr int64_t mr = 6, nr = 16;
   static constexpr auto micro_kernel = micro_kernel_avx2;
   static constexpr bool reads_rows_in_place = false;  // no micro_kernel_rows
-  static constexpr auto micro_kernel_rows = micro_kernel_avx2;
 };
 constexpr auto micro_kernel_avx512 = micro_kernel_avx512_t<false>;
 struct Avx512Kernel {
@@ -433,8 +434,9 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
 // place (`reads_rows`). Packing A pays for itself over many column strips of
 // B; with few, each packed element would be used for few multiply-adds
 // (conv2d on ResNet-50's small planes at batch 32, 2 threads: with 32 columns
-// the input gradients were 11-30% faster and the forward 10-14%; with 128 the
-// input gradients gained and the forward's rows did not).
+// the input gradients were 11-30% faster and the forward 10-14%; with 128 a
+// 1x1 convolution's input gradient neither gained nor lost, and its forward
+// with the rows read in place was up to 8% slower).
 bool a_readable_in_place(Transpose ta, int64_t n, bool reads_rows) {
   if (ta == Transpose::yes) return n <= kInPlaceAColumns;
   return reads_rows && n <= kInPlaceARowsColumns;
@@ -504,10 +506,12 @@ void gemm_packed_f32(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k
           for (int64_t ir = 0; ir < mc; ir += mr) {
             float* tile = transposed_c ? c + (jc + jr) * ldc + ic + ir : c + (ic + ir) * ldc + jc + jr;
             const bool a_in_place = ir < full_strips_rows;
-            if (a_in_place && ta == Transpose::no) {
-              Kernel::micro_kernel_rows(kc, a + (ic + ir) * lda + pc, lda, b_strip, b_stride, tile, ldc, alpha_beta,
-                                        mr, std::min(nr, nc - jr), transposed_c);
-              continue;
+            if constexpr (Kernel::reads_rows_in_place) {
+              if (a_in_place && ta == Transpose::no) {
+                Kernel::micro_kernel_rows(kc, a + (ic + ir) * lda + pc, lda, b_strip, b_stride, tile, ldc,
+                                          alpha_beta, mr, std::min(nr, nc - jr), transposed_c);
+                continue;
+              }
             }
             const float* a_strip =
                 a_in_place ? a + pc * lda + ic + ir : block_a + ((ir - full_strips_rows) / mr) * kc * mr;
