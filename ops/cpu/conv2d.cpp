@@ -902,9 +902,10 @@ const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, 
 // W_k for every class, one after another in scratch slot 2, its rows
 // `ld` apart (the weight itself, rows C*kernel apart, for a class with every
 // tap of the kernel). The rows are padded as gemm_b_stride pads B's: the
-// input gradient packs W_kᵀ by reading eight floats from each of its O rows
-// in turn, and rows a large power of two apart (C*taps = 1024 for ResNet-50's
-// layer3) fall into a few sets of L1 and evict each other.
+// input gradient reads W_kᵀ eight floats from each of its O rows in turn
+// (packing it, or in place), and rows a large power of two apart (C*taps =
+// 1024 for ResNet-50's layer3) fall into a few sets of L1 and evict each
+// other.
 template <class T>
 struct ClassWeight {
   const T* data;
