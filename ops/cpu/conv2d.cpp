@@ -715,22 +715,21 @@ void gather_taps(const T* weight, int64_t rows, int64_t kernel, const int64_t* i
   with_tap_count(n, [&](auto fixed) {
     constexpr int64_t N = decltype(fixed)::value;
     parallel_for(0, rows, kTapRowGrain, [&](int64_t begin, int64_t end) {
-      // Row r = o * group + c goes to compact + o * ld + c * n.
-      int64_t c = begin % group;
-      T* out = compact + (begin / group) * ld + c * n;
-      if constexpr (N > 0) {
-        int64_t taps[N];
-        std::copy_n(index, N, taps);
-        for (int64_t r = begin; r < end; ++r) {
-          for (int64_t j = 0; j < N; ++j) out[j] = weight[r * kernel + taps[j]];
-          out += N;
-          if (++c == group) c = 0, out += ld - group * N;
-        }
-      } else {
-        for (int64_t r = begin; r < end; ++r) {
-          for (int64_t j = 0; j < n; ++j) out[j] = weight[r * kernel + index[j]];
-          out += n;
-          if (++c == group) c = 0, out += ld - group * n;
+      // Row r = o * group + c goes to compact + o * ld + c * n; one group's
+      // rows at a time, contiguous there.
+      for (int64_t r = begin; r < end;) {
+        const int64_t stop = std::min(end, r + group - r % group);
+        T* out = compact + (r / group) * ld + (r % group) * n;
+        if constexpr (N > 0) {
+          int64_t taps[N];
+          std::copy_n(index, N, taps);
+          for (; r < stop; ++r, out += N) {
+            for (int64_t j = 0; j < N; ++j) out[j] = weight[r * kernel + taps[j]];
+          }
+        } else {
+          for (; r < stop; ++r, out += n) {
+            for (int64_t j = 0; j < n; ++j) out[j] = weight[r * kernel + index[j]];
+          }
         }
       }
     });
