@@ -196,6 +196,14 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
       {"3x3 stride 2 onto 16x16 planes (ResNet-50's layer2 at 32x32), one image per GEMM", {3, 8, 32, 32},
        {12, 8, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
       {"stride 2 padding 3 7x7", {6, 3, 16, 16}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
+      // f32 im2col / col2im by even-lane permutes under the AVX-512 kernel (rows of 8 or 16 at stride 2):
+      // an odd number of 8-wide output rows (the last chunk half stored), a 31-wide input whose last
+      // output column reads padding under the right taps, dilation, and a 1x1 kernel onto 16x16.
+      {"stride 2 onto 7 rows of 8", {5, 3, 13, 16}, {4, 3, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+      {"stride 2 onto rows of 16 from 31 columns", {3, 4, 9, 31}, {5, 4, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+      {"stride (1, 2), dilation 2, onto rows of 8", {3, 2, 6, 16}, {3, 2, 3, 3},
+       {.stride = {1, 2}, .padding = {2, 2}, .dilation = {2, 2}}},
+      {"1x1 stride 2 onto 16x16 planes", {3, 6, 32, 32}, {5, 6, 1, 1}, {.stride = {2, 2}}},
       {"batch 1", {1, 4, 3, 3}, {5, 4, 3, 3}, {.padding = {1, 1}}},
       {"2x2 -> 1x1 with stride 2: 4 of 9 taps read the image", {5, 6, 2, 2}, {7, 6, 3, 3},
        {.stride = {2, 2}, .padding = {1, 1}}},
