@@ -368,7 +368,7 @@ bool strided_rows_apply(const Geometry& g) {
 // offset) and which of the 32 or 16 floats from there to load: lanes 2 * ow
 // for the valid columns ow, and the odd lanes between them.
 struct StridedChunk {
-  int64_t start[2];   // offsets into the input plane (-1: one before a row)
+  int64_t start[2];   // offsets into the input plane (before the row by a negative column offset)
   __mmask32 loads[2];  // 0 for a row that reads only padding
   __mmask16 outputs;   // the chunk's output lanes that read the image
   __mmask16 stores;    // the chunk's output lanes inside the output plane
@@ -407,7 +407,7 @@ __attribute__((target("avx512f"))) void im2col_strided_rows(const float* image, 
       float* out = col + (c * kernel + t) * ld;
       for (int64_t oh = 0; oh < g.out_h; oh += rows) {
         const StridedChunk k = strided_chunk(g, taps.taps[t], oh);
-        // Masked-off lanes load nothing: a start of -1 never reads before the plane.
+        // Masked-off lanes load nothing: a start before the plane never reads there.
         const __m512 a = _mm512_maskz_loadu_ps(static_cast<__mmask16>(k.loads[0]), plane + k.start[0]);
         const __m512 b =
             rows == 1 ? _mm512_maskz_loadu_ps(static_cast<__mmask16>(k.loads[0] >> 16), plane + k.start[0] + 16)
@@ -480,10 +480,6 @@ void im2col(const T* image, const Geometry& g, const Taps& taps, T* col, int64_t
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>) {
     if (masked_rows_apply(g)) return im2col_masked_rows(image, g, taps, col, ld);
-  }
-#endif
-#if defined(__x86_64__)
-  if constexpr (std::is_same_v<T, float>) {
     if (strided_rows_apply(g)) return im2col_strided_rows(image, g, taps, col, ld);
   }
 #endif
