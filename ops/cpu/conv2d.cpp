@@ -363,35 +363,40 @@ bool strided_rows_apply(const Geometry& g) {
 }
 
 // The chunk of 16 outputs of a tap whose first output row is oh (one row of
-// 16 or two of 8): for each row inside the tap's valid rows, where in the
-// input plane its loads start (the input row, shifted by the tap's column
-// offset) and which of the 32 or 16 floats from there to load: lanes 2 * ow
-// for the valid columns ow, and the odd lanes between them.
+// 16 or two of 8) is read from two halves of 16 floats: the row's first and
+// second 16, or the first 16 of each row. Each half starts in the input plane
+// at its row (shifted by the tap's column offset, so possibly before it) and
+// loads lanes 2 * ow for the valid columns ow and the odd lanes between them;
+// none for a row that reads only padding.
 struct StridedChunk {
-  int64_t start[2];   // offsets into the input plane (before the row by a negative column offset)
-  __mmask32 loads[2];  // 0 for a row that reads only padding
-  __mmask16 outputs;   // the chunk's output lanes that read the image
-  __mmask16 stores;    // the chunk's output lanes inside the output plane
+  int64_t start[2];
+  __mmask16 loads[2];
+  __mmask16 outputs;  // the chunk's output lanes that read the image
+  __mmask16 stores;   // the chunk's output lanes inside the output plane
 };
 
-inline __mmask32 lane_range(int64_t first, int64_t last) {  // bits [first, last)
+inline uint32_t lane_range(int64_t first, int64_t last) {  // bits [first, last) of 32
   if (last <= first) return 0;
-  const uint64_t bits = (last >= 32 ? uint64_t{0xFFFFFFFF} : (uint64_t{1} << last) - 1) & ~((uint64_t{1} << first) - 1);
-  return static_cast<__mmask32>(bits);
+  return static_cast<uint32_t>(((uint64_t{1} << last) - 1) & ~((uint64_t{1} << first) - 1));
 }
 
 StridedChunk strided_chunk(const Geometry& g, const Taps::Tap& tap, int64_t oh) {
   StridedChunk k{};
   const int64_t rows = 16 / g.out_w;
-  const __mmask32 loads = lane_range(2 * tap.cols.first, 2 * tap.cols.last - 1);
-  const __mmask16 columns = static_cast<__mmask16>(lane_range(tap.cols.first, tap.cols.last));
+  const uint32_t loads = lane_range(2 * tap.cols.first, 2 * tap.cols.last - 1);
+  const uint32_t columns = lane_range(tap.cols.first, tap.cols.last);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = oh + r;
     if (row < g.out_h) k.stores |= static_cast<__mmask16>(((1u << g.out_w) - 1) << (r * g.out_w));
     if (row < tap.rows.first || row >= tap.rows.last) continue;
-    k.start[r] = (row * g.params.stride[0] + tap.offset_h) * g.width + tap.offset_w;
-    k.loads[r] = loads;
+    const int64_t start = (row * g.params.stride[0] + tap.offset_h) * g.width + tap.offset_w;
     k.outputs |= static_cast<__mmask16>(columns << (r * g.out_w));
+    if (rows == 1) {
+      k.start[0] = start, k.start[1] = start + 16;
+      k.loads[0] = static_cast<__mmask16>(loads), k.loads[1] = static_cast<__mmask16>(loads >> 16);
+    } else {
+      k.start[r] = start, k.loads[r] = static_cast<__mmask16>(loads);
+    }
   }
   return k;
 }
@@ -399,7 +404,6 @@ StridedChunk strided_chunk(const Geometry& g, const Taps::Tap& tap, int64_t oh) 
 __attribute__((target("avx512f"))) void im2col_strided_rows(const float* image, const Geometry& g, const Taps& taps,
                                                              float* col, int64_t ld) {
   const int64_t kernel = static_cast<int64_t>(taps.taps.size()), rows = 16 / g.out_w;
-  // Even lanes of (a, b): a row of 16 from 32 floats, or two rows of 8 from 16 each.
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   for (int64_t c = 0; c < g.channels; ++c) {
     const float* plane = image + c * g.input_plane();
@@ -408,10 +412,8 @@ __attribute__((target("avx512f"))) void im2col_strided_rows(const float* image, 
       for (int64_t oh = 0; oh < g.out_h; oh += rows) {
         const StridedChunk k = strided_chunk(g, taps.taps[t], oh);
         // Masked-off lanes load nothing: a start before the plane never reads there.
-        const __m512 a = _mm512_maskz_loadu_ps(static_cast<__mmask16>(k.loads[0]), plane + k.start[0]);
-        const __m512 b =
-            rows == 1 ? _mm512_maskz_loadu_ps(static_cast<__mmask16>(k.loads[0] >> 16), plane + k.start[0] + 16)
-                      : _mm512_maskz_loadu_ps(static_cast<__mmask16>(k.loads[1]), plane + k.start[1]);
+        const __m512 a = _mm512_maskz_loadu_ps(k.loads[0], plane + k.start[0]);
+        const __m512 b = _mm512_maskz_loadu_ps(k.loads[1], plane + k.start[1]);
         const __m512 v = _mm512_maskz_permutex2var_ps(k.outputs, a, even, b);
         float* dst = out + oh * g.out_w;
         if (k.stores == 0xFFFF) {
@@ -424,14 +426,13 @@ __attribute__((target("avx512f"))) void im2col_strided_rows(const float* image, 
   }
 }
 
-// The adjoint: each chunk's outputs are spread to the even lanes of the
-// input floats they were read from and added there (masked to the image).
+// The adjoint: the chunk's outputs 0-7 and 8-15 go to the even lanes of its
+// two halves and are added there.
 __attribute__((target("avx512f"))) void col2im_strided_rows(const float* col, int64_t ld, const Geometry& g,
                                                             const Taps& taps, float* image) {
   const int64_t kernel = static_cast<int64_t>(taps.taps.size()), rows = 16 / g.out_w;
-  // Output lane j to input lane 2j of the row's first or second 16 floats (low, high).
-  const __m512i low = _mm512_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0);
-  const __m512i high = _mm512_setr_epi32(8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15, 0);
+  const __m512i spread[2] = {_mm512_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0),
+                             _mm512_setr_epi32(8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15, 0)};
   for (int64_t c = 0; c < g.channels; ++c) {
     float* plane = image + c * g.input_plane();
     for (int64_t t = 0; t < kernel; ++t) {
@@ -440,17 +441,13 @@ __attribute__((target("avx512f"))) void col2im_strided_rows(const float* col, in
         const StridedChunk k = strided_chunk(g, taps.taps[t], oh);
         if (k.outputs == 0) continue;
         const __m512 v = _mm512_maskz_loadu_ps(k.stores, in + oh * g.out_w);
-        const __m512 spread[2] = {_mm512_maskz_permutexvar_ps(0x5555, low, v),
-                                  _mm512_maskz_permutexvar_ps(0x5555, high, v)};
-        // rows == 1: input lanes 0-15 and 16-31 of one row; rows == 2: lanes 0-15 of each row.
-        for (int part = 0; part < 2; ++part) {
-          const int r = rows == 1 ? 0 : part;
-          const __mmask16 mask =
-              static_cast<__mmask16>((rows == 1 && part == 1 ? k.loads[0] >> 16 : k.loads[r]) & 0x5555);
-          if (mask == 0) continue;
-          float* dst = plane + k.start[r] + (rows == 1 ? 16 * part : 0);
-          const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), spread[part]);
-          _mm512_mask_storeu_ps(dst, mask, sum);
+        for (int half = 0; half < 2; ++half) {
+          const __mmask16 even = k.loads[half] & 0x5555;
+          if (even == 0) continue;
+          float* dst = plane + k.start[half];
+          const __m512 sum =
+              _mm512_add_ps(_mm512_maskz_loadu_ps(even, dst), _mm512_maskz_permutexvar_ps(even, spread[half], v));
+          _mm512_mask_storeu_ps(dst, even, sum);
         }
       }
     }
