@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libgloo-dev libgloo0 libhiredis0.14
-          libibverbs1 libnl-3-200 libnl-route-3-200 zlib1g-dev zlib1g)
+          libibverbs1 libnl-3-200 libnl-route-3-200 zlib1g-dev zlib1g libturbojpeg0-dev libturbojpeg0)
 rm -rf .deps
 mkdir -p .deps/debs .deps/root
 (cd .deps/debs && apt-get -o APT::Sandbox::User=root download "${packages[@]}" >/dev/null)
