@@ -209,8 +209,10 @@ std::vector<double> fingerprint(const std::vector<Tensor>& parameters) {
 }
 
 // Throws unless the losses are finite and, over enough steps, falling; and
-// unless every rank holds the same parameters (DDP kept them in step).
-json validate(const std::vector<double>& losses, const std::vector<Tensor>& parameters, dist::ProcessGroup& group) {
+// unless every rank holds the same parameters (DDP kept them in step). The
+// fingerprints are all-reduced on `device`, the group's (nccl: the rank's GPU).
+json validate(const std::vector<double>& losses, const std::vector<Tensor>& parameters, dist::ProcessGroup& group,
+              Device device) {
   for (double l : losses) LOOM_CHECK(std::isfinite(l), "scaling_step: a loss is not finite (", l, ")");
   json result;
   const size_t window = std::min<size_t>(5, losses.size() / 4);
@@ -226,9 +228,8 @@ json validate(const std::vector<double>& losses, const std::vector<Tensor>& para
     result["loss_last"] = last;
   }
   const std::vector<double> mine = fingerprint(parameters);
-  Tensor all = Tensor::zeros({group.size(), 2}, DType::f64);
-  Tensor own = Tensor::from_vector(mine, {1, 2});
-  all.slice(0, group.rank(), group.rank() + 1).copy_(own);
+  Tensor all = Tensor::zeros({group.size(), 2}, DType::f64, device);
+  all.slice(0, group.rank(), group.rank() + 1).copy_(Tensor::from_vector(mine, {1, 2}));
   group.all_reduce(all, dist::ReduceOp::sum)->wait();
   const std::vector<double> every = all.to_vector<double>();
   for (int r = 0; r < group.size(); ++r) {
@@ -333,7 +334,7 @@ int run(const Flags& flags) {
     }
   }
 
-  json validation = validate(losses, parameters, *group);
+  json validation = validate(losses, parameters, *group, device);
   json out = {{"program", "loom scaling_step"},
               {"model", flags.model},
               {"rank", rank},
