@@ -34,6 +34,11 @@ using Op = std::function<TensorList(const TensorList&)>;
 void check_op(const std::string& name, const TensorList& inputs, const Op& op, Tolerance tol,
               bool channels_last = false) {
   INFO(name, channels_last ? " (channels-last on the GPU)" : "");
+  // Callers pass the same CPU leaves to several ops: start their gradients afresh
+  // (backward accumulates into .grad, and the GPU copies are new leaves).
+  for (Tensor t : inputs) {
+    if (t.defined()) t.set_grad(Tensor());
+  }
   TensorList gpu_inputs;
   for (const Tensor& t : inputs) gpu_inputs.push_back(t.defined() ? to_gpu(t, channels_last) : Tensor());
   const TensorList cpu_out = op(inputs);
@@ -42,7 +47,7 @@ void check_op(const std::string& name, const TensorList& inputs, const Op& op, T
   for (size_t i = 0; i < cpu_out.size(); ++i) {
     CHECK(gpu_out[i].device().is_cuda());
     const bool exact = !is_floating(cpu_out[i].dtype());
-    check_close(gpu_out[i], cpu_out[i], exact ? 0.0 : tol.forward, name + ": output " + std::to_string(i));
+    check_close(gpu_out[i], cpu_out[i], exact ? 0.0 : tol.forward, name + ": output " + std::to_string(i), tol.floor);
   }
   if (!cpu_out[0].requires_grad()) return;
   const Tensor upstream = random_cpu(cpu_out[0].sizes(), 4242, cpu_out[0].dtype());
@@ -51,7 +56,8 @@ void check_op(const std::string& name, const TensorList& inputs, const Op& op, T
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
     REQUIRE(gpu_inputs[i].grad().defined());
-    check_close(gpu_inputs[i].grad(), inputs[i].grad(), tol.backward, name + ": gradient of input " + std::to_string(i));
+    check_close(gpu_inputs[i].grad(), inputs[i].grad(), tol.backward, name + ": gradient of input " + std::to_string(i),
+                tol.floor);
   }
 }
 
@@ -102,13 +108,20 @@ void check_batch_norm_variant(const char* name, const BatchNormCase (&cases)[N],
             c.running ? random_cpu({channels}, seed + 4, param_dtype, 0.5, 2.0) : Tensor(),
             draw.residual ? leaf(c.input, seed + 5, dtype) : Tensor()};
         const bool training = c.training;
+        // Two values per channel in training: the input gradient is zero up to
+        // eps, the rounding of O(1) terms (f32: ~3e-7 seen on an H200), so
+        // measured against 1e-2 rather than 1e-3.
+        int64_t per_channel = 1;
+        for (size_t d = 0; d < c.input.size(); ++d) per_channel *= d == 1 ? 1 : c.input[d];
+        Tolerance tol = tolerance_for(dtype);
+        if (training && per_channel == 2) tol.floor = 1e-2;
         check_op(label((std::string(name) + (training ? " train" : " eval")).c_str(), dtype, c.input), inputs,
                  [&op, training](const TensorList& t) {
                    // The running statistics are updated in place; compare them too.
                    const Tensor y = op(t, training);
                    return t[3].defined() ? TensorList{y, t[3], t[4]} : TensorList{y};
                  },
-                 tolerance_for(dtype), channels_last);
+                 tol, channels_last);
       }
     }
   }
