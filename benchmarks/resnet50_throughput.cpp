@@ -1,9 +1,10 @@
-// ResNet-50 training throughput on the CPU, the shape of
+// ResNet-50 training throughput on the CPU or a GPU, the shape of
 // benchmarks/peers/torch_resnet50_cifar.py: torchvision's ResNet-50 (ImageNet
 // stem, or the CIFAR stem with --stem cifar; 10 classes) on one fixed batch of CIFAR-shaped random images, SGD with
-// momentum. Validates that every loss is finite and that the loss on the
-// repeated batch fell, then prints images/s, step ms and peak RSS as one JSON line.
-//   resnet50_throughput --batch 32 --steps 10 --threads 2 [--stem cifar]
+// momentum, in f32 or one of apex's opt levels (--amp, as the apps). Validates that every loss is finite and that
+// the loss on the repeated batch fell, then prints images/s, step ms and peak RSS as one JSON line. On a GPU the
+// timed steps run between two device synchronisations; the losses are read afterwards.
+//   resnet50_throughput --batch 32 --steps 10 --threads 2 [--stem cifar] [--device cuda --amp O2]
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -13,10 +14,12 @@
 #include "apps/app_common.h"
 #include <loom/core/generator.h>
 #include "benchmarks/gemm_peak.h"
+#include <loom/core/cuda/runtime.h>
 #include <loom/core/profiler.h>
 #include <loom/core/parallel.h>
 #include <loom/nn/resnet.h>
 #include <loom/ops/loss.h>
+#include <loom/optim/amp.h>
 #include <loom/optim/optimizer.h>
 
 using namespace loom;
@@ -25,7 +28,7 @@ int main(int argc, char** argv) {
   CLI::App app{"loom ResNet-50 training throughput (CIFAR-shaped input)"};
   int64_t steps = 10, warmup = 2, batch = 32;
   int threads = 2;
-  std::string arch = "resnet50", stem = "imagenet";
+  std::string arch = "resnet50", stem = "imagenet", device_name = "cpu", amp_name = "O0";
   int64_t profile_steps = 0;
   double lr = 0;  // 0: the stem's default
   app.add_option("--lr", lr, "SGD learning rate (default 0.01 with the imagenet stem, 0.001 with the cifar stem)")
@@ -37,38 +40,76 @@ int main(int argc, char** argv) {
   app.add_option("--arch", arch, "resnet18 .. resnet152")->capture_default_str();
   app.add_option("--stem", stem, "imagenet (7x7/2 conv + maxpool) or cifar (3x3/1 conv, no maxpool)")
       ->capture_default_str()->check(CLI::IsMember({"imagenet", "cifar"}));
+  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--amp", amp_name, "O0 (f32), O1, O2, O3 or bf16, as the apps' --amp")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
   app.add_option("--profile", profile_steps, "after the timed steps, profile this many more per op and layer (stderr)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     set_num_threads(threads);
     manual_seed(0);
+    const Device device = parse_device(device_name);
+    if (device.is_cuda()) cuda::set_device(device.index);
     auto model = nn::make_resnet(arch, nn::ResNetOptions().num_classes(10).stem(nn::parse_resnet_stem(stem)));
+    model->to(device);
     // With the CIFAR stem at 0.01 the loss on the repeated batch climbs for
     // about 10 steps (to ~9, PyTorch 2.15's as loom's) before it falls, so
     // whether it is below the first loss after 20 steps is chance; at 0.001
     // it falls from the start. The peer uses the same defaults.
     if (lr == 0) lr = stem == "cifar" ? 0.001 : 0.01;
-    optim::SGD optimizer(model->parameters(), optim::SGDOptions(lr).momentum(0.9));
+    // apex's amp.initialize: the model in the level's dtypes, SGD over what it steps (f32 masters where needed).
+    const amp::OptLevel amp_level = amp::parse_opt_level(amp_name);
+    std::unique_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
+        *model,
+        [lr](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(lr).momentum(0.9));
+        },
+        amp_level);
     // (batch, 3, 32, 32) standard-normal images and uniform labels, as the peer's randn / randint.
     Generator gen(1);
     Tensor images = Tensor::empty({batch, 3, 32, 32});
     gen.normal_(images, 0.0, 1.0);
     std::vector<int64_t> label_values(batch);
     for (auto& label : label_values) label = static_cast<int64_t>(gen.below(10));
-    const Tensor labels = Tensor::from_vector(label_values, {batch});
+    const Tensor labels = Tensor::from_vector(label_values, {batch}).to(device);
+    images = images.to(amp::input_dtype(amp_level)).to(device);
+    const auto synchronize = [device] {
+      if (device.is_cuda()) cuda::synchronize(device.index);
+    };
+    // One step: the forward pass and loss under the level's autocast, the
+    // scaled loss backward, the step (skipped on inf / NaN gradients at O2).
+    const auto train_step = [&] {
+      optimizer->zero_grad();
+      Tensor loss;
+      {
+        profiler::Scope forward_scope("forward + loss (all)");
+        auto autocast = optimizer->autocast();
+        loss = cross_entropy((*model)(images), labels);
+      }
+      {
+        profiler::Scope backward_scope("backward (all)");
+        optimizer->scale_loss(loss).backward();
+      }
+      profiler::Scope optimizer_scope("optimizer step");
+      optimizer->step();
+      return loss;
+    };
 
-    std::vector<double> losses;
+    std::vector<Tensor> loss_tensors;
     std::chrono::steady_clock::time_point start;
     for (int64_t step = 0; step < warmup + steps; ++step) {
-      if (step == warmup) start = std::chrono::steady_clock::now();
-      optimizer.zero_grad();
-      Tensor loss = cross_entropy((*model)(images), labels);
-      loss.backward();
-      optimizer.step();
-      losses.push_back(loss.item());
+      if (step == warmup) {
+        synchronize();
+        start = std::chrono::steady_clock::now();
+      }
+      loss_tensors.push_back(train_step());
     }
+    synchronize();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<double> losses;
+    for (const Tensor& loss : loss_tensors) losses.push_back(loss.item());
     for (double l : losses) {
       if (!std::isfinite(l)) throw Error("loss is not finite");
     }
@@ -77,24 +118,14 @@ int main(int argc, char** argv) {
       std::string all;
       for (double l : losses) all += str(all.empty() ? "" : " ", l);
       throw Error(str("loss did not fall on the repeated batch: first ", losses.front(), ", last ", losses.back(),
-                      " (every step: ", all, ")"));
+                      " (every step: ", all, "; ", optimizer->scaler().skipped_steps(),
+                      " steps skipped for inf / NaN gradients)"));
     }
     if (profile_steps > 0) {
       profiler::set_enabled(true);
       for (int64_t step = 0; step < profile_steps; ++step) {
         profiler::Scope step_scope("training step (all)");
-        optimizer.zero_grad();
-        Tensor loss;
-        {
-          profiler::Scope forward_scope("forward + loss (all)");
-          loss = cross_entropy((*model)(images), labels);
-        }
-        {
-          profiler::Scope backward_scope("backward (all)");
-          loss.backward();
-        }
-        profiler::Scope optimizer_scope("optimizer step");
-        optimizer.step();
+        train_step();
       }
       profiler::set_enabled(false);
       std::fprintf(stderr, "profile of %lld steps (threads %d):\n%s", static_cast<long long>(profile_steps), threads,
@@ -103,11 +134,14 @@ int main(int argc, char** argv) {
                    bench::to_json(bench::measure_gemm_peak(threads)).c_str());
     }
     std::printf(
-        "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, "
-        "\"images_per_s\": %.1f, \"step_ms\": %.1f, \"lr\": %g, \"loss_first\": %.4f, \"loss_last\": %.4f, \"peak_rss_mb\": %.1f}\n",
-        arch.c_str(), stem.c_str(), threads, static_cast<long long>(batch), static_cast<long long>(steps), seconds,
-        static_cast<double>(steps * batch) / seconds, 1000.0 * seconds / static_cast<double>(steps), lr, losses.front(),
-        losses.back(), static_cast<double>(apps::peak_rss_bytes()) / (1 << 20));
+        "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"device\": \"%s\", \"amp\": \"%s\", \"threads\": %d, "
+        "\"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, \"images_per_s\": %.1f, \"step_ms\": %.1f, \"lr\": %g, "
+        "\"loss_first\": %.4f, \"loss_last\": %.4f, \"skipped_steps\": %lld, \"peak_rss_mb\": %.1f}\n",
+        arch.c_str(), stem.c_str(), device.str().c_str(), amp_name.c_str(), threads, static_cast<long long>(batch),
+        static_cast<long long>(steps), seconds, static_cast<double>(steps * batch) / seconds,
+        1000.0 * seconds / static_cast<double>(steps), lr, losses.front(), losses.back(),
+        static_cast<long long>(optimizer->scaler().skipped_steps()),
+        static_cast<double>(apps::peak_rss_bytes()) / (1 << 20));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "resnet50_throughput: %s\n", e.what());
