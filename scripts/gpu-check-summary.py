@@ -6,7 +6,10 @@ from the logs its steps left in WORK (WORK/STEP.log), printed as JSON:
                      per-test timeout; per train_mnist: accuracy, images/s
   benchmarks.convnet one row per arithmetic: "convnet f32 (TF32 off)", "convnet TF32",
                      "convnet channels-last autocast f16", loom's and PyTorch's images/s
-  ratios             loom / PyTorch images/s per row
+  benchmarks.resnet50_cifar  ResNet-50 (CIFAR stem, batch 128) per precision: "resnet50 f32
+                     (TF32 off)" (loom O0, PyTorch f32), "resnet50 f16" (loom O2, PyTorch
+                     autocast f16; its channels-last figure beside), "resnet50 bf16"
+  ratios             loom / PyTorch images/s per row, of both tables
   scaling_resnet50   ResNet-50 per world (weak scaling over NCCL), DDP against the bare
                      model, the all-reduce fit, the cluster projection from this GPU's profile
 
@@ -103,6 +106,34 @@ def benchmark_table(steps, work):
     return table, loom, torch
 
 
+RESNET_ROWS = {  # row -> (loom's --amp, PyTorch's --amp)
+    "resnet50 f32 (TF32 off)": ("O0", "none"),
+    "resnet50 f16": ("O2", "f16"),
+    "resnet50 bf16": ("bf16", "bf16"),
+}
+
+
+def resnet_table(work):
+    rows = json_lines(read(work, "bench.resnet50_cifar.log"))
+    loom = [r for r in rows if r.get("bench") == "loom resnet50 train"]
+    torch = [r for r in rows if str(r.get("peer", "")).startswith("torch")]
+    table = []
+    for label, (amp, mode) in RESNET_ROWS.items():
+        ours = next((r for r in loom if r.get("amp") == amp), None)
+        theirs = next((r for r in torch if r.get("amp") == mode and not r.get("channels_last")), None)
+        channels_last = next((r for r in torch if r.get("amp") == mode and r.get("channels_last")), None)
+        if not ours and not theirs:
+            continue
+        row = {"row": label, "loom_images_per_s": ours and ours.get("images_per_s"),
+               "torch_images_per_s": theirs and theirs.get("images_per_s")}
+        if channels_last:
+            row["torch_channels_last_images_per_s"] = channels_last.get("images_per_s")
+        if row["loom_images_per_s"] and row["torch_images_per_s"]:
+            row["loom_vs_torch"] = round(row["loom_images_per_s"] / row["torch_images_per_s"], 3)
+        table.append(row)
+    return table, loom, torch
+
+
 def train_figures(text):
     figures = {}
     for key, pattern, kind in (("test_accuracy", r"Test accuracy: ([0-9.]+)", float),
@@ -154,9 +185,12 @@ def main():
         elif name == "train_mnist" and text:
             steps[name] = train_figures(text)
     table, loom, torch = benchmark_table([{"name": n} for n in names], work)
+    resnet, resnet_loom, resnet_torch = resnet_table(work)
     figures = {"machine": machine, "steps": steps,
-               "benchmarks": {"convnet": table, "loom_rows": loom, "torch_rows": torch},
-               "ratios": {r["row"]: r["loom_vs_torch"] for r in table if "loom_vs_torch" in r},
+               "benchmarks": {"convnet": table, "loom_rows": loom, "torch_rows": torch,
+                              "resnet50_cifar": resnet, "resnet50_loom_rows": resnet_loom,
+                              "resnet50_torch_rows": resnet_torch},
+               "ratios": {r["row"]: r["loom_vs_torch"] for r in table + resnet if "loom_vs_torch" in r},
                "scaling_resnet50": scaling_figures(work)}
     json.dump(figures, sys.stdout, indent=1)
     sys.stdout.write("\n")

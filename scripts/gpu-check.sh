@@ -19,6 +19,8 @@
 #   bench.*          loom's ConvNet on the GPU in f32 (TF32 off), PyTorch's (f32 with TF32
 #                    off, TF32, channels-last autocast f16), loom's TF32 and channels-last
 #                    autocast f16 rows, then train_mnist for one epoch on the GPU
+#   bench.resnet50_cifar  ResNet-50 (CIFAR stem, batch 128): loom at --amp O0, O2 and bf16,
+#                    then PyTorch's peer in f32 (TF32 off) and autocast f16 / bf16
 #   scaling.resnet50 ResNet-50's world-1 profile and the cluster projection from it; on N >= 2
 #                    GPUs the weak-scaling curve from 1 to N GPUs (one process per GPU, NCCL)
 #                    and DDP against the bare model
@@ -190,6 +192,28 @@ internal_build() {
   done
   echo "build: ${present[*]} (-j $jobs, ${keep_going[*]})"
   cmake --build "$dir" -j "$jobs" --target "${present[@]}" -- "${keep_going[@]}"
+}
+
+# internal_resnet_bench BUILD TORCH: ResNet-50 with the CIFAR stem, batch 128,
+# on the GPU: loom's resnet50_throughput at --amp O0, O2 and bf16, then, when
+# TORCH is "yes", PyTorch's peer in f32 (TF32 off), autocast f16 (NCHW and
+# channels-last) and autocast bf16. One JSON line each; fails when one fails.
+internal_resnet_bench() {
+  local build=$1 torch=$2 rc=0 amp mode
+  for amp in O0 O2 bf16; do
+    "$build/benchmarks/resnet50_throughput" --device cuda --stem cifar --batch 128 --warmup 5 --steps 30 \
+      --amp "$amp" || rc=1
+  done
+  if [[ $torch != yes ]]; then
+    echo "PyTorch with CUDA is not importable by $py: no peer rows"
+    return $rc
+  fi
+  for mode in none f16 "f16 --channels-last" bf16; do
+    # shellcheck disable=SC2086  # mode holds a flag
+    "$py" "$repo/benchmarks/peers/torch_resnet50_cifar.py" --device cuda --stem cifar --batch 128 --steps 30 \
+      --amp $mode || rc=1
+  done
+  return $rc
 }
 
 # internal_data DIR: synthetic IDX files (a learnable bar per class) in DIR.
@@ -471,7 +495,7 @@ main() {
   else
     configure_cmd="rm -f $(printf '%q' "$stamp_file") && $stamp && printf '%s' $(printf '%q' "$stamp") > $(printf '%q' "$stamp_file")"
   fi
-  local targets="test_gpu test_gpu_nccl convnet_throughput train_mnist scaling_step allreduce_timing"
+  local targets="test_gpu test_gpu_nccl convnet_throughput train_mnist resnet50_throughput scaling_step allreduce_timing"
   local data=/usr/share/datasets/fashion-mnist data_cmd
   data_cmd="echo 'data: Fashion-MNIST in $data'"
   if [[ ! -f $data/train-images-idx3-ubyte && ! -f $data/train-images-idx3-ubyte.gz ]]; then
@@ -504,6 +528,10 @@ main() {
   add_step bench.loom_convnet_channels_last_f16 90 "$build/benchmarks/convnet_throughput" "$convnet --channels-last --autocast f16"
   add_step train_mnist 150 "$build/apps/train_mnist" \
     "$q_build/apps/train_mnist --device cuda --epochs 1 --data $(printf '%q' "$data") --log-interval 100 --verbose"
+  # PyTorch's rows only where the env step found PyTorch with CUDA (read when the step runs).
+  local torch_found="grep -qx 'torch_cuda: yes' $(printf '%q' "$work/env.log") && echo yes || echo no"
+  add_step bench.resnet50_cifar 150 "$build/benchmarks/resnet50_throughput" \
+    "$(printf '%q' "$self") --internal resnet_bench $q_build \$($torch_found)"
   add_step scaling.resnet50 $(( 150 + 60 * ($(tr -cd , <<< "$worlds" | wc -c)) )) "$build/benchmarks/scaling/scaling_step" \
     "$q_py $q_repo/benchmarks/scaling/scaling.py --device cuda --build $q_build --models resnet50 --worlds $worlds --image-size 224 --weak-batch resnet50=128 --strong-batch resnet50=128 --steps resnet50=10 --warmup resnet50=3 --repeats 1 --no-peer --no-plot --project-measured resnet50 --out $(printf '%q' "$work/scaling") --work $(printf '%q' "$work/scaling-work") --stem scaling-resnet50-gpu --timeout 400"
   publish
@@ -549,6 +577,7 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
         internal_env ;;
       data) internal_data "$3" ;;
       build) shift 2; internal_build "$@" ;;
+      resnet_bench) shift 2; internal_resnet_bench "$@" ;;
       *) echo "gpu-check: unknown internal step ${2:-}" >&2; exit 2 ;;
     esac
     exit

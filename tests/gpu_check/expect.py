@@ -60,7 +60,7 @@ def statuses(status, expected, scenario):
 
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
        "gpu.data_loader", "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
-       "bench.loom_convnet_channels_last_f16", "train_mnist", "scaling.resnet50")
+       "bench.loom_convnet_channels_last_f16", "train_mnist", "bench.resnet50_cifar", "scaling.resnet50")
 
 # A: CMake's configure hangs; the deadline cuts it and skips the rest.
 s, st, sampler, rc, wall, d = load("A")
@@ -88,10 +88,11 @@ expect(m.get("nvcc", "").endswith("/siteC/nvidia/cuda_nvcc/bin/nvcc"), "C",
        f"nvcc from PyTorch's nvidia/*/bin, not {m.get('nvcc')}")
 statuses(st, {"env": "ok", "configure": "ok", "build": "failed", "gpu.runtime": "failed", "gpu.backend_ops": "failed",
               "gpu.training": "ok", "gpu.nccl": "ok", "gpu.data_loader": "ok", "bench.loom_convnet_f32": "ok",
-              "bench.torch_convnet": "ok", "train_mnist": "not_built", "scaling.resnet50": "ok"}, "C")
+              "bench.torch_convnet": "ok", "train_mnist": "not_built", "bench.resnet50_cifar": "ok",
+              "scaling.resnet50": "ok"}, "C")
 expect(rc == 1, "C", f"exit status 1, not {rc}")
 compiles = lines(os.path.join(d, "state", "compiles"))
-expect(len(compiles) == 6, "C", f"the build kept going past the error: 6 binaries tried, not {compiles}")
+expect(len(compiles) == 7, "C", f"the build kept going past the error: 7 binaries tried, not {compiles}")
 figures = s.get("figures", {}).get("steps", {})
 expect("gpu.backend_ops" in figures.get("gpu.backend_ops", {}).get("timed_out_tests", []), "C",
        f"gpu.backend_ops cut by the per-test timeout: {figures.get('gpu.backend_ops')}")
@@ -117,13 +118,24 @@ compiles = lines(os.path.join(d, "state", "compiles"))
 expect(compiles == ["train_mnist"], "B", f"only what failed before compiled on the second call, not {compiles}")
 expect("reusing" in packed(d, "configure.log"), "B", "configure reused the build (its stamp matched)")
 ratios = s.get("figures", {}).get("ratios", {})
-expect(ratios == {"convnet f32 (TF32 off)": 1.25, "convnet TF32": 1.2, "convnet channels-last autocast f16": 1.25},
+expect(ratios == {"convnet f32 (TF32 off)": 1.25, "convnet TF32": 1.2, "convnet channels-last autocast f16": 1.25,
+                  "resnet50 f32 (TF32 off)": 1.25, "resnet50 f16": 1.25, "resnet50 bf16": 1.25},
        "B", f"loom/PyTorch ratios per row: {ratios}")
+resnet = s.get("figures", {}).get("benchmarks", {}).get("resnet50_cifar", [])
+expect([r.get("torch_channels_last_images_per_s") for r in resnet] == [None, 8000.0, None], "B",
+       f"PyTorch's channels-last f16 beside the f16 row: {resnet}")
 ran = lines(os.path.join(d, "state", "ran.log"))
 expect("bench.torch_convnet --modes eager_f32,eager_tf32,channels_last_autocast_f16" in ran, "B",
        "the PyTorch peer run with f32 (TF32 off), TF32 and autocast rows")
 expect(any(r.startswith("bench.loom_convnet_tf32") and "--tf32" in r for r in ran), "B", "loom's TF32 row")
 expect(any(r.startswith("bench.loom_convnet_f32") and "--tf32" not in r for r in ran), "B", "loom's f32 row without TF32")
+amps = [r.split("--amp ")[1].split()[0] for r in ran if r.startswith("bench.resnet50_cifar") and "--amp " in r]
+expect(amps == ["O0", "O2", "bf16"] and all("--device cuda" in r for r in ran if r.startswith("bench.resnet50_cifar")),
+       "B", f"loom's ResNet-50 on the GPU at O0, O2, bf16: {amps}")
+peer = [r for r in ran if r.startswith("bench.torch_resnet50")]
+expect(peer == ["bench.torch_resnet50 --amp none", "bench.torch_resnet50 --amp f16",
+                "bench.torch_resnet50 --amp f16 --channels-last", "bench.torch_resnet50 --amp bf16"], "B",
+       f"PyTorch's ResNet-50 peer in f32, f16 (NCHW, channels-last), bf16: {peer}")
 expect(s.get("figures", {}).get("steps", {}).get("train_mnist", {}).get("test_accuracy") == 0.88, "B",
        "train_mnist's accuracy in the summary")
 machine = s.get("figures", {}).get("machine", {})

@@ -1,6 +1,6 @@
 // Every binary of the fake build (test_gpu, convnet_throughput, ...). Its key
 // is the gpu-check step that runs it (gpu.<suite>, bench.loom_convnet_*,
-// train_mnist); it records its arguments in $FAKE_STATE/ran.log, prints a
+// bench.resnet50_cifar, train_mnist); it records its arguments in $FAKE_STATE/ran.log, prints a
 // line WITHOUT flushing (only line-buffered output, as `stdbuf -oL` gives,
 // shows it before a kill), then fails when the key is in FAKE_FAIL, hangs
 // when it is in FAKE_HANG (its pid in $FAKE_STATE/pids/KEY.pid), or prints
@@ -25,6 +25,13 @@ static int has(int argc, char** argv, const char* arg) {
   return 0;
 }
 
+// The value after `flag`, or "" when it is not there.
+static const char* value_of(int argc, char** argv, const char* flag) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (strcmp(argv[i], flag) == 0) return argv[i + 1];
+  return "";
+}
+
 int main(int argc, char** argv) {
   const char* name = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
   const char* state = getenv("FAKE_STATE");
@@ -34,6 +41,8 @@ int main(int argc, char** argv) {
     snprintf(key, sizeof key, "gpu.%s", argv[1] + 13);
   else if (strcmp(name, "test_gpu_nccl") == 0)
     snprintf(key, sizeof key, "gpu.nccl");
+  else if (strcmp(name, "resnet50_throughput") == 0)
+    snprintf(key, sizeof key, "bench.resnet50_cifar");
   else if (strcmp(name, "convnet_throughput") == 0)
     snprintf(key, sizeof key, "bench.loom_convnet_%s",
              has(argc, argv, "--tf32") ? "tf32" : has(argc, argv, "--channels-last") ? "channels_last_f16" : "f32");
@@ -78,6 +87,11 @@ int main(int argc, char** argv) {
            "\"peak_allocated_mb\": 12.5}\n",
            tf32 ? 120000.0 : channels_last ? 150000.0 : 100000.0, channels_last ? "true" : "false",
            tf32 ? "true" : "false", channels_last ? "f16" : "none");
+  } else if (strcmp(key, "bench.resnet50_cifar") == 0) {
+    const char* amp = value_of(argc, argv, "--amp");
+    printf("{\"bench\": \"loom resnet50 train\", \"stem\": \"cifar\", \"device\": \"cuda:0\", \"amp\": \"%s\", "
+           "\"batch\": 128, \"images_per_s\": %.1f}\n",
+           amp, strcmp(amp, "O0") == 0 ? 2500.0 : 5000.0);
   } else if (strcmp(key, "train_mnist") == 0) {
     printf("Throughput: 90000.0 images/s (1 process), time waiting for data: 0.100 s\n");
     printf("Test accuracy: 0.8800 (8800/10000)\n");
