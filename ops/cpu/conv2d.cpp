@@ -401,16 +401,30 @@ StridedChunk strided_chunk(const Geometry& g, const Taps::Tap& tap, int64_t oh) 
   return k;
 }
 
+// Every tap's chunks, [tap][chunk]: they depend on the geometry alone, so they
+// are worked out once per call rather than once per channel.
+std::vector<StridedChunk> strided_chunks(const Geometry& g, const Taps& taps) {
+  const int64_t rows = 16 / g.out_w;
+  std::vector<StridedChunk> chunks;
+  chunks.reserve(taps.taps.size() * static_cast<size_t>((g.out_h + rows - 1) / rows));
+  for (const Taps::Tap& tap : taps.taps) {
+    for (int64_t oh = 0; oh < g.out_h; oh += rows) chunks.push_back(strided_chunk(g, tap, oh));
+  }
+  return chunks;
+}
+
 __attribute__((target("avx512f"))) void im2col_strided_rows(const float* image, const Geometry& g, const Taps& taps,
                                                              float* col, int64_t ld) {
   const int64_t kernel = static_cast<int64_t>(taps.taps.size()), rows = 16 / g.out_w;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const std::vector<StridedChunk> chunks = strided_chunks(g, taps);
   for (int64_t c = 0; c < g.channels; ++c) {
     const float* plane = image + c * g.input_plane();
+    const StridedChunk* chunk = chunks.data();
     for (int64_t t = 0; t < kernel; ++t) {
       float* out = col + (c * kernel + t) * ld;
       for (int64_t oh = 0; oh < g.out_h; oh += rows) {
-        const StridedChunk k = strided_chunk(g, taps.taps[t], oh);
+        const StridedChunk& k = *chunk++;
         // Masked-off lanes load nothing: a start before the plane never reads there.
         const __m512 a = _mm512_maskz_loadu_ps(k.loads[0], plane + k.start[0]);
         const __m512 b = _mm512_maskz_loadu_ps(k.loads[1], plane + k.start[1]);
@@ -433,12 +447,14 @@ __attribute__((target("avx512f"))) void col2im_strided_rows(const float* col, in
   const int64_t kernel = static_cast<int64_t>(taps.taps.size()), rows = 16 / g.out_w;
   const __m512i spread[2] = {_mm512_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0),
                              _mm512_setr_epi32(8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15, 0)};
+  const std::vector<StridedChunk> chunks = strided_chunks(g, taps);
   for (int64_t c = 0; c < g.channels; ++c) {
     float* plane = image + c * g.input_plane();
+    const StridedChunk* chunk = chunks.data();
     for (int64_t t = 0; t < kernel; ++t) {
       const float* in = col + (c * kernel + t) * ld;
       for (int64_t oh = 0; oh < g.out_h; oh += rows) {
-        const StridedChunk k = strided_chunk(g, taps.taps[t], oh);
+        const StridedChunk& k = *chunk++;
         if (k.outputs == 0) continue;
         const __m512 v = _mm512_maskz_loadu_ps(k.stores, in + oh * g.out_w);
         for (int half = 0; half < 2; ++half) {
