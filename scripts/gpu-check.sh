@@ -424,7 +424,9 @@ main() {
   finished=false error="" figures="{}" gpu_name="" gpu_cap="" gpu_count=0 arch="" nvcc="" hints=()
   export PYTHONUNBUFFERED=1
   awk_interactive=()
-  awk -W version 2>&1 | grep -qi mawk && awk_interactive=(-W interactive)
+  # (Not `awk -W version | grep -q mawk`: under pipefail, grep's early exit can
+  # SIGPIPE mawk's later version lines, and the pipeline then fails.)
+  [[ $(awk -W version 2>&1) == *mawk* ]] && awk_interactive=(-W interactive)
   py=${LOOM_GPU_PYTHON:-python3}
   source_dir=${LOOM_GPU_CHECK_SOURCE:-$repo}
   build=${LOOM_GPU_BUILD:-$repo/build-gpu}

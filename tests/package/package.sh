@@ -142,7 +142,8 @@ case "$mode" in
     # shellcheck disable=SC2086  # the flags are words
     c++ -std=c++20 -O1 -o "$work/pkg-config-custom_op" "$source/examples/custom_op/main.cpp" $flags ||
       fail "compiling examples/custom_op/main.cpp with pkg-config's flags"
-    "$work/pkg-config-custom_op" | grep -q "^gradcheck passed" || fail "custom_op built with pkg-config"
+    run_output=$("$work/pkg-config-custom_op") && grep -q "^gradcheck passed" <<< "$run_output" ||
+      fail "custom_op built with pkg-config: $run_output"
     echo "examples/custom_op builds and runs with pkg-config's flags"
     ;;
   shared)
