@@ -67,6 +67,15 @@ Tensor BatchNorm2d::forward_add_relu(const Tensor& input, const Tensor& residual
                              options_.momentum_, options_.eps_);
 }
 
+Tensor BatchNorm2d::forward_relu_max_pool_2x2(const Tensor& input) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
+             "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
+  const bool use_batch_stats = is_training() || !running_mean.defined();
+  count_batch();
+  return batch_norm_relu_max_pool2d(input, weight, bias, running_mean, running_var, use_batch_stats,
+                                    options_.momentum_, options_.eps_);
+}
+
 void BatchNorm2d::count_batch() {
   if (is_training() && num_batches_tracked.defined()) {
     if (num_batches_tracked.device().is_cpu()) {
@@ -130,7 +139,12 @@ Tensor Sequential::forward(const Tensor& input) {
     // Exact types only: a subclass (SyncBatchNorm) has its own forward.
     const bool fuse = i + 1 < children.size() && typeid(*module) == typeid(BatchNorm2d) &&
                       typeid(*children[i + 1].second) == typeid(ReLU);
-    if (fuse) {
+    const bool fuse_pool = fuse && i + 2 < children.size() && typeid(*children[i + 2].second) == typeid(MaxPool2d) &&
+                           static_cast<MaxPool2d*>(children[i + 2].second)->is_2x2();
+    if (fuse_pool) {
+      x = static_cast<BatchNorm2d*>(module)->forward_relu_max_pool_2x2(x);
+      i += 2;
+    } else if (fuse) {
       x = static_cast<BatchNorm2d*>(module)->forward_relu(x);
       ++i;
     } else {

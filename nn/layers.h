@@ -71,6 +71,10 @@ class BatchNorm2d : public Module {
   // tail of a ResNet block. Only for this exact class; a subclass's own
   // statistics are not used here, so callers check the type (see nn/resnet.cpp).
   Tensor forward_add_relu(const Tensor& input, const Tensor& residual);
+  // max_pool2d(relu(forward(input)), 2) as one fused op
+  // (batch_norm_relu_max_pool2d): the ConvNet's block tail, BatchNorm2d, ReLU
+  // and MaxPool2d(2). This exact class only, as forward_add_relu.
+  Tensor forward_relu_max_pool_2x2(const Tensor& input);
   std::string type_name() const override { return "BatchNorm2d"; }
   const BatchNormOptions& options() const { return options_; }
 
@@ -96,6 +100,8 @@ class MaxPool2d : public Module {
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "MaxPool2d"; }
+  // 2x2 windows, stride 2, no padding.
+  bool is_2x2() const { return kernel_size_ == 2 && stride_ == 2 && padding_ == 0; }
 
  private:
   int64_t kernel_size_, stride_, padding_;

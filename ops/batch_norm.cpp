@@ -3,6 +3,7 @@
 
 #include <loom/ops/dispatch.h>
 #include <loom/ops/elementwise.h>
+#include <loom/ops/pooling.h>
 
 #include <tuple>
 
@@ -193,6 +194,39 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
            }
            TensorList grads = batch_norm_gradients(node, masked, saved, {}, 2, sums);
            return TensorList{grads[0], node.needs_input_grad(1) ? masked : Tensor(), grads[1], grads[2]};
+         });
+  return out;
+}
+
+Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                                  double momentum, double eps) {
+  check_batch_norm_arguments("batch_norm_relu_max_pool2d", input, weight, bias, running_mean, running_var);
+  LOOM_CHECK(input.dim() == 4 && input.size(2) >= 2 && input.size(3) >= 2,
+             "batch_norm_relu_max_pool2d: expected an (N, C, H, W) input with H, W >= 2, got ", shape_str(input.sizes()));
+  // Elsewhere, and in f16 / bf16 (whose rounding can tie values the f32
+  // kernels tell apart), the ops apart.
+  if (!input.device().is_cpu() || (input.dtype() != DType::f32 && input.dtype() != DType::f64)) {
+    return max_pool2d(batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps,
+                                 Activation::relu),
+                      {2, 2});
+  }
+  profiler::Scope profile("batch_norm_relu_max_pool2d", input);
+  const ForwardStatistics statistics =
+      forward_statistics("batch_norm_relu_max_pool2d", input, running_mean, running_var, training, momentum, {},
+                         any_requires_grad({input, weight, bias}));
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = ops::cpu::batch_norm_relu_max_pool2d_apply(input, statistics.mean, statistics.var, weight, bias, eps);
+  }
+  // Backward hands the pooled gradient to batch_norm's kernels, which rebuild
+  // the full one plane by plane (ops::FusedRelu::pooled).
+  record("batch_norm_relu_max_pool2d", {input, weight, bias}, {&out},
+         [saved = save_forward(input, weight, bias, statistics, training, eps, {}),
+          b = bias.defined() ? bias.detach() : Tensor()](const TensorList& g, const Node& node) {
+           const ops::FusedRelu relu_mask{true, saved.weight, b, true};
+           return batch_norm_gradients(node, g[0].to(saved.input.dtype()), saved, relu_mask, 1);
          });
   return out;
 }

@@ -75,6 +75,18 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
                            const Tensor& running_mean, const Tensor& running_var, bool training, double momentum = 0.1,
                            double eps = 1e-5);
 
+// max_pool2d(relu(batch_norm(input)), 2) (2x2 windows, stride 2, no
+// padding) in one op: the ConvNet's block tail (BatchNorm2d, ReLU,
+// MaxPool2d(2)). The same statistics, running-stat updates, outputs and
+// gradients as the three ops apart (the pool's choice of element: the first
+// maximum, the last NaN). On the CPU neither the normalised tensor nor the
+// pool's indices are written: the forward pools each plane's ReLU output
+// while it is in cache, and backward recomputes the pool's choice from the
+// input. On other devices it runs the ops apart.
+Tensor batch_norm_relu_max_pool2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                                  double momentum = 0.1, double eps = 1e-5);
+
 // The argument checks batch_norm and sync_batch_norm share, with messages
 // prefixed by `op`: an (N, C, ...) floating-point input; weight, bias and the
 // running stats each undefined or a floating-point (C) tensor on the input's
@@ -90,6 +102,9 @@ namespace ops {
 struct FusedRelu {
   bool enabled = false;
   Tensor weight, bias;  // the forward's affine parameters (either may be undefined)
+  // dy is the gradient of the ReLU's output pooled 2x2 with stride 2
+  // (batch_norm_relu_max_pool2d): (N, C, H / 2, W / 2). CPU kernels only.
+  bool pooled = false;
 };
 }  // namespace ops
 
@@ -111,6 +126,10 @@ Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor&
 Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
                         const Tensor& bias, double eps, Activation activation = Activation::none,
                         const Tensor& residual = Tensor());
+// batch_norm_relu_max_pool2d's forward: max_pool2d(relu(y), 2) for y as
+// batch_norm_apply computes it, (N, C, H / 2, W / 2).
+Tensor batch_norm_relu_max_pool2d_apply(const Tensor& input, const Tensor& mean, const Tensor& var,
+                                        const Tensor& weight, const Tensor& bias, double eps);
 // The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu = {});

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include <loom/core/parallel.h>
+#include <loom/ops/cpu/max_pool_2x2.h>
+#include <loom/ops/cpu/scratch.h>
 #include <loom/ops/cpu/simd.h>
 #include <loom/ops/dispatch.h>
 
@@ -311,6 +313,148 @@ void flat_backward_sums(const T* dy, const T* x, int64_t count, const T* as, con
     sum_dy_xmu[j] += static_cast<double>(g * (x[j] - means[j]));
   }
 }
+
+// ---- The ReLU's output pooled 2x2 (batch_norm_relu_max_pool2d) ----
+// The forward computes each plane's relu(x * a + b) into a buffer that stays
+// in cache and pools it there; nothing of full size is written. Backward
+// gets the pooled gradient dp and rebuilds, plane by plane and again in a
+// buffer, the gradient max_pool2d's backward and the fused ReLU's mask would
+// make: each window's dp at the element the forward's pool chose (recomputed
+// from x as the forward computed it), where that element was positive; 0 at
+// every other element and at the row and column that odd sizes leave out of
+// every window. The sums and the input gradient then run the unmasked loops
+// on it, so the op's results are those of the three ops apart.
+struct BufferTag {};  // thread_scratch's owner: slot 0 the plane, 1 the pool's indices
+constexpr int64_t kGradientPadding = 16;  // floats past a rebuilt gradient plane
+
+struct PooledPlane {
+  int64_t height, width, out_h, out_w;
+  int64_t out_plane() const { return out_h * out_w; }
+};
+PooledPlane pooled_plane(const Tensor& input) {
+  return {input.size(2), input.size(3), input.size(2) / 2, input.size(3) / 2};
+}
+
+template <class T>
+void pooled_relu_gradient_scalar(const T* x, const PooledPlane& p, T a, T b, const T* dp, T* g) {
+  for (int64_t oh = 0; oh < p.out_h; ++oh) {
+    for (int64_t ow = 0; ow < p.out_w; ++ow) {
+      const int64_t first = 2 * oh * p.width + 2 * ow;
+      const int64_t positions[4] = {first, first + 1, first + p.width, first + p.width + 1};
+      T values[4];
+      for (int k = 0; k < 4; ++k) values[k] = math::epilogue<true, false>(x[positions[k]], T(0), a, b);
+      int chosen = 0;
+      for (int k = 1; k < 4; ++k) chosen = pool_takes_over(values[k], values[chosen]) ? k : chosen;
+      for (int k = 0; k < 4; ++k) g[positions[k]] = k == chosen && values[k] > T(0) ? dp[oh * p.out_w + ow] : T(0);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// relu(x * a + b) as math::epilogue computes it: a multiply then an add (no
+// FMA in this target, -ffp-contract=off), negatives to +0, NaN kept.
+__attribute__((target("avx2"))) inline __m256 relu_affine_avx2(__m256 x, __m256 a, __m256 b) {
+  const __m256 y = _mm256_add_ps(_mm256_mul_ps(x, a), b);
+  return _mm256_andnot_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ), y);
+}
+
+// pooled_relu_gradient_scalar for f32, eight windows at a time: the pool's
+// choice as in pool_2x2_eight, kept as the window position 0..3, then dp
+// spread to that position of the even and odd columns and interleaved back.
+// Rows of eight or more windows end on the last eight (recomputed, the same
+// values); shorter rows (the ConvNet's 7) load masked. g has kGradientPadding
+// floats past the plane.
+__attribute__((target("avx2"))) void pooled_relu_gradient_avx2(const float* x, const PooledPlane& p, float a, float b,
+                                                              const float* dp, float* g) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), zero = _mm256_setzero_ps();
+  alignas(32) int32_t lanes[24];
+  for (int32_t i = 0; i < 16; ++i) lanes[i] = i < 2 * p.out_w ? -1 : 0;
+  for (int32_t i = 0; i < 8; ++i) lanes[16 + i] = i < p.out_w ? -1 : 0;
+  const __m256i mask_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+  const __m256i mask_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8));
+  const __m256i mask_dp = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 16));
+  const bool short_rows = p.out_w < 8;
+  for (int64_t oh = 0; oh < p.out_h; ++oh) {
+    const float* top = x + 2 * oh * p.width;
+    const float* bottom = top + p.width;
+    const float* dp_row = dp + oh * p.out_w;
+    float* g_top = g + 2 * oh * p.width;
+    float* g_bottom = g_top + p.width;
+    for (int64_t ow = 0;; ow += 8) {
+      if (!short_rows) ow = std::min(ow, p.out_w - 8);
+      const int64_t c = 2 * ow;
+      const __m256 t_lo = relu_affine_avx2(short_rows ? _mm256_maskload_ps(top, mask_lo) : _mm256_loadu_ps(top + c), va, vb);
+      const __m256 t_hi =
+          relu_affine_avx2(short_rows ? _mm256_maskload_ps(top + 8, mask_hi) : _mm256_loadu_ps(top + c + 8), va, vb);
+      const __m256 b_lo =
+          relu_affine_avx2(short_rows ? _mm256_maskload_ps(bottom, mask_lo) : _mm256_loadu_ps(bottom + c), va, vb);
+      const __m256 b_hi =
+          relu_affine_avx2(short_rows ? _mm256_maskload_ps(bottom + 8, mask_hi) : _mm256_loadu_ps(bottom + c + 8), va, vb);
+      const __m256 d = short_rows ? _mm256_maskload_ps(dp_row, mask_dp) : _mm256_loadu_ps(dp_row + ow);
+      __m256 best = even_columns(t_lo, t_hi);
+      __m256i chosen = _mm256_setzero_si256();
+      const __m256 candidates[3] = {odd_columns(t_lo, t_hi), even_columns(b_lo, b_hi), odd_columns(b_lo, b_hi)};
+      for (int k = 0; k < 3; ++k) {
+        const __m256 take = _mm256_or_ps(_mm256_cmp_ps(candidates[k], best, _CMP_GT_OQ),
+                                         _mm256_cmp_ps(candidates[k], candidates[k], _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, candidates[k], take);
+        chosen = _mm256_blendv_epi8(chosen, _mm256_set1_epi32(k + 1), _mm256_castps_si256(take));
+      }
+      const __m256 given = _mm256_and_ps(d, _mm256_cmp_ps(best, zero, _CMP_GT_OQ));
+      __m256 at[4];
+      for (int k = 0; k < 4; ++k) {
+        at[k] = _mm256_and_ps(given, _mm256_castsi256_ps(_mm256_cmpeq_epi32(chosen, _mm256_set1_epi32(k))));
+      }
+      __m256 top_lo, top_hi, bottom_lo, bottom_hi;
+      interleave_columns(at[0], at[1], top_lo, top_hi);
+      interleave_columns(at[2], at[3], bottom_lo, bottom_hi);
+      // Whole stores also for short rows (masked ones are slow on AMD): the
+      // lanes past a row's windows hold zeros, land in the next row before
+      // it is written or in g's padding, and are overwritten or unused.
+      _mm256_storeu_ps(g_top + c, top_lo);
+      _mm256_storeu_ps(g_top + c + 8, top_hi);
+      _mm256_storeu_ps(g_bottom + c, bottom_lo);
+      _mm256_storeu_ps(g_bottom + c + 8, bottom_hi);
+      if (short_rows || ow + 8 >= p.out_w) break;
+    }
+  }
+}
+#endif
+
+// The gradient at one (H, W) plane of the ReLU's output from its pooled
+// gradient dp (out_h, out_w), into g (H * W + kGradientPadding elements).
+template <class T>
+void pooled_relu_gradient(const T* x, const PooledPlane& p, T a, T b, const T* dp, T* g) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_has_avx2()) {
+      pooled_relu_gradient_avx2(x, p, a, b, dp, g);
+    } else {
+      pooled_relu_gradient_scalar(x, p, a, b, dp, g);
+    }
+  } else {
+    pooled_relu_gradient_scalar(x, p, a, b, dp, g);
+  }
+#else
+  pooled_relu_gradient_scalar(x, p, a, b, dp, g);
+#endif
+  if (p.width % 2 != 0) {
+    for (int64_t r = 0; r < 2 * p.out_h; ++r) g[r * p.width + p.width - 1] = T(0);
+  }
+  if (p.height % 2 != 0) std::fill_n(g + (p.height - 1) * p.width, p.width, T(0));
+}
+
+// The pooled gradient's plane for the (n, c) row at `offset` of the input.
+int64_t pooled_offset(const ChannelGeometry& l, const PooledPlane& p, int64_t offset) {
+  return offset / l.inner * p.out_plane();
+}
+
+void check_pooled_gradient(const Tensor& grad_output, const Tensor& input) {
+  const PooledPlane p = pooled_plane(input);
+  LOOM_CHECK(input.dim() == 4 && grad_output.sizes() == Shape({input.size(0), input.size(1), p.out_h, p.out_w}),
+             "batch_norm_relu_max_pool2d backward: the gradient ", shape_str(grad_output.sizes()),
+             " is not the pooled shape of the input ", shape_str(input.sizes()));
+}
 }  // namespace
 
 Tensor batch_norm_stats(const Tensor& input_in) {
@@ -430,6 +574,37 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
   return out.to(input_in.dtype());
 }
 
+Tensor batch_norm_relu_max_pool2d_apply(const Tensor& input_in, const Tensor& mean, const Tensor& var,
+                                        const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor input = cpu_compute_input(input_in);
+  LOOM_CHECK(input.dim() == 4 && input.size(2) >= 2 && input.size(3) >= 2,
+             "batch_norm_relu_max_pool2d: expected an (N, C, H, W) input with H, W >= 2, got ", shape_str(input.sizes()));
+  const ChannelGeometry l = channel_geometry(input);
+  const PooledPlane p = pooled_plane(input);
+  const auto coefficients = affine_coefficients(mean, var, weight, bias, eps, l.channels);
+  Tensor out = Tensor::empty({input.size(0), input.size(1), p.out_h, p.out_w}, input.dtype());
+  visit_compute_dtype(input.dtype(), "batch_norm_relu_max_pool2d", [&]<class T>() {
+    const T* x = input.data<T>();
+    T* y = out.data<T>();
+    for_each_row(l, [&](int64_t c, int64_t offset) {
+      const T a = static_cast<T>(coefficients.scale[c]), b = static_cast<T>(coefficients.shift[c]);
+      // Only the rows the windows cover.
+      const int64_t covered = 2 * p.out_h * p.width;
+      T* v = thread_scratch<BufferTag, T, 2>(0, covered);
+      int64_t* arg = thread_scratch<BufferTag, int64_t, 2>(1, p.out_plane());
+      for (int64_t i = 0; i < covered; ++i) v[i] = math::epilogue<true, false>(x[offset + i], T(0), a, b);
+      T* pooled = y + pooled_offset(l, p, offset);
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (cpu_has_avx2() && covered < (int64_t{1} << 31)) return pool_2x2_avx2(v, p.width, p.out_h, p.out_w, pooled, arg);
+      }
+#endif
+      pool_2x2(v, p.width, p.out_h, p.out_w, pooled, arg);
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
 Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu) {
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
@@ -440,6 +615,16 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
     const T* x = input.data<T>();
     const T* dy = grad_output.data<T>();
     const Affine forward = affine_coefficients(mean, var, relu.weight, relu.bias, eps, l.channels);
+    if (relu.pooled) {
+      check_pooled_gradient(grad_output, input);
+      const PooledPlane p = pooled_plane(input);
+      return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
+        T* g = thread_scratch<BufferTag, T, 2>(0, l.inner + kGradientPadding);
+        pooled_relu_gradient(x + offset, p, static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c]),
+                             dy + pooled_offset(l, p, offset), g);
+        row_backward_sums<T, false>(g, x + offset, l.inner, T(0), T(0), static_cast<T>(m[c]), sum_dy, sum_dy_xmu);
+      });
+    }
     return math::with_flag(relu.enabled, [&]<bool Masked>() {
       if (flat_rows(l)) {  // 1x1 to 4x4 planes: straight into f64
         const std::vector<T> ms = spread_per_channel<T>(l, m);
@@ -512,19 +697,33 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
   const Tensor grad_output = cpu_compute_input(grad_output_in);
   // Eval mode without a fused ReLU needs no input.
   const Tensor input = relu.enabled || grad_sums.defined() ? cpu_compute_input(input_in) : Tensor();
-  const ChannelGeometry l = channel_geometry(grad_output);
+  LOOM_CHECK(!relu.pooled || relu.enabled, "batch_norm backward: a pooled gradient needs the fused ReLU");
+  if (relu.pooled) check_pooled_gradient(grad_output, input);
+  // A pooled gradient is smaller than the input: the input gives the geometry.
+  const ChannelGeometry l = channel_geometry(relu.pooled ? input : grad_output);
+  const PooledPlane p = relu.pooled ? pooled_plane(input) : PooledPlane{};
   const std::vector<double> v = per_channel(var, l.channels, 1.0);
   const std::vector<double> w = per_channel(weight, l.channels, 1.0);
   // dx = k * dy in eval; in training dx = k * (dy - mean_dy) - p * (x - mean) (math::backward).
   std::vector<double> k(l.channels);
   for (int64_t c = 0; c < l.channels; ++c) k[c] = math::eval_backward_scale(v[c], w[c], eps);
   const Affine forward = affine_coefficients(mean, var, relu.weight, relu.bias, eps, l.channels);
-  Tensor grad_input = Tensor::empty(grad_output.sizes(), grad_output.dtype());
+  Tensor grad_input = Tensor::empty(relu.pooled ? input.sizes() : grad_output.sizes(), grad_output.dtype());
   if (!grad_sums.defined()) {
     visit_compute_dtype(grad_output.dtype(), "batch_norm backward", [&]<class T>() {
       const T* dy = grad_output.data<T>();
       const T* x = relu.enabled ? input.data<T>() : nullptr;
       T* dx = grad_input.data<T>();
+      if (relu.pooled) {
+        for_each_row(l, [&](int64_t c, int64_t offset) {
+          T* g = thread_scratch<BufferTag, T, 2>(0, l.inner + kGradientPadding);
+          pooled_relu_gradient(x + offset, p, static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c]),
+                               dy + pooled_offset(l, p, offset), g);
+          const T kc = static_cast<T>(k[c]);
+          for (int64_t s = 0; s < l.inner; ++s) dx[offset + s] = g[s] * kc;
+        });
+        return;
+      }
       math::with_flag(relu.enabled, [&]<bool Masked>() {
         if (flat_rows(l)) {
           const std::vector<T> ks = spread_per_channel<T>(l, k);
@@ -569,6 +768,16 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
       const math::Backward co = math::backward(v[c], w[c], eps, sums[c], sums[l.channels + c], n);
       coefficients[c] = {static_cast<T>(co.k), static_cast<T>(co.mean_dy), static_cast<T>(m[c]),
                          static_cast<T>(co.p), static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c])};
+    }
+    if (relu.pooled) {
+      for_each_row(l, [&](int64_t c, int64_t offset) {
+        const Coefficients& co = coefficients[c];
+        T* g = thread_scratch<BufferTag, T, 2>(0, l.inner + kGradientPadding);
+        pooled_relu_gradient(x + offset, p, co.a, co.b, dy + pooled_offset(l, p, offset), g);
+        const T kc = co.k, mean_dy = co.mean_dy, mc = co.mean, pc = co.p;
+        for (int64_t s = 0; s < l.inner; ++s) dx[offset + s] = kc * (g[s] - mean_dy) - pc * (x[offset + s] - mc);
+      });
+      return;
     }
     math::with_flag(relu.enabled, [&]<bool Masked>() {
       if (flat_rows(l)) {

@@ -374,6 +374,7 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
 
 Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
                                   const Tensor& var, double eps, const FusedRelu& relu) {
+  LOOM_CHECK(!relu.pooled, "batch_norm backward: a pooled gradient (batch_norm_relu_max_pool2d) has CPU kernels only");
   const auto device_guard = on_device_of("batch_norm backward", input_in);
   const MemoryFormat format = memory_format_of(input_in);
   const Tensor x = in_memory_format(input_in, format);
@@ -399,6 +400,7 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& g
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
                                  const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
                                  double eps, const FusedRelu& relu) {
+  LOOM_CHECK(!relu.pooled, "batch_norm backward: a pooled gradient (batch_norm_relu_max_pool2d) has CPU kernels only");
   const auto device_guard = on_device_of("batch_norm backward", grad_output);
   const bool training = grad_sums.defined();
   LOOM_CHECK(!training || count > 0, "batch_norm backward: sums over ", count, " elements per channel");

@@ -290,6 +290,18 @@ TEST_CASE("batch_norm_add_relu: the CUDA twin of the CPU's fused ResNet block ta
   });
 }
 
+TEST_CASE("batch_norm_relu_max_pool2d: CUDA (the ops apart) against the CPU's fused op") {
+  // Even and odd planes, 7-wide pooled rows (the ConvNet's layer2), weights
+  // of both signs (a negative scale flips the pool's choice).
+  const BatchNormCase cases[] = {{{4, 3, 6, 8}, true, true, true},   {{2, 5, 7, 9}, true, false, true},
+                                 {{2, 3, 14, 14}, true, true, true}, {{3, 4, 6, 6}, true, true, false},
+                                 {{2, 3, 5, 8}, false, true, true}};
+  check_batch_norm_variant("batch_norm_relu_max_pool2d", cases, {60, -1.5, false},
+                           [](const TensorList& t, bool training) {
+                             return batch_norm_relu_max_pool2d(t[0], t[1], t[2], t[3], t[4], training, 0.1, 1e-5);
+                           });
+}
+
 TEST_CASE("batch_norm + ReLU fused equals batch_norm then relu on CUDA, and saves no output") {
   const Tensor x = to_gpu(random_cpu({4, 6, 5, 5}, 44, DType::f32, -2.0, 2.0)).set_requires_grad(true);
   const Tensor w = to_gpu(random_cpu({6}, 45, DType::f32, -1.5, 1.5)).set_requires_grad(true);

@@ -110,6 +110,44 @@ TEST_CASE("state_dict round trip and mismatches reported by name") {
   CHECK_THROWS_WITH_AS(b.load_state_dict(missing), doctest::Contains("unexpected 'fc.extra'"), Error);
 }
 
+// Sequential runs BatchNorm2d, ReLU, MaxPool2d(2) as batch_norm_relu_max_pool2d
+// and other pools after BatchNorm2d + ReLU as batch_norm (fused ReLU) and
+// max_pool2d; each the same outputs, gradients and running statistics as the
+// modules called one by one.
+TEST_CASE("Sequential fuses BatchNorm2d, ReLU and MaxPool2d(2), and no other pool") {
+  struct Pool {
+    int64_t kernel, stride;
+    const char* op;
+  };
+  for (const Pool& pool : {Pool{2, 2, "batch_norm_relu_max_pool2d"}, Pool{2, 1, "max_pool2d"}, Pool{3, 2, "max_pool2d"}}) {
+    INFO("MaxPool2d(", pool.kernel, ", ", pool.stride, ")");
+    auto make = [&]() {
+      auto bn = std::make_shared<nn::BatchNorm2d>(3);
+      bn->weight.copy_(Tensor::from_vector<float>({0.5f, -1.25f, 2.0f}, {3}));
+      bn->bias.copy_(Tensor::from_vector<float>({0.1f, 0.2f, -0.3f}, {3}));
+      return nn::Sequential{bn, std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(pool.kernel, pool.stride)};
+    };
+    nn::Sequential fused = make(), apart = make();
+    const Tensor x = loom::testing::random_tensor({2, 3, 9, 10}, 12, -1, 1, DType::f32);
+    Tensor x_fused = x.clone().set_requires_grad(true), x_apart = x.clone().set_requires_grad(true);
+    Tensor y_fused = fused.forward(x_fused);
+    Tensor y_apart = x_apart;
+    for (const auto& [name, module] : apart.named_children()) y_apart = module->forward(y_apart);
+    REQUIRE(y_fused.grad_fn() != nullptr);
+    CHECK(y_fused.grad_fn()->name() == pool.op);
+    CHECK(loom::testing::max_abs_diff(y_fused, y_apart) == 0);
+    const Tensor dy = loom::testing::random_tensor(y_fused.sizes(), 13, -1, 1, DType::f32);
+    y_fused.backward(dy);
+    y_apart.backward(dy);
+    CHECK(loom::testing::max_abs_diff(x_fused.grad(), x_apart.grad()) == 0);
+    for (size_t i = 0; i < 4; ++i) {  // weight, bias gradients; running mean and variance
+      const Tensor a = i < 2 ? fused.parameters()[i].grad() : fused.named_buffers()[i - 2].second;
+      const Tensor b = i < 2 ? apart.parameters()[i].grad() : apart.named_buffers()[i - 2].second;
+      CHECK(loom::testing::max_abs_diff(a, b) == 0);
+    }
+  }
+}
+
 TEST_CASE("train and eval modes: running statistics only move in training") {
   manual_seed(5);
   nn::ConvNet model;

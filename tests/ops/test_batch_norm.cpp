@@ -1,10 +1,15 @@
 // batch_norm: hand-computed forward values and running-stat updates, backward
 // against finite differences, the split into SyncBatchNorm's steps, and
-// f16 / bf16 inputs with f32 parameters.
+// f16 / bf16 inputs with f32 parameters; the fused ops (ReLU, add + ReLU,
+// ReLU + 2x2 max pool) against the ops apart.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
 
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/elementwise.h>
+#include <loom/ops/pooling.h>
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -292,3 +297,96 @@ TEST_CASE("batch_norm_add_relu in f32: output and gradients equal the three ops'
     }
   }
 }
+
+// The ConvNet's block tail, max_pool2d(relu(batch_norm(x)), 2), as one op.
+// In f64: the output and running statistics of the three ops, and gradients
+// against finite differences, with even and odd planes (the row and column
+// no window covers), in training and eval, with and without parameters.
+TEST_CASE("batch_norm_relu_max_pool2d equals max_pool2d(relu(batch_norm)) and its gradients match finite differences") {
+  using loom::testing::check_gradients;
+  using loom::testing::random_tensor;
+  for (const Shape& shape : {Shape{3, 4, 6, 8}, Shape{2, 3, 5, 7}}) {
+    INFO("shape ", shape_str(shape));
+    const int64_t channels = shape[1];
+    Tensor x = random_tensor(shape, 81).set_requires_grad(true);
+    Tensor w = random_tensor({channels}, 82, 0.5, 1.5).set_requires_grad(true);
+    Tensor b = random_tensor({channels}, 83).set_requires_grad(true);
+    for (bool training : {true, false}) {
+      INFO("training ", training);
+      const Tensor rm = random_tensor({channels}, 84), rv = random_tensor({channels}, 85, 0.5, 2.0);
+      Tensor fused_mean = rm.clone(), fused_var = rv.clone(), composed_mean = rm.clone(), composed_var = rv.clone();
+      Tensor fused = batch_norm_relu_max_pool2d(x, w, b, fused_mean, fused_var, training);
+      Tensor composed = max_pool2d(
+          batch_norm(x, w, b, composed_mean, composed_var, training, 0.1, 1e-5, Activation::relu), {2, 2});
+      CHECK(fused.sizes() == Shape{shape[0], channels, shape[2] / 2, shape[3] / 2});
+      CHECK(loom::testing::max_abs_diff(fused, composed) == 0);
+      CHECK(loom::testing::max_abs_diff(fused_mean, composed_mean) == 0);
+      CHECK(loom::testing::max_abs_diff(fused_var, composed_var) == 0);
+      check_gradients(
+          [&](const TensorList& t) {
+            return batch_norm_relu_max_pool2d(t[0], t[1], t[2], rm.clone(), rv.clone(), training);
+          },
+          {x, w, b});
+    }
+    check_gradients(
+        [&](const TensorList& t) {
+          return batch_norm_relu_max_pool2d(t[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
+        },
+        {x});
+  }
+  Tensor narrow = random_tensor({2, 3, 1, 4}, 86);
+  CHECK_THROWS_WITH_AS(batch_norm_relu_max_pool2d(narrow, Tensor(), Tensor(), Tensor(), Tensor(), true),
+                       doctest::Contains("H, W >= 2"), loom::Error);
+}
+
+// In f32 the pool's choice and the gradient's rebuild run vectorised (AVX2
+// where the CPU has it); the results must be the three ops' to the bit:
+// rows of 7 and 3 windows (masked loads; 14x14 is the ConvNet's layer2),
+// 10 and 17 windows (a last group of eight that overlaps the one before),
+// odd sizes, values from a few levels (ties between windows' elements, the
+// first maximum wins) and mostly negative ones (windows the ReLU zeroes).
+// And with f64 parameters, eval mode, and the f64 kernels (scalar).
+TEST_CASE("batch_norm_relu_max_pool2d in f32 and f64: output and gradients equal the three ops' exactly") {
+  using loom::testing::random_tensor;
+  struct Case {
+    Shape shape;
+    bool levels, training;
+    DType dtype;
+  };
+  const Case cases[] = {{{4, 3, 14, 14}, false, true, DType::f32}, {{3, 5, 7, 7}, false, true, DType::f32},
+                        {{2, 3, 20, 20}, false, true, DType::f32}, {{2, 2, 9, 35}, false, true, DType::f32},
+                        {{3, 4, 28, 28}, true, true, DType::f32},  {{2, 3, 11, 16}, true, false, DType::f32},
+                        {{3, 4, 13, 18}, true, true, DType::f64},  {{2, 3, 6, 6}, false, false, DType::f64}};
+  for (const Case& c : cases) {
+    INFO("shape ", shape_str(c.shape), " levels ", c.levels, " training ", c.training, " ", dtype_name(c.dtype));
+    const int64_t channels = c.shape[1];
+    Tensor x = random_tensor(c.shape, 91, -1, 1, c.dtype);
+    if (c.levels) {  // the integers -2 .. 2
+      std::vector<double> values = x.to_vector<double>();
+      for (double& v : values) v = std::floor(v * 2.5);
+      x = Tensor::from_vector<double>(values, c.shape).to(c.dtype);
+    }
+    Tensor w = random_tensor({channels}, 92, -1.5, 1.5, c.dtype);  // negative scales flip the pool's choice
+    Tensor b = random_tensor({channels}, 93, -0.7, 0.3, c.dtype);
+    const Shape pooled{c.shape[0], channels, c.shape[2] / 2, c.shape[3] / 2};
+    Tensor dy = random_tensor(pooled, 94, -1, 1, c.dtype);
+    auto run = [&](bool fused) {
+      Tensor xi = x.clone().set_requires_grad(true), wi = w.clone().set_requires_grad(true);
+      Tensor bi = b.clone().set_requires_grad(true);
+      Tensor rm = random_tensor({channels}, 95, -0.2, 0.2, c.dtype), rv = random_tensor({channels}, 96, 0.5, 2, c.dtype);
+      Tensor y = fused ? batch_norm_relu_max_pool2d(xi, wi, bi, rm, rv, c.training)
+                       : max_pool2d(batch_norm(xi, wi, bi, rm, rv, c.training, 0.1, 1e-5, Activation::relu), {2, 2});
+      y.backward(dy);
+      return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad(), rm, rv};
+    };
+    const auto fused = run(true), composed = run(false);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      INFO("tensor ", i);
+      REQUIRE(fused[i].sizes() == composed[i].sizes());
+      CHECK(loom::testing::max_abs_diff(fused[i], composed[i]) == 0);
+    }
+    // Not all zero: the gradient reached the input.
+    CHECK(loom::testing::max_abs_diff(fused[1], Tensor::zeros(c.shape, c.dtype)) > 0);
+  }
+}
+
