@@ -301,11 +301,12 @@ TEST_CASE("batch_norm_add_relu in f32: output and gradients equal the three ops'
 // The ConvNet's block tail, max_pool2d(relu(batch_norm(x)), 2), as one op.
 // In f64: the output and running statistics of the three ops, and gradients
 // against finite differences, with even and odd planes (the row and column
-// no window covers), in training and eval, with and without parameters.
+// no window covers; 2x4, which batch norm sums by its flat path), in training
+// and eval, with and without parameters.
 TEST_CASE("batch_norm_relu_max_pool2d equals max_pool2d(relu(batch_norm)) and its gradients match finite differences") {
   using loom::testing::check_gradients;
   using loom::testing::random_tensor;
-  for (const Shape& shape : {Shape{3, 4, 6, 8}, Shape{2, 3, 5, 7}}) {
+  for (const Shape& shape : {Shape{3, 4, 6, 8}, Shape{2, 3, 5, 7}, Shape{4, 3, 2, 4}}) {
     INFO("shape ", shape_str(shape));
     const int64_t channels = shape[1];
     Tensor x = random_tensor(shape, 81).set_requires_grad(true);
@@ -341,11 +342,14 @@ TEST_CASE("batch_norm_relu_max_pool2d equals max_pool2d(relu(batch_norm)) and it
 
 // In f32 the pool's choice and the gradient's rebuild run vectorised (AVX2
 // where the CPU has it); the results must be the three ops' to the bit:
-// rows of 7 and 3 windows (masked loads; 14x14 is the ConvNet's layer2),
+// rows of 7, 3 and 1 windows (masked loads, whole stores that run into the
+// next rows; 14x14 is the ConvNet's layer2),
 // 10 and 17 windows (a last group of eight that overlaps the one before),
 // odd sizes, values from a few levels (ties between windows' elements, the
 // first maximum wins) and mostly negative ones (windows the ReLU zeroes).
-// And with f64 parameters, eval mode, and the f64 kernels (scalar).
+// And eval mode, and the f64 kernels (scalar). Planes of more than 16
+// elements: batch norm sums smaller ones by another path (flat_rows), in
+// another order, where only the forward is the same to the bit.
 TEST_CASE("batch_norm_relu_max_pool2d in f32 and f64: output and gradients equal the three ops' exactly") {
   using loom::testing::random_tensor;
   struct Case {
@@ -356,7 +360,8 @@ TEST_CASE("batch_norm_relu_max_pool2d in f32 and f64: output and gradients equal
   const Case cases[] = {{{4, 3, 14, 14}, false, true, DType::f32}, {{3, 5, 7, 7}, false, true, DType::f32},
                         {{2, 3, 20, 20}, false, true, DType::f32}, {{2, 2, 9, 35}, false, true, DType::f32},
                         {{3, 4, 28, 28}, true, true, DType::f32},  {{2, 3, 11, 16}, true, false, DType::f32},
-                        {{3, 4, 13, 18}, true, true, DType::f64},  {{2, 3, 6, 6}, false, false, DType::f64}};
+                        {{3, 4, 13, 18}, true, true, DType::f64},  {{2, 3, 6, 6}, false, false, DType::f64},
+                        {{3, 2, 5, 3}, false, true, DType::f32},   {{3, 2, 9, 2}, true, true, DType::f32}};
   for (const Case& c : cases) {
     INFO("shape ", shape_str(c.shape), " levels ", c.levels, " training ", c.training, " ", dtype_name(c.dtype));
     const int64_t channels = c.shape[1];
