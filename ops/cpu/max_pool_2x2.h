@@ -92,8 +92,8 @@ __attribute__((target("avx2"))) inline void pool_2x2_eight(__m256 t_lo, __m256 t
 // are the last eight again (recomputed, the same values) when the row has
 // eight; a shorter row (the ConvNet's 7-wide) loads its columns masked and
 // keeps its outputs of the eight.
-__attribute__((target("avx2"))) inline void pool_2x2_avx2(const float* plane, int64_t width, int64_t out_h, int64_t out_w,
-                                                  float* out, int64_t* arg) {
+__attribute__((target("avx2"))) inline void pool_2x2_avx2(const float* plane, int64_t width, int64_t out_h,
+                                                         int64_t out_w, float* out, int64_t* arg) {
   alignas(32) int32_t lanes[16];
   for (int32_t i = 0; i < 16; ++i) lanes[i] = i < 2 * out_w ? -1 : 0;
   const __m256i mask_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
