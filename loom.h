@@ -1,6 +1,6 @@
 // loom's common API in one include: tensors and autograd, ops, modules and
 // models, optimizers and mixed precision, datasets and loaders, distributed
-// data parallel. Installed as <loom/loom.h>; each header is also includable
+// data parallel, and the training loop (loom::train::Trainer). Installed as <loom/loom.h>; each header is also includable
 // on its own, e.g. <loom/nn/convnet.h>.
 #pragma once
 
@@ -47,3 +47,6 @@
 #include <loom/optim/lr_scheduler.h>
 #include <loom/optim/master_weights.h>
 #include <loom/optim/optimizer.h>
+#include <loom/train/checkpoints.h>
+#include <loom/train/stop.h>
+#include <loom/train/trainer.h>

@@ -42,6 +42,9 @@
 #include <loom/ops/loss.h>
 #include <loom/optim/amp.h>
 #include <loom/optim/optimizer.h>
+#include <loom/train/monitor.h>
+#include <loom/train/stop.h>
+#include <loom/train/trainer.h>
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -118,17 +121,14 @@ int run(const Flags& flags, int argc, char** argv) {
   // one rank. Otherwise -g > 1 or -n > 1 makes this process the spawner.
   const dist::Launcher launcher = dist::detect_launcher();
   if (launcher == dist::Launcher::none && flags.nodes * flags.gpus > 1) return spawn_local_ranks(flags, argc, argv);
-  apps::StopSignals::install(apps::parse_signal_name(flags.checkpoints.signal));
+  train::StopSignals::install(train::parse_signal_name(flags.checkpoints.signal));
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
-  const int rank = launch.rank, world = launch.world_size;
-  const bool leader = rank == 0;
-  apps::TraceRecording trace(flags.common.trace, rank, world);  // --trace
-
+  const int world = launch.world_size;
+  const bool leader = launch.rank == 0;
   const apps::CommonFlags& common = flags.common;
   apps::set_threads(common, world);
   const Device device = apps::resolve_training_device(common.device, launch.local_rank);
   const std::string backend = apps::choose_backend(common.backend, device);
-
   if (leader && !flags.save.empty()) {
     const fs::path parent = fs::path(flags.save).has_parent_path() ? fs::path(flags.save).parent_path() : ".";
     LOOM_CHECK(fs::is_directory(parent), "--save ", flags.save, ": directory ", parent.string(), " does not exist");
@@ -159,19 +159,14 @@ int run(const Flags& flags, int argc, char** argv) {
   } else {
     model = nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(loaded.num_classes).in_channels(shape.channels));
   }
-
   model->to(device);  // before DDP and the optimizer take the parameters
-
-  // ---- Distributed data parallel (world > 1) ----
   std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, backend, device, world);
-  std::shared_ptr<dist::DistributedDataParallel> ddp;
   if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
   // batch norm) and the optimizer over what it must step (f32 master weights
   // at O2 / O3 / bf16); after SyncBatchNorm replaced the batch norms, before
-  // DDP takes the parameters.
-  const amp::OptLevel amp_level = amp::parse_opt_level(common.amp);
-  std::unique_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
+  // the Trainer wraps the model in DDP.
+  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
       *model,
       [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
         if (flags.optimizer == "sgd") {
@@ -179,20 +174,14 @@ int run(const Flags& flags, int argc, char** argv) {
         }
         return std::make_unique<optim::Adam>(std::move(parameters), optim::AdamOptions(flags.lr));
       },
-      amp_level);
-
-  // Resume: the model and everything an uninterrupted run would have had
-  // after the checkpoint's step, mid-epoch too.
-  const nn::Metadata settings = {{"model", flags.model}, {"world_size", std::to_string(world)},
-                                 {"batch_size", std::to_string(flags.batch_size)}, {"seed", std::to_string(common.seed)}};
-  const apps::TrainingPosition resumed =
-      apps::resume_training(flags.checkpoints, world, device, leader, group.get(), *model, *optimizer,
-                            /*scheduler=*/nullptr, settings)
-          .value_or(apps::TrainingPosition{});
-  const int64_t first_epoch = resumed.epoch, first_batch = resumed.epoch_step;
-  int64_t steps = resumed.step;
-  if (group) ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
-  nn::Module& trained = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+      amp::parse_opt_level(common.amp));
+  train::Trainer trainer(
+      model, optimizer,
+      apps::trainer_options("train_mnist", argc, argv, common, flags.checkpoints, group)
+          .epochs(flags.epochs)
+          .max_steps(flags.max_steps)
+          .settings({{"model", flags.model}, {"world_size", std::to_string(world)},
+                     {"batch_size", std::to_string(flags.batch_size)}, {"seed", std::to_string(common.seed)}}));
   const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
   if (leader && world > 1) {
     std::printf("Distributed: %d processes (%s), backend %s, batch %lld per process%s\n", world,
@@ -206,127 +195,32 @@ int run(const Flags& flags, int argc, char** argv) {
   std::fflush(stdout);
 
   // Each rank takes every world-th image of the epoch's shared permutation
-  // (DistributedSampler; start_epoch sets its epoch), --batch-size at a time.
+  // (DistributedSampler), --batch-size at a time; the test set in shards.
   const data::Compose transforms({data::ToTensor{}, loaded.kind == data::DatasetKind::cifar10
                                                           ? data::cifar10_normalize()
                                                           : data::mnist_normalize()});
   data::DataLoader train_loader = loaded.loader(
       true, transforms, apps::loader_options(common, flags.batch_size, device),
-      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, common.seed));
+      std::make_shared<data::DistributedSampler>(loaded.train_size(), world, launch.rank, /*shuffle=*/true, common.seed));
   data::DataLoader test_loader = loaded.loader(false, transforms, apps::loader_options(common, 500, device),
-                                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
-
-  const int64_t steps_per_epoch = train_loader.num_batches();
-  std::optional<apps::CheckpointWriter> writer;
-  if (leader) writer.emplace(flags.checkpoints, world);
-  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them in epoch `epoch` (0-based).
-  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
-    return apps::training_checkpoint(*model, *optimizer, /*scheduler=*/nullptr, train_loader, {epoch, epoch_step, steps},
-                                     settings);
-  };
-  // Rank 0's progress display, --metrics and --tensorboard.
-  apps::TrainingMonitor monitor(leader, common.progress, common.metrics, common.tensorboard,
-                                apps::describe_run("train_mnist", argc, argv, common, world, group.get(), device,
-                                                   flags.batch_size * world, flags.epochs, steps_per_epoch));
-  apps::StopAgreement stop_agreement(group);
-  int stop_signal = 0;
-  auto steps_left = [&] { return flags.max_steps == 0 || steps < flags.max_steps; };
-  const auto start = std::chrono::steady_clock::now();
-  int64_t images = 0;
-  for (int64_t epoch = first_epoch; epoch < flags.epochs && steps_left(); ++epoch) {
-    int64_t step = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
-    train_loader.start_epoch(epoch, step);
-    monitor.start_epoch(epoch, step);
-    while (steps_left()) {
-      std::optional<data::Batch> batch = train_loader.next();
-      if (!batch) break;
-      Tensor loss;
-      {
-        auto autocast = optimizer->autocast();  // the loss in f32; --amp O1: f16 convolutions
-        loss = cross_entropy(trained(batch->images), batch->labels);
-      }
-      optimizer->zero_grad();
-      optimizer->scale_loss(loss).backward();  // with DDP, gradients are averaged over ranks when this returns
-      optimizer->step();  // unscales the (averaged) gradients; skips the step on inf / NaN
-      ++step;
-      ++steps;
-      images += batch->size();
-      if (leader && step % common.log_interval == 0) {
-        monitor.before_output();
-        const double loss_value = loss.item();
-        std::printf("Epoch [%lld/%d], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
-                    flags.epochs, static_cast<long long>(step), static_cast<long long>(steps_per_epoch), loss_value);
-        std::fflush(stdout);
-        monitor.set_loss(loss_value);
-      }
-      monitor.step({.epoch_step = step,
-                    .step = steps,
-                    .images = batch->size() * world,
-                    .data_wait_seconds = train_loader.last_wait_seconds(),
-                    .loss = &loss,
-                    .lr = optimizer->optimizer().lr(0),
-                    .ddp = ddp.get(),
-                    .scaler = &optimizer->scaler()});
-      bool saved_now = false;
-      if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
-        monitor.before_output();
-        saved_now = writer->write(apps::CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
-      }
-      // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
-      if ((stop_signal = stop_agreement.poll()) != 0) {
-        monitor.before_output();
-        std::optional<fs::path> saved;
-        if (writer && writer->enabled()) {
-          saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, steps)
-                            : writer->write(apps::CheckpointKind::step, steps, make_checkpoint(epoch, step));
-        }
-        apps::print_preempted(rank, stop_signal, steps, saved);
-        break;
-      }
-    }
-    monitor.end_epoch_steps();
-    if (stop_signal != 0) break;
-    if (writer && writer->enabled() && step == steps_per_epoch)
-      writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
-    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
-    if (epoch + 1 < flags.epochs && steps_left() && monitor.records_epochs()) {
-      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
-      monitor.end_epoch(apps::test_accuracy(*model, test_loader, group.get(), *optimizer));
-    }
-  }
-  stop_agreement.finish();
-  train_loader.stop();
-  if (stop_signal != 0) return apps::end_stopped_run(monitor, group.get(), stop_signal);
-  // The time is the slowest rank's, queued GPU work included (an NCCL
-  // barrier only orders the stream: the device synchronisation waits for it).
-  if (group) group->barrier()->wait();
-  if (device.is_cuda()) cuda::synchronize(device.index);
-  const auto elapsed = std::chrono::steady_clock::now() - start;
-  if (flags.verbose && device.is_cuda()) std::printf("CUDA memory: %s\n", cuda::memory_summary(device.index).c_str());
-  const double seconds = std::chrono::duration<double>(elapsed).count();
-  if (leader) {
-    std::printf("Training complete in: %s\n", apps::format_duration(elapsed).c_str());
+                                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, launch.rank));
+  trainer.after_training([&](const train::FitResult& result) {
+    if (flags.verbose && device.is_cuda()) std::printf("CUDA memory: %s\n", cuda::memory_summary(device.index).c_str());
+    std::printf("Training complete in: %s\n", train::format_duration(result.elapsed).c_str());
     apps::print_loss_scaling(*optimizer, common.amp);
-    // Every rank trains on the same number of images per step.
     std::printf("Throughput: %.1f images/s (%d process%s), time waiting for data: %.3f s\n",
-                seconds > 0 ? static_cast<double>(images * world) / seconds : 0.0, world, world == 1 ? "" : "es",
-                train_loader.total_wait_seconds());
-  }
-
-  const dist::AccuracyCounts accuracy =
-      apps::final_test_accuracy(*model, test_loader, group.get(), *optimizer, monitor);
-  if (leader) {
-    std::printf("Test accuracy: %.4f (%lld/%lld)\n", accuracy.accuracy(), static_cast<long long>(accuracy.correct),
-                static_cast<long long>(accuracy.total));
-  }
-  if (leader && !flags.save.empty()) {
-    // The model's state_dict under PyTorch's names: torch's load_state_dict takes it.
-    nn::save_checkpoint(flags.save, {model->state_dict(), std::nullopt});
-    std::printf("Saved the model to %s\n", flags.save.c_str());
-  }
-  std::fflush(stdout);
-  trace.finish(rank == 0 ? stdout : nullptr);
-  return 0;
+                result.images_per_second(), world, world == 1 ? "" : "es", result.data_wait_seconds);
+  });
+  trainer.after_evaluation([&](const train::FitResult& result) {
+    std::printf("Test accuracy: %.4f (%lld/%lld)\n", result.accuracy->accuracy(),
+                static_cast<long long>(result.accuracy->correct), static_cast<long long>(result.accuracy->total));
+    if (!flags.save.empty()) {
+      // The model's state_dict under PyTorch's names: torch's load_state_dict takes it.
+      nn::save_checkpoint(flags.save, {model->state_dict(), std::nullopt});
+      std::printf("Saved the model to %s\n", flags.save.c_str());
+    }
+  });
+  return trainer.fit(train_loader, &test_loader).exit_code();
 }
 
 // argparse-style "-nr K" (a one-dash long flag, as in the tutorial) becomes

@@ -42,6 +42,9 @@
 #include <loom/optim/amp.h>
 #include <loom/optim/lr_scheduler.h>
 #include <loom/optim/optimizer.h>
+#include <loom/train/monitor.h>
+#include <loom/train/stop.h>
+#include <loom/train/trainer.h>
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -125,12 +128,6 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const Flags& flags, optim::Op
   return nullptr;
 }
 
-// The first `warmup_steps` steps run at (step + 1) / warmup_steps of the
-// scheduled rate, so the rate rises linearly to it; 1 afterwards.
-double warmup_factor(int64_t step, int64_t warmup_steps) {
-  return step < warmup_steps ? static_cast<double>(step + 1) / static_cast<double>(warmup_steps) : 1.0;
-}
-
 double learning_rate(const Flags& flags) {
   return flags.lr ? *flags.lr : 0.1 * static_cast<double>(flags.batch_size) / 128.0;
 }
@@ -155,31 +152,26 @@ nn::Metadata run_settings(const Flags& flags, int world_size) {
 }
 
 int run(const Flags& flags, int argc, char** argv) {
-  apps::StopSignals::install(apps::parse_signal_name(flags.checkpoints.signal));
+  train::StopSignals::install(train::parse_signal_name(flags.checkpoints.signal));
   const apps::CommonFlags& common = flags.common;
   // Who this process is: srun's SLURM_*, torchrun's RANK / WORLD_SIZE, or one process.
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const int rank = launch.rank, world = launch.world_size;
-  apps::TraceRecording trace(common.trace, rank, world);  // --trace
   apps::set_threads(common, world);
   // --device cuda / auto: this rank's GPU (cuda:LOCAL_RANK), the one its NCCL group drives.
   const Device device = apps::resolve_training_device(common.device, launch.local_rank);
   const std::string backend = apps::choose_backend(common.backend, device);
   const nn::ResNetStem stem = nn::parse_resnet_stem(flags.stem);
-
   LOOM_CHECK(flags.batch_size % world == 0, "--batch-size ", flags.batch_size,
              " is the global batch and must divide evenly across the ", world, " processes");
   const int64_t batch_per_rank = flags.batch_size / world;
   const bool leader = rank == 0;
-
   const data::LoadedData loaded = load_data(flags);
   const char* synthetic_note = flags.synthetic ? " (synthetic data)" : "";
 
-  // ---- Process group (world > 1) ----
   // init_process_group reads the same launch variables and meets the other
   // ranks at MASTER_ADDR:MASTER_PORT; nccl works on the training device.
   std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, backend, device, world);
-
   manual_seed(common.seed);
   std::shared_ptr<nn::ResNet> model = nn::make_resnet(flags.model, nn::ResNetOptions()
                                                                           .num_classes(loaded.num_classes)
@@ -192,35 +184,14 @@ int run(const Flags& flags, int argc, char** argv) {
   if (common.sync_bn) dist::convert_sync_batchnorm(model, group);
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
   // batch norm), SGD over what it must step (f32 master weights at O2 / O3 / bf16).
-  const amp::OptLevel amp_level = amp::parse_opt_level(common.amp);
   const double lr = learning_rate(flags);
-  std::unique_ptr<amp::MixedPrecisionOptimizer> amp_optimizer = amp::initialize(
+  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
       *model,
       [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
-        return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(lr)
-                                                                        .momentum(flags.momentum)
-                                                                        .weight_decay(flags.weight_decay));
+        return std::make_unique<optim::SGD>(
+            std::move(parameters), optim::SGDOptions(lr).momentum(flags.momentum).weight_decay(flags.weight_decay));
       },
-      amp_level);
-  optim::Optimizer& optimizer = amp_optimizer->optimizer();
-  std::unique_ptr<optim::LRScheduler> scheduler = make_scheduler(flags, optimizer);
-
-  // Resume: the model, then everything an uninterrupted run would have had
-  // after the checkpoint's step (mid-epoch too: the loader starts the epoch at
-  // the checkpoint's batch).
-  const apps::TrainingPosition resumed =
-      apps::resume_training(flags.checkpoints, world, device, leader, group.get(), *model, *amp_optimizer,
-                            scheduler.get(), run_settings(flags, world))
-          .value_or(apps::TrainingPosition{});
-  const int64_t first_epoch = resumed.epoch, first_batch = resumed.epoch_step;
-  int64_t global_step = resumed.step;
-
-  // ---- Distributed data parallel (world > 1) ----
-  // DDP checks that every rank holds the same parameters, broadcasts rank 0's,
-  // and averages the gradients during backward.
-  std::shared_ptr<dist::DistributedDataParallel> ddp;
-  if (group) ddp = std::make_shared<dist::DistributedDataParallel>(model, group);
-  nn::Module& trained = ddp ? static_cast<nn::Module&>(*ddp) : static_cast<nn::Module&>(*model);
+      amp::parse_opt_level(common.amp));
 
   if (leader) {
     std::printf(">>> Training on %d %s, master node is %s\n", world, device.is_cpu() ? "CPU processes" : "GPUs",
@@ -231,9 +202,8 @@ int run(const Flags& flags, int argc, char** argv) {
   if (leader) {
     std::printf("%s%s: %lld training, %lld test images; %s (%s stem), global batch %lld (%lld per process)\n",
                 loaded.description.c_str(), synthetic_note, static_cast<long long>(loaded.train_size()),
-                static_cast<long long>(loaded.test_size()),
-                flags.model.c_str(), flags.stem.c_str(), static_cast<long long>(flags.batch_size),
-                static_cast<long long>(batch_per_rank));
+                static_cast<long long>(loaded.test_size()), flags.model.c_str(), flags.stem.c_str(),
+                static_cast<long long>(flags.batch_size), static_cast<long long>(batch_per_rank));
     if (world > 1) {
       std::printf("Distributed: %d processes (%s), backend %s%s\n", world, dist::launcher_name(launch.launcher),
                   group->backend_name(), common.sync_bn ? ", SyncBatchNorm" : "");
@@ -241,7 +211,6 @@ int run(const Flags& flags, int argc, char** argv) {
       std::printf("note: --sync-bn with one process: SyncBatchNorm computes what BatchNorm2d does\n");
     }
   }
-
   // In-memory data (CIFAR-10, MNIST); image folders bring their own (--image-size).
   const bool cifar = loaded.kind == data::DatasetKind::cifar10;
   const data::Normalize normalize = cifar ? data::cifar10_normalize() : data::mnist_normalize();
@@ -249,18 +218,17 @@ int run(const Flags& flags, int argc, char** argv) {
   const data::Compose train_transforms(
       {data::RandomCrop(side, cifar ? 4 : 0), data::RandomHorizontalFlip{cifar ? 0.5 : 0.0}, data::ToTensor{},
        normalize});
-  const data::Compose test_transforms({data::ToTensor{}, normalize});
   data::DataLoader train_loader = loaded.loader(
       true, train_transforms, apps::loader_options(common, batch_per_rank, device),
       std::make_shared<data::DistributedSampler>(loaded.train_size(), world, rank, /*shuffle=*/true, common.seed));
   // Rank r tests images r, r + world, ...: every test image once, no padding.
-  data::DataLoader test_loader = loaded.loader(false, test_transforms, apps::loader_options(common, batch_per_rank, device),
-                                               std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
-
+  data::DataLoader test_loader =
+      loaded.loader(false, data::Compose({data::ToTensor{}, normalize}), apps::loader_options(common, batch_per_rank, device),
+                    std::make_shared<dist::ShardSampler>(loaded.test_size(), world, rank));
   const int64_t batches = train_loader.num_batches();
   const int64_t steps_per_epoch = flags.max_steps > 0 ? std::min(batches, flags.max_steps) : batches;
   // Counted in optimizer steps from the start of the run, so a resumed run
-  // (global_step from the checkpoint) warms up exactly as an uninterrupted one.
+  // (its step from the checkpoint) warms up exactly as an uninterrupted one.
   const int64_t warmup_steps = std::llround(flags.warmup_epochs * static_cast<double>(steps_per_epoch));
   if (leader) {
     std::printf("SGD lr %g%s, momentum %g, weight decay %g, schedule %s, linear warm-up over %lld steps\n", lr,
@@ -268,118 +236,29 @@ int run(const Flags& flags, int argc, char** argv) {
                 flags.weight_decay, flags.schedule.c_str(), static_cast<long long>(warmup_steps));
   }
   std::fflush(stdout);
-  if (leader && first_epoch >= flags.epochs) {
-    std::printf("The checkpoint has %lld of %d epochs done: nothing left to train\n",
-                static_cast<long long>(first_epoch), flags.epochs);
-  }
-  std::optional<apps::CheckpointWriter> writer;
-  if (leader) writer.emplace(flags.checkpoints, world);
-  // Rank 0's checkpoint after `global_step` steps, `epoch_step` of them in epoch `epoch` (0-based).
-  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
-    return apps::training_checkpoint(*model, *amp_optimizer, scheduler.get(), train_loader,
-                                     {epoch, epoch_step, global_step}, run_settings(flags, world));
-  };
-  // Rank 0's progress display, --metrics and --tensorboard.
-  apps::TrainingMonitor monitor(leader, common.progress, common.metrics, common.tensorboard,
-                                apps::describe_run("train_resnet50_cifar", argc, argv, common, world, group.get(),
-                                                   device, flags.batch_size, flags.epochs, steps_per_epoch));
-  apps::StopAgreement stop_agreement(group);
-  int stop_signal = 0;
 
-  const auto start = Clock::now();
-  for (int64_t epoch = first_epoch; epoch < flags.epochs && stop_signal == 0; ++epoch) {
-    const int64_t start_batch = epoch == first_epoch ? std::min(first_batch, steps_per_epoch) : 0;
-    train_loader.start_epoch(epoch, start_batch);
-    monitor.start_epoch(epoch, start_batch);
-    // This epoch's rates before warm-up: the schedule's (scheduler->step() and a
-    // resume set them), or --lr without one (the optimizer may still hold a
-    // warm-up rate, also one loaded from a checkpoint).
-    std::vector<double> epoch_lrs(optimizer.num_groups(), lr);
-    if (scheduler) {
-      for (size_t g = 0; g < optimizer.num_groups(); ++g) epoch_lrs[g] = optimizer.lr(g);
-    }
-    for (int64_t i = start_batch; i < steps_per_epoch; ++i) {
-      std::optional<data::Batch> batch = train_loader.next();
-      if (!batch) break;
-      if (global_step <= warmup_steps) {  // the step after the warm-up restores the full rate
-        for (size_t g = 0; g < optimizer.num_groups(); ++g)
-          optimizer.set_lr(g, epoch_lrs[g] * warmup_factor(global_step, warmup_steps));
-      }
-      const double dataload_ms = 1000.0 * train_loader.last_wait_seconds();
-      const auto training_start = Clock::now();
-      Tensor loss;
-      {
-        auto autocast = amp_optimizer->autocast();  // the loss in f32; --amp O1: f16 convolutions
-        loss = cross_entropy(trained(batch->images), batch->labels);
-      }
-      amp_optimizer->zero_grad();
-      amp_optimizer->scale_loss(loss).backward();
-      if (ddp) ddp->wait_for_gradients();
-      amp_optimizer->step();  // unscales the averaged gradients; skips the step on inf / NaN
-      ++global_step;
-      const double training_ms = std::chrono::duration<double, std::milli>(Clock::now() - training_start).count();
-      if (leader && (i + 1) % common.log_interval == 0) {
-        monitor.before_output();
-        const double loss_value = loss.item();
-        std::printf("Epoch[%lld/%d], Step[%lld/%lld], Loss: %.4f, Time dataload: %.3f ms, Time training: %.3f ms\n",
-                    static_cast<long long>(epoch + 1), flags.epochs, static_cast<long long>(i + 1),
-                    static_cast<long long>(steps_per_epoch), loss_value, dataload_ms, training_ms);
-        std::fflush(stdout);
-        monitor.set_loss(loss_value);
-      }
-      monitor.step({.epoch_step = i + 1,
-                    .step = global_step,
-                    .images = batch->size() * world,
-                    .data_wait_seconds = dataload_ms / 1000.0,
-                    .loss = &loss,
-                    .lr = optimizer.lr(0),
-                    .ddp = ddp.get(),
-                    .scaler = &amp_optimizer->scaler()});
-      const bool epoch_end = i + 1 == steps_per_epoch;  // the epoch checkpoint follows
-      bool saved_now = false;
-      if (writer && !epoch_end && writer->step_due(global_step)) {
-        monitor.before_output();
-        saved_now = writer->write(apps::CheckpointKind::step, global_step, make_checkpoint(epoch, i + 1)).has_value();
-      }
-      // SIGTERM / --checkpoint-signal / SIGINT on any rank: every rank stops after the same step.
-      if ((stop_signal = stop_agreement.poll()) != 0) {
-        monitor.before_output();
-        std::optional<fs::path> saved;
-        if (writer && writer->enabled()) {
-          saved = saved_now ? fs::path(flags.checkpoints.dir) / apps::step_checkpoint_name(world, global_step)
-                            : writer->write(apps::CheckpointKind::step, global_step, make_checkpoint(epoch, i + 1));
-        }
-        apps::print_preempted(rank, stop_signal, global_step, saved);
-        break;
-      }
-    }
-    train_loader.stop();
-    monitor.end_epoch_steps();
-    if (stop_signal != 0) break;
-    if (scheduler) scheduler->step();
-
-    if (writer && writer->enabled()) writer->write(apps::CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
-    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
-    if (epoch + 1 < flags.epochs && monitor.records_epochs()) {
-      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
-      monitor.end_epoch(apps::test_accuracy(*model, test_loader, group.get(), *amp_optimizer));
-    }
-  }
-  stop_agreement.finish();
-  if (stop_signal != 0) return apps::end_stopped_run(monitor, group.get(), stop_signal);
-  if (device.is_cuda()) cuda::synchronize(device.index);  // the queued steps count too
-  const auto elapsed = Clock::now() - start;
-  if (leader) std::printf(">>> Training complete in: %s\n", apps::format_duration(elapsed).c_str());
-  if (leader) apps::print_loss_scaling(*amp_optimizer, common.amp);
-
-  const dist::AccuracyCounts accuracy =
-      apps::final_test_accuracy(*model, test_loader, group.get(), *amp_optimizer, monitor);
-  if (leader) {
-    std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note, accuracy.accuracy(),
-                static_cast<long long>(accuracy.correct), static_cast<long long>(accuracy.total));
-  }
-  trace.finish(rank == 0 ? stdout : nullptr);
-  return 0;
+  train::Trainer trainer(model, optimizer,
+                         apps::trainer_options("train_resnet50_cifar", argc, argv, common, flags.checkpoints, group)
+                             .epochs(flags.epochs)
+                             .max_steps_per_epoch(flags.max_steps)
+                             .warmup_steps(warmup_steps)
+                             .settings(run_settings(flags, world)));
+  trainer.scheduler(make_scheduler(flags, optimizer->optimizer()));
+  trainer.on_log([](const train::StepInfo& step, double loss) {
+    std::printf("Epoch[%lld/%lld], Step[%lld/%lld], Loss: %.4f, Time dataload: %.3f ms, Time training: %.3f ms\n",
+                static_cast<long long>(step.epoch + 1), static_cast<long long>(step.epochs),
+                static_cast<long long>(step.epoch_step), static_cast<long long>(step.steps_per_epoch), loss,
+                1000.0 * step.data_wait_seconds, 1000.0 * step.step_seconds);
+  });
+  trainer.after_training([&](const train::FitResult& result) {
+    std::printf(">>> Training complete in: %s\n", train::format_duration(result.elapsed).c_str());
+    apps::print_loss_scaling(*optimizer, common.amp);
+  });
+  trainer.after_evaluation([&](const train::FitResult& result) {
+    std::printf(">>> Test accuracy%s: %.4f (%lld/%lld)\n", synthetic_note, result.accuracy->accuracy(),
+                static_cast<long long>(result.accuracy->correct), static_cast<long long>(result.accuracy->total));
+  });
+  return trainer.fit(train_loader, &test_loader).exit_code();
 }
 
 }  // namespace

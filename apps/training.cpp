@@ -12,6 +12,7 @@
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group_nccl.h>
 #include <loom/ops/cpu/gemm.h>
+#include <loom/train/stop.h>
 #include <loom/ops/loss.h>
 
 namespace loom::apps {
@@ -93,127 +94,25 @@ data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_s
       .device(device);
 }
 
-RunDescription describe_run(const char* program, int argc, char** argv, const CommonFlags& flags, int world,
-                            const dist::ProcessGroup* group, Device device, int64_t global_batch_size, int64_t epochs,
-                            int64_t steps_per_epoch) {
-  RunDescription run;
-  run.program = program;
-  run.command.assign(argv, argv + argc);
-  run.world_size = world;
-  run.backend = group ? group->backend_name() : "none";
-  run.device = device;
-  run.amp = flags.amp;
-  run.dtype = dtype_name(amp::input_dtype(amp::parse_opt_level(flags.amp)));
-  run.global_batch_size = global_batch_size;
-  run.epochs = epochs;
-  run.steps_per_epoch = steps_per_epoch;
-  run.log_interval = flags.log_interval;
-  return run;
-}
-
-nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
-                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
-                                   TrainingPosition position, nn::Metadata settings) {
-  nn::TrainingState state;
-  state.epoch = position.epoch;
-  state.epoch_step = position.epoch_step;
-  state.step = position.step;
-  if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
-  state.sampler_epoch = loader.sampler().epoch();
-  state.generators["default"] = {default_generator().seed(), default_generator().counter()};
-  state.extra_metadata = std::move(settings);
-  optimizer.save_state(state);  // optimizer state, f32 masters, loss scale
-  return nn::Checkpoint{model.state_dict(), std::move(state)};
-}
-
-std::optional<TrainingPosition> resume_training(const CheckpointFlags& flags, int world, Device device, bool leader,
-                                                dist::ProcessGroup* group, nn::Module& model,
-                                                amp::MixedPrecisionOptimizer& optimizer,
-                                                optim::LRScheduler* scheduler, const nn::Metadata& settings) {
-  std::optional<ResumePoint> resume = find_resume_point(flags, world, device, leader ? stdout : nullptr);
-  std::optional<TrainingPosition> position;
-  if (resume) {
-    position.emplace();
-    nn::Checkpoint& checkpoint = resume->checkpoint;
-    // Its --amp level first: the model's dtypes depend on it.
-    if (checkpoint.training) optimizer.check_compatible(*checkpoint.training);
-    nn::load_model_state(model, checkpoint.model, "checkpoint " + resume->path.string());
-    if (checkpoint.training) {
-      const nn::TrainingState& state = *checkpoint.training;
-      optimizer.load_state(state);  // the optimizer, and the masters and loss scale of --amp
-      if (scheduler && state.scheduler_last_epoch) scheduler->set_last_epoch(*state.scheduler_last_epoch);
-      if (auto g = state.generators.find("default"); g != state.generators.end())
-        default_generator().set_state(g->second.seed, g->second.counter);
-      *position = {state.epoch, state.epoch_step, state.step};
-      if (leader) {
-        for (auto& [key, value] : settings) {
-          auto saved = state.extra_metadata.find(key);
-          if (saved != state.extra_metadata.end() && saved->second != value) {
-            std::printf("note: the checkpoint was written with %s %s; this run uses %s\n", key.c_str(),
-                        saved->second.c_str(), value.c_str());
-          }
-        }
-      }
-    }
-    if (leader) {
-      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
-                  static_cast<long long>(position->epoch + 1), static_cast<long long>(position->epoch_step),
-                  static_cast<long long>(position->step));
-      report_resume_to_launcher(str("step ", position->step, " (epoch ", position->epoch + 1, ", batch ",
-                                    position->epoch_step, ") from ", resume->path.string()));
-    }
-  }
-  check_same_resume_step(group, position ? position->step : -1);
-  return position;
-}
-
-namespace {
-
-// This rank's shard of the test set, then (correct, total) summed over ranks.
-dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
-  NoGradGuard no_grad;
-  model.eval();
-  dist::AccuracyCounts counts;
-  loader.start_epoch(0);
-  while (auto batch = loader.next()) {
-    counts.correct += count_correct(model(batch->images), batch->labels);
-    counts.total += batch->size();
-  }
-  model.train();
-  return dist::all_reduce_accuracy(counts, group);
-}
-
-}  // namespace
-
-dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
-                                   amp::MixedPrecisionOptimizer& optimizer) {
-  if (group) {
-    for (auto& [name, buffer] : model.named_buffers()) group->broadcast(buffer, 0)->wait();
-  }
-  auto autocast = optimizer.autocast();  // evaluate as trained
-  return evaluate(model, loader, group);
-}
-
-int end_stopped_run(TrainingMonitor& monitor, dist::ProcessGroup* group, int stop_signal) {
-  monitor.end_epoch(std::nullopt);
-  monitor.finish();
-  if (group) group->barrier()->wait();
-  return 128 + stop_signal;
+train::TrainerOptions trainer_options(const char* program, int argc, char** argv, const CommonFlags& flags,
+                                      const CheckpointFlags& checkpoints, std::shared_ptr<dist::ProcessGroup> group) {
+  return train::TrainerOptions()
+      .program(program)
+      .command_line({argv, argv + argc})
+      .log_interval(flags.log_interval)
+      .progress(flags.progress)
+      .metrics_path(flags.metrics)
+      .tensorboard_dir(flags.tensorboard)
+      .trace_path(flags.trace)
+      .checkpoints(checkpoint_options(checkpoints))
+      .stop_signal(train::parse_signal_name(checkpoints.signal))
+      .process_group(std::move(group));
 }
 
 void print_loss_scaling(const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp) {
   if (!optimizer.scaler().enabled()) return;
   std::printf("Mixed precision --amp %s: loss scale %g, %lld steps skipped for inf / NaN gradients\n", amp.c_str(),
               optimizer.scaler().get_scale(), static_cast<long long>(optimizer.scaler().skipped_steps()));
-}
-
-dist::AccuracyCounts final_test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
-                                         amp::MixedPrecisionOptimizer& optimizer, TrainingMonitor& monitor) {
-  // Rank 0's model on every rank: its batch-norm statistics too.
-  const dist::AccuracyCounts accuracy = test_accuracy(model, loader, group, optimizer);
-  monitor.end_epoch(accuracy);
-  monitor.finish();
-  return accuracy;
 }
 
 int run_app(CLI::App& app, const char* program, std::vector<std::string> arguments, const std::function<int()>& run) {

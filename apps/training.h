@@ -1,8 +1,8 @@
-// What train_mnist and train_resnet50_cifar share around their training loops:
-// the common flags (one definition, one help text, one check each), thread,
-// backend and process-group setup, the loaders' options, resuming, the
-// training checkpoint, the test-set evaluation and main()'s error handling.
-// app_common.h holds the lower pieces (devices, checkpoint files, signals).
+// What train_mnist and train_resnet50_cifar share around loom::train's
+// Trainer: the common flags (one definition, one help text, one check each)
+// and the Trainer's options they give, thread, backend and process-group
+// setup, the loaders' options and main()'s error handling. app_common.h holds
+// the lower pieces (devices, validators, checkpoint flags).
 #pragma once
 
 #include <cstdint>
@@ -16,14 +16,10 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/app_common.h"
-#include "apps/monitor.h"
 #include <loom/data/loader.h>
-#include <loom/dist/metrics.h>
 #include <loom/dist/process_group.h>
-#include <loom/nn/checkpoint.h>
-#include <loom/nn/module.h>
 #include <loom/optim/amp.h>
-#include <loom/optim/lr_scheduler.h>
+#include <loom/train/trainer.h>
 
 namespace loom::apps {
 
@@ -73,59 +69,16 @@ std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags,
 // copies on the loader's own stream).
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device);
 
-// The header of the metrics file: the command line, the world, rank 0's
-// backend (`group` null: "none") and device, --amp and the input dtype.
-RunDescription describe_run(const char* program, int argc, char** argv, const CommonFlags& flags, int world,
-                            const dist::ProcessGroup* group, Device device, int64_t global_batch_size, int64_t epochs,
-                            int64_t steps_per_epoch);
-
-// Where a run stands: `step` optimizer steps in all, `epoch_step` of them in
-// epoch `epoch` (0-based).
-struct TrainingPosition {
-  int64_t epoch = 0;
-  int64_t epoch_step = 0;
-  int64_t step = 0;
-};
-
-// Rank 0's checkpoint at `position`: the model, the optimizer (and the masters
-// and loss scale of --amp), the schedule (null for none), the sampler's epoch,
-// the default generator and the run's `settings`.
-nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
-                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
-                                   TrainingPosition position, nn::Metadata settings);
-
-// Resumes as --resume says (find_resume_point): loads the model and
-// everything an uninterrupted run would have had after the checkpoint's step
-// (optimizer, --amp state, schedule, generator) and returns where to go on
-// from; nullopt to start from the beginning. Rank 0 (`leader`) prints
-// "note: the checkpoint was written with KEY OLD; this run uses NEW" for each
-// of `settings` that differs, then "Resuming from PATH at epoch E, batch B
-// (step S)", and tells the launcher. Then checks, collectively over `group`
-// (may be null), that every rank resumed from the same step.
-std::optional<TrainingPosition> resume_training(const CheckpointFlags& flags, int world, Device device, bool leader,
-                                                dist::ProcessGroup* group, nn::Module& model,
-                                                amp::MixedPrecisionOptimizer& optimizer,
-                                                optim::LRScheduler* scheduler, const nn::Metadata& settings);
-
-// Every rank tests its shard of the test set (a ShardSampler) with rank 0's
-// batch-norm statistics (broadcast first) and in the dtypes it trained in
-// (the optimizer's autocast); (correct, total) are summed over the ranks.
-// Collective when `group` is not null.
-dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
-                                   amp::MixedPrecisionOptimizer& optimizer);
-
-// Ends a run that a signal stopped: the monitor's last epoch has no accuracy,
-// and the ranks meet at a barrier of `group` (may be null) so that rank 0's
-// checkpoint is on disk before any rank exits. Returns the exit code, 128 + the signal.
-int end_stopped_run(TrainingMonitor& monitor, dist::ProcessGroup* group, int stop_signal);
+// The Trainer's options from the flags both apps take, in one place:
+// --log-interval, --progress, --metrics, --tensorboard, --trace, the
+// checkpoint flags, the process group, and the metrics header's program and
+// command line. The app adds what is its own (epochs, step limits, warm-up, settings).
+train::TrainerOptions trainer_options(const char* program, int argc, char** argv, const CommonFlags& flags,
+                                      const CheckpointFlags& checkpoints, std::shared_ptr<dist::ProcessGroup> group);
 
 // "Mixed precision --amp LEVEL: loss scale S, N steps skipped for inf / NaN
 // gradients" when `optimizer` scaled the loss (`amp` is the --amp flag).
 void print_loss_scaling(const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp);
-
-// The final evaluation (test_accuracy), recorded as the last epoch's; then the monitor finishes.
-dist::AccuracyCounts final_test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
-                                         amp::MixedPrecisionOptimizer& optimizer, TrainingMonitor& monitor);
 
 // main() of a training app: parses `arguments` into `app` (--help and
 // --version print and exit 0; a bad command line is report_usage_error's

@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "apps/app_common.h"
+#include <loom/train/monitor.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/generator.h>
 #include <loom/core/parallel.h>
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
         "\"peak_rss_mb\": %.1f%s}\n",
         device.str().c_str(), threads, static_cast<long long>(batch_size), static_cast<long long>(steps), seconds,
         static_cast<double>(steps * batch_size) / seconds, 1000.0 * seconds / static_cast<double>(steps),
-        first / tenth, last / tenth, static_cast<double>(apps::peak_rss_bytes()) / (1 << 20), gpu_memory.c_str());
+        first / tenth, last / tenth, static_cast<double>(train::peak_rss_bytes()) / (1 << 20), gpu_memory.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "convnet_throughput: %s\n", e.what());

@@ -16,8 +16,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "apps/monitor.h"
-#include "apps/progress.h"
+#include <loom/train/monitor.h>
+#include <loom/train/progress.h>
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
 #include <loom/core/parallel.h>
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     // ---- a redraw (format + write to /dev/null), every update ----
     std::FILE* null_file = std::fopen("/dev/null", "w");
     LOOM_CHECK(null_file != nullptr, "cannot open /dev/null");
-    apps::ProgressDisplay always(apps::ProgressStyle::bar, null_file, log_interval, Clock::duration::zero());
+    train::ProgressDisplay always(train::ProgressStyle::bar, null_file, log_interval, Clock::duration::zero());
     always.start_epoch(0, 1, 0, redraws);
     const auto redraw_start = Clock::now();
     for (int64_t i = 1; i <= redraws; ++i) always.update(i, 100, 1e-4, [] { return 0.25; });
@@ -83,12 +83,12 @@ int main(int argc, char** argv) {
     const std::filesystem::path dir = std::filesystem::temp_directory_path() / "loom-progress-overhead";
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
-    apps::RunDescription run{.program = "progress_overhead", .command = {"progress_overhead"}, .backend = "none",
+    train::RunDescription run{.program = "progress_overhead", .command = {"progress_overhead"}, .backend = "none",
                              .device = Device::cpu(), .amp = "O0", .dtype = "f32", .global_batch_size = 100,
                              .epochs = 1, .steps_per_epoch = updates, .log_interval = log_interval};
     double update_seconds = 0;
     {
-      apps::TrainingMonitor monitor(true, "bar", (dir / "metrics.jsonl").string(), (dir / "tb").string(), run);
+      train::TrainingMonitor monitor(true, "bar", (dir / "metrics.jsonl").string(), (dir / "tb").string(), run);
       // The bar goes to stderr: point it at /dev/null for the measurement.
       std::fflush(stderr);
       std::FILE* saved = std::freopen("/dev/null", "w", stderr);
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       monitor.start_epoch(0, 0);
       const auto update_start = Clock::now();
       for (int64_t i = 1; i <= updates; ++i) {
-        apps::StepReport report{.epoch_step = i, .step = i, .images = 100, .data_wait_seconds = 1e-4, .loss = &loss,
+        train::StepReport report{.epoch_step = i, .step = i, .images = 100, .data_wait_seconds = 1e-4, .loss = &loss,
                                 .lr = 0.01};
         monitor.step(report);
       }

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "apps/app_common.h"
+#include <loom/train/monitor.h>
 #include <loom/core/generator.h>
 #include "benchmarks/gemm_peak.h"
 #include <loom/core/cuda/runtime.h>
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(steps), seconds, static_cast<double>(steps * batch) / seconds,
         1000.0 * seconds / static_cast<double>(steps), lr, losses.front(), losses.back(),
         static_cast<long long>(optimizer->scaler().skipped_steps()),
-        static_cast<double>(apps::peak_rss_bytes()) / (1 << 20));
+        static_cast<double>(train::peak_rss_bytes()) / (1 << 20));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "resnet50_throughput: %s\n", e.what());

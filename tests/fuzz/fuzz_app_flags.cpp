@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "apps/app_common.h"
+#include <loom/train/stop.h>
 #include <loom/core/error.h>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -40,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   loom::apps::add_checkpoint_flags(app, checkpoint);
   try {
     app.parse(static_cast<int>(argv.size()), argv.data());
-    (void)loom::apps::parse_signal_name(checkpoint.signal);
+    (void)loom::train::parse_signal_name(checkpoint.signal);
     (void)loom::apps::training_device(device, 0, 2);
   } catch (const CLI::Error&) {
   } catch (const loom::Error&) {

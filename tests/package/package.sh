@@ -85,7 +85,7 @@ run_examples() {
   # Chance is 0.1; 30 steps of SGD reach about 0.75.
   awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.5) }' || fail "convnet_fashion_mnist: test accuracy '$accuracy' < 0.5"
 
-  output=$("$launcher" --standalone --nproc_per_node=2 "$work/$tag-ddp_own_model/ddp_own_model" 5 2>&1) ||
+  output=$("$launcher" --standalone --nproc_per_node=2 "$work/$tag-ddp_own_model/ddp_own_model" 5 "$work/$tag-ddp_own_model-checkpoints" 2>&1) ||
     fail "ddp_own_model under loomrun: $output"
   echo "$output"
   accuracy=$(sed -n 's/^2 processes, test accuracy //p' <<<"$output")

@@ -1,4 +1,4 @@
-// What a training app shows and records about its run, from rank 0: the
+// What a training run shows and records about itself, from rank 0: the
 // progress display (--progress), the metrics file (--metrics FILE, JSON Lines,
 // schema in docs/metrics.md) and TensorBoard scalars (--tensorboard DIR).
 // One record feeds both files, so they hold the same numbers.
@@ -14,7 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "apps/progress.h"
+#include <loom/train/progress.h>
 #include <loom/core/device.h>
 #include <loom/core/summary_writer.h>
 #include <loom/core/tensor.h>
@@ -22,7 +22,13 @@
 #include <loom/dist/metrics.h>
 #include <loom/optim/grad_scaler.h>
 
-namespace loom::apps {
+namespace loom::train {
+
+// "0:00:12.345678", as the tutorials print datetime.now() - start.
+std::string format_duration(std::chrono::steady_clock::duration elapsed);
+
+// Peak resident set size of this process in bytes (VmHWM), 0 if unknown.
+long peak_rss_bytes();
 
 // One metrics record: named fields in order. A double that is not finite is written as null.
 using MetricValue = std::variant<std::nullptr_t, int64_t, double, std::string, std::vector<std::string>>;
@@ -118,4 +124,4 @@ class TrainingMonitor {
   double last_lr_ = 0;
 };
 
-}  // namespace loom::apps
+}  // namespace loom::train

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <string>
 
-namespace loom::apps {
+namespace loom::train {
 
 enum class ProgressStyle { bar, lines, none };
 
@@ -82,4 +82,4 @@ class ProgressDisplay {
   bool bar_shown_ = false, in_epoch_ = false;
 };
 
-}  // namespace loom::apps
+}  // namespace loom::train

@@ -1,4 +1,4 @@
-#include "apps/monitor.h"
+#include <loom/train/monitor.h>
 
 #include <unistd.h>
 
@@ -6,14 +6,38 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
-#include "apps/app_common.h"
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
 #include <loom/core/json_string.h>
 #include <loom/core/version.h>
 
-namespace loom::apps {
+namespace loom::train {
+
+std::string format_duration(std::chrono::steady_clock::duration elapsed) {
+  const long long micros = std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count();
+  const long long seconds = micros / 1000000;
+  char text[64];
+  std::snprintf(text, sizeof(text), "%lld:%02lld:%02lld.%06lld", seconds / 3600, (seconds / 60) % 60, seconds % 60,
+                micros % 1000000);
+  return text;
+}
+
+long peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      long kilobytes = 0;
+      fields >> kilobytes;
+      return kilobytes * 1024;
+    }
+  }
+  return 0;
+}
 
 namespace {
 
@@ -298,4 +322,4 @@ void TrainingMonitor::finish() {
   if (tensorboard_) tensorboard_->flush();
 }
 
-}  // namespace loom::apps
+}  // namespace loom::train

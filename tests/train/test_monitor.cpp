@@ -1,4 +1,4 @@
-// apps/progress and apps/monitor: the --progress choice, the bar's text and
+// train/progress and train/monitor: the --progress choice, the bar's text and
 // its throttle (counted redraws, no timing), JSON encoding of records, and a
 // metrics file read back field by field.
 #include <doctest/doctest.h>
@@ -9,15 +9,15 @@
 #include <limits>
 #include <string>
 
-#include "apps/monitor.h"
-#include "apps/progress.h"
+#include <loom/train/monitor.h>
+#include <loom/train/progress.h>
 #include "tests/support/memory_stream.h"
 #include "tests/support/temp_dir.h"
 #include <loom/core/error.h>
 
-using loom::apps::ProgressDisplay;
-using loom::apps::ProgressSnapshot;
-using loom::apps::ProgressStyle;
+using loom::train::ProgressDisplay;
+using loom::train::ProgressSnapshot;
+using loom::train::ProgressStyle;
 
 namespace {
 
@@ -31,12 +31,12 @@ size_t count(const std::string& text, const std::string& part) {
 
 TEST_SUITE("progress") {
   TEST_CASE("--progress auto is a bar on a terminal and lines elsewhere") {
-    CHECK(loom::apps::parse_progress_style("auto", true) == ProgressStyle::bar);
-    CHECK(loom::apps::parse_progress_style("auto", false) == ProgressStyle::lines);
-    CHECK(loom::apps::parse_progress_style("bar", false) == ProgressStyle::bar);
-    CHECK(loom::apps::parse_progress_style("lines", true) == ProgressStyle::lines);
-    CHECK(loom::apps::parse_progress_style("none", true) == ProgressStyle::none);
-    CHECK_THROWS_AS(loom::apps::parse_progress_style("fancy", true), loom::Error);
+    CHECK(loom::train::parse_progress_style("auto", true) == ProgressStyle::bar);
+    CHECK(loom::train::parse_progress_style("auto", false) == ProgressStyle::lines);
+    CHECK(loom::train::parse_progress_style("bar", false) == ProgressStyle::bar);
+    CHECK(loom::train::parse_progress_style("lines", true) == ProgressStyle::lines);
+    CHECK(loom::train::parse_progress_style("none", true) == ProgressStyle::none);
+    CHECK_THROWS_AS(loom::train::parse_progress_style("fancy", true), loom::Error);
   }
 
   TEST_CASE("the bar and the line show step, rate, loss, data wait and time left") {
@@ -49,19 +49,19 @@ TEST_SUITE("progress") {
     s.loss = 0.27144;
     s.data_wait_share = 0.014;
     s.seconds_left = 65;
-    const std::string bar = loom::apps::format_progress(s, ProgressStyle::bar, 21.6, 140);
+    const std::string bar = loom::train::format_progress(s, ProgressStyle::bar, 21.6, 140);
     CHECK(bar == "Epoch 1/2  25%|##########                              | 150/600 [0:00:22<0:01:05, 4890.2 img/s, "
                  "loss 0.2714, data 1%]");
     CHECK(bar.size() <= 139);
-    CHECK(loom::apps::format_progress(s, ProgressStyle::bar, 21.6, 100).size() == 99);  // a 21-column bar
+    CHECK(loom::train::format_progress(s, ProgressStyle::bar, 21.6, 100).size() == 99);  // a 21-column bar
     // Narrow terminals lose the bar, then the tail, never overflow.
-    CHECK(loom::apps::format_progress(s, ProgressStyle::bar, 21.6, 80).find('#') == std::string::npos);
-    CHECK(loom::apps::format_progress(s, ProgressStyle::bar, 21.6, 40).size() == 39);
-    CHECK(loom::apps::format_progress(s, ProgressStyle::lines, 21.6) ==
+    CHECK(loom::train::format_progress(s, ProgressStyle::bar, 21.6, 80).find('#') == std::string::npos);
+    CHECK(loom::train::format_progress(s, ProgressStyle::bar, 21.6, 40).size() == 39);
+    CHECK(loom::train::format_progress(s, ProgressStyle::lines, 21.6) ==
           "Epoch 1/2, step 150/600, 4890.2 images/s, loss 0.2714, data wait 1%, ETA 0:01:05");
     s.loss = std::numeric_limits<double>::quiet_NaN();
     s.seconds_left = -1;
-    CHECK(loom::apps::format_progress(s, ProgressStyle::lines, 0) ==
+    CHECK(loom::train::format_progress(s, ProgressStyle::lines, 0) ==
           "Epoch 1/2, step 150/600, 4890.2 images/s, loss -, data wait 1%, ETA ?");
   }
 
@@ -115,14 +115,14 @@ TEST_SUITE("progress") {
 
 TEST_SUITE("metrics") {
   TEST_CASE("records are JSON objects; non-finite numbers are null; strings are escaped") {
-    const loom::apps::MetricRecord record = {{"type", std::string("step")},
+    const loom::train::MetricRecord record = {{"type", std::string("step")},
                                              {"step", int64_t{12}},
                                              {"loss", 0.5},
                                              {"nan", std::nan("")},
                                              {"none", nullptr},
                                              {"text", std::string("a \"b\"\n\\")},
                                              {"command", std::vector<std::string>{"train_mnist", "--epochs", "1"}}};
-    CHECK(loom::apps::to_json(record) ==
+    CHECK(loom::train::to_json(record) ==
           "{\"type\": \"step\", \"step\": 12, \"loss\": 0.5, \"nan\": null, \"none\": null, "
           "\"text\": \"a \\\"b\\\"\\n\\\\\", \"command\": [\"train_mnist\", \"--epochs\", \"1\"]}");
   }
@@ -130,7 +130,7 @@ TEST_SUITE("metrics") {
   TEST_CASE("a monitor writes a header, step records every log interval and the epoch record") {
     loom::testing::TempDir dir;
     const std::string path = (dir.path() / "metrics.jsonl").string();
-    loom::apps::RunDescription run;
+    loom::train::RunDescription run;
     run.program = "test";
     run.command = {"test", "--metrics", path};
     run.backend = "none";
@@ -142,7 +142,7 @@ TEST_SUITE("metrics") {
     run.steps_per_epoch = 6;
     run.log_interval = 3;
     {
-      loom::apps::TrainingMonitor monitor(true, "none", path, "", run);
+      loom::train::TrainingMonitor monitor(true, "none", path, "", run);
       CHECK(monitor.records_epochs());
       monitor.start_epoch(0, 0);
       const loom::Tensor loss = loom::Tensor::full({1}, 0.75);
@@ -166,14 +166,14 @@ TEST_SUITE("metrics") {
   TEST_CASE("a metrics file that cannot be opened is an error naming --metrics and the file") {
     // (A missing directory is created, as TensorBoard's log directory is.)
     loom::testing::TempDir dir;
-    loom::apps::RunDescription run;
+    loom::train::RunDescription run;
     run.device = loom::Device::cpu();
     std::FILE* file = std::fopen((dir.path() / "a-file").c_str(), "w");
     std::fclose(file);
     const std::string path = (dir.path() / "a-file" / "m.jsonl").string();  // a directory that cannot be made
-    CHECK_THROWS_WITH_AS(loom::apps::TrainingMonitor(true, "none", path, "", run),
+    CHECK_THROWS_WITH_AS(loom::train::TrainingMonitor(true, "none", path, "", run),
                          doctest::Contains(("--metrics " + path).c_str()), loom::Error);
     // Only rank 0 writes: the others open nothing.
-    CHECK_NOTHROW(loom::apps::TrainingMonitor(false, "none", path, "", run));
+    CHECK_NOTHROW(loom::train::TrainingMonitor(false, "none", path, "", run));
   }
 }

@@ -1,4 +1,4 @@
-#include "apps/progress.h"
+#include <loom/train/progress.h>
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include <loom/core/error.h>
 
-namespace loom::apps {
+namespace loom::train {
 
 ProgressStyle parse_progress_style(const std::string& flag, bool stderr_is_terminal) {
   if (flag == "bar") return ProgressStyle::bar;
@@ -141,4 +141,4 @@ void ProgressDisplay::clear() {
   next_redraw_ = Clock::now();  // the next step draws it again
 }
 
-}  // namespace loom::apps
+}  // namespace loom::train

@@ -1,0 +1,120 @@
+// loom::train's checkpoints and stop signals: checkpoint naming, rotation
+// and the choice of the checkpoint to resume from; the restart count
+// launchers pass; stop signals.
+#include <doctest/doctest.h>
+
+#include <loom/core/error.h>
+#include <loom/train/checkpoints.h>
+#include <loom/train/stop.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "tests/support/memory_stream.h"
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+loom::nn::Checkpoint checkpoint_at(int64_t step) {
+  loom::nn::TrainingState state;
+  state.step = step;
+  return {{{"w", loom::Tensor::full({4}, static_cast<double>(step))}}, state};
+}
+
+std::set<std::string> names_in(const fs::path& dir) {
+  std::set<std::string> names;
+  for (auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
+  return names;
+}
+
+}  // namespace
+
+TEST_SUITE("train.checkpoints") {
+  TEST_CASE("--checkpoint-signal names") {
+    using loom::train::parse_signal_name;
+    CHECK(parse_signal_name("USR1") == SIGUSR1);
+    CHECK(parse_signal_name("sigusr2") == SIGUSR2);
+    CHECK(parse_signal_name("TERM") == SIGTERM);
+    CHECK(parse_signal_name("none") == 0);
+    CHECK_THROWS_WITH_AS(parse_signal_name("KILL"), doctest::Contains("'KILL' is not a signal loom stops on"),
+                         loom::Error);
+  }
+
+  TEST_CASE("--resume defaults to auto only after a launcher's restart") {
+    loom::train::CheckpointOptions flags;
+    ::unsetenv("SLURM_RESTART_COUNT");
+    ::setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+    CHECK(loom::train::effective_resume(flags) == "none");
+    ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+    CHECK(loom::train::launcher_restart_count() == 2);
+    CHECK(loom::train::effective_resume(flags) == "auto");
+    ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+    ::setenv("SLURM_RESTART_COUNT", "1", 1);
+    CHECK(loom::train::effective_resume(flags) == "auto");
+    flags.resume("none");  // given explicitly, it wins
+    CHECK(loom::train::effective_resume(flags) == "none");
+    ::setenv("SLURM_RESTART_COUNT", "x", 1);
+    CHECK_THROWS_WITH_AS(loom::train::launcher_restart_count(), doctest::Contains("SLURM_RESTART_COUNT='x'"),
+                         loom::Error);
+    ::unsetenv("SLURM_RESTART_COUNT");
+  }
+
+  TEST_CASE("step checkpoints rotate, epoch checkpoints stay; --resume auto takes the newest valid one") {
+    loom::testing::TempDir dir;
+    loom::train::CheckpointOptions flags = loom::train::CheckpointOptions().directory(dir.path().string()).every_steps(10).keep(2);
+    loom::train::CheckpointWriter writer(flags, 2);
+    CHECK(writer.step_due(20));
+    CHECK_FALSE(writer.step_due(25));
+    for (int64_t step : {10, 20}) writer.write(loom::train::CheckpointKind::step, step, checkpoint_at(step));
+    writer.write(loom::train::CheckpointKind::epoch, 1, checkpoint_at(25));
+    writer.write(loom::train::CheckpointKind::step, 30, checkpoint_at(30));
+    CHECK(names_in(dir.path()) ==
+          std::set<std::string>{"2GPU_step20.checkpoint", "2GPU_step30.checkpoint", "2GPU_1epoch.checkpoint"});
+
+    flags.resume("auto");
+    {
+      loom::testing::MemoryStream log;  // what find_resume_point prints
+      auto point = loom::train::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
+      REQUIRE(point.has_value());
+      CHECK(point->path.filename() == "2GPU_step30.checkpoint");
+      CHECK(point->checkpoint.training->step == 30);
+    }
+    // The newest truncated: reported, and the one with the most steps after it is taken.
+    fs::resize_file(dir / "2GPU_step30.checkpoint", fs::file_size(dir / "2GPU_step30.checkpoint") - 4);
+    {
+      loom::testing::MemoryStream log;
+      auto point = loom::train::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
+      REQUIRE(point.has_value());
+      CHECK(point->path.filename() == "2GPU_1epoch.checkpoint");  // step 25
+      const std::string text = log.str();
+      CHECK_MESSAGE(text.find("Skipping checkpoint " + (dir / "2GPU_step30.checkpoint").string() +
+                              ", it is truncated or corrupt") != std::string::npos,
+                    text);
+      CHECK_MESSAGE(text.find("trying the previous one") != std::string::npos, text);
+    }
+    // Another world size's checkpoints are not this run's.
+    CHECK_FALSE(loom::train::find_resume_point(flags, 4, loom::Device::cpu(), nullptr).has_value());
+    flags.resume("none");
+    CHECK_FALSE(loom::train::find_resume_point(flags, 2, loom::Device::cpu(), nullptr).has_value());
+  }
+
+  TEST_CASE("a stop signal only sets the flag; without a group the agreement is the local flag") {
+    loom::train::StopSignals::install(SIGUSR1);
+    loom::train::StopAgreement agreement(nullptr);
+    CHECK(agreement.poll() == 0);
+    ::raise(SIGUSR1);  // would end the process without the handler
+    CHECK(loom::train::StopSignals::received() == SIGUSR1);
+    CHECK(agreement.poll() == SIGUSR1);
+    loom::train::StopSignals::reset();
+    CHECK(loom::train::StopSignals::received() == 0);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGUSR1, SIG_DFL);
+  }
+}
+

@@ -1,0 +1,236 @@
+#include <loom/train/checkpoints.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include <loom/core/error.h>
+#include <loom/core/generator.h>
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+CheckpointErrorPolicy parse_checkpoint_error_policy(const std::string& text) {
+  if (text == "stop") return CheckpointErrorPolicy::stop;
+  if (text == "continue") return CheckpointErrorPolicy::continue_;
+  LOOM_FAIL("'", text, "' is not a checkpoint error policy: use stop or continue");
+}
+
+int launcher_restart_count() {
+  int count = 0;
+  for (const char* name : {"TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0') continue;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    LOOM_CHECK(*end == '\0' && value >= 0, name, "='", text, "' is not a whole number >= 0");
+    count = std::max(count, static_cast<int>(value));
+  }
+  return count;
+}
+
+std::string effective_resume(const CheckpointOptions& options) {
+  if (!options.resume().empty()) return options.resume();
+  return launcher_restart_count() > 0 ? "auto" : "none";
+}
+
+std::string epoch_checkpoint_name(int world, int64_t epoch) { return str(world, "GPU_", epoch, "epoch.checkpoint"); }
+std::string step_checkpoint_name(int world, int64_t step) { return str(world, "GPU_step", step, ".checkpoint"); }
+
+namespace {
+
+// The step count a checkpoint file's header records, or nullopt with the reason.
+std::optional<int64_t> recorded_step(const fs::path& path, std::string& problem) {
+  try {
+    const nn::Metadata metadata = nn::read_safetensors_metadata(path);
+    auto it = metadata.find(std::string(nn::kTrainingPrefix) + "step");
+    if (it == metadata.end()) {
+      problem = "it holds no training state";
+      return std::nullopt;
+    }
+    return std::stoll(it->second);
+  } catch (const std::exception& e) {
+    problem = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, int world, Device device, std::FILE* log) {
+  const std::string resume = effective_resume(options);
+  if (resume == "none") return std::nullopt;
+  if (resume != "auto") {
+    return ResumePoint{resume, nn::load_checkpoint(resume, device)};
+  }
+  LOOM_CHECK(!options.directory().empty(), "--resume auto looks in the checkpoint directory (--checkpoint-dir), which is ''");
+  const std::string prefix = str(world, "GPU_");
+  struct Candidate {
+    fs::path path;
+    int64_t step;
+    fs::file_time_type written;
+  };
+  std::vector<Candidate> candidates;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(options.directory(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".checkpoint") || !entry.is_regular_file(ec)) continue;
+    std::string problem;
+    const std::optional<int64_t> step = recorded_step(entry.path(), problem);
+    if (!step) {
+      if (log) std::fprintf(log, "Skipping checkpoint %s, it is unusable: %s\n", entry.path().c_str(), problem.c_str());
+      continue;
+    }
+    candidates.push_back({entry.path(), *step, entry.last_write_time(ec)});
+  }
+  // Most steps first; of equal steps the later written.
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step != b.step ? a.step > b.step : a.written > b.written;
+  });
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      nn::Checkpoint checkpoint = nn::load_checkpoint(candidates[i].path, device);
+      if (log) {
+        std::fprintf(log, "--resume auto: %s is the newest valid checkpoint in %s\n", candidates[i].path.c_str(),
+                     options.directory().c_str());
+      }
+      return ResumePoint{candidates[i].path, std::move(checkpoint)};
+    } catch (const std::exception& e) {
+      if (log) {
+        std::fprintf(log, "Skipping checkpoint %s, it is truncated or corrupt: %s%s\n", candidates[i].path.c_str(),
+                     e.what(), i + 1 < candidates.size() ? "; trying the previous one" : "");
+      }
+    }
+  }
+  if (log) {
+    std::fprintf(log, "--resume auto: no valid %s*.checkpoint in %s; starting from the beginning\n", prefix.c_str(),
+                 options.directory().c_str());
+  }
+  return std::nullopt;
+}
+
+void check_same_resume_step(dist::ProcessGroup* group, int64_t step) {
+  if (group == nullptr) return;
+  // max(step) and max(-step): equal on every rank exactly when all loaded the same step.
+  Tensor steps = Tensor::from_vector<int64_t>({step, -step}, {2}).to(group->device());
+  group->all_reduce({steps}, dist::ReduceOp::max)->wait();
+  const std::vector<int64_t> agreed = steps.to(Device::cpu()).to_vector<int64_t>();
+  LOOM_CHECK(agreed[0] == -agreed[1], "the ranks resume from different steps (between ", -agreed[1], " and ",
+             agreed[0], "; -1 is none): every rank must see the same checkpoint directory");
+}
+
+void report_resume_to_launcher(const std::string& line) {
+  const char* path = std::getenv("LOOM_RESUME_REPORT");
+  if (path == nullptr || *path == '\0') return;
+  std::FILE* file = std::fopen(path, "w");
+  if (file == nullptr) return;  // the launcher's report is a courtesy; training goes on
+  std::fprintf(file, "%s\n", line.c_str());
+  std::fclose(file);
+}
+
+CheckpointWriter::CheckpointWriter(const CheckpointOptions& options, int world) : options_(options), world_(world) {
+  if (!enabled()) return;
+  std::error_code ec;
+  fs::create_directories(options_.directory(), ec);
+  LOOM_CHECK(!ec, "checkpoint directory (--checkpoint-dir) ", options_.directory(), ": cannot create it: ", ec.message());
+  for (const fs::path& removed : nn::remove_stale_temporaries(options_.directory()))
+    std::printf("Removed %s, left by a checkpoint write that was interrupted\n", removed.c_str());
+}
+
+fs::path CheckpointWriter::path(CheckpointKind kind, int64_t number) const {
+  return fs::path(options_.directory()) /
+         (kind == CheckpointKind::step ? step_checkpoint_name(world_, number) : epoch_checkpoint_name(world_, number));
+}
+
+std::optional<fs::path> CheckpointWriter::write(CheckpointKind kind, int64_t number, const nn::Checkpoint& checkpoint) {
+  const fs::path path = this->path(kind, number);
+  try {
+    nn::save_checkpoint(path, checkpoint);
+  } catch (const std::exception& e) {
+    if (options_.on_error() == CheckpointErrorPolicy::stop) throw;
+    std::fprintf(stderr, "warning: %s; training continues without this checkpoint (--on-checkpoint-error continue)\n",
+                 e.what());
+    std::fflush(stderr);
+    return std::nullopt;
+  }
+  std::printf("Saved %s\n", path.c_str());
+  std::fflush(stdout);
+  if (kind == CheckpointKind::step) rotate();
+  return path;
+}
+
+void CheckpointWriter::rotate() {
+  if (options_.keep() <= 0) return;
+  const std::string prefix = str(world_, "GPU_step");
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(options_.directory(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".checkpoint")) continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 11);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    steps.emplace_back(std::stoll(digits), entry.path());
+  }
+  std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(options_.keep()); i < steps.size(); ++i) fs::remove(steps[i].second, ec);
+}
+
+nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
+                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
+                                   TrainingPosition position, nn::Metadata settings) {
+  nn::TrainingState state;
+  state.epoch = position.epoch;
+  state.epoch_step = position.epoch_step;
+  state.step = position.step;
+  if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
+  state.sampler_epoch = loader.sampler().epoch();
+  state.generators["default"] = {default_generator().seed(), default_generator().counter()};
+  state.extra_metadata = std::move(settings);
+  optimizer.save_state(state);  // optimizer state, f32 masters, loss scale
+  return nn::Checkpoint{model.state_dict(), std::move(state)};
+}
+
+std::optional<TrainingPosition> resume_training(const CheckpointOptions& options, int world, Device device,
+                                                bool leader,
+                                                dist::ProcessGroup* group, nn::Module& model,
+                                                amp::MixedPrecisionOptimizer& optimizer,
+                                                optim::LRScheduler* scheduler, const nn::Metadata& settings) {
+  std::optional<ResumePoint> resume = find_resume_point(options, world, device, leader ? stdout : nullptr);
+  std::optional<TrainingPosition> position;
+  if (resume) {
+    position.emplace();
+    nn::Checkpoint& checkpoint = resume->checkpoint;
+    // Its --amp level first: the model's dtypes depend on it.
+    if (checkpoint.training) optimizer.check_compatible(*checkpoint.training);
+    nn::load_model_state(model, checkpoint.model, "checkpoint " + resume->path.string());
+    if (checkpoint.training) {
+      const nn::TrainingState& state = *checkpoint.training;
+      optimizer.load_state(state);  // the optimizer, and the masters and loss scale of --amp
+      if (scheduler && state.scheduler_last_epoch) scheduler->set_last_epoch(*state.scheduler_last_epoch);
+      if (auto g = state.generators.find("default"); g != state.generators.end())
+        default_generator().set_state(g->second.seed, g->second.counter);
+      *position = {state.epoch, state.epoch_step, state.step};
+      if (leader) {
+        for (auto& [key, value] : settings) {
+          auto saved = state.extra_metadata.find(key);
+          if (saved != state.extra_metadata.end() && saved->second != value) {
+            std::printf("note: the checkpoint was written with %s %s; this run uses %s\n", key.c_str(),
+                        saved->second.c_str(), value.c_str());
+          }
+        }
+      }
+    }
+    if (leader) {
+      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
+                  static_cast<long long>(position->epoch + 1), static_cast<long long>(position->epoch_step),
+                  static_cast<long long>(position->step));
+      report_resume_to_launcher(str("step ", position->step, " (epoch ", position->epoch + 1, ", batch ",
+                                    position->epoch_step, ") from ", resume->path.string()));
+    }
+  }
+  check_same_resume_step(group, position ? position->step : -1);
+  return position;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,149 @@
+// Checkpoints of a training run: where they go and how many are kept
+// (CheckpointOptions), rank 0's writer, choosing the checkpoint to resume
+// from (--resume auto semantics), and the training checkpoint itself: the
+// model with everything an uninterrupted run would have after its step.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <loom/core/device.h>
+#include <loom/data/loader.h>
+#include <loom/dist/process_group.h>
+#include <loom/nn/checkpoint.h>
+#include <loom/nn/module.h>
+#include <loom/optim/amp.h>
+#include <loom/optim/lr_scheduler.h>
+
+namespace loom::train {
+
+// What a failed checkpoint write does to the run.
+enum class CheckpointErrorPolicy {
+  stop,      // the write's error ends the run (the previous checkpoint is intact)
+  continue_  // a warning, and training goes on without that checkpoint
+};
+// "stop" or "continue"; anything else throws naming the value.
+CheckpointErrorPolicy parse_checkpoint_error_policy(const std::string& text);
+
+class CheckpointOptions {
+ public:
+  // Directory rank 0 writes checkpoints into, created when missing; '' writes none.
+  CheckpointOptions& directory(std::string value) { directory_ = std::move(value); return *this; }
+  // Steps between step checkpoints; 0 writes checkpoints at epoch ends only.
+  CheckpointOptions& every_steps(int64_t value) { every_steps_ = value; return *this; }
+  // Step checkpoints kept, the newest (epoch checkpoints are all kept); 0 keeps all.
+  CheckpointOptions& keep(int64_t value) { keep_ = value; return *this; }
+  // "auto" (the newest valid checkpoint in directory()), "none", or a
+  // checkpoint file; '' is auto after a launcher's restart, else none.
+  CheckpointOptions& resume(std::string value) { resume_ = std::move(value); return *this; }
+  // What a failed write does.
+  CheckpointOptions& on_error(CheckpointErrorPolicy value) { on_error_ = value; return *this; }
+
+  const std::string& directory() const { return directory_; }
+  int64_t every_steps() const { return every_steps_; }
+  int64_t keep() const { return keep_; }
+  const std::string& resume() const { return resume_; }
+  CheckpointErrorPolicy on_error() const { return on_error_; }
+
+ private:
+  std::string directory_ = "./checkpoint";
+  int64_t every_steps_ = 0;
+  int64_t keep_ = 3;
+  std::string resume_;
+  CheckpointErrorPolicy on_error_ = CheckpointErrorPolicy::stop;
+};
+
+// How many times a launcher has restarted this job: TORCHELASTIC_RESTART_COUNT
+// (torchrun, loomrun) or SLURM_RESTART_COUNT (a requeued SLURM job); 0 when
+// neither is set. A value that is not a whole number is an error naming it.
+int launcher_restart_count();
+
+// resume() as given, or '' resolved: "auto" after a launcher's restart, else "none".
+std::string effective_resume(const CheckpointOptions& options);
+
+// "{world}GPU_{epoch}epoch.checkpoint" (the tutorial's) and "{world}GPU_step{step}.checkpoint".
+std::string epoch_checkpoint_name(int world, int64_t epoch);
+std::string step_checkpoint_name(int world, int64_t step);
+
+struct ResumePoint {
+  std::filesystem::path path;
+  nn::Checkpoint checkpoint;
+};
+
+// The checkpoint to resume from: none for resume "none" (or auto with no
+// checkpoint of this world size in the directory), the file resume() names
+// (an error if it cannot be read), or for auto the valid checkpoint with the
+// most steps among directory/{world}GPU_*.checkpoint. A newer one that is
+// truncated or corrupt is reported on `log` with the reason and skipped.
+// `log` is null on ranks that print nothing.
+std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, int world, Device device,
+                                             std::FILE* log);
+
+// Every rank must resume from the same step: an all-reduce of the step each
+// loaded (-1 for none); throws when they differ. Without a group, nothing.
+void check_same_resume_step(dist::ProcessGroup* group, int64_t step);
+
+// Tells a launcher that restarted this job where it resumed: writes `line` to
+// the file LOOM_RESUME_REPORT names (loomrun sets it); nothing when unset.
+void report_resume_to_launcher(const std::string& line);
+
+enum class CheckpointKind { step, epoch };
+
+// Rank 0's checkpoint writer: directory/{world}GPU_step{N}.checkpoint every
+// every_steps() steps (keeping the newest keep() of them) and
+// directory/{world}GPU_{E}epoch.checkpoint at epoch ends (all kept). Creates
+// the directory and removes temporary files a killed writer left there.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const CheckpointOptions& options, int world);
+  bool enabled() const { return !options_.directory().empty(); }
+  // Whether a step checkpoint is due after `step` steps in all.
+  bool step_due(int64_t step) const {
+    return enabled() && options_.every_steps() > 0 && step % options_.every_steps() == 0;
+  }
+  // The file a checkpoint of `kind` numbered `number` goes to.
+  std::filesystem::path path(CheckpointKind kind, int64_t number) const;
+  // Writes the checkpoint and prints "Saved PATH". On a failed write: with
+  // CheckpointErrorPolicy::stop, throws (the message names the file and the
+  // cause; the previous checkpoint is intact); with continue_, prints the
+  // error and returns nullopt.
+  std::optional<std::filesystem::path> write(CheckpointKind kind, int64_t number, const nn::Checkpoint& checkpoint);
+
+ private:
+  void rotate();
+  CheckpointOptions options_;
+  int world_;
+};
+
+// Where a run stands: `step` optimizer steps in all, `epoch_step` of them in
+// epoch `epoch` (0-based).
+struct TrainingPosition {
+  int64_t epoch = 0;
+  int64_t epoch_step = 0;
+  int64_t step = 0;
+};
+
+// Rank 0's checkpoint at `position`: the model, the optimizer (and the masters
+// and loss scale of mixed precision), the schedule (null for none), the
+// sampler's epoch, the default generator and the run's `settings`.
+nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
+                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
+                                   TrainingPosition position, nn::Metadata settings);
+
+// Resumes as options.resume() says (find_resume_point): loads the model and
+// everything an uninterrupted run would have had after the checkpoint's step
+// (optimizer, mixed-precision state, schedule, generator) and returns where to
+// go on from; nullopt to start from the beginning. Rank 0 (`leader`) prints
+// "note: the checkpoint was written with KEY OLD; this run uses NEW" for each
+// of `settings` that differs, then "Resuming from PATH at epoch E, batch B
+// (step S)", and tells the launcher. Then checks, collectively over `group`
+// (may be null), that every rank resumed from the same step.
+std::optional<TrainingPosition> resume_training(const CheckpointOptions& options, int world, Device device,
+                                                bool leader, dist::ProcessGroup* group, nn::Module& model,
+                                                amp::MixedPrecisionOptimizer& optimizer,
+                                                optim::LRScheduler* scheduler, const nn::Metadata& settings);
+
+}  // namespace loom::train

@@ -1,0 +1,98 @@
+#include <loom/train/stop.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <cctype>
+#include <utility>
+
+#include <loom/core/error.h>
+#include <loom/dist/launcher.h>
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
+
+// Only records the signal: the training loop acts on it between steps.
+void record_stop_signal(int signal) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, signal);
+}
+
+}  // namespace
+
+int parse_signal_name(const std::string& name) {
+  std::string upper;
+  for (char c : name) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (upper.starts_with("SIG")) upper = upper.substr(3);
+  if (upper == "NONE") return 0;
+  static const std::pair<const char*, int> kSignals[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"TERM", SIGTERM},
+                                                         {"INT", SIGINT},   {"HUP", SIGHUP},   {"QUIT", SIGQUIT},
+                                                         {"ALRM", SIGALRM}, {"XCPU", SIGXCPU}};
+  for (auto& [signal_name, number] : kSignals)
+    if (upper == signal_name) return number;
+  LOOM_FAIL("'", name, "' is not a signal loom stops on: use USR1, USR2, TERM, HUP, QUIT, ALRM, XCPU or none");
+}
+
+void StopSignals::install(int extra) {
+  struct sigaction action {};
+  action.sa_handler = record_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &action, nullptr);
+  if (extra != 0 && extra != SIGINT) ::sigaction(extra, &action, nullptr);
+  // The second Ctrl-C finds the default action again and ends the process.
+  action.sa_flags = SA_RESTART | SA_RESETHAND;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::signal(SIGXFSZ, SIG_IGN);
+}
+
+void print_preempted(int rank, int signal, int64_t step, const std::optional<fs::path>& checkpoint) {
+  if (rank != 0) {
+    std::fprintf(stderr, "rank %d: stopped by %s after step %lld\n", rank, dist::signal_name(signal).c_str(),
+                 static_cast<long long>(step));
+    std::fflush(stderr);
+    return;
+  }
+  const std::string saved = checkpoint ? str("checkpoint ", checkpoint->string(), " written; resume with --resume auto")
+                                       : std::string("no checkpoint written");
+  const std::string line = str("Preempted by ", dist::signal_name(signal), " after step ", step, ": ", saved,
+                               " (exit code ", 128 + signal, ")");
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+int StopSignals::received() { return g_stop_signal.load(); }
+
+void StopSignals::reset() { g_stop_signal.store(0); }
+
+StopAgreement::StopAgreement(std::shared_ptr<dist::ProcessGroup> group) : group_(std::move(group)) {
+  if (group_) flag_ = Tensor::zeros({1}, DType::f32, group_->device());
+}
+
+int StopAgreement::poll() {
+  if (!group_) return StopSignals::received();
+  if (pending_) {
+    pending_->wait();
+    pending_.reset();
+    const int agreed = static_cast<int>(flag_.item());
+    if (agreed != 0) return agreed;
+  }
+  flag_.fill_(static_cast<double>(StopSignals::received()));
+  pending_ = group_->all_reduce({flag_}, dist::ReduceOp::max);
+  return 0;
+}
+
+void StopAgreement::finish() {
+  if (pending_) pending_->wait();
+  pending_.reset();
+}
+
+}  // namespace loom::train

@@ -1,0 +1,287 @@
+#include <loom/train/trainer.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include <loom/core/autograd.h>
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/error.h>
+#include <loom/ops/loss.h>
+#include <loom/train/monitor.h>
+#include <loom/train/stop.h>
+#include <loom/train/trace.h>
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double FitResult::images_per_second() const {
+  const double seconds = std::chrono::duration<double>(elapsed).count();
+  return seconds > 0 ? static_cast<double>(images) / seconds : 0.0;
+}
+
+namespace {
+
+// This rank's shard of the test set, then (correct, total) summed over ranks.
+dist::AccuracyCounts evaluate(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group) {
+  NoGradGuard no_grad;
+  model.eval();
+  dist::AccuracyCounts counts;
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    counts.correct += count_correct(model(batch->images), batch->labels);
+    counts.total += batch->size();
+  }
+  model.train();
+  return dist::all_reduce_accuracy(counts, group);
+}
+
+// The device the model's parameters are on (the CPU for a model without any).
+Device model_device(nn::Module& model) {
+  const std::vector<Tensor> parameters = model.parameters();
+  return parameters.empty() ? Device::cpu() : parameters.front().device();
+}
+
+// The first `warmup_steps` steps run at (step + 1) / warmup_steps of the
+// scheduled rate, so the rate rises linearly to it; 1 afterwards.
+double warmup_factor(int64_t step, int64_t warmup_steps) {
+  return step < warmup_steps ? static_cast<double>(step + 1) / static_cast<double>(warmup_steps) : 1.0;
+}
+
+}  // namespace
+
+dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
+                                   amp::MixedPrecisionOptimizer& optimizer) {
+  if (group) {
+    for (auto& [name, buffer] : model.named_buffers()) group->broadcast(buffer, 0)->wait();
+  }
+  auto autocast = optimizer.autocast();  // evaluate as trained
+  return evaluate(model, loader, group);
+}
+
+Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer,
+                 TrainerOptions options)
+    : model_(std::move(model)), optimizer_(std::move(optimizer)), options_(std::move(options)) {
+  LOOM_CHECK(model_ != nullptr && optimizer_ != nullptr, "Trainer: the model and the optimizer must not be null");
+  LOOM_CHECK(options_.epochs() >= 0 && options_.max_steps() >= 0 && options_.max_steps_per_epoch() >= 0 &&
+                 options_.warmup_steps() >= 0,
+             "TrainerOptions: epochs, max_steps, max_steps_per_epoch and warmup_steps must be >= 0");
+  LOOM_CHECK(options_.log_interval() >= 1, "TrainerOptions: log_interval must be >= 1, got ", options_.log_interval());
+  StopSignals::install(options_.stop_signal());
+  if (const auto& group = options_.process_group()) {
+    rank_ = group->rank();
+    world_ = group->size();
+  }
+  optim::Optimizer& inner = optimizer_->optimizer();
+  for (size_t g = 0; g < inner.num_groups(); ++g) base_lrs_.push_back(inner.lr(g));
+  // Fails now, before any training, when the trace file cannot be written.
+  trace_ = std::make_unique<TraceRecording>(options_.trace_path(), rank_, world_);
+}
+
+Trainer::~Trainer() = default;
+
+Trainer& Trainer::scheduler(std::shared_ptr<optim::LRScheduler> scheduler) {
+  scheduler_ = std::move(scheduler);
+  return *this;
+}
+Trainer& Trainer::step_function(StepFunction function) {
+  step_function_ = std::move(function);
+  return *this;
+}
+Trainer& Trainer::on_step(StepHook hook) {
+  on_step_ = std::move(hook);
+  return *this;
+}
+Trainer& Trainer::on_log(LogHook hook) {
+  on_log_ = std::move(hook);
+  return *this;
+}
+Trainer& Trainer::after_training(ResultHook hook) {
+  after_training_ = std::move(hook);
+  return *this;
+}
+Trainer& Trainer::after_evaluation(ResultHook hook) {
+  after_evaluation_ = std::move(hook);
+  return *this;
+}
+
+FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data) {
+  const bool leader = rank_ == 0;
+  dist::ProcessGroup* group = options_.process_group().get();
+  const Device device = model_device(*model_);
+  amp::MixedPrecisionOptimizer& optimizer = *optimizer_;
+  optim::Optimizer& inner = optimizer.optimizer();
+  const int64_t epochs = options_.epochs();
+
+  // Resume: the model and everything an uninterrupted run would have had
+  // after the checkpoint's step, mid-epoch too (the loader starts that epoch
+  // at the checkpoint's batch).
+  const TrainingPosition resumed = resume_training(options_.checkpoints(), world_, device, leader, group, *model_,
+                                                   optimizer, scheduler_.get(), options_.settings())
+                                       .value_or(TrainingPosition{});
+  // DDP checks that every rank holds the same parameters, broadcasts rank 0's,
+  // and averages the gradients during backward.
+  if (group && !ddp_) ddp_ = std::make_shared<dist::DistributedDataParallel>(model_, options_.process_group(), options_.ddp());
+  nn::Module& trained = ddp_ ? static_cast<nn::Module&>(*ddp_) : *model_;
+
+  const int64_t batches = train_data.num_batches();
+  const int64_t steps_per_epoch =
+      options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch()) : batches;
+  if (leader && resumed.epoch >= epochs && epochs > 0) {
+    std::printf("The checkpoint has %lld of %lld epochs done: nothing left to train\n",
+                static_cast<long long>(resumed.epoch), static_cast<long long>(epochs));
+    std::fflush(stdout);
+  }
+  std::optional<CheckpointWriter> writer;
+  if (leader) writer.emplace(options_.checkpoints(), world_);
+  int64_t steps = resumed.step;
+  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them in epoch `epoch` (0-based).
+  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
+    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, {epoch, epoch_step, steps},
+                               options_.settings());
+  };
+
+  // Rank 0's progress display, --metrics and --tensorboard.
+  const DType input_dtype = amp::input_dtype(optimizer.level());
+  RunDescription description;
+  description.program = options_.program();
+  description.command = options_.command_line();
+  description.world_size = world_;
+  description.backend = group ? group->backend_name() : "none";
+  description.device = device;
+  description.amp = amp::opt_level_name(optimizer.level());
+  description.dtype = dtype_name(input_dtype);
+  description.global_batch_size = train_data.options().batch_size() * world_;
+  description.epochs = epochs;
+  description.steps_per_epoch = steps_per_epoch;
+  description.log_interval = options_.log_interval();
+  TrainingMonitor monitor(leader, options_.progress(), options_.metrics_path(), options_.tensorboard_dir(),
+                          std::move(description));
+  StopAgreement stop_agreement(options_.process_group());
+  auto steps_left = [&] { return options_.max_steps() == 0 || steps < options_.max_steps(); };
+
+  FitResult result;
+  int64_t images = 0;
+  const auto start = Clock::now();
+  for (int64_t epoch = resumed.epoch; epoch < epochs && steps_left() && result.stop_signal == 0; ++epoch) {
+    int64_t step = epoch == resumed.epoch ? std::min(resumed.epoch_step, steps_per_epoch) : 0;
+    train_data.start_epoch(epoch, step);
+    monitor.start_epoch(epoch, step);
+    // This epoch's rates before warm-up: the schedule's (its step() and a
+    // resume set them), or the optimizer's first rates without one (the
+    // optimizer may hold a warm-up rate, also one loaded from a checkpoint).
+    std::vector<double> epoch_lrs = base_lrs_;
+    if (scheduler_) {
+      for (size_t g = 0; g < inner.num_groups(); ++g) epoch_lrs[g] = inner.lr(g);
+    }
+    while (step < steps_per_epoch && steps_left()) {
+      std::optional<data::Batch> batch = train_data.next();
+      if (!batch) break;
+      const int64_t warmup = options_.warmup_steps();
+      if (warmup > 0 && steps <= warmup) {  // the step after the warm-up restores the full rate
+        for (size_t g = 0; g < inner.num_groups(); ++g) inner.set_lr(g, epoch_lrs[g] * warmup_factor(steps, warmup));
+      }
+      const double data_wait = train_data.last_wait_seconds();
+      const auto step_start = Clock::now();
+      Tensor loss;
+      {
+        auto autocast = optimizer.autocast();  // the loss in f32; O1: f16 convolutions
+        loss = step_function_ ? step_function_(trained, *batch) : cross_entropy(trained(batch->images), batch->labels);
+      }
+      optimizer.zero_grad();
+      optimizer.scale_loss(loss).backward();  // with DDP, the gradients are averaged when it returns
+      if (ddp_) ddp_->wait_for_gradients();
+      optimizer.step();  // unscales the averaged gradients; skips the step on inf / NaN
+      ++step;
+      ++steps;
+      images += batch->size();
+      const StepInfo info{.epoch = epoch,
+                          .epochs = epochs,
+                          .epoch_step = step,
+                          .steps_per_epoch = steps_per_epoch,
+                          .step = steps,
+                          .batch = &*batch,
+                          .loss = &loss,
+                          .data_wait_seconds = data_wait,
+                          .step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count()};
+      if (leader && step % options_.log_interval() == 0) {
+        monitor.before_output();
+        const double loss_value = loss.item();
+        if (on_log_) {
+          on_log_(info, loss_value);
+        } else {
+          std::printf("Epoch [%lld/%lld], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
+                      static_cast<long long>(epochs), static_cast<long long>(step),
+                      static_cast<long long>(steps_per_epoch), loss_value);
+        }
+        std::fflush(stdout);
+        monitor.set_loss(loss_value);
+      }
+      monitor.step({.epoch_step = step,
+                    .step = steps,
+                    .images = batch->size() * world_,
+                    .data_wait_seconds = data_wait,
+                    .loss = &loss,
+                    .lr = inner.lr(0),
+                    .ddp = ddp_.get(),
+                    .scaler = &optimizer.scaler()});
+      if (on_step_) on_step_(info);
+      bool saved_now = false;
+      if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
+        monitor.before_output();
+        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
+      }
+      // SIGTERM / the stop signal / SIGINT on any rank: every rank stops after the same step.
+      if ((result.stop_signal = stop_agreement.poll()) != 0) {
+        monitor.before_output();
+        std::optional<fs::path> saved;
+        if (writer && writer->enabled()) {
+          saved = saved_now ? writer->path(CheckpointKind::step, steps)
+                            : writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step));
+        }
+        print_preempted(rank_, result.stop_signal, steps, saved);
+        break;
+      }
+    }
+    train_data.stop();
+    monitor.end_epoch_steps();
+    if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
+    if (scheduler_) scheduler_->step();
+    if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
+    if (test_data && epoch + 1 < epochs && steps_left() && monitor.records_epochs()) {
+      stop_agreement.finish();  // its all-reduce before the evaluation's collectives
+      monitor.end_epoch(test_accuracy(*model_, *test_data, group, optimizer));
+    }
+  }
+  stop_agreement.finish();
+  result.steps = steps;
+  result.images = images * world_;  // every rank trains on as many images per step
+  result.data_wait_seconds = train_data.total_wait_seconds();
+  if (result.stop_signal != 0) {
+    // The last epoch has no accuracy; the ranks meet so that rank 0's
+    // checkpoint is on disk before any rank exits.
+    monitor.end_epoch(std::nullopt);
+    monitor.finish();
+    if (group) group->barrier()->wait();
+    return result;
+  }
+  // The time is the slowest rank's, queued GPU work included (an NCCL
+  // barrier only orders the stream: the device synchronisation waits for it).
+  if (group) group->barrier()->wait();
+  if (device.is_cuda()) cuda::synchronize(device.index);
+  result.elapsed = Clock::now() - start;
+  if (leader && after_training_) after_training_(result);
+
+  // Rank 0's model on every rank: its batch-norm statistics too.
+  if (test_data) result.accuracy = test_accuracy(*model_, *test_data, group, optimizer);
+  monitor.end_epoch(result.accuracy);
+  monitor.finish();
+  if (leader && after_evaluation_) after_evaluation_(result);
+  std::fflush(stdout);
+  trace_->finish(leader ? stdout : nullptr);
+  return result;
+}
+
+}  // namespace loom::train
