@@ -137,6 +137,16 @@ void argparse_option_rules(CLI::App& app) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
+std::vector<std::string> one_dash_long_options(int argc, char** argv, const std::vector<std::string>& names) {
+  std::vector<std::string> arguments(argv, argv + argc);
+  for (size_t i = 1; i < arguments.size() && arguments[i] != "--"; ++i) {
+    for (const std::string& name : names) {
+      if (arguments[i] == name || arguments[i].starts_with(name + "=")) arguments[i] = "-" + arguments[i];
+    }
+  }
+  return arguments;
+}
+
 int report_fatal_error(const char* program, const std::exception& error) {
   const std::string line = std::string(program) + ": " + dist::rank_prefix() + error.what();
   std::fprintf(stderr, "%s\n", line.c_str());

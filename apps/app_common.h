@@ -67,6 +67,10 @@ void add_version_flag(CLI::App& app, const std::string& program);
 // Call before adding options.
 void argparse_option_rules(CLI::App& app);
 
+// The command line with argparse-style one-dash long options (the
+// tutorial's "-nr K", "-nr=K") written as CLI11 takes them ("--nr K"), up to "--".
+std::vector<std::string> one_dash_long_options(int argc, char** argv, const std::vector<std::string>& names);
+
 // Reports a fatal error the way every app does: "PROGRAM: rank N: MESSAGE" on
 // stderr (the rank when several run) and, under torchrun, in the error file
 // its summary shows (TORCHELASTIC_ERROR_FILE). Returns the exit code, 1.

@@ -1,5 +1,7 @@
 #include "apps/training.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,8 +12,10 @@
 #include <loom/core/log.h>
 #include <loom/core/parallel.h>
 #include <loom/dist/environment.h>
+#include <loom/dist/launcher.h>
 #include <loom/dist/process_group_nccl.h>
 #include <loom/ops/cpu/gemm.h>
+#include <loom/train/monitor.h>
 #include <loom/train/stop.h>
 #include <loom/ops/loss.h>
 
@@ -49,6 +53,79 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                  "rank 0 writes the --metrics numbers as TensorBoard scalars into an event file in DIR "
                  "(tensorboard --logdir DIR)");
   add_trace_flag(app, flags.trace);
+}
+
+RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoints) {
+  train::StopSignals::install(train::parse_signal_name(checkpoints.signal));
+  RankContext context;
+  // srun's SLURM_*, torchrun's / loomrun's RANK and WORLD_SIZE, mpirun's OMPI_*, or one process.
+  context.launch = dist::resolve_launch_environment();
+  context.rank = context.launch.rank;
+  context.world = context.launch.world_size;
+  context.leader = context.rank == 0;
+  set_threads(flags, context.world);
+  context.device = resolve_training_device(flags.device, context.launch.local_rank);
+  context.backend = choose_backend(flags.backend, context.device);
+  return context;
+}
+
+Loaders make_loaders(const data::LoadedData& loaded, const data::Compose& train_transforms,
+                     const data::Compose& test_transforms, const CommonFlags& flags, const RankContext& rank,
+                     int64_t train_batch, int64_t test_batch) {
+  return {loaded.loader(true, train_transforms, loader_options(flags, train_batch, rank.device),
+                        std::make_shared<data::DistributedSampler>(loaded.train_size(), rank.world, rank.rank,
+                                                                   /*shuffle=*/true, flags.seed)),
+          loaded.loader(false, test_transforms, loader_options(flags, test_batch, rank.device),
+                        std::make_shared<data::ShardSampler>(loaded.test_size(), rank.world, rank.rank))};
+}
+
+int spawn_local_ranks(const char* program, int nodes, int gpus, int node_rank, int argc, char** argv) {
+  LOOM_CHECK(node_rank < nodes, "-nr ", node_rank, " must be smaller than -n ", nodes,
+             " (node ranks are 0 to nodes - 1)");
+  dist::WorkerGroupSpec spec;
+  spec.name = program;
+  spec.command.push_back("/proc/self/exe");
+  for (int i = 1; i < argc; ++i) spec.command.push_back(argv[i]);
+  spec.nproc_per_node = gpus;
+  spec.nnodes = nodes;
+  spec.node_rank = node_rank;
+  // MASTER_ADDR / MASTER_PORT from the environment (the tutorial sets them), else 127.0.0.1:29500.
+  LOOM_CHECK(nodes == 1 || std::getenv("MASTER_ADDR") != nullptr, "-n ", nodes,
+             ": set MASTER_ADDR (and MASTER_PORT, default ", dist::kDefaultMasterPort,
+             ") to the address of node 0, the same on every node");
+  const dist::LaunchEnvironment environment = dist::resolve_launch_environment();
+  spec.master_addr = environment.master_addr;
+  spec.master_port = environment.master_port;
+  spec.environment["LOOM_SPAWNED_BY"] = program;  // the ranks ignore -n / -g / -nr silently
+  const dist::WorkerGroupResult result = dist::run_worker_group(spec);
+  if (!result.succeeded && result.first_failure && result.received_signal == 0)
+    std::fprintf(stderr, "%s: failed: %s\n", program, result.first_failure->describe().c_str());
+  return result.exit_code();
+}
+
+void print_training_complete(const char* prefix, const train::FitResult& result,
+                             const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp) {
+  std::printf("%sTraining complete in: %s\n", prefix, train::format_duration(result.elapsed).c_str());
+  print_loss_scaling(optimizer, amp);
+}
+
+std::shared_ptr<optim::LRScheduler> make_epoch_schedule(const std::string& name, optim::Optimizer& optimizer,
+                                                        int64_t epochs) {
+  if (name == "cosine") return std::make_shared<optim::CosineAnnealingLR>(optimizer, std::max<int64_t>(1, epochs));
+  if (name == "step") return std::make_shared<optim::StepLR>(optimizer, std::max<int64_t>(1, epochs / 3), 0.1);
+  LOOM_CHECK(name == "none", "--schedule: '", name, "' is not none, step or cosine");
+  return nullptr;
+}
+
+void print_launch_banner(const RankContext& rank) {
+  if (rank.leader) {
+    char host[256] = "localhost";
+    if (rank.launch.launcher == dist::Launcher::none) ::gethostname(host, sizeof(host) - 1);
+    std::printf(">>> Training on %d %s, master node is %s\n", rank.world, rank.device.is_cpu() ? "CPU processes" : "GPUs",
+                rank.launch.launcher == dist::Launcher::none ? host : rank.launch.master_addr.c_str());
+  }
+  std::printf("- Process %d is local rank %d on node %d (%s)\n", rank.rank, rank.launch.local_rank,
+              rank.launch.node_rank, rank.device.str().c_str());
 }
 
 void set_threads(const CommonFlags& flags, int world) {

@@ -17,8 +17,11 @@
 
 #include "apps/app_common.h"
 #include <loom/data/loader.h>
+#include <loom/data/selection.h>
+#include <loom/dist/environment.h>
 #include <loom/dist/process_group.h>
 #include <loom/optim/amp.h>
+#include <loom/optim/lr_scheduler.h>
 #include <loom/train/trainer.h>
 
 namespace loom::apps {
@@ -46,6 +49,51 @@ struct CommonFlags {
 // --log-interval, --timeout, --progress, --metrics, --tensorboard and --trace. Every
 // flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);
+
+// Who this process is and what it trains on.
+struct RankContext {
+  dist::LaunchEnvironment launch;  // the launcher's rank variables, or one process
+  int rank = 0, world = 1;
+  bool leader = true;              // rank 0, the one that prints and writes
+  Device device;                   // --device for this rank (its GPU: cuda:LOCAL_RANK)
+  std::string backend;             // what --backend asks the process group for
+};
+
+// The start of every app's run: the stop signals' handlers (SIGTERM, SIGINT
+// and --checkpoint-signal), the launch environment, --threads, the training
+// device (made current) and the backend, checked before any rendezvous.
+RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoints);
+
+// The training loader, this rank's share of each epoch's shuffle
+// (DistributedSampler, --seed), and the test loader over its shard of the
+// test set (ShardSampler: every test image once over the ranks).
+struct Loaders {
+  data::DataLoader train;
+  data::DataLoader test;
+};
+Loaders make_loaders(const data::LoadedData& loaded, const data::Compose& train_transforms,
+                     const data::Compose& test_transforms, const CommonFlags& flags, const RankContext& rank,
+                     int64_t train_batch, int64_t test_batch);
+
+// The parent of the tutorial's `-n NODES -g GPUS -nr NODE_RANK` (mp.spawn):
+// starts GPUS local ranks of this program (argv again), which see RANK /
+// WORLD_SIZE and train; waits, forwarding SIGINT / SIGTERM, and ends them all
+// when one fails. Returns the exit code.
+int spawn_local_ranks(const char* program, int nodes, int gpus, int node_rank, int argc, char** argv);
+
+// "PROGRAM ... complete in: h:mm:ss.ffffff" as the tutorials print it
+// (`prefix` before "Training"), then print_loss_scaling.
+void print_training_complete(const char* prefix, const train::FitResult& result,
+                             const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp);
+
+// --schedule: "cosine" (CosineAnnealingLR over `epochs`), "step" (x0.1 after
+// every third of the run) or "none" (null), stepped once per epoch.
+std::shared_ptr<optim::LRScheduler> make_epoch_schedule(const std::string& name, optim::Optimizer& optimizer,
+                                                        int64_t epochs);
+
+// The SLURM tutorial's banner: rank 0's ">>> Training on 2 GPUs, master
+// node is HOST" and every rank's "- Process 1 is local rank 1 on node 0 (cuda:1)".
+void print_launch_banner(const RankContext& rank);
 
 // --threads N: N threads; 0: all cores, or 1 when several ranks share the machine.
 void set_threads(const CommonFlags& flags, int world);
