@@ -68,10 +68,6 @@ std::shared_ptr<SyncBatchNorm> sync_version_of(const nn::BatchNorm2d& batch_norm
   return sync;
 }
 
-bool is_plain_batch_norm(nn::Module* module) {
-  return dynamic_cast<nn::BatchNorm2d*>(module) != nullptr && dynamic_cast<SyncBatchNorm*>(module) == nullptr;
-}
-
 // One replacement made, to undo if a later one is impossible.
 struct Replacement {
   nn::Module* parent;
@@ -82,12 +78,13 @@ struct Replacement {
 void convert_children(nn::Module& parent, const std::string& prefix, const std::shared_ptr<ProcessGroup>& group,
                       std::vector<Replacement>& done) {
   for (auto& [name, child] : parent.named_children()) {
-    if (!is_plain_batch_norm(child)) {
+    nn::BatchNorm2d* batch_norm = child->batch_norm_to_synchronize();
+    if (batch_norm == nullptr) {
       convert_children(*child, prefix + name + ".", group, done);
       continue;
     }
     std::shared_ptr<nn::Module> previous =
-        parent.replace_module(name, sync_version_of(*dynamic_cast<nn::BatchNorm2d*>(child), group));
+        parent.replace_module(name, sync_version_of(*batch_norm, group));
     done.push_back({&parent, name, previous});
     // `previous` here and in `done`: any further owner is outside the tree.
     if (previous.use_count() > 2) {
@@ -107,7 +104,7 @@ void convert_children(nn::Module& parent, const std::string& prefix, const std::
 std::shared_ptr<nn::Module> convert_sync_batchnorm(std::shared_ptr<nn::Module> module,
                                                    std::shared_ptr<ProcessGroup> group) {
   LOOM_CHECK(module != nullptr, "convert_sync_batchnorm: the module is null");
-  if (is_plain_batch_norm(module.get())) return sync_version_of(*dynamic_cast<nn::BatchNorm2d*>(module.get()), group);
+  if (nn::BatchNorm2d* batch_norm = module->batch_norm_to_synchronize()) return sync_version_of(*batch_norm, group);
   std::vector<Replacement> done;
   convert_children(*module, "", group, done);
   return module;

@@ -42,6 +42,11 @@ class SyncBatchNorm : public nn::BatchNorm2d {
   // relu(forward(input)) with the same (synchronized) statistics, fused into
   // the batch norm.
   Tensor forward_relu(const Tensor& input) override;
+  // Declares no fused tail: containers run forward() (the synchronized
+  // statistics), then the ReLU, add or pool apart, as they always have.
+  bool fuses(nn::FusedTail) const override { return false; }
+  // Already synchronized: convert_sync_batchnorm leaves it as it is.
+  nn::BatchNorm2d* batch_norm_to_synchronize() override { return nullptr; }
   std::string type_name() const override { return "SyncBatchNorm"; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
 

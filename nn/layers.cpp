@@ -56,6 +56,15 @@ BatchNorm2d::BatchNorm2d(const BatchNormOptions& options) : options_(options) {
 
 Tensor BatchNorm2d::forward(const Tensor& input) { return normalize(input, Activation::none); }
 
+Tensor BatchNorm2d::forward_fused(const Tensor& input, FusedTail tail, const Tensor& residual) {
+  switch (tail) {
+    case FusedTail::relu: return forward_relu(input);
+    case FusedTail::add_relu: return forward_add_relu(input, residual);
+    case FusedTail::relu_max_pool_2x2: return forward_relu_max_pool_2x2(input);
+  }
+  LOOM_FAIL("BatchNorm2d::forward_fused: unknown tail");
+}
+
 Tensor BatchNorm2d::forward_relu(const Tensor& input) { return normalize(input, Activation::relu); }
 
 Tensor BatchNorm2d::forward_add_relu(const Tensor& input, const Tensor& residual) {
@@ -136,16 +145,15 @@ Tensor Sequential::forward(const Tensor& input) {
   const auto children = named_children();
   for (size_t i = 0; i < children.size(); ++i) {
     Module* module = children[i].second;
-    // Exact types only: a subclass (SyncBatchNorm) has its own forward.
-    const bool fuse = i + 1 < children.size() && typeid(*module) == typeid(BatchNorm2d) &&
-                      typeid(*children[i + 1].second) == typeid(ReLU);
-    const bool fuse_pool = fuse && i + 2 < children.size() && typeid(*children[i + 2].second) == typeid(MaxPool2d) &&
-                           static_cast<MaxPool2d*>(children[i + 2].second)->is_2x2();
-    if (fuse_pool) {
-      x = static_cast<BatchNorm2d*>(module)->forward_relu_max_pool_2x2(x);
+    // What the modules declare (Module::fuses, computes_relu, computes_max_pool_2x2), not their types.
+    Module* next = i + 1 < children.size() ? children[i + 1].second : nullptr;
+    Module* after = i + 2 < children.size() ? children[i + 2].second : nullptr;
+    const bool relu_next = next != nullptr && next->computes_relu();
+    if (relu_next && after != nullptr && after->computes_max_pool_2x2() && module->fuses(FusedTail::relu_max_pool_2x2)) {
+      x = module->forward_fused(x, FusedTail::relu_max_pool_2x2);
       i += 2;
-    } else if (fuse) {
-      x = static_cast<BatchNorm2d*>(module)->forward_relu(x);
+    } else if (relu_next && module->fuses(FusedTail::relu)) {
+      x = module->forward_fused(x, FusedTail::relu);
       ++i;
     } else {
       x = module->forward(x);

@@ -62,18 +62,22 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(const BatchNormOptions& options);
   explicit BatchNorm2d(int64_t num_features) : BatchNorm2d(BatchNormOptions(num_features)) {}
   Tensor forward(const Tensor& input) override;
-  // relu(forward(input)) as one fused op; Sequential uses it for BatchNorm2d
-  // followed by ReLU. Virtual so that a subclass whose forward computes other
-  // statistics (SyncBatchNorm) gives the same ones here: a subclass that
-  // overrides forward must override this too.
+  // Declares all three fused tails: relu (forward_relu), add_relu
+  // (forward_add_relu) and relu_max_pool_2x2 (forward_relu_max_pool_2x2).
+  // A subclass that changes forward() declares anew (see Module::fuses), as
+  // SyncBatchNorm does (no fused tail).
+  bool fuses(FusedTail tail) const override { return true; }
+  Tensor forward_fused(const Tensor& input, FusedTail tail, const Tensor& residual = {}) override;
+  BatchNorm2d* batch_norm_to_synchronize() override { return this; }
+  // relu(forward(input)) as one fused op (the ReLU mask is recomputed in
+  // backward). Virtual: SyncBatchNorm's computes its synchronized statistics.
   virtual Tensor forward_relu(const Tensor& input);
   // relu(forward(input) + residual) as one fused op (batch_norm_add_relu): the
-  // tail of a ResNet block. Only for this exact class; a subclass's own
-  // statistics are not used here, so callers check the type (see nn/resnet.cpp).
+  // tail of a ResNet block, with this class's (local) statistics.
   Tensor forward_add_relu(const Tensor& input, const Tensor& residual);
   // max_pool2d(relu(forward(input)), 2) as one fused op
   // (batch_norm_relu_max_pool2d): the ConvNet's block tail, BatchNorm2d, ReLU
-  // and MaxPool2d(2). This exact class only, as forward_add_relu.
+  // and MaxPool2d(2), with this class's (local) statistics.
   Tensor forward_relu_max_pool_2x2(const Tensor& input);
   std::string type_name() const override { return "BatchNorm2d"; }
   const BatchNormOptions& options() const { return options_; }
@@ -92,6 +96,7 @@ class BatchNorm2d : public Module {
 class ReLU : public Module {
  public:
   Tensor forward(const Tensor& input) override;
+  bool computes_relu() const override { return true; }
   std::string type_name() const override { return "ReLU"; }
 };
 
@@ -102,6 +107,7 @@ class MaxPool2d : public Module {
   std::string type_name() const override { return "MaxPool2d"; }
   // 2x2 windows, stride 2, no padding.
   bool is_2x2() const { return kernel_size_ == 2 && stride_ == 2 && padding_ == 0; }
+  bool computes_max_pool_2x2() const override { return is_2x2(); }
 
  private:
   int64_t kernel_size_, stride_, padding_;
@@ -137,8 +143,9 @@ class Flatten : public Module {
   int64_t start_dim_;
 };
 
-// Children named "0", "1", ..., applied in order. A BatchNorm2d directly
-// followed by a ReLU runs as one fused batch_norm + relu op (same result).
+// Children named "0", "1", ..., applied in order. A module that fuses() a
+// tail followed by the modules it stands for runs as one fused op (same
+// result): BatchNorm2d + ReLU (+ MaxPool2d(2)).
 class Sequential : public Module {
  public:
   Sequential() = default;

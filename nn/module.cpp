@@ -7,6 +7,10 @@
 
 namespace loom::nn {
 
+Tensor Module::forward_fused(const Tensor& input, FusedTail tail, const Tensor& residual) {
+  LOOM_FAIL(type_name(), " declares no fused op (fuses() is false): a container must call forward()");
+}
+
 Tensor& Module::register_parameter(const std::string& name, Tensor& member, bool requires_grad) {
   LOOM_CHECK(member.defined(), type_name(), ": parameter '", name, "' is undefined");
   if (requires_grad) member.set_requires_grad(true);

@@ -14,6 +14,16 @@ namespace loom::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+class BatchNorm2d;
+
+// What a container may run as one op in place of a module's forward() and
+// the modules after it (Module::fuses).
+enum class FusedTail {
+  relu,               // forward(input), then a module that computes_relu()
+  add_relu,           // relu(forward(input) + residual): a residual block's tail
+  relu_max_pool_2x2,  // forward(input), a computes_relu() module, a computes_max_pool_2x2() one
+};
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -26,6 +36,24 @@ class Module {
   Tensor operator()(const Tensor& input) { return forward(input); }
   // The class name PyTorch would print ("Conv2d", "BatchNorm2d").
   virtual std::string type_name() const = 0;
+
+  // ---- Fusion: containers (Sequential, the ResNet blocks) run fused ops by
+  // what modules declare here, never by their type. A class that overrides
+  // forward() of a module that declares a fusion declares anew (fuses() false,
+  // or a forward_fused() of its own); otherwise, where the fusion applies,
+  // the declared fused op runs in place of its forward().
+
+  // Whether forward_fused(input, tail, residual) computes forward(input) followed by `tail`. Default: no.
+  virtual bool fuses(FusedTail tail) const { return false; }
+  // forward(input) followed by `tail` as one op, where fuses(tail); `residual` for add_relu.
+  virtual Tensor forward_fused(const Tensor& input, FusedTail tail, const Tensor& residual = {});
+  // Whether forward(x) computes relu(x), so that a fused tail may stand in for it (ReLU).
+  virtual bool computes_relu() const { return false; }
+  // Whether forward(x) computes max_pool2d(x) with 2x2 windows, stride 2, no padding (MaxPool2d(2)).
+  virtual bool computes_max_pool_2x2() const { return false; }
+  // The batch norm dist::convert_sync_batchnorm() replaces by a SyncBatchNorm:
+  // a BatchNorm2d declares itself; every other module, SyncBatchNorm included, null.
+  virtual BatchNorm2d* batch_norm_to_synchronize() { return nullptr; }
 
   // Parameters and buffers in registration order, own first, then children's
   // (PyTorch's order). Names are dotted paths.

@@ -1,7 +1,5 @@
 #include <loom/nn/resnet.h>
 
-#include <typeinfo>
-
 #include <loom/core/autograd.h>
 #include <loom/core/enum_names.h>
 #include <loom/nn/init.h>
@@ -19,17 +17,16 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride) {
 }
 
 // relu(bn(x)) as one fused op (the ReLU mask is recomputed in backward, so
-// no separate ReLU pass or tensor) when both are the plain modules; a
-// SyncBatchNorm, or any replacement, runs its own forward.
+// no separate ReLU pass or tensor) when the modules declare it (Module::fuses,
+// computes_relu); otherwise each runs its own forward.
 Tensor bn_relu(BatchNorm2d& bn, Module& relu, const Tensor& x) {
-  if (typeid(bn) == typeid(BatchNorm2d) && typeid(relu) == typeid(ReLU)) return bn.forward_relu(x);
+  if (bn.fuses(FusedTail::relu) && relu.computes_relu()) return bn.forward_fused(x, FusedTail::relu);
   return relu.forward(bn.forward(x));
 }
 
-// relu(bn(x) + identity), the block's tail, as one fused op under the same
-// condition as bn_relu.
+// relu(bn(x) + identity), the block's tail, as one fused op when declared as for bn_relu.
 Tensor bn_add_relu(BatchNorm2d& bn, Module& relu, const Tensor& x, const Tensor& identity) {
-  if (typeid(bn) == typeid(BatchNorm2d) && typeid(relu) == typeid(ReLU)) return bn.forward_add_relu(x, identity);
+  if (bn.fuses(FusedTail::add_relu) && relu.computes_relu()) return bn.forward_fused(x, FusedTail::add_relu, identity);
   return relu.forward(add(bn.forward(x), identity));
 }
 
@@ -120,10 +117,15 @@ std::shared_ptr<Sequential> ResNet::make_layer(int64_t planes, int64_t blocks, i
       downsample = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
           conv1x1(in_planes_, planes * expansion, stride), std::make_shared<BatchNorm2d>(planes * expansion)});
     }
+    // torchvision's zero_init_residual: the last batch norm of each block starts at weight 0.
     if (block_ == BlockKind::basic) {
-      layer->push_back(std::make_shared<BasicBlock>(in_planes_, planes, block_stride, std::move(downsample)));
+      auto residual_block = std::make_shared<BasicBlock>(in_planes_, planes, block_stride, std::move(downsample));
+      if (options_.zero_init_residual_) residual_block->last_batch_norm().weight.zero_();
+      layer->push_back(std::move(residual_block));
     } else {
-      layer->push_back(std::make_shared<Bottleneck>(in_planes_, planes, block_stride, std::move(downsample)));
+      auto residual_block = std::make_shared<Bottleneck>(in_planes_, planes, block_stride, std::move(downsample));
+      if (options_.zero_init_residual_) residual_block->last_batch_norm().weight.zero_();
+      layer->push_back(std::move(residual_block));
     }
     in_planes_ = planes * expansion;
   }
@@ -132,16 +134,12 @@ std::shared_ptr<Sequential> ResNet::make_layer(int64_t planes, int64_t blocks, i
 
 // torchvision's ResNet.__init__ tail: convolutions kaiming_normal_(fan_out,
 // relu), batch norms weight 1 and bias 0 (their defaults), fc keeps Linear's
-// default; optionally the last BN of each block starts at weight 0.
+// default (zero_init_residual is applied in make_layer). The convolutions'
+// weights are the model's only 4-D parameters, drawn in the modules' order.
 void ResNet::initialize() {
   NoGradGuard no_grad;
-  for (auto& [name, module] : named_modules()) {
-    if (auto* conv = dynamic_cast<Conv2d*>(module)) init::kaiming_normal_fan_out_(conv->weight);
-  }
-  if (!options_.zero_init_residual_) return;
-  for (auto& [name, module] : named_modules()) {
-    if (auto* basic = dynamic_cast<BasicBlock*>(module)) basic->last_batch_norm().weight.zero_();
-    if (auto* bottleneck = dynamic_cast<Bottleneck*>(module)) bottleneck->last_batch_norm().weight.zero_();
+  for (auto& [name, parameter] : named_parameters()) {
+    if (parameter.dim() == 4) init::kaiming_normal_fan_out_(parameter);
   }
 }
 
