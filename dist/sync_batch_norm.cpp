@@ -41,7 +41,7 @@ Tensor SyncBatchNorm::forward(const Tensor& input) { return normalize_over_ranks
 Tensor SyncBatchNorm::forward_relu(const Tensor& input) { return normalize_over_ranks(input, Activation::relu); }
 
 Tensor SyncBatchNorm::normalize_over_ranks(const Tensor& input, Activation activation) {
-  const int64_t channels = options_.num_features_;
+  const int64_t channels = options_.num_features();
   LOOM_CHECK(input.defined() && input.dim() >= 2 && input.size(1) == channels, "SyncBatchNorm(", channels,
              "): expected (N, ", channels, ", ...) input, got ", input.defined() ? input.str() : "an undefined tensor");
   const bool use_batch_stats = is_training() || !running_mean.defined();
@@ -50,7 +50,7 @@ Tensor SyncBatchNorm::normalize_over_ranks(const Tensor& input, Activation activ
   if (!group && is_initialized()) group = default_process_group();
   // PyTorch synchronizes only in training mode.
   const bool synchronize = is_training() && group != nullptr && group->size() > 1;
-  return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_, options_.eps_,
+  return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum(), options_.eps(),
                     activation, synchronize ? all_reduce_statistics(group) : BatchStatisticsReduction{});
 }
 

@@ -14,13 +14,13 @@
 namespace loom::nn {
 
 Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
-  LOOM_CHECK(options.in_channels_ > 0 && options.out_channels_ > 0, "Conv2d: channel counts must be positive, got ",
-             options.in_channels_, " -> ", options.out_channels_);
-  weight = Tensor::empty({options.out_channels_, options.in_channels_, options.kernel_size_[0], options.kernel_size_[1]});
+  LOOM_CHECK(options.in_channels() > 0 && options.out_channels() > 0, "Conv2d: channel counts must be positive, got ",
+             options.in_channels(), " -> ", options.out_channels());
+  weight = Tensor::empty({options.out_channels(), options.in_channels(), options.kernel_size()[0], options.kernel_size()[1]});
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   register_parameter("weight", weight);
-  if (options.bias_) {
-    bias = Tensor::empty({options.out_channels_});
+  if (options.bias()) {
+    bias = Tensor::empty({options.out_channels()});
     const double bound = 1.0 / std::sqrt(static_cast<double>(init::fan_in(weight)));
     init::uniform_(bias, -bound, bound);
     register_parameter("bias", bias);
@@ -29,22 +29,22 @@ Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
 
 Tensor Conv2d::forward(const Tensor& input) {
   Conv2dParams params;
-  params.stride = options_.stride_;
-  params.padding = options_.padding_;
-  params.dilation = options_.dilation_;
+  params.stride = options_.stride();
+  params.padding = options_.padding();
+  params.dilation = options_.dilation();
   return conv2d(input, weight, bias, params);
 }
 
 BatchNorm2d::BatchNorm2d(const BatchNormOptions& options) : options_(options) {
-  const int64_t c = options.num_features_;
+  const int64_t c = options.num_features();
   LOOM_CHECK(c > 0, "BatchNorm2d: num_features must be positive, got ", c);
-  if (options.affine_) {
+  if (options.affine()) {
     weight = Tensor::ones({c});
     bias = Tensor::zeros({c});
     register_parameter("weight", weight);
     register_parameter("bias", bias);
   }
-  if (options.track_running_stats_) {
+  if (options.track_running_stats()) {
     running_mean = Tensor::zeros({c});
     running_var = Tensor::ones({c});
     num_batches_tracked = Tensor::zeros({}, DType::i64);
@@ -68,21 +68,21 @@ Tensor BatchNorm2d::forward_fused(const Tensor& input, FusedTail tail, const Ten
 Tensor BatchNorm2d::forward_relu(const Tensor& input) { return normalize(input, Activation::relu); }
 
 Tensor BatchNorm2d::forward_add_relu(const Tensor& input, const Tensor& residual) {
-  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
-             "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features(), "BatchNorm2d(", options_.num_features(),
+             "): expected (N, ", options_.num_features(), ", H, W) input, got ", input.str());
   const bool use_batch_stats = is_training() || !running_mean.defined();
   count_batch();
   return batch_norm_add_relu(input, residual, weight, bias, running_mean, running_var, use_batch_stats,
-                             options_.momentum_, options_.eps_);
+                             options_.momentum(), options_.eps());
 }
 
 Tensor BatchNorm2d::forward_relu_max_pool_2x2(const Tensor& input) {
-  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
-             "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features(), "BatchNorm2d(", options_.num_features(),
+             "): expected (N, ", options_.num_features(), ", H, W) input, got ", input.str());
   const bool use_batch_stats = is_training() || !running_mean.defined();
   count_batch();
   return batch_norm_relu_max_pool2d(input, weight, bias, running_mean, running_var, use_batch_stats,
-                                    options_.momentum_, options_.eps_);
+                                    options_.momentum(), options_.eps());
 }
 
 void BatchNorm2d::count_batch() {
@@ -97,12 +97,12 @@ void BatchNorm2d::count_batch() {
 }
 
 Tensor BatchNorm2d::normalize(const Tensor& input, Activation activation) {
-  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features_, "BatchNorm2d(", options_.num_features_,
-             "): expected (N, ", options_.num_features_, ", H, W) input, got ", input.str());
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features(), "BatchNorm2d(", options_.num_features(),
+             "): expected (N, ", options_.num_features(), ", H, W) input, got ", input.str());
   const bool use_batch_stats = is_training() || !running_mean.defined();
   count_batch();
-  return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum_,
-                    options_.eps_, activation);
+  return batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum(),
+                    options_.eps(), activation);
 }
 
 Tensor ReLU::forward(const Tensor& input) { return relu(input); }

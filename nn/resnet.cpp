@@ -82,28 +82,28 @@ Tensor Bottleneck::forward(const Tensor& input) {
 }
 
 ResNet::ResNet(BlockKind block, std::array<int64_t, 4> blocks_per_layer, const ResNetOptions& options)
-    : block_(block), options_(options), in_planes_(options.width_) {
-  LOOM_CHECK(options.num_classes_ > 0, "ResNet: num_classes must be positive, got ", options.num_classes_);
-  LOOM_CHECK(options.in_channels_ > 0, "ResNet: in_channels must be positive, got ", options.in_channels_);
-  LOOM_CHECK(options.width_ > 0, "ResNet: width must be positive, got ", options.width_);
+    : block_(block), options_(options), in_planes_(options.width()) {
+  LOOM_CHECK(options.num_classes() > 0, "ResNet: num_classes must be positive, got ", options.num_classes());
+  LOOM_CHECK(options.in_channels() > 0, "ResNet: in_channels must be positive, got ", options.in_channels());
+  LOOM_CHECK(options.width() > 0, "ResNet: width must be positive, got ", options.width());
   for (int64_t blocks : blocks_per_layer) LOOM_CHECK(blocks > 0, "ResNet: every layer needs at least one block");
-  const int64_t width = options.width_;
-  if (options.stem_ == ResNetStem::imagenet) {
+  const int64_t width = options.width();
+  if (options.stem() == ResNetStem::imagenet) {
     register_module("conv1", conv1,
-                    std::make_shared<Conv2d>(Conv2dOptions(options.in_channels_, width, 7).stride(2).padding(3).bias(false)));
+                    std::make_shared<Conv2d>(Conv2dOptions(options.in_channels(), width, 7).stride(2).padding(3).bias(false)));
   } else {
-    register_module("conv1", conv1, conv3x3(options.in_channels_, width, 1));
+    register_module("conv1", conv1, conv3x3(options.in_channels(), width, 1));
   }
   register_module("bn1", bn1, std::make_shared<BatchNorm2d>(width));
   register_module("relu", relu, std::make_shared<ReLU>());
-  if (options.stem_ == ResNetStem::imagenet) register_module("maxpool", maxpool, std::make_shared<MaxPool2d>(3, 2, 1));
+  if (options.stem() == ResNetStem::imagenet) register_module("maxpool", maxpool, std::make_shared<MaxPool2d>(3, 2, 1));
   register_module("layer1", layer1, make_layer(width, blocks_per_layer[0], 1));
   register_module("layer2", layer2, make_layer(2 * width, blocks_per_layer[1], 2));
   register_module("layer3", layer3, make_layer(4 * width, blocks_per_layer[2], 2));
   register_module("layer4", layer4, make_layer(8 * width, blocks_per_layer[3], 2));
   register_module("avgpool", avgpool, std::make_shared<AdaptiveAvgPool2d>(1, 1));
   const int64_t expansion = block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
-  register_module("fc", fc, std::make_shared<Linear>(8 * width * expansion, options.num_classes_));
+  register_module("fc", fc, std::make_shared<Linear>(8 * width * expansion, options.num_classes()));
   initialize();
 }
 
@@ -120,11 +120,11 @@ std::shared_ptr<Sequential> ResNet::make_layer(int64_t planes, int64_t blocks, i
     // torchvision's zero_init_residual: the last batch norm of each block starts at weight 0.
     if (block_ == BlockKind::basic) {
       auto residual_block = std::make_shared<BasicBlock>(in_planes_, planes, block_stride, std::move(downsample));
-      if (options_.zero_init_residual_) residual_block->last_batch_norm().weight.zero_();
+      if (options_.zero_init_residual()) residual_block->last_batch_norm().weight.zero_();
       layer->push_back(std::move(residual_block));
     } else {
       auto residual_block = std::make_shared<Bottleneck>(in_planes_, planes, block_stride, std::move(downsample));
-      if (options_.zero_init_residual_) residual_block->last_batch_norm().weight.zero_();
+      if (options_.zero_init_residual()) residual_block->last_batch_norm().weight.zero_();
       layer->push_back(std::move(residual_block));
     }
     in_planes_ = planes * expansion;
@@ -144,8 +144,8 @@ void ResNet::initialize() {
 }
 
 Tensor ResNet::forward(const Tensor& input) {
-  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.in_channels_, "ResNet expects (N, ",
-             options_.in_channels_, ", H, W) images, got ", input.str());
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.in_channels(), "ResNet expects (N, ",
+             options_.in_channels(), ", H, W) images, got ", input.str());
   Tensor x = bn_relu(*bn1, *relu, conv1->forward(input));
   if (maxpool) x = maxpool->forward(x);
   x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));

@@ -32,10 +32,13 @@ const char* resnet_stem_name(ResNetStem stem);
 enum class BlockKind { basic, bottleneck };
 
 // ResNetOptions().num_classes(10).stem(ResNetStem::cifar)
-struct ResNetOptions {
+class ResNetOptions {
+ public:
+  // Units of the final linear layer (default 1000, ImageNet's classes).
   ResNetOptions& num_classes(int64_t n) { num_classes_ = n; return *this; }
   // Channels of the input images: 3 (RGB) or 1 (the MNIST ResNet-101 tutorial).
   ResNetOptions& in_channels(int64_t c) { in_channels_ = c; return *this; }
+  // The first layers: ImageNet's 7x7/2 convolution and max pool, or CIFAR's 3x3/1 convolution.
   ResNetOptions& stem(ResNetStem s) { stem_ = s; return *this; }
   // Starts each residual branch at zero: the last BN of every block gets weight 0
   // (torchvision's zero_init_residual).
@@ -45,6 +48,13 @@ struct ResNetOptions {
   // smaller width makes the same architecture cheap enough for tests.
   ResNetOptions& width(int64_t w) { width_ = w; return *this; }
 
+  int64_t num_classes() const { return num_classes_; }
+  int64_t in_channels() const { return in_channels_; }
+  ResNetStem stem() const { return stem_; }
+  bool zero_init_residual() const { return zero_init_residual_; }
+  int64_t width() const { return width_; }
+
+ private:
   int64_t num_classes_ = 1000;
   int64_t in_channels_ = 3;
   ResNetStem stem_ = ResNetStem::imagenet;

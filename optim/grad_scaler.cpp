@@ -91,16 +91,16 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
   return found;
 }
 
-GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), scale_(options.init_scale_) {
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), scale_(options.init_scale()) {
   const GradScalerOptions& o = options_;
-  LOOM_CHECK(o.min_scale_ > 0 && o.min_scale_ <= o.max_scale_, "GradScaler: need 0 < min_scale <= max_scale, got [",
-             o.min_scale_, ", ", o.max_scale_, "]");
-  LOOM_CHECK(o.init_scale_ >= o.min_scale_ && o.init_scale_ <= o.max_scale_, "GradScaler: init_scale ", o.init_scale_,
-             " is outside [min_scale, max_scale] = [", o.min_scale_, ", ", o.max_scale_, "]");
-  LOOM_CHECK(o.growth_factor_ > 1, "GradScaler: growth_factor must be > 1, got ", o.growth_factor_);
-  LOOM_CHECK(o.backoff_factor_ > 0 && o.backoff_factor_ < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
-             o.backoff_factor_);
-  LOOM_CHECK(o.growth_interval_ > 0, "GradScaler: growth_interval must be positive, got ", o.growth_interval_);
+  LOOM_CHECK(o.min_scale() > 0 && o.min_scale() <= o.max_scale(), "GradScaler: need 0 < min_scale <= max_scale, got [",
+             o.min_scale(), ", ", o.max_scale(), "]");
+  LOOM_CHECK(o.init_scale() >= o.min_scale() && o.init_scale() <= o.max_scale(), "GradScaler: init_scale ", o.init_scale(),
+             " is outside [min_scale, max_scale] = [", o.min_scale(), ", ", o.max_scale(), "]");
+  LOOM_CHECK(o.growth_factor() > 1, "GradScaler: growth_factor must be > 1, got ", o.growth_factor());
+  LOOM_CHECK(o.backoff_factor() > 0 && o.backoff_factor() < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
+             o.backoff_factor());
+  LOOM_CHECK(o.growth_interval() > 0, "GradScaler: growth_interval must be positive, got ", o.growth_interval());
 }
 
 Tensor GradScaler::scale(const Tensor& loss) const {
@@ -130,13 +130,13 @@ bool GradScaler::unscale(const std::vector<Tensor>& gradients, const std::vector
 void GradScaler::update(bool found_inf) {
   if (!enabled()) return;
   if (found_inf) {
-    scale_ = std::max(scale_ * options_.backoff_factor_, options_.min_scale_);
+    scale_ = std::max(scale_ * options_.backoff_factor(), options_.min_scale());
     growth_tracker_ = 0;
     ++skipped_steps_;
     return;
   }
-  if (++growth_tracker_ == options_.growth_interval_) {
-    scale_ = std::min(scale_ * options_.growth_factor_, options_.max_scale_);
+  if (++growth_tracker_ == options_.growth_interval()) {
+    scale_ = std::min(scale_ * options_.growth_factor(), options_.max_scale());
     growth_tracker_ = 0;
   }
 }

@@ -19,16 +19,31 @@
 namespace loom::optim {
 
 // GradScalerOptions().init_scale(1024).growth_interval(100)
-struct GradScalerOptions {
+class GradScalerOptions {
+ public:
+  // The first loss scale (default 2^16).
   GradScalerOptions& init_scale(double s) { init_scale_ = s; return *this; }
+  // Factor applied after growth_interval steps without inf / NaN (default 2).
   GradScalerOptions& growth_factor(double f) { growth_factor_ = f; return *this; }
+  // Factor applied after a step with inf / NaN gradients (default 0.5).
   GradScalerOptions& backoff_factor(double f) { backoff_factor_ = f; return *this; }
+  // Clean steps before the scale grows (default 2000).
   GradScalerOptions& growth_interval(int64_t steps) { growth_interval_ = steps; return *this; }
+  // Bounds of the scale (default 1 and 2^24).
   GradScalerOptions& min_scale(double s) { min_scale_ = s; return *this; }
   GradScalerOptions& max_scale(double s) { max_scale_ = s; return *this; }
   // A disabled scaler scales by 1, never checks and never skips (bf16, O0, O3).
   GradScalerOptions& enabled(bool e) { enabled_ = e; return *this; }
 
+  double init_scale() const { return init_scale_; }
+  double growth_factor() const { return growth_factor_; }
+  double backoff_factor() const { return backoff_factor_; }
+  int64_t growth_interval() const { return growth_interval_; }
+  double min_scale() const { return min_scale_; }
+  double max_scale() const { return max_scale_; }
+  bool enabled() const { return enabled_; }
+
+ private:
   double init_scale_ = 65536.0;  // 2^16
   double growth_factor_ = 2.0;
   double backoff_factor_ = 0.5;
@@ -73,7 +88,7 @@ class GradScaler {
   int64_t growth_tracker() const { return growth_tracker_; }
   // Steps skipped for inf / NaN since construction (or the restored state).
   int64_t skipped_steps() const { return skipped_steps_; }
-  bool enabled() const { return options_.enabled_; }
+  bool enabled() const { return options_.enabled(); }
   const GradScalerOptions& options() const { return options_; }
 
   // "scale" (f64), "growth_tracker" and "skipped_steps" (i64): what a checkpoint

@@ -163,11 +163,11 @@ void Optimizer::add_group(std::vector<Tensor> params, double lr) {
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options) { add_param_group(std::move(params), options); }
 
 void SGD::add_param_group(std::vector<Tensor> params, const SGDOptions& options) {
-  LOOM_CHECK(options.momentum_ >= 0 && options.weight_decay_ >= 0, "SGD: momentum and weight_decay must be >= 0");
-  LOOM_CHECK(!options.nesterov_ || (options.momentum_ > 0 && options.dampening_ == 0),
+  LOOM_CHECK(options.momentum() >= 0 && options.weight_decay() >= 0, "SGD: momentum and weight_decay must be >= 0");
+  LOOM_CHECK(!options.nesterov() || (options.momentum() > 0 && options.dampening() == 0),
              "SGD: nesterov needs momentum > 0 and dampening 0");
   momentum_buffers_.emplace_back(params.size());
-  add_group(std::move(params), options.lr_);
+  add_group(std::move(params), options.lr());
   options_.push_back(options);
 }
 
@@ -184,19 +184,19 @@ void SGD::step() {
       Tensor g = grad_of(p);
       Tensor& buffer = momentum_buffers_[gi][pi];
       const bool first = !buffer.defined();
-      if (o.momentum_ != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype(), p.device());
+      if (o.momentum() != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype(), p.device());
       if (p.device().is_cuda()) {
         cuda_params.push_back(p);
         cuda_grads.push_back(g);
-        if (o.momentum_ != 0) cuda_buffers.push_back(buffer);
+        if (o.momentum() != 0) cuda_buffers.push_back(buffer);
         cuda_first.push_back(first);
         continue;
       }
       visit_compute_dtype(p.dtype(), "SGD step", [&]<class T>() {
         T* w = p.data<T>();
         const T* d = g.data<T>();
-        T* b = o.momentum_ != 0 ? buffer.data<T>() : nullptr;
-        const T wd = T(o.weight_decay_), m = T(o.momentum_), damp = T(1 - o.dampening_), rate = T(lr);
+        T* b = o.momentum() != 0 ? buffer.data<T>() : nullptr;
+        const T wd = T(o.weight_decay()), m = T(o.momentum()), damp = T(1 - o.dampening()), rate = T(lr);
         const auto update = [&]<bool kMomentum, bool kFirst, bool kNesterov>() {
           parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
             if constexpr (std::is_same_v<T, float>) {
@@ -209,16 +209,16 @@ void SGD::step() {
         if (b == nullptr) {
           update.template operator()<false, false, false>();
         } else if (first) {
-          o.nesterov_ ? update.template operator()<true, true, true>() : update.template operator()<true, true, false>();
+          o.nesterov() ? update.template operator()<true, true, true>() : update.template operator()<true, true, false>();
         } else {
-          o.nesterov_ ? update.template operator()<true, false, true>()
+          o.nesterov() ? update.template operator()<true, false, true>()
                       : update.template operator()<true, false, false>();
         }
       });
     }
     if (!cuda_params.empty()) {
       cuda::sgd_step(cuda_params, cuda_grads, cuda_buffers, cuda_first,
-                     {lr, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_});
+                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()});
     }
   }
 }
@@ -244,11 +244,11 @@ void SGD::load_state(const nn::NamedTensors& state) {
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) { add_param_group(std::move(params), options); }
 
 void Adam::add_param_group(std::vector<Tensor> params, const AdamOptions& options) {
-  LOOM_CHECK(options.beta1_ >= 0 && options.beta1_ < 1 && options.beta2_ >= 0 && options.beta2_ < 1,
-             "Adam: betas must be in [0, 1), got (", options.beta1_, ", ", options.beta2_, ")");
-  LOOM_CHECK(options.eps_ >= 0 && options.weight_decay_ >= 0, "Adam: eps and weight_decay must be >= 0");
+  LOOM_CHECK(options.beta1() >= 0 && options.beta1() < 1 && options.beta2() >= 0 && options.beta2() < 1,
+             "Adam: betas must be in [0, 1), got (", options.beta1(), ", ", options.beta2(), ")");
+  LOOM_CHECK(options.eps() >= 0 && options.weight_decay() >= 0, "Adam: eps and weight_decay must be >= 0");
   moments_.emplace_back(params.size());
-  add_group(std::move(params), options.lr_);
+  add_group(std::move(params), options.lr());
   options_.push_back(options);
 }
 
@@ -277,8 +277,8 @@ void Adam::step() {
         cuda_steps.push_back(s.step);
         continue;
       }
-      const double bias_correction1 = 1 - std::pow(o.beta1_, static_cast<double>(s.step));
-      const double bias_correction2 = 1 - std::pow(o.beta2_, static_cast<double>(s.step));
+      const double bias_correction1 = 1 - std::pow(o.beta1(), static_cast<double>(s.step));
+      const double bias_correction2 = 1 - std::pow(o.beta2(), static_cast<double>(s.step));
       const double step_size = lr / bias_correction1;
       const double sqrt_bc2 = std::sqrt(bias_correction2);
       visit_compute_dtype(p.dtype(), "Adam step", [&]<class T>() {
@@ -286,8 +286,8 @@ void Adam::step() {
         const T* d = g.data<T>();
         T* m = s.exp_avg.data<T>();
         T* v = s.exp_avg_sq.data<T>();
-        const T b1 = T(o.beta1_), b2 = T(o.beta2_), wd = T(o.weight_decay_), eps = T(o.eps_);
-        const T decay = T(1 - lr * o.weight_decay_), step = T(step_size), bc2 = T(sqrt_bc2);
+        const T b1 = T(o.beta1()), b2 = T(o.beta2()), wd = T(o.weight_decay()), eps = T(o.eps());
+        const T decay = T(1 - lr * o.weight_decay()), step = T(step_size), bc2 = T(sqrt_bc2);
         const auto update = [&]<bool kDecoupled>() {
           parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
 #if defined(__x86_64__)
@@ -300,12 +300,12 @@ void Adam::step() {
             adam_update<T, kDecoupled>(w, d, m, v, begin, end, b1, b2, wd, decay, eps, step, bc2);
           });
         };
-        o.decoupled_ ? update.template operator()<true>() : update.template operator()<false>();
+        o.decoupled_weight_decay() ? update.template operator()<true>() : update.template operator()<false>();
       });
     }
     if (!cuda_params.empty()) {
       cuda::adam_step(cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs, cuda_steps,
-                      {lr, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.decoupled_});
+                      {lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay(), o.decoupled_weight_decay()});
     }
   }
 }

@@ -41,12 +41,28 @@ class Optimizer {
   std::vector<Group> groups_;
 };
 
-struct SGDOptions {
+// SGDOptions(0.1).momentum(0.9).weight_decay(5e-4), PyTorch's SGD.
+class SGDOptions {
+ public:
   explicit SGDOptions(double lr) : lr_(lr) {}
+  // Learning rate.
+  SGDOptions& lr(double l) { lr_ = l; return *this; }
+  // Momentum factor (default 0: plain SGD).
   SGDOptions& momentum(double m) { momentum_ = m; return *this; }
+  // Dampening of the momentum (default 0).
   SGDOptions& dampening(double d) { dampening_ = d; return *this; }
+  // L2 penalty added to the gradient (default 0).
   SGDOptions& weight_decay(double w) { weight_decay_ = w; return *this; }
+  // Nesterov momentum (default false).
   SGDOptions& nesterov(bool n) { nesterov_ = n; return *this; }
+
+  double lr() const { return lr_; }
+  double momentum() const { return momentum_; }
+  double dampening() const { return dampening_; }
+  double weight_decay() const { return weight_decay_; }
+  bool nesterov() const { return nesterov_; }
+
+ private:
   double lr_, momentum_ = 0, dampening_ = 0, weight_decay_ = 0;
   bool nesterov_ = false;
 };
@@ -65,13 +81,29 @@ class SGD : public Optimizer {
   std::vector<std::vector<Tensor>> momentum_buffers_;  // per group, per parameter; undefined until first step
 };
 
-struct AdamOptions {
+// AdamOptions(1e-3).betas(0.9, 0.999).weight_decay(0.01), PyTorch's Adam.
+class AdamOptions {
+ public:
   explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
+  // Learning rate.
+  AdamOptions& lr(double l) { lr_ = l; return *this; }
+  // Decay rates of the first and second moment estimates (default 0.9, 0.999).
   AdamOptions& betas(double b1, double b2) { beta1_ = b1; beta2_ = b2; return *this; }
+  // Added to the denominator (default 1e-8).
   AdamOptions& eps(double e) { eps_ = e; return *this; }
+  // L2 penalty (default 0).
   AdamOptions& weight_decay(double w) { weight_decay_ = w; return *this; }
   // AdamW: decoupled weight decay (p *= 1 - lr * wd) instead of L2 in the gradient.
   AdamOptions& decoupled_weight_decay(bool d) { decoupled_ = d; return *this; }
+
+  double lr() const { return lr_; }
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  double eps() const { return eps_; }
+  double weight_decay() const { return weight_decay_; }
+  bool decoupled_weight_decay() const { return decoupled_; }
+
+ private:
   double lr_, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0;
   bool decoupled_ = false;
 };

@@ -23,11 +23,11 @@ TEST_SUITE("grad_scaler") {
   TEST_CASE("defaults are apex's and PyTorch's") {
     GradScaler scaler;
     CHECK(scaler.get_scale() == 65536.0);
-    CHECK(scaler.options().growth_interval_ == 2000);
-    CHECK(scaler.options().growth_factor_ == 2.0);
-    CHECK(scaler.options().backoff_factor_ == 0.5);
-    CHECK(scaler.options().min_scale_ == 1.0);
-    CHECK(scaler.options().max_scale_ == 16777216.0);
+    CHECK(scaler.options().growth_interval() == 2000);
+    CHECK(scaler.options().growth_factor() == 2.0);
+    CHECK(scaler.options().backoff_factor() == 0.5);
+    CHECK(scaler.options().min_scale() == 1.0);
+    CHECK(scaler.options().max_scale() == 16777216.0);
     CHECK(scaler.growth_tracker() == 0);
   }
 

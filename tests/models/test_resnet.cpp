@@ -116,8 +116,8 @@ TEST_SUITE("resnet") {
     // v1.5: the stride sits on the 3x3 conv.
     auto* first = dynamic_cast<nn::Bottleneck*>(model->layer2->named_children()[0].second);
     REQUIRE(first != nullptr);
-    CHECK(first->conv1->options().stride_[0] == 1);
-    CHECK(first->conv2->options().stride_[0] == 2);
+    CHECK(first->conv1->options().stride()[0] == 1);
+    CHECK(first->conv2->options().stride()[0] == 2);
     CHECK(first->downsample->named_children()[0].second->type_name() == "Conv2d");
     CHECK(model->layer1->size() == 3);
     CHECK(model->layer3->size() == 6);
