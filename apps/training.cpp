@@ -153,10 +153,11 @@ std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags,
       flags.timeout_s > 0 ? dist::Milliseconds(static_cast<int64_t>(flags.timeout_s * 1000))
                           : dist::collective_timeout_from_environment(dist::kDefaultCollectiveTimeout);
   std::shared_ptr<dist::ProcessGroup> group =
-      dist::init_process_group({.backend = backend,
-                                .init_method = "env://",
-                                .timeout = std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5)),
-                                .device_index = device.is_cuda() ? device.index : -1});
+      dist::init_process_group(dist::InitOptions()
+                                   .backend(dist::parse_backend(backend))
+                                   .init_method("env://")
+                                   .timeout(std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5)))
+                                   .device_index(device.is_cuda() ? device.index : -1));
   group->set_timeout(timeout);
   return group;
 }

@@ -232,7 +232,7 @@ struct DistributedDataParallel::Reducer {
       if (backward_ran)
         LOOM_FAIL("DistributedDataParallel: the previous backward stopped before it finished (no gradient for ",
                   quoted_list(missing), "), so its gradients were not averaged; if some parameters are unused in "
-                  "forward, pass find_unused_parameters = true");
+                  "forward, pass DistributedDataParallelOptions().find_unused_parameters(true)");
     }
     round = synchronize ? Round::collecting : Round::idle;
     std::fill(ready.begin(), ready.end(), false);
@@ -306,7 +306,8 @@ struct DistributedDataParallel::Reducer {
         round = Round::idle;
         LOOM_FAIL("DistributedDataParallel: parameters ", quoted_list(missing),
                   " received no gradient in this backward pass. Construct DistributedDataParallel with "
-                  "find_unused_parameters = true when forward does not use every parameter");
+                  "DistributedDataParallelOptions().find_unused_parameters(true) when forward does not use every "
+                  "parameter");
       }
       // Reachable from the output but given no gradient by autograd: treat as unused.
       for (size_t i = 0; i < parameters.size(); ++i) {
@@ -365,7 +366,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   Reducer& reducer = *reducer_;
   reducer.group = group_;
   reducer.self = reducer_;
-  reducer.find_unused_parameters = options_.find_unused_parameters;
+  reducer.find_unused_parameters = options_.find_unused_parameters();
   std::vector<Tensor> trainable;
   for (auto& [name, tensor] : module_->named_parameters()) {
     if (!tensor.requires_grad()) continue;
@@ -374,7 +375,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   LOOM_CHECK(!trainable.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
 
-  for (auto& members : assign_buckets(trainable, options_.first_bucket_bytes_cap, options_.bucket_bytes_cap)) {
+  for (auto& members : assign_buckets(trainable, options_.first_bucket_bytes_cap(), options_.bucket_bytes_cap())) {
     Reducer::Bucket bucket;
     const Tensor& first = trainable[members.front()];
     int64_t numel = 0;
@@ -491,7 +492,7 @@ void DistributedDataParallel::broadcast_from_rank_zero(const std::vector<Tensor>
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
-  if (options_.broadcast_buffers && group_->size() > 1) {
+  if (options_.broadcast_buffers() && group_->size() > 1) {
     NoGradGuard no_grad;
     std::vector<Tensor> buffers;
     for (auto& [name, tensor] : module_->named_buffers()) buffers.push_back(tensor);

@@ -159,34 +159,49 @@ const char* launcher_evidence(Launcher launcher) {
 
 }  // namespace
 
+Backend parse_backend(const std::string& name) {
+  for (Backend backend : {Backend::automatic, Backend::gloo, Backend::shm, Backend::nccl}) {
+    if (name == backend_name(backend)) return backend;
+  }
+  LOOM_FAIL("unknown backend '", name,
+            "'; expected \"gloo\" or \"shm\" (CPU tensors), \"auto\" (shm when every rank is on this host, "
+            "else gloo) or \"nccl\" (CUDA tensors)");
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::automatic: return "auto";
+    case Backend::gloo: return "gloo";
+    case Backend::shm: return "shm";
+    case Backend::nccl: return "nccl";
+  }
+  return "unknown";
+}
+
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
-  if (options.backend != "gloo" && options.backend != "shm" && options.backend != "auto" && options.backend != "nccl")
-    LOOM_FAIL("init_process_group: unknown backend '", options.backend,
-              "'; expected \"gloo\" or \"shm\" (CPU tensors), \"auto\" (shm when every rank is on this host, "
-              "else gloo) or \"nccl\" (CUDA tensors)");
-  if (options.backend == "nccl") require_nccl();  // fails here, before any rendezvous, with the reason
+  if (options.backend() == Backend::nccl) require_nccl();  // fails here, before any rendezvous, with the reason
   // Bad values of the debugging variables fail here, before any rendezvous.
   log_level();
   const DistributedDebugLevel debug_level = distributed_debug_level_from_environment();
 
   LaunchOverrides overrides;
-  if (options.rank >= 0) overrides.rank = options.rank;
-  if (options.world_size >= 0) overrides.world_size = options.world_size;
+  if (options.rank() >= 0) overrides.rank = options.rank();
+  if (options.world_size() >= 0) overrides.world_size = options.world_size();
 
-  std::shared_ptr<Store> store = options.store;
+  std::shared_ptr<Store> store = options.store();
   std::string master_addr;
   int rank, world_size;
   if (store) {
-    LOOM_CHECK(options.rank >= 0 && options.world_size >= 1,
+    LOOM_CHECK(options.rank() >= 0 && options.world_size() >= 1,
                "init_process_group: with an explicit store, give rank and world_size too");
-    rank = options.rank;
-    world_size = options.world_size;
+    rank = options.rank();
+    world_size = options.world_size();
     LOOM_CHECK(rank < world_size, "init_process_group: rank ", rank, " must be smaller than world_size ", world_size);
     if (world_size > 1) set_log_rank(rank);
     log_debug("rendezvous: rank ", rank, " of ", world_size, " from the caller, in the store it gave");
-  } else if (options.init_method == "env://" || options.init_method.rfind("tcp://", 0) == 0) {
-    if (options.init_method != "env://") {
-      auto [host, port] = parse_host_port(options.init_method, options.init_method.substr(6));
+  } else if (options.init_method() == "env://" || options.init_method().rfind("tcp://", 0) == 0) {
+    if (options.init_method() != "env://") {
+      auto [host, port] = parse_host_port(options.init_method(), options.init_method().substr(6));
       overrides.master_addr = host;
       overrides.master_port = port;
     }
@@ -198,12 +213,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     log_debug("rendezvous: launcher ", launcher_name(environment.launcher), " detected: ",
               launcher_evidence(environment.launcher), "; rank ", rank, " of ", world_size, ", local rank ",
               environment.local_rank, " of ", environment.local_world_size, ", node ", environment.node_rank);
-    log_debug("rendezvous: init_method ", options.init_method, ": the store is at ",
+    log_debug("rendezvous: init_method ", options.init_method(), ": the store is at ",
               host_port(environment.master_addr, environment.master_port));
-    store = connect_rendezvous_store(environment, options.timeout);
-  } else if (options.init_method.rfind("file://", 0) == 0) {
-    std::string path = options.init_method.substr(7);
-    LOOM_CHECK(!path.empty() && path.front() == '/', "init_method '", options.init_method,
+    store = connect_rendezvous_store(environment, options.timeout());
+  } else if (options.init_method().rfind("file://", 0) == 0) {
+    std::string path = options.init_method().substr(7);
+    LOOM_CHECK(!path.empty() && path.front() == '/', "init_method '", options.init_method(),
                "' must name an absolute path: file:///shared/dir/rendezvous");
     LaunchEnvironment environment = resolve_launch_environment(overrides);
     rank = environment.rank;
@@ -211,31 +226,32 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     if (world_size > 1) set_log_rank(rank);
     log_debug("rendezvous: launcher ", launcher_name(environment.launcher), " detected: ",
               launcher_evidence(environment.launcher), "; rank ", rank, " of ", world_size);
-    log_debug("rendezvous: init_method ", options.init_method, ": a FileStore at ", path);
-    store = std::make_shared<FileStore>(path, options.timeout);
+    log_debug("rendezvous: init_method ", options.init_method(), ": a FileStore at ", path);
+    store = std::make_shared<FileStore>(path, options.timeout());
   } else {
-    LOOM_FAIL("init_process_group: init_method '", options.init_method,
+    LOOM_FAIL("init_process_group: init_method '", options.init_method(),
               "' is not one of env://, tcp://HOST:PORT, file:///PATH");
   }
 
-  auto group_store = std::make_shared<PrefixStore>(options.group_name, store);
+  auto group_store = std::make_shared<PrefixStore>(options.group_name(), store);
   std::shared_ptr<ProcessGroup> group;
   auto make_gloo = [&](const std::shared_ptr<Store>& gloo_store) {
     GlooOptions gloo;
-    gloo.timeout = options.timeout;
+    gloo.timeout = options.timeout();
     if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
     return std::make_shared<ProcessGroupGloo>(gloo_store, rank, world_size, gloo);
   };
-  if (options.backend == "gloo") {
+  if (options.backend() == Backend::gloo) {
     log_debug("rendezvous: backend gloo, as asked; connecting the mesh of ", world_size, " ranks");
     group = make_gloo(group_store);
-  } else if (options.backend == "shm") {
+  } else if (options.backend() == Backend::shm) {
     log_debug("rendezvous: backend shm, as asked; mapping the shared segment of ", world_size, " ranks");
-    group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions{.timeout = options.timeout});
-  } else if (options.backend == "auto") {
+    group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions{.timeout = options.timeout()});
+  } else if (options.backend() == Backend::automatic) {
     // Every rank reads the same verdicts, so all of them pick the same backend.
     std::string why_not;
-    group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions{.timeout = options.timeout}, &why_not);
+    group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions{.timeout = options.timeout()},
+                                        &why_not);
     if (group) {
       log_debug("rendezvous: backend auto chose shm: every rank mapped the shared segment (all on this host)");
     } else {
@@ -246,7 +262,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   } else {
     log_debug("rendezvous: backend nccl, as asked");
     group = make_process_group_nccl(group_store, rank, world_size,
-                                    NcclOptions{.timeout = options.timeout, .device_index = options.device_index});
+                                    NcclOptions{.timeout = options.timeout(), .device_index = options.device_index()});
   }
   // Every group gets the desync report; DETAIL adds a gloo group of its own
   // (on the CPU, whatever the backend) for the fingerprint exchange.
@@ -255,10 +271,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     checker = make_gloo(std::make_shared<PrefixStore>("debug_checker", group_store));
   const char* backend = group->backend_name();
   group = std::make_shared<DebugProcessGroup>(
-      std::move(group), group_store, DebugOptions{.level = debug_level, .group_name = options.group_name}, checker);
+      std::move(group), group_store, DebugOptions{.level = debug_level, .group_name = options.group_name()}, checker);
   log_at(debug_level >= DistributedDebugLevel::info ? LogLevel::info : LogLevel::debug, "process group '",
-         options.group_name, "': backend ", backend, ", rank ", rank, " of ", world_size, ", collective timeout ",
-         std::chrono::duration<double>(options.timeout).count(), " s, LOOM_DISTRIBUTED_DEBUG=",
+         options.group_name(), "': backend ", backend, ", rank ", rank, " of ", world_size, ", collective timeout ",
+         std::chrono::duration<double>(options.timeout()).count(), " s, LOOM_DISTRIBUTED_DEBUG=",
          distributed_debug_level_name(debug_level));
   // The default group is destroyed at exit before the CUDA runtime tears down
   // what an NCCL group uses (its stream, events, communicator), which the

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/core/tensor.h>
@@ -147,32 +148,70 @@ class ProcessGroup {
   int size_;
 };
 
-struct InitOptions {
-  // "gloo" (CPU tensors, over TCP), "shm" (CPU tensors, every rank on this
-  // host: shared memory), "auto" (shm when every rank can map one segment,
-  // else gloo) or "nccl" (CUDA tensors).
-  std::string backend = "gloo";
+// The backend of a process group.
+enum class Backend {
+  automatic,  // "auto": shm when every rank can map one segment (all on this host), else gloo
+  gloo,       // CPU tensors, over TCP
+  shm,        // CPU tensors, every rank on this host: shared memory
+  nccl,       // CUDA tensors
+};
+// "auto", "gloo", "shm" or "nccl" as a Backend; throws loom::Error naming
+// `name` and the valid names for anything else.
+Backend parse_backend(const std::string& name);
+// The name parse_backend() reads: "auto", "gloo", "shm" or "nccl".
+const char* backend_name(Backend backend);
+
+// What init_process_group() builds, e.g.
+// InitOptions().backend(Backend::nccl).timeout(std::chrono::minutes(10)).
+class InitOptions {
+ public:
+  // The backend; gloo by default.
+  InitOptions& backend(Backend value) { backend_ = value; return *this; }
   // "env://" (MASTER_ADDR / MASTER_PORT and friends), "tcp://host:port", or
-  // "file:///shared/path"; ignored when `store` is given.
-  std::string init_method = "env://";
-  int world_size = -1;  // -1: from the launch environment
-  int rank = -1;        // -1: from the launch environment
-  Milliseconds timeout = kDefaultCollectiveTimeout;  // collectives and rendezvous
-  std::shared_ptr<Store> store = nullptr;  // an existing rendezvous store (world_size and rank then required)
+  // "file:///shared/path"; ignored when a store is given.
+  InitOptions& init_method(std::string value) { init_method_ = std::move(value); return *this; }
+  // Ranks in the group; -1: from the launch environment.
+  InitOptions& world_size(int value) { world_size_ = value; return *this; }
+  // This process's rank; -1: from the launch environment.
+  InitOptions& rank(int value) { rank_ = value; return *this; }
+  // Timeout of the rendezvous and of collectives.
+  InitOptions& timeout(Milliseconds value) { timeout_ = value; return *this; }
+  // An existing rendezvous store (world_size and rank then required); null: init_method's.
+  InitOptions& store(std::shared_ptr<Store> value) { store_ = std::move(value); return *this; }
   // Name of the group inside the store; groups sharing a store need distinct names.
-  std::string group_name = "default";
+  InitOptions& group_name(std::string value) { group_name_ = std::move(value); return *this; }
   // nccl: the CUDA device this rank drives; -1: cuda::local_rank_device()
   // (LOCAL_RANK, SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK modulo the
   // number of visible devices).
-  int device_index = -1;
+  InitOptions& device_index(int value) { device_index_ = value; return *this; }
+
+  Backend backend() const { return backend_; }
+  const std::string& init_method() const { return init_method_; }
+  int world_size() const { return world_size_; }
+  int rank() const { return rank_; }
+  Milliseconds timeout() const { return timeout_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  const std::string& group_name() const { return group_name_; }
+  int device_index() const { return device_index_; }
+
+ private:
+  Backend backend_ = Backend::gloo;
+  std::string init_method_ = "env://";
+  int world_size_ = -1;
+  int rank_ = -1;
+  Milliseconds timeout_ = kDefaultCollectiveTimeout;
+  std::shared_ptr<Store> store_;
+  std::string group_name_ = "default";
+  int device_index_ = -1;
 };
 
 // Builds a process group and makes it the default one: the backend's group
 // inside a DebugProcessGroup (debug_process_group.h: the desync report on a
 // failed collective, and LOOM_DISTRIBUTED_DEBUG's checks). Sets the log's
 // "[rank N]" prefix (core/log.h) for a world of several ranks; LOOM_LOG_LEVEL=
-// debug prints the rendezvous steps. Throws loom::Error for an unknown
-// backend or init method, a bad launch environment, a bad LOOM_LOG_LEVEL or
+// debug prints the rendezvous steps. Throws loom::Error for nccl where it
+// cannot run (no CUDA or NCCL in the build, no visible device), an unknown
+// init method, a bad launch environment, a bad LOOM_LOG_LEVEL or
 // LOOM_DISTRIBUTED_DEBUG, or a failed rendezvous.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 

@@ -7,7 +7,8 @@
 // user gives the model, the optimizer, the data and, optionally, a step
 // function, a learning-rate schedule with warm-up, and hooks.
 //
-//   auto group = world > 1 ? dist::init_process_group({.backend = "auto"}) : nullptr;
+//   auto options = dist::InitOptions().backend(dist::Backend::automatic);
+//   auto group = world > 1 ? dist::init_process_group(options) : nullptr;
 //   train::Trainer trainer(model, amp::initialize(*model, make_sgd, amp::OptLevel::O0),
 //                          train::TrainerOptions().epochs(10).process_group(group));
 //   train::FitResult result = trainer.fit(train_loader, &test_loader);

@@ -69,15 +69,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     set_num_threads(threads);
-    auto group = dist::init_process_group(
-        {.init_method = "env://", .timeout = dist::collective_timeout_from_environment(std::chrono::minutes(5))});
+    auto group = dist::init_process_group(dist::InitOptions().init_method("env://").timeout(
+        dist::collective_timeout_from_environment(std::chrono::minutes(5))));
     const bool leader = group->rank() == 0;
     manual_seed(0);
     const auto [model, input_shape] = benchmarks::make_benchmark_model(model_name, batch_size, nn::ResNetStem::cifar);
-    dist::DistributedDataParallel ddp(
-        model, group,
-        {.first_bucket_bytes_cap = static_cast<size_t>(first_bucket_mb * (1 << 20)),
-         .bucket_bytes_cap = static_cast<size_t>(bucket_mb * (1 << 20))});
+    dist::DistributedDataParallel ddp(model, group,
+                                      dist::DistributedDataParallelOptions()
+                                          .first_bucket_bytes_cap(static_cast<size_t>(first_bucket_mb * (1 << 20)))
+                                          .bucket_bytes_cap(static_cast<size_t>(bucket_mb * (1 << 20))));
     if (compression != "none") ddp.register_comm_hook(dist::compress_hook(compression == "fp16" ? DType::f16 : DType::bf16));
     optim::SGD sgd(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
 

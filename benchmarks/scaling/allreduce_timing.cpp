@@ -28,9 +28,10 @@ int run(const std::vector<int64_t>& sizes, int64_t iterations, int64_t warmup, c
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
   const Device device = device_name == "cuda" ? Device::cuda(launch.local_rank) : parse_device(device_name);
   auto group = dist::init_process_group(
-      {.backend = backend != "auto" ? backend : device.is_cuda() ? "nccl" : "auto",
-       .init_method = "env://",
-       .timeout = std::chrono::minutes(5)});
+      dist::InitOptions()
+          .backend(dist::parse_backend(backend != "auto" ? backend : device.is_cuda() ? "nccl" : "auto"))
+          .init_method("env://")
+          .timeout(std::chrono::minutes(5)));
   const int world = group->size(), rank = group->rank();
   LOOM_CHECK(world > 1, "allreduce_timing: needs a world of at least 2 ranks (start it with a launcher)");
   nlohmann::json rows = nlohmann::json::array();

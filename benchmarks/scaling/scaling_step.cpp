@@ -256,7 +256,8 @@ int run(const Flags& flags) {
   // every rank is on this host, gloo otherwise.
   const std::string backend = flags.backend != "auto" ? flags.backend : device.is_cuda() ? "nccl" : "auto";
   const auto timeout = std::chrono::duration_cast<dist::Milliseconds>(std::chrono::duration<double>(flags.timeout_s));
-  auto group = dist::init_process_group({.backend = backend, .init_method = "env://", .timeout = timeout});
+  auto group = dist::init_process_group(
+      dist::InitOptions().backend(dist::parse_backend(backend)).init_method("env://").timeout(timeout));
   const int world = group->size(), rank = group->rank();
   LOOM_CHECK(!flags.compare_bare || world == 1, "scaling_step: --compare-bare measures the reducer alone; run it at ",
              "world 1, not ", world);
@@ -264,9 +265,9 @@ int run(const Flags& flags) {
   std::vector<data::Batch> batches = make_batches(flags, world, rank, device);
   std::shared_ptr<nn::Module> model = make_model(flags);
   model->to(device);
-  dist::DistributedDataParallelOptions options;
-  options.first_bucket_bytes_cap = static_cast<size_t>(flags.first_bucket_mb * (1 << 20));
-  options.bucket_bytes_cap = static_cast<size_t>(flags.bucket_mb * (1 << 20));
+  const auto options = dist::DistributedDataParallelOptions()
+                           .first_bucket_bytes_cap(static_cast<size_t>(flags.first_bucket_mb * (1 << 20)))
+                           .bucket_bytes_cap(static_cast<size_t>(flags.bucket_mb * (1 << 20)));
   dist::DistributedDataParallel ddp(model, group, options);
   const std::vector<Tensor> parameters = model->parameters();
   optim::SGD optimizer(parameters, optim::SGDOptions(0.01).momentum(0.9));
@@ -345,8 +346,8 @@ int run(const Flags& flags) {
               {"backend", group->backend_name()},
               {"data", flags.model == "convnet" && flags.data != "synthetic" ? "fashion-mnist" : "synthetic"},
               {"image_size", flags.model == "convnet" ? 28 : flags.image_size},
-              {"first_bucket_bytes_cap", options.first_bucket_bytes_cap},
-              {"bucket_bytes_cap", options.bucket_bytes_cap},
+              {"first_bucket_bytes_cap", options.first_bucket_bytes_cap()},
+              {"bucket_bytes_cap", options.bucket_bytes_cap()},
               {"warmup", flags.warmup},
               {"validation", validation}};
   json params = json::array();

@@ -60,7 +60,8 @@ int main(int argc, char** argv) try {
   const std::string checkpoint_dir = argc > 2 ? argv[2] : "checkpoint";
   // RANK and WORLD_SIZE from the launcher; CPU processes meet over shared memory on one host, else Gloo.
   const dist::LaunchEnvironment launch = dist::resolve_launch_environment();
-  auto group = launch.world_size > 1 ? dist::init_process_group({.backend = "auto"}) : nullptr;
+  auto options = dist::InitOptions().backend(dist::Backend::automatic);
+  auto group = launch.world_size > 1 ? dist::init_process_group(options) : nullptr;
   manual_seed(0);
   auto model = std::make_shared<TwoLayerNet>(2, 64, 3);
   auto make_sgd = [](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {

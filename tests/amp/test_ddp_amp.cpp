@@ -50,7 +50,7 @@ Tensor flat_masters(const amp::MixedPrecisionOptimizer& optimizer) {
 }  // namespace
 
 LOOM_DIST_SCENARIO("amp_overflow_skip") {
-  auto group = dist::init_process_group({.init_method = "env://", .timeout = 20s});
+  auto group = dist::init_process_group(dist::InitOptions().init_method("env://").timeout(20s));
   const int rank = group->rank(), world = group->size();
   manual_seed(7 + rank);  // different weights until DDP broadcasts rank 0's
   auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
@@ -71,7 +71,8 @@ LOOM_DIST_SCENARIO("amp_overflow_skip") {
       locally_finite[step] = locally_finite[step] && all_finite(p.grad());
     });
   }
-  dist::DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
+  dist::DistributedDataParallel ddp(
+      model, group, dist::DistributedDataParallelOptions().first_bucket_bytes_cap(64).bucket_bytes_cap(256));
   expect(ddp.bucket_parameter_names().size() >= 2, "expected several buckets");
 
   std::vector<bool> stepped;

@@ -192,7 +192,8 @@ std::vector<RankResult> spawn_ranks(const std::string& scenario, int world, cons
 
 std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout) {
   const char* backend = std::getenv("LOOM_TEST_BACKEND");
-  return init_process_group({.backend = backend ? backend : "gloo", .init_method = "env://", .timeout = timeout});
+  return init_process_group(
+      InitOptions().backend(parse_backend(backend ? backend : "gloo")).init_method("env://").timeout(timeout));
 }
 
 SpawnOptions on_shm(std::chrono::milliseconds deadline, std::map<std::string, std::string> environment) {

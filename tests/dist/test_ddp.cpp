@@ -33,6 +33,11 @@ namespace {
 
 std::shared_ptr<ProcessGroup> group_from_environment() { return testing::group_from_environment(20s); }
 
+// DDP's options with buckets of at most `first` bytes first and `later` bytes after.
+DistributedDataParallelOptions bucket_caps(size_t first, size_t later) {
+  return DistributedDataParallelOptions().first_bucket_bytes_cap(first).bucket_bytes_cap(later);
+}
+
 // A ProcessGroupGloo of one rank, for in-process tests.
 std::shared_ptr<ProcessGroup> world_of_one() {
   auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
@@ -43,7 +48,7 @@ std::shared_ptr<ProcessGroup> world_of_one() {
 // first and 128 after (the MLP's parameters span several).
 struct TinyDdp {
   explicit TinyDdp(uint64_t seed)
-      : model(tiny_model(seed)), ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128}) {}
+      : model(tiny_model(seed)), ddp(model, group, bucket_caps(64, 128)) {}
   std::shared_ptr<ProcessGroup> group = group_from_environment();
   int rank = group->rank(), world = group->size();
   std::shared_ptr<nn::Module> model;
@@ -159,6 +164,23 @@ void expect_gradients_in_buckets(const DistributedDataParallel& ddp, nn::Module&
 }  // namespace
 
 TEST_SUITE("ddp") {
+  TEST_CASE("options: PyTorch's defaults, set by chained calls") {
+    const DistributedDataParallelOptions defaults;
+    CHECK(defaults.first_bucket_bytes_cap() == size_t{1} << 20);
+    CHECK(defaults.bucket_bytes_cap() == size_t{25} << 20);
+    CHECK(!defaults.find_unused_parameters());
+    CHECK(defaults.broadcast_buffers());
+    const auto set = DistributedDataParallelOptions()
+                         .first_bucket_bytes_cap(3)
+                         .bucket_bytes_cap(5)
+                         .find_unused_parameters(true)
+                         .broadcast_buffers(false);
+    CHECK(set.first_bucket_bytes_cap() == 3);
+    CHECK(set.bucket_bytes_cap() == 5);
+    CHECK(set.find_unused_parameters());
+    CHECK(!set.broadcast_buffers());
+  }
+
   TEST_CASE("bucket assignment, hand-computed") {
     // f32 parameters of 400, 800, 1200 and 200 bytes, then an f64 one of 80 bytes;
     // caps: first bucket 1000 bytes, later ones 2000.
@@ -207,7 +229,7 @@ TEST_SUITE("ddp") {
   TEST_CASE("world of one: buckets back the gradients, timings, errors") {
     auto group = world_of_one();
     auto model = tiny_model(7);
-    DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
+    DistributedDataParallel ddp(model, group, bucket_caps(64, 128));
     // 2.bias 24 B | 2.weight 120 B | 0.bias 40 B | 0.weight 240 B (f64).
     std::vector<std::vector<std::string>> expected = {{"2.bias"}, {"2.weight"}, {"0.bias"}, {"0.weight"}};
     CHECK(ddp.bucket_parameter_names() == expected);
@@ -250,7 +272,7 @@ TEST_SUITE("ddp") {
     auto in_place = watch_gradients_in_place(*model);
     auto reference = tiny_conv_model(11);
     {
-      DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
+      DistributedDataParallel ddp(model, group, bucket_caps(64, 256));
       for (auto& named : model->named_parameters())
         CHECK_MESSAGE(grad_accumulator(named.second)->gradient_buffer().defined(), named.first);
       for (int step = 0; step < 2; ++step) {
@@ -284,7 +306,7 @@ TEST_SUITE("ddp") {
     CHECK(contains(message, "find_unused_parameters"));
 
     auto model = std::make_shared<TwoHeads>();
-    DistributedDataParallel tolerant(model, group, {.find_unused_parameters = true});
+    DistributedDataParallel tolerant(model, group, DistributedDataParallelOptions().find_unused_parameters(true));
     mse(tolerant.forward(inputs(0, 4)), targets(0, 4)).backward();
     CHECK(model->unused->weight.grad().defined());
     for (double g : model->unused->weight.grad().to_vector<double>()) CHECK(g == 0.0);
@@ -297,7 +319,7 @@ LOOM_DIST_SCENARIO("ddp_equivalence") {
   auto group = group_from_environment();
   int rank = group->rank(), world = group->size();
   auto model = tiny_model(100 + rank);  // different on every rank until DDP broadcasts rank 0's
-  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
+  DistributedDataParallel ddp(model, group, bucket_caps(64, 128));
   expect(ddp.bucket_parameter_names().size() == 4, "expected 4 buckets");
   int64_t share = kSamples / world;
   for (int step = 0; step < 3; ++step) {
@@ -344,7 +366,7 @@ LOOM_DIST_SCENARIO("ddp_in_place") {
   int rank = group->rank(), world = group->size();
   auto model = tiny_conv_model(300);
   auto in_place = watch_gradients_in_place(*model);
-  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 256});
+  DistributedDataParallel ddp(model, group, bucket_caps(64, 256));
   const int64_t share = kSamples / world;
   auto reference = tiny_conv_model(300);
   for (int step = 0; step < 2; ++step) {
@@ -372,7 +394,7 @@ LOOM_DIST_SCENARIO("ddp_unused") {
   auto group = group_from_environment();
   int rank = group->rank(), world = group->size();
   auto model = std::make_shared<TwoHeads>();
-  DistributedDataParallel ddp(model, group, {.find_unused_parameters = true});
+  DistributedDataParallel ddp(model, group, DistributedDataParallelOptions().find_unused_parameters(true));
   int64_t share = kSamples / world;
   for (int step = 0; step < 2; ++step) {
     mse(ddp.forward(inputs(rank * share, share)), targets(rank * share, share)).backward();
@@ -484,7 +506,7 @@ LOOM_DIST_SCENARIO("ddp_overlap") {
       std::make_shared<nn::Conv2d>(3, 64, 3, 1, 1), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Conv2d>(64, 64, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::Flatten>(),
       std::make_shared<nn::Linear>(64 * 40 * 40, 10)});
-  DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 1, .bucket_bytes_cap = 1});
+  DistributedDataParallel ddp(model, group, bucket_caps(1, 1));
   expect(ddp.bucket_parameter_names().size() == 6, "expected one bucket per parameter");
   std::vector<double> pixels(16 * 3 * 40 * 40);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = std::sin(0.001 * static_cast<double>(i) * (group->rank() + 1));

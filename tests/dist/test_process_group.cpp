@@ -246,12 +246,13 @@ LOOM_DIST_SCENARIO("init_methods") {
   std::shared_ptr<ProcessGroup> group;
   if (method == "tcp") {
     // Explicit rank / world size / address: the launcher variables are ignored.
-    group = init_process_group({.init_method = str("tcp://127.0.0.1:", env_string("MASTER_PORT")),
-                                .world_size = world,
-                                .rank = rank,
-                                .timeout = 20s});
+    group = init_process_group(InitOptions()
+                                   .init_method(str("tcp://127.0.0.1:", env_string("MASTER_PORT")))
+                                   .world_size(world)
+                                   .rank(rank)
+                                   .timeout(20s));
   } else {
-    group = init_process_group({.init_method = "file://" + env_string("LOOM_TEST_PATH"), .timeout = 20s});
+    group = init_process_group(InitOptions().init_method("file://" + env_string("LOOM_TEST_PATH")).timeout(20s));
   }
   expect(default_process_group() == group && is_initialized(), "init_process_group did not set the default group");
   Tensor tensor = Tensor::full({3}, rank + 1.0, DType::f32);
@@ -351,7 +352,7 @@ LOOM_DIST_SCENARIO("stalled_peer") {
 // collectives both get an error naming the two calls instead of exchanging
 // garbage.
 LOOM_DIST_SCENARIO("shm_auto_and_mismatch") {
-  auto group = init_process_group({.backend = "auto", .init_method = "env://", .timeout = 20s});
+  auto group = init_process_group(InitOptions().backend(Backend::automatic).init_method("env://").timeout(20s));
   expect(std::string(group->backend_name()) == "shm", "backend auto picked ", group->backend_name());
   Tensor tensor = Tensor::full({3}, group->rank() + 1.0, DType::f32);
   group->all_reduce(tensor)->wait();
@@ -452,25 +453,67 @@ TEST_SUITE("process_group") {
   TEST_CASE("init_process_group: nccl, unknown backends and init methods") {
     // Where nccl cannot work, it says why before any rendezvous.
     if (!cuda::built_with_cuda()) {
-      std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+      std::string nccl = error_of([] { init_process_group(InitOptions().backend(Backend::nccl)); });
       CHECK(contains(nccl, "loom was built without CUDA"));
       CHECK(contains(nccl, "NCCL backend needs the CUDA backend"));
       CHECK(contains(nccl, "use backend \"gloo\""));
     } else if (!nccl_available()) {
-      std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+      std::string nccl = error_of([] { init_process_group(InitOptions().backend(Backend::nccl)); });
       CHECK(contains(nccl, "built with CUDA but without NCCL"));
       CHECK(contains(nccl, "NCCL_ROOT"));
     } else if (cuda::device_count() == 0) {
-      std::string nccl = error_of([] { init_process_group({.backend = "nccl"}); });
+      std::string nccl = error_of([] { init_process_group(InitOptions().backend(Backend::nccl)); });
       CHECK(contains(nccl, "needs a CUDA device, but no CUDA device is visible"));
       CHECK(contains(error_of([] { make_process_group_nccl(nullptr, 0, 1, {}); }), "no CUDA device is visible"));
     }
-    CHECK(contains(error_of([] { init_process_group({.backend = "mpi"}); }), "unknown backend 'mpi'"));
-    CHECK(contains(error_of([] { init_process_group({.init_method = "redis://x", .world_size = 1, .rank = 0}); }),
+    const std::string mpi = error_of([] { parse_backend("mpi"); });
+    CHECK(contains(mpi, "unknown backend 'mpi'"));
+    for (const char* name : {"\"auto\"", "\"gloo\"", "\"shm\"", "\"nccl\""}) CHECK(contains(mpi, name));
+    CHECK(contains(error_of([] { parse_backend("Gloo"); }), "unknown backend 'Gloo'"));
+    CHECK(contains(error_of([] { init_process_group(InitOptions().init_method("redis://x").world_size(1).rank(0)); }),
                    "init_method 'redis://x' is not one of"));
-    CHECK(contains(error_of([] { init_process_group({.init_method = "tcp://nohost", .world_size = 1, .rank = 0}); }),
-                   "is not tcp://HOST:PORT"));
+    CHECK(contains(
+        error_of([] { init_process_group(InitOptions().init_method("tcp://nohost").world_size(1).rank(0)); }),
+        "is not tcp://HOST:PORT"));
     CHECK(contains(error_of([] { default_process_group(); }), "call loom::dist::init_process_group() first"));
+  }
+
+  TEST_CASE("backend names and InitOptions") {
+    CHECK(parse_backend("auto") == Backend::automatic);
+    CHECK(parse_backend("gloo") == Backend::gloo);
+    CHECK(parse_backend("shm") == Backend::shm);
+    CHECK(parse_backend("nccl") == Backend::nccl);
+    for (Backend backend : {Backend::automatic, Backend::gloo, Backend::shm, Backend::nccl}) {
+      CHECK(parse_backend(backend_name(backend)) == backend);
+    }
+    // The defaults the aggregate had: gloo over env://, rank and world size from the launcher, PyTorch's 30 minutes.
+    const InitOptions defaults;
+    CHECK(defaults.backend() == Backend::gloo);
+    CHECK(defaults.init_method() == "env://");
+    CHECK(defaults.world_size() == -1);
+    CHECK(defaults.rank() == -1);
+    CHECK(defaults.timeout() == std::chrono::minutes(30));
+    CHECK(defaults.store() == nullptr);
+    CHECK(defaults.group_name() == "default");
+    CHECK(defaults.device_index() == -1);
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    const InitOptions set = InitOptions()
+                                .backend(Backend::shm)
+                                .init_method("file:///x")
+                                .world_size(4)
+                                .rank(3)
+                                .timeout(7s)
+                                .store(store)
+                                .group_name("g")
+                                .device_index(2);
+    CHECK(set.backend() == Backend::shm);
+    CHECK(set.init_method() == "file:///x");
+    CHECK(set.world_size() == 4);
+    CHECK(set.rank() == 3);
+    CHECK(set.timeout() == 7s);
+    CHECK(set.store() == store);
+    CHECK(set.group_name() == "g");
+    CHECK(set.device_index() == 2);
   }
 
   TEST_CASE("nccl: the dtypes it takes and the errors for tensors it cannot take") {

@@ -41,7 +41,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::shared_ptr<ProcessGroup> nccl_group() {
-  auto group = init_process_group({.backend = "nccl", .init_method = "env://", .timeout = 60s});
+  auto group = init_process_group(InitOptions().backend(Backend::nccl).init_method("env://").timeout(60s));
   expect(std::string(group->backend_name()) == "nccl", "backend is ", group->backend_name());
   expect(group->device() == Device::cuda(cuda::local_rank_device()), "the group drives ", group->device().str(),
          "; expected the local rank's device");
@@ -231,7 +231,8 @@ LOOM_DIST_SCENARIO("nccl_ddp") {
   for (bool every_bucket : {false, true}) {
     const std::string hook = every_bucket ? "all-reduce-avg hook" : "default hook";
     auto model = tiny_model(100 + rank, device);  // rank 0's parameters reach every rank through DDP
-    DistributedDataParallel ddp(model, group, {.first_bucket_bytes_cap = 64, .bucket_bytes_cap = 128});
+    DistributedDataParallel ddp(model, group,
+                                DistributedDataParallelOptions().first_bucket_bytes_cap(64).bucket_bytes_cap(128));
     expect(ddp.bucket_parameter_names().size() == 4, "expected 4 buckets");
     if (every_bucket) {
       ddp.register_comm_hook([](ProcessGroup& g, const Tensor& bucket) -> BucketReduction {
