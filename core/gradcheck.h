@@ -15,27 +15,18 @@
 #include <vector>
 
 #include <loom/core/autograd.h>
+#include <loom/core/options.h>
 #include <loom/core/tensor.h>
 
 namespace loom {
 
 class GradcheckOptions {
- public:
   // The largest accepted relative error (see InputGradientCheck).
-  GradcheckOptions& tolerance(double value) { tolerance_ = value; return *this; }
+  LOOM_OPTION(double, tolerance) = 1e-6;
   // The finite-difference step: each element moves by +-eps.
-  GradcheckOptions& eps(double value) { eps_ = value; return *this; }
+  LOOM_OPTION(double, eps) = 1e-6;
   // Seed of the random weights w of the checked objective sum(f(inputs) * w).
-  GradcheckOptions& seed(uint64_t value) { seed_ = value; return *this; }
-
-  double tolerance() const { return tolerance_; }
-  double eps() const { return eps_; }
-  uint64_t seed() const { return seed_; }
-
- private:
-  double tolerance_ = 1e-6;
-  double eps_ = 1e-6;
-  uint64_t seed_ = 99;
+  LOOM_OPTION(uint64_t, seed) = 99;
 };
 
 // The check of one input.

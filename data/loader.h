@@ -10,6 +10,7 @@
 
 #include <loom/core/cuda/stream.h>
 #include <loom/core/memory_format.h>
+#include <loom/core/options.h>
 #include <loom/core/tensor.h>
 #include <loom/data/dataset.h>
 #include <loom/data/sampler.h>
@@ -33,57 +34,32 @@ struct Batch {
 };
 
 class DataLoaderOptions {
- public:
   // Samples per batch; the last batch of an epoch is smaller unless drop_last.
-  DataLoaderOptions& batch_size(int64_t value) { batch_size_ = value; return *this; }
+  LOOM_OPTION(int64_t, batch_size) = 64;
   // Worker threads; 0 builds every batch in the thread that calls next().
-  DataLoaderOptions& num_workers(int64_t value) { num_workers_ = value; return *this; }
+  LOOM_OPTION(int64_t, num_workers) = 0;
   // Batches in flight per worker (built or being built, not yet consumed).
-  DataLoaderOptions& prefetch_factor(int64_t value) { prefetch_factor_ = value; return *this; }
-  DataLoaderOptions& drop_last(bool value) { drop_last_ = value; return *this; }
+  LOOM_OPTION(int64_t, prefetch_factor) = 2;
+  // Drop an epoch's last, smaller batch.
+  LOOM_OPTION(bool, drop_last) = false;
   // Where next() delivers batches. On the CPU (the default) the collated batch
   // is used in place. On a CUDA device the batch is copied there on the
   // loader's own stream by the thread that built it, and next() makes the
   // caller's current stream wait on the copy (an event, no host sync).
-  DataLoaderOptions& device(Device value) { device_ = value; return *this; }
+  LOOM_OPTION(Device, device) = Device::cpu();
   // With a CUDA device: collate into page-locked host memory, so the copy is
   // asynchronous DMA; a buffer is reused only after its copy has completed.
   // Without it the driver stages the copy from pageable memory. Ignored on the CPU.
-  DataLoaderOptions& pin_memory(bool value) { pin_memory_ = value; return *this; }
+  LOOM_OPTION(bool, pin_memory) = false;
   // Element type of the images: f32 (default), f64, f16 or bf16, written directly.
-  DataLoaderOptions& dtype(DType value) { dtype_ = value; return *this; }
-  DataLoaderOptions& memory_format(MemoryFormat value) { memory_format_ = value; return *this; }
+  LOOM_OPTION(DType, dtype) = DType::f32;
+  // nchw (default) or nhwc, the channels-last stride variant.
+  LOOM_OPTION(MemoryFormat, memory_format) = MemoryFormat::nchw;
   // Seed of the augmentation randomness: sample i of epoch e uses (seed, e, i).
-  DataLoaderOptions& seed(uint64_t value) { seed_ = value; return *this; }
+  LOOM_OPTION(uint64_t, seed) = 0;
   // Runs on every collated batch in the thread that built it (e.g. batch-level
   // augmentation); an exception it throws reaches the training thread.
-  DataLoaderOptions& batch_transform(std::function<void(Batch&)> value) {
-    batch_transform_ = std::move(value);
-    return *this;
-  }
-
-  int64_t batch_size() const { return batch_size_; }
-  int64_t num_workers() const { return num_workers_; }
-  int64_t prefetch_factor() const { return prefetch_factor_; }
-  bool drop_last() const { return drop_last_; }
-  bool pin_memory() const { return pin_memory_; }
-  Device device() const { return device_; }
-  DType dtype() const { return dtype_; }
-  MemoryFormat memory_format() const { return memory_format_; }
-  uint64_t seed() const { return seed_; }
-  const std::function<void(Batch&)>& batch_transform() const { return batch_transform_; }
-
- private:
-  int64_t batch_size_ = 64;
-  int64_t num_workers_ = 0;
-  int64_t prefetch_factor_ = 2;
-  bool drop_last_ = false;
-  bool pin_memory_ = false;
-  Device device_ = Device::cpu();
-  DType dtype_ = DType::f32;
-  MemoryFormat memory_format_ = MemoryFormat::nchw;
-  uint64_t seed_ = 0;
-  std::function<void(Batch&)> batch_transform_;
+  LOOM_OPTION(std::function<void(Batch&)>, batch_transform);
 };
 
 class DataLoader {

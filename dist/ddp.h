@@ -52,31 +52,16 @@ CommunicationHook compress_hook(DType wire_dtype);
 // How DistributedDataParallel buckets and reduces, e.g.
 // DistributedDataParallelOptions().bucket_bytes_cap(size_t{50} << 20).find_unused_parameters(true).
 class DistributedDataParallelOptions {
- public:
   // Bytes of the first bucket of each (dtype, device) group at most; 1 MiB by
   // default, so that communication starts early in backward.
-  DistributedDataParallelOptions& first_bucket_bytes_cap(size_t value) {
-    first_bucket_bytes_cap_ = value;
-    return *this;
-  }
+  LOOM_OPTION(size_t, first_bucket_bytes_cap) = size_t{1} << 20;
   // Bytes of every later bucket at most; 25 MiB by default (PyTorch's bucket_cap_mb).
-  DistributedDataParallelOptions& bucket_bytes_cap(size_t value) { bucket_bytes_cap_ = value; return *this; }
+  LOOM_OPTION(size_t, bucket_bytes_cap) = size_t{25} << 20;
   // Parameters the forward pass did not use get no gradient; with this option
   // they are found after each forward and reduced as they are (no error).
-  DistributedDataParallelOptions& find_unused_parameters(bool value) { find_unused_parameters_ = value; return *this; }
+  LOOM_OPTION(bool, find_unused_parameters) = false;
   // Copy rank 0's buffers (batch-norm statistics) to every rank before each forward; on by default.
-  DistributedDataParallelOptions& broadcast_buffers(bool value) { broadcast_buffers_ = value; return *this; }
-
-  size_t first_bucket_bytes_cap() const { return first_bucket_bytes_cap_; }
-  size_t bucket_bytes_cap() const { return bucket_bytes_cap_; }
-  bool find_unused_parameters() const { return find_unused_parameters_; }
-  bool broadcast_buffers() const { return broadcast_buffers_; }
-
- private:
-  size_t first_bucket_bytes_cap_ = size_t{1} << 20;
-  size_t bucket_bytes_cap_ = size_t{25} << 20;
-  bool find_unused_parameters_ = false;
-  bool broadcast_buffers_ = true;
+  LOOM_OPTION(bool, broadcast_buffers) = true;
 };
 
 // When one bucket became ready (its last gradient arrived), was handed to the

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/options.h>
 #include <loom/core/tensor.h>
 #include <loom/dist/store.h>
 
@@ -164,45 +165,25 @@ const char* backend_name(Backend backend);
 // What init_process_group() builds, e.g.
 // InitOptions().backend(Backend::nccl).timeout(std::chrono::minutes(10)).
 class InitOptions {
- public:
   // The backend; gloo by default.
-  InitOptions& backend(Backend value) { backend_ = value; return *this; }
+  LOOM_OPTION(Backend, backend) = Backend::gloo;
   // "env://" (MASTER_ADDR / MASTER_PORT and friends), "tcp://host:port", or
   // "file:///shared/path"; ignored when a store is given.
-  InitOptions& init_method(std::string value) { init_method_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, init_method) = "env://";
   // Ranks in the group; -1: from the launch environment.
-  InitOptions& world_size(int value) { world_size_ = value; return *this; }
+  LOOM_OPTION(int, world_size) = -1;
   // This process's rank; -1: from the launch environment.
-  InitOptions& rank(int value) { rank_ = value; return *this; }
+  LOOM_OPTION(int, rank) = -1;
   // Timeout of the rendezvous and of collectives.
-  InitOptions& timeout(Milliseconds value) { timeout_ = value; return *this; }
+  LOOM_OPTION(Milliseconds, timeout) = kDefaultCollectiveTimeout;
   // An existing rendezvous store (world_size and rank then required); null: init_method's.
-  InitOptions& store(std::shared_ptr<Store> value) { store_ = std::move(value); return *this; }
+  LOOM_OPTION(std::shared_ptr<Store>, store);
   // Name of the group inside the store; groups sharing a store need distinct names.
-  InitOptions& group_name(std::string value) { group_name_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, group_name) = "default";
   // nccl: the CUDA device this rank drives; -1: cuda::local_rank_device()
   // (LOCAL_RANK, SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK modulo the
   // number of visible devices).
-  InitOptions& device_index(int value) { device_index_ = value; return *this; }
-
-  Backend backend() const { return backend_; }
-  const std::string& init_method() const { return init_method_; }
-  int world_size() const { return world_size_; }
-  int rank() const { return rank_; }
-  Milliseconds timeout() const { return timeout_; }
-  const std::shared_ptr<Store>& store() const { return store_; }
-  const std::string& group_name() const { return group_name_; }
-  int device_index() const { return device_index_; }
-
- private:
-  Backend backend_ = Backend::gloo;
-  std::string init_method_ = "env://";
-  int world_size_ = -1;
-  int rank_ = -1;
-  Milliseconds timeout_ = kDefaultCollectiveTimeout;
-  std::shared_ptr<Store> store_;
-  std::string group_name_ = "default";
-  int device_index_ = -1;
+  LOOM_OPTION(int, device_index) = -1;
 };
 
 // Builds a process group and makes it the default one: the backend's group

@@ -6,6 +6,7 @@
 #include <array>
 #include <initializer_list>
 
+#include <loom/core/options.h>
 #include <loom/nn/module.h>
 #include <loom/ops/batch_norm.h>
 
@@ -14,32 +15,27 @@ namespace loom::nn {
 // Conv2dOptions(in, out, kernel).stride(2).padding(1).bias(false)
 class Conv2dOptions {
  public:
+  using Pair = std::array<int64_t, 2>;  // (height, width)
   Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
       : in_channels_(in_channels), out_channels_(out_channels), kernel_size_{kernel_size, kernel_size} {}
-  // Window (height, width); the constructor's kernel_size is square.
+  // The same value along both dimensions.
   Conv2dOptions& kernel_size(int64_t h, int64_t w) { kernel_size_ = {h, w}; return *this; }
-  // Step between windows, the same along both dimensions (default 1).
   Conv2dOptions& stride(int64_t s) { stride_ = {s, s}; return *this; }
-  // Zeros added on every side (default 0).
   Conv2dOptions& padding(int64_t p) { padding_ = {p, p}; return *this; }
-  // Spacing between a window's taps (default 1).
   Conv2dOptions& dilation(int64_t d) { dilation_ = {d, d}; return *this; }
+
+  LOOM_OPTION(int64_t, in_channels);
+  LOOM_OPTION(int64_t, out_channels);
+  // Window (height, width); the constructor's is square.
+  LOOM_OPTION(Pair, kernel_size);
+  // Step between windows (default 1).
+  LOOM_OPTION(Pair, stride) = {1, 1};
+  // Zeros added on every side (default 0).
+  LOOM_OPTION(Pair, padding) = {0, 0};
+  // Spacing between a window's taps (default 1).
+  LOOM_OPTION(Pair, dilation) = {1, 1};
   // A learned bias per output channel (default true).
-  Conv2dOptions& bias(bool b) { bias_ = b; return *this; }
-
-  int64_t in_channels() const { return in_channels_; }
-  int64_t out_channels() const { return out_channels_; }
-  const std::array<int64_t, 2>& kernel_size() const { return kernel_size_; }
-  const std::array<int64_t, 2>& stride() const { return stride_; }
-  const std::array<int64_t, 2>& padding() const { return padding_; }
-  const std::array<int64_t, 2>& dilation() const { return dilation_; }
-  bool bias() const { return bias_; }
-
- private:
-  int64_t in_channels_, out_channels_;
-  std::array<int64_t, 2> kernel_size_;
-  std::array<int64_t, 2> stride_{1, 1}, padding_{0, 0}, dilation_{1, 1};
-  bool bias_ = true;
+  LOOM_OPTION(bool, bias) = true;
 };
 
 class Conv2d : public Module {
@@ -62,27 +58,16 @@ class Conv2d : public Module {
 class BatchNormOptions {
  public:
   explicit BatchNormOptions(int64_t num_features) : num_features_(num_features) {}
+  // Channels.
+  LOOM_OPTION(int64_t, num_features);
   // Added to the variance before the square root (default 1e-5).
-  BatchNormOptions& eps(double e) { eps_ = e; return *this; }
+  LOOM_OPTION(double, eps) = 1e-5;
   // Weight of the new batch in the running statistics (PyTorch's convention, default 0.1).
-  BatchNormOptions& momentum(double m) { momentum_ = m; return *this; }
+  LOOM_OPTION(double, momentum) = 0.1;
   // A learned weight and bias per channel (default true).
-  BatchNormOptions& affine(bool a) { affine_ = a; return *this; }
+  LOOM_OPTION(bool, affine) = true;
   // Keep running mean and variance for evaluation (default true).
-  BatchNormOptions& track_running_stats(bool t) { track_running_stats_ = t; return *this; }
-
-  int64_t num_features() const { return num_features_; }
-  double eps() const { return eps_; }
-  double momentum() const { return momentum_; }
-  bool affine() const { return affine_; }
-  bool track_running_stats() const { return track_running_stats_; }
-
- private:
-  int64_t num_features_;
-  double eps_ = 1e-5;
-  double momentum_ = 0.1;
-  bool affine_ = true;
-  bool track_running_stats_ = true;
+  LOOM_OPTION(bool, track_running_stats) = true;
 };
 
 class BatchNorm2d : public Module {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include <loom/core/options.h>
 #include <loom/nn/layers.h>
 
 namespace loom::nn {
@@ -33,33 +34,19 @@ enum class BlockKind { basic, bottleneck };
 
 // ResNetOptions().num_classes(10).stem(ResNetStem::cifar)
 class ResNetOptions {
- public:
   // Units of the final linear layer (default 1000, ImageNet's classes).
-  ResNetOptions& num_classes(int64_t n) { num_classes_ = n; return *this; }
+  LOOM_OPTION(int64_t, num_classes) = 1000;
   // Channels of the input images: 3 (RGB) or 1 (the MNIST ResNet-101 tutorial).
-  ResNetOptions& in_channels(int64_t c) { in_channels_ = c; return *this; }
+  LOOM_OPTION(int64_t, in_channels) = 3;
   // The first layers: ImageNet's 7x7/2 convolution and max pool, or CIFAR's 3x3/1 convolution.
-  ResNetOptions& stem(ResNetStem s) { stem_ = s; return *this; }
-  // Starts each residual branch at zero: the last BN of every block gets weight 0
-  // (torchvision's zero_init_residual).
-  ResNetOptions& zero_init_residual(bool z) { zero_init_residual_ = z; return *this; }
+  LOOM_OPTION(ResNetStem, stem) = ResNetStem::imagenet;
+  // Starts each residual branch at zero: the last BN of every block gets
+  // weight 0 (torchvision's zero_init_residual).
+  LOOM_OPTION(bool, zero_init_residual) = false;
   // Channels of layer1's convolutions; layer2..4 use 2x, 4x, 8x. 64 is
   // torchvision's (and the only value whose state_dict torchvision loads); a
   // smaller width makes the same architecture cheap enough for tests.
-  ResNetOptions& width(int64_t w) { width_ = w; return *this; }
-
-  int64_t num_classes() const { return num_classes_; }
-  int64_t in_channels() const { return in_channels_; }
-  ResNetStem stem() const { return stem_; }
-  bool zero_init_residual() const { return zero_init_residual_; }
-  int64_t width() const { return width_; }
-
- private:
-  int64_t num_classes_ = 1000;
-  int64_t in_channels_ = 3;
-  ResNetStem stem_ = ResNetStem::imagenet;
-  bool zero_init_residual_ = false;
-  int64_t width_ = 64;
+  LOOM_OPTION(int64_t, width) = 64;
 };
 
 // conv3x3 -> BN -> ReLU -> conv3x3 -> BN, plus the identity (or downsample), -> ReLU.

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <loom/core/options.h>
 #include <loom/core/tensor.h>
 #include <loom/nn/module.h>
 
@@ -20,37 +21,20 @@ namespace loom::optim {
 
 // GradScalerOptions().init_scale(1024).growth_interval(100)
 class GradScalerOptions {
- public:
   // The first loss scale (default 2^16).
-  GradScalerOptions& init_scale(double s) { init_scale_ = s; return *this; }
+  LOOM_OPTION(double, init_scale) = 65536.0;
   // Factor applied after growth_interval steps without inf / NaN (default 2).
-  GradScalerOptions& growth_factor(double f) { growth_factor_ = f; return *this; }
+  LOOM_OPTION(double, growth_factor) = 2.0;
   // Factor applied after a step with inf / NaN gradients (default 0.5).
-  GradScalerOptions& backoff_factor(double f) { backoff_factor_ = f; return *this; }
+  LOOM_OPTION(double, backoff_factor) = 0.5;
   // Clean steps before the scale grows (default 2000).
-  GradScalerOptions& growth_interval(int64_t steps) { growth_interval_ = steps; return *this; }
-  // Bounds of the scale (default 1 and 2^24).
-  GradScalerOptions& min_scale(double s) { min_scale_ = s; return *this; }
-  GradScalerOptions& max_scale(double s) { max_scale_ = s; return *this; }
+  LOOM_OPTION(int64_t, growth_interval) = 2000;
+  // Lower bound of the scale (default 1).
+  LOOM_OPTION(double, min_scale) = 1.0;
+  // Upper bound of the scale (default 2^24).
+  LOOM_OPTION(double, max_scale) = 16777216.0;
   // A disabled scaler scales by 1, never checks and never skips (bf16, O0, O3).
-  GradScalerOptions& enabled(bool e) { enabled_ = e; return *this; }
-
-  double init_scale() const { return init_scale_; }
-  double growth_factor() const { return growth_factor_; }
-  double backoff_factor() const { return backoff_factor_; }
-  int64_t growth_interval() const { return growth_interval_; }
-  double min_scale() const { return min_scale_; }
-  double max_scale() const { return max_scale_; }
-  bool enabled() const { return enabled_; }
-
- private:
-  double init_scale_ = 65536.0;  // 2^16
-  double growth_factor_ = 2.0;
-  double backoff_factor_ = 0.5;
-  int64_t growth_interval_ = 2000;
-  double min_scale_ = 1.0;
-  double max_scale_ = 16777216.0;  // 2^24
-  bool enabled_ = true;
+  LOOM_OPTION(bool, enabled) = true;
 };
 
 // destinations[k][i] = sources[k][i] * factor for every pair k, in one pass

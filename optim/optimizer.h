@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/options.h>
 #include <loom/core/tensor.h>
 #include <loom/nn/module.h>
 
@@ -46,25 +47,15 @@ class SGDOptions {
  public:
   explicit SGDOptions(double lr) : lr_(lr) {}
   // Learning rate.
-  SGDOptions& lr(double l) { lr_ = l; return *this; }
+  LOOM_OPTION(double, lr);
   // Momentum factor (default 0: plain SGD).
-  SGDOptions& momentum(double m) { momentum_ = m; return *this; }
+  LOOM_OPTION(double, momentum) = 0;
   // Dampening of the momentum (default 0).
-  SGDOptions& dampening(double d) { dampening_ = d; return *this; }
+  LOOM_OPTION(double, dampening) = 0;
   // L2 penalty added to the gradient (default 0).
-  SGDOptions& weight_decay(double w) { weight_decay_ = w; return *this; }
+  LOOM_OPTION(double, weight_decay) = 0;
   // Nesterov momentum (default false).
-  SGDOptions& nesterov(bool n) { nesterov_ = n; return *this; }
-
-  double lr() const { return lr_; }
-  double momentum() const { return momentum_; }
-  double dampening() const { return dampening_; }
-  double weight_decay() const { return weight_decay_; }
-  bool nesterov() const { return nesterov_; }
-
- private:
-  double lr_, momentum_ = 0, dampening_ = 0, weight_decay_ = 0;
-  bool nesterov_ = false;
+  LOOM_OPTION(bool, nesterov) = false;
 };
 
 class SGD : public Optimizer {
@@ -85,27 +76,20 @@ class SGD : public Optimizer {
 class AdamOptions {
  public:
   explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
-  // Learning rate.
-  AdamOptions& lr(double l) { lr_ = l; return *this; }
-  // Decay rates of the first and second moment estimates (default 0.9, 0.999).
+  // Decay rates of the first and second moment estimates.
   AdamOptions& betas(double b1, double b2) { beta1_ = b1; beta2_ = b2; return *this; }
+  // Learning rate (default 1e-3).
+  LOOM_OPTION(double, lr);
+  // Decay rate of the first moment estimate (default 0.9).
+  LOOM_OPTION(double, beta1) = 0.9;
+  // Decay rate of the second moment estimate (default 0.999).
+  LOOM_OPTION(double, beta2) = 0.999;
   // Added to the denominator (default 1e-8).
-  AdamOptions& eps(double e) { eps_ = e; return *this; }
-  // L2 penalty (default 0).
-  AdamOptions& weight_decay(double w) { weight_decay_ = w; return *this; }
+  LOOM_OPTION(double, eps) = 1e-8;
+  // L2 penalty, or decoupled decay with decoupled_weight_decay (default 0).
+  LOOM_OPTION(double, weight_decay) = 0;
   // AdamW: decoupled weight decay (p *= 1 - lr * wd) instead of L2 in the gradient.
-  AdamOptions& decoupled_weight_decay(bool d) { decoupled_ = d; return *this; }
-
-  double lr() const { return lr_; }
-  double beta1() const { return beta1_; }
-  double beta2() const { return beta2_; }
-  double eps() const { return eps_; }
-  double weight_decay() const { return weight_decay_; }
-  bool decoupled_weight_decay() const { return decoupled_; }
-
- private:
-  double lr_, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0;
-  bool decoupled_ = false;
+  LOOM_OPTION(bool, decoupled_weight_decay) = false;
 };
 
 class Adam : public Optimizer {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include <loom/core/options.h>
 #include <loom/core/device.h>
 #include <loom/data/loader.h>
 #include <loom/dist/process_group.h>
@@ -29,31 +30,17 @@ enum class CheckpointErrorPolicy {
 CheckpointErrorPolicy parse_checkpoint_error_policy(const std::string& text);
 
 class CheckpointOptions {
- public:
   // Directory rank 0 writes checkpoints into, created when missing; '' writes none.
-  CheckpointOptions& directory(std::string value) { directory_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, directory) = "./checkpoint";
   // Steps between step checkpoints; 0 writes checkpoints at epoch ends only.
-  CheckpointOptions& every_steps(int64_t value) { every_steps_ = value; return *this; }
+  LOOM_OPTION(int64_t, every_steps) = 0;
   // Step checkpoints kept, the newest (epoch checkpoints are all kept); 0 keeps all.
-  CheckpointOptions& keep(int64_t value) { keep_ = value; return *this; }
+  LOOM_OPTION(int64_t, keep) = 3;
   // "auto" (the newest valid checkpoint in directory()), "none", or a
   // checkpoint file; '' is auto after a launcher's restart, else none.
-  CheckpointOptions& resume(std::string value) { resume_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, resume);
   // What a failed write does.
-  CheckpointOptions& on_error(CheckpointErrorPolicy value) { on_error_ = value; return *this; }
-
-  const std::string& directory() const { return directory_; }
-  int64_t every_steps() const { return every_steps_; }
-  int64_t keep() const { return keep_; }
-  const std::string& resume() const { return resume_; }
-  CheckpointErrorPolicy on_error() const { return on_error_; }
-
- private:
-  std::string directory_ = "./checkpoint";
-  int64_t every_steps_ = 0;
-  int64_t keep_ = 3;
-  std::string resume_;
-  CheckpointErrorPolicy on_error_ = CheckpointErrorPolicy::stop;
+  LOOM_OPTION(CheckpointErrorPolicy, on_error) = CheckpointErrorPolicy::stop;
 };
 
 // How many times a launcher has restarted this job: TORCHELASTIC_RESTART_COUNT

@@ -81,31 +81,6 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<amp::MixedPr
 
 Trainer::~Trainer() = default;
 
-Trainer& Trainer::scheduler(std::shared_ptr<optim::LRScheduler> scheduler) {
-  scheduler_ = std::move(scheduler);
-  return *this;
-}
-Trainer& Trainer::step_function(StepFunction function) {
-  step_function_ = std::move(function);
-  return *this;
-}
-Trainer& Trainer::on_step(StepHook hook) {
-  on_step_ = std::move(hook);
-  return *this;
-}
-Trainer& Trainer::on_log(LogHook hook) {
-  on_log_ = std::move(hook);
-  return *this;
-}
-Trainer& Trainer::after_training(ResultHook hook) {
-  after_training_ = std::move(hook);
-  return *this;
-}
-Trainer& Trainer::after_evaluation(ResultHook hook) {
-  after_evaluation_ = std::move(hook);
-  return *this;
-}
-
 FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data) {
   const bool leader = rank_ == 0;
   dist::ProcessGroup* group = options_.process_group().get();

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/options.h>
 #include <loom/core/tensor.h>
 #include <loom/data/loader.h>
 #include <loom/dist/ddp.h>
@@ -38,75 +39,39 @@
 namespace loom::train {
 
 class TrainerOptions {
- public:
   // Epochs in all; a resumed run counts the checkpoint's.
-  TrainerOptions& epochs(int64_t value) { epochs_ = value; return *this; }
+  LOOM_OPTION(int64_t, epochs) = 1;
   // Optimizer steps in all after which the run ends, mid-epoch too; 0: no limit.
-  TrainerOptions& max_steps(int64_t value) { max_steps_ = value; return *this; }
+  LOOM_OPTION(int64_t, max_steps) = 0;
   // Steps per epoch at most (an epoch ends there, as at the loader's end); 0: the loader's whole epoch.
-  TrainerOptions& max_steps_per_epoch(int64_t value) { max_steps_per_epoch_ = value; return *this; }
+  LOOM_OPTION(int64_t, max_steps_per_epoch) = 0;
   // Steps of an epoch between loss lines, progress lines and metrics records.
-  TrainerOptions& log_interval(int64_t value) { log_interval_ = value; return *this; }
+  LOOM_OPTION(int64_t, log_interval) = 100;
   // The first `value` steps of the run raise the learning rate linearly, step
   // (s + 1) / value of the scheduled rate at step s (Goyal et al.); 0: none.
-  TrainerOptions& warmup_steps(int64_t value) { warmup_steps_ = value; return *this; }
-  // Where checkpoints go and what is resumed.
-  TrainerOptions& checkpoints(CheckpointOptions value) { checkpoints_ = std::move(value); return *this; }
+  LOOM_OPTION(int64_t, warmup_steps) = 0;
+  // Where checkpoints go and what is resumed (default: none written, none resumed).
+  LOOM_OPTION(CheckpointOptions, checkpoints) = CheckpointOptions().directory("");
   // A signal that stops the run with a checkpoint, besides SIGTERM and SIGINT
   // (SIGUSR1 by default: sbatch --signal=USR1@90); 0: none.
-  TrainerOptions& stop_signal(int value) { stop_signal_ = value; return *this; }
+  LOOM_OPTION(int, stop_signal) = SIGUSR1;
   // The process group the model trains over, wrapped in DistributedDataParallel; null: one process.
-  TrainerOptions& process_group(std::shared_ptr<dist::ProcessGroup> value) { process_group_ = std::move(value); return *this; }
+  LOOM_OPTION(std::shared_ptr<dist::ProcessGroup>, process_group);
   // DistributedDataParallel's bucket sizes and options, with a process group.
-  TrainerOptions& ddp(dist::DistributedDataParallelOptions value) { ddp_ = value; return *this; }
-  // Rank 0's progress on stderr: "bar", "lines", "none", or "auto" (a bar on a terminal, else lines).
-  TrainerOptions& progress(std::string value) { progress_ = std::move(value); return *this; }
+  LOOM_OPTION(dist::DistributedDataParallelOptions, ddp);
+  // Rank 0's progress on stderr: "bar", "lines", "none" (default), or "auto" (a bar on a terminal, else lines).
+  LOOM_OPTION(std::string, progress) = "none";
   // JSON Lines file rank 0 appends records to (docs/metrics.md); '': none.
-  TrainerOptions& metrics_path(std::string value) { metrics_path_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, metrics_path);
   // Directory rank 0 writes TensorBoard scalars into; '': none.
-  TrainerOptions& tensorboard_dir(std::string value) { tensorboard_dir_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, tensorboard_dir);
   // Chrome trace file (one per rank, FILE.rank<k>.json, when several run); '': none.
-  TrainerOptions& trace_path(std::string value) { trace_path_ = std::move(value); return *this; }
+  LOOM_OPTION(std::string, trace_path);
   // The run's settings, written into checkpoints; a resume notes each one that changed.
-  TrainerOptions& settings(nn::Metadata value) { settings_ = std::move(value); return *this; }
+  LOOM_OPTION(nn::Metadata, settings);
   // The program and its command line, for the metrics file's header.
-  TrainerOptions& program(std::string value) { program_ = std::move(value); return *this; }
-  TrainerOptions& command_line(std::vector<std::string> value) { command_line_ = std::move(value); return *this; }
-
-  int64_t epochs() const { return epochs_; }
-  int64_t max_steps() const { return max_steps_; }
-  int64_t max_steps_per_epoch() const { return max_steps_per_epoch_; }
-  int64_t log_interval() const { return log_interval_; }
-  int64_t warmup_steps() const { return warmup_steps_; }
-  const CheckpointOptions& checkpoints() const { return checkpoints_; }
-  int stop_signal() const { return stop_signal_; }
-  const std::shared_ptr<dist::ProcessGroup>& process_group() const { return process_group_; }
-  const dist::DistributedDataParallelOptions& ddp() const { return ddp_; }
-  const std::string& progress() const { return progress_; }
-  const std::string& metrics_path() const { return metrics_path_; }
-  const std::string& tensorboard_dir() const { return tensorboard_dir_; }
-  const std::string& trace_path() const { return trace_path_; }
-  const nn::Metadata& settings() const { return settings_; }
-  const std::string& program() const { return program_; }
-  const std::vector<std::string>& command_line() const { return command_line_; }
-
- private:
-  int64_t epochs_ = 1;
-  int64_t max_steps_ = 0;
-  int64_t max_steps_per_epoch_ = 0;
-  int64_t log_interval_ = 100;
-  int64_t warmup_steps_ = 0;
-  CheckpointOptions checkpoints_ = CheckpointOptions().directory("");
-  int stop_signal_ = SIGUSR1;
-  std::shared_ptr<dist::ProcessGroup> process_group_;
-  dist::DistributedDataParallelOptions ddp_;
-  std::string progress_ = "none";
-  std::string metrics_path_;
-  std::string tensorboard_dir_;
-  std::string trace_path_;
-  nn::Metadata settings_;
-  std::string program_ = "loom";
-  std::vector<std::string> command_line_;
+  LOOM_OPTION(std::string, program) = "loom";
+  LOOM_OPTION(std::vector<std::string>, command_line);
 };
 
 // What the hooks see of a step.
@@ -154,17 +119,6 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Stepped at each epoch's end and saved in checkpoints.
-  Trainer& scheduler(std::shared_ptr<optim::LRScheduler> scheduler);
-  Trainer& step_function(StepFunction function);
-  // After every step, on every rank.
-  Trainer& on_step(StepHook hook);
-  // Rank 0, every log_interval() steps; by default "Epoch [e/E], Step [i/N], Loss: x".
-  Trainer& on_log(LogHook hook);
-  // Rank 0, when training ended (not stopped), before the final evaluation.
-  Trainer& after_training(ResultHook hook);
-  // Rank 0, after the final evaluation (result.accuracy set with test data).
-  Trainer& after_evaluation(ResultHook hook);
 
   // Resumes as options().checkpoints() say, then trains for the remaining
   // epochs on `train_data` (a sampler per rank: DistributedSampler), writing
@@ -181,19 +135,27 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
 
+  // What the user adds, each a chainable setter and a getter:
+  // An LR schedule, stepped at each epoch's end and saved in checkpoints.
+  LOOM_OPTION(std::shared_ptr<optim::LRScheduler>, scheduler);
+  // The forward half of a step; null: cross_entropy(model(images), labels).
+  LOOM_OPTION(StepFunction, step_function);
+  // After every step, on every rank.
+  LOOM_OPTION(StepHook, on_step);
+  // Rank 0, every log_interval() steps; null: "Epoch [e/E], Step [i/N], Loss: x".
+  LOOM_OPTION(LogHook, on_log);
+  // Rank 0, when training ended (not stopped), before the final evaluation.
+  LOOM_OPTION(ResultHook, after_training);
+  // Rank 0, after the final evaluation (result.accuracy set with test data).
+  LOOM_OPTION(ResultHook, after_evaluation);
+
  private:
-  class Run;
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer_;
   TrainerOptions options_;
   int rank_ = 0, world_ = 1;
   std::vector<double> base_lrs_;  // the optimizer's rates before any warm-up or resume
-  std::shared_ptr<optim::LRScheduler> scheduler_;
   std::shared_ptr<dist::DistributedDataParallel> ddp_;
-  StepFunction step_function_;
-  StepHook on_step_;
-  LogHook on_log_;
-  ResultHook after_training_, after_evaluation_;
   std::unique_ptr<class TraceRecording> trace_;
 };
 
