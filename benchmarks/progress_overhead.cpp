@@ -1,5 +1,5 @@
 // What rank 0's progress bar, metrics file and TensorBoard scalars cost a
-// training step (apps/monitor.h), as a share of the step: train_mnist's
+// training step (train/monitor.h), as a share of the step: train_mnist's
 // ConvNet step (batch 100, SGD, synthetic images) is timed, then in the same
 // run the monitor's per-step call with everything on (--progress bar drawn
 // into /dev/null, --metrics and --tensorboard every --log-interval steps),

@@ -224,11 +224,16 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
     if (scheduler_) scheduler_->step();
     if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
-    // --metrics / --tensorboard: the test accuracy of every epoch; the last one's is the final evaluation's.
-    if (test_data && epoch + 1 < epochs && steps_left() && monitor.records_epochs()) {
+    // The test accuracy of every epoch (--metrics / --tensorboard, or
+    // evaluate_each_epoch); the last one's is the final evaluation's.
+    std::optional<dist::AccuracyCounts> accuracy;
+    if (test_data && epoch + 1 < epochs && steps_left() &&
+        (monitor.records_epochs() || options_.evaluate_each_epoch())) {
       stop_agreement.finish();  // its all-reduce before the evaluation's collectives
-      monitor.end_epoch(test_accuracy(*model_, *test_data, group, optimizer));
+      accuracy = test_accuracy(*model_, *test_data, group, optimizer);
+      if (monitor.records_epochs()) monitor.end_epoch(accuracy);
     }
+    if (leader && after_epoch_) after_epoch_(epoch, accuracy);
   }
   stop_agreement.finish();
   result.steps = steps;

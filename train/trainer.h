@@ -59,6 +59,9 @@ class TrainerOptions {
   LOOM_OPTION(std::shared_ptr<dist::ProcessGroup>, process_group);
   // DistributedDataParallel's bucket sizes and options, with a process group.
   LOOM_OPTION(dist::DistributedDataParallelOptions, ddp);
+  // Evaluate on the test data at every epoch's end (the run's last epoch: the
+  // final evaluation), not only when metrics or TensorBoard records are kept.
+  LOOM_OPTION(bool, evaluate_each_epoch) = false;
   // Rank 0's progress on stderr: "bar", "lines", "none" (default), or "auto" (a bar on a terminal, else lines).
   LOOM_OPTION(std::string, progress) = "none";
   // JSON Lines file rank 0 appends records to (docs/metrics.md); '': none.
@@ -108,6 +111,10 @@ using StepHook = std::function<void(const StepInfo& step)>;
 // A loss line: the step and its loss, read once for the line.
 using LogHook = std::function<void(const StepInfo& step, double loss)>;
 using ResultHook = std::function<void(const FitResult& result)>;
+// An epoch's end: its (0-based) number and its test accuracy when it was
+// evaluated (evaluate_each_epoch, or metrics kept; the run's last epoch's is
+// FitResult::accuracy).
+using EpochHook = std::function<void(int64_t epoch, const std::optional<dist::AccuracyCounts>& accuracy)>;
 
 class Trainer {
  public:
@@ -118,7 +125,6 @@ class Trainer {
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
-
 
   // Resumes as options().checkpoints() say, then trains for the remaining
   // epochs on `train_data` (a sampler per rank: DistributedSampler), writing
@@ -144,6 +150,8 @@ class Trainer {
   LOOM_OPTION(StepHook, on_step);
   // Rank 0, every log_interval() steps; null: "Epoch [e/E], Step [i/N], Loss: x".
   LOOM_OPTION(LogHook, on_log);
+  // Rank 0, at each completed epoch's end, after its checkpoint.
+  LOOM_OPTION(EpochHook, after_epoch);
   // Rank 0, when training ended (not stopped), before the final evaluation.
   LOOM_OPTION(ResultHook, after_training);
   // Rank 0, after the final evaluation (result.accuracy set with test data).

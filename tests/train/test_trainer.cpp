@@ -160,6 +160,31 @@ TEST_SUITE("train.trainer") {
     CHECK(last < 0.6 * first);
   }
 
+  TEST_CASE("evaluate_each_epoch tests after every epoch; the last epoch's is the final evaluation") {
+    Setup s = make_setup();
+    std::vector<int64_t> epochs;
+    std::vector<double> accuracies;
+    train::Trainer trainer(s.model, s.optimizer, train::TrainerOptions().epochs(3).evaluate_each_epoch(true));
+    trainer.after_epoch([&](int64_t epoch, const std::optional<dist::AccuracyCounts>& accuracy) {
+      epochs.push_back(epoch);
+      if (accuracy) {
+        CHECK(accuracy->total == 64);
+        accuracies.push_back(accuracy->accuracy());
+      }
+    });
+    const train::FitResult result = quiet_fit(trainer, s.train_loader, &s.test_loader);
+    CHECK(epochs == std::vector<int64_t>{0, 1, 2});
+    CHECK(accuracies.size() == 2);  // epochs 1 and 2; epoch 3's is result.accuracy
+    REQUIRE(result.accuracy.has_value());
+    // Without the option and without records, no evaluation before the end.
+    Setup t = make_setup();
+    int64_t evaluated = 0;
+    train::Trainer plain(t.model, t.optimizer, train::TrainerOptions().epochs(2));
+    plain.after_epoch([&](int64_t, const std::optional<dist::AccuracyCounts>& accuracy) { evaluated += accuracy.has_value(); });
+    quiet_fit(plain, t.train_loader, &t.test_loader);
+    CHECK(evaluated == 0);
+  }
+
   TEST_CASE("warm-up raises the rate linearly over the first steps, then holds the scheduled one") {
     Setup s = make_setup(0.08);
     std::vector<double> rates;
