@@ -324,7 +324,12 @@ void flat_backward_sums(const T* dy, const T* x, int64_t count, const T* as, con
 // every other element and at the row and column that odd sizes leave out of
 // every window. The sums and the input gradient then run the unmasked loops
 // on it, so the op's results are those of the three ops apart.
-struct BufferTag {};  // thread_scratch's owner: slot 0 the plane, 1 the pool's indices
+// The per-thread buffers of the fused pool (ops/cpu/scratch.h), held together.
+enum class PoolBufferSlot {
+  plane,         // a plane's ReLU output (forward) or its rebuilt gradient (backward)
+  pool_indices,  // the pool's choice per window (forward)
+  count
+};
 constexpr int64_t kGradientPadding = 16;  // floats past a rebuilt gradient plane
 
 struct PooledPlane {
@@ -590,8 +595,8 @@ Tensor batch_norm_relu_max_pool2d_apply(const Tensor& input_in, const Tensor& me
       const T a = static_cast<T>(coefficients.scale[c]), b = static_cast<T>(coefficients.shift[c]);
       // Only the rows the windows cover.
       const int64_t covered = 2 * p.out_h * p.width;
-      T* v = thread_scratch<BufferTag, T, 2>(0, covered);
-      int64_t* arg = thread_scratch<BufferTag, int64_t, 2>(1, p.out_plane());
+      T* v = thread_scratch<T>(PoolBufferSlot::plane, covered);
+      int64_t* arg = thread_scratch<int64_t>(PoolBufferSlot::pool_indices, p.out_plane());
       for (int64_t i = 0; i < covered; ++i) v[i] = math::epilogue<true, false>(x[offset + i], T(0), a, b);
       T* pooled = y + pooled_offset(l, p, offset);
 #if defined(__x86_64__)
@@ -619,7 +624,7 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output_in, const Tensor& in
       check_pooled_gradient(grad_output, input);
       const PooledPlane p = pooled_plane(input);
       return channel_sums(l, [&](int64_t c, int64_t offset, double& sum_dy, double& sum_dy_xmu) {
-        T* g = thread_scratch<BufferTag, T, 2>(0, l.inner + kGradientPadding);
+        T* g = thread_scratch<T>(PoolBufferSlot::plane, l.inner + kGradientPadding);
         pooled_relu_gradient(x + offset, p, static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c]),
                              dy + pooled_offset(l, p, offset), g);
         row_backward_sums<T, false>(g, x + offset, l.inner, T(0), T(0), static_cast<T>(m[c]), sum_dy, sum_dy_xmu);
@@ -716,7 +721,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
       T* dx = grad_input.data<T>();
       if (relu.pooled) {
         for_each_row(l, [&](int64_t c, int64_t offset) {
-          T* g = thread_scratch<BufferTag, T, 2>(0, l.inner + kGradientPadding);
+          T* g = thread_scratch<T>(PoolBufferSlot::plane, l.inner + kGradientPadding);
           pooled_relu_gradient(x + offset, p, static_cast<T>(forward.scale[c]), static_cast<T>(forward.shift[c]),
                                dy + pooled_offset(l, p, offset), g);
           const T kc = static_cast<T>(k[c]);
@@ -772,7 +777,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
     if (relu.pooled) {
       for_each_row(l, [&](int64_t c, int64_t offset) {
         const Coefficients& co = coefficients[c];
-        T* g = thread_scratch<BufferTag, T, 2>(0, l.inner + kGradientPadding);
+        T* g = thread_scratch<T>(PoolBufferSlot::plane, l.inner + kGradientPadding);
         pooled_relu_gradient(x + offset, p, co.a, co.b, dy + pooled_offset(l, p, offset), g);
         const T kc = co.k, mean_dy = co.mean_dy, mc = co.mean, pc = co.p;
         for (int64_t s = 0; s < l.inner; ++s) dx[offset + s] = kc * (g[s] - mean_dy) - pc * (x[offset + s] - mc);

@@ -683,14 +683,32 @@ void for_each_group(const Geometry& g, const BatchPlan& plan, Fn&& fn) {
   });
 }
 
-// conv2d's per-thread scratch (ops/cpu/scratch.h): column matrices and
-// gathered planes, slots 0 to 3. The calling thread's slots 3 or 4 (the
-// weight gradient's per-task sums) and 5 (the packed weight) are shared
-// with the team.
-struct Conv2dScratch;
+// conv2d's per-thread scratch (ops/cpu/scratch.h), one buffer per slot.
+// The weight-side slots are the calling thread's, filled before the groups
+// run and read (or, for the per-task sums, written) by the whole team; the
+// group slots are each task's own.
+enum class Conv2dSlot {
+  // Group slots.
+  columns,  // a group's column matrix X (C*taps, G*Ho*Wo), or the input gradient's Wᵀ·dY before col2im
+  planes,   // O planes of a group side by side (O, G*Ho*Wo): Y before the scatter, or dY gathered
+  // Weight-side slots.
+  tap_weight,                // the weight's columns of the active taps, or every position class's W_k
+  weight_gradient,           // dW over the active taps before it is spread, or every task's class dW_k sums
+  weight_gradient_partials,  // the other tasks' dW sums, added into task 0's in task order
+  packed_weight,             // the weight packed once per call for every group's GEMM (PackedA)
+  count
+};
+// What a pass holds at the same time: the forward and the input gradient
+// (by classes too) tap_weight and packed_weight with each task's columns and
+// planes; the weight gradient weight_gradient and weight_gradient_partials
+// with each task's columns and planes.
+static_assert(distinct_slots({Conv2dSlot::tap_weight, Conv2dSlot::packed_weight, Conv2dSlot::columns,
+                              Conv2dSlot::planes}));
+static_assert(distinct_slots({Conv2dSlot::weight_gradient, Conv2dSlot::weight_gradient_partials,
+                              Conv2dSlot::columns, Conv2dSlot::planes}));
 template <class T>
-T* scratch(int slot, int64_t elements) {
-  return thread_scratch<Conv2dScratch, T>(slot, elements);
+T* scratch(Conv2dSlot slot, int64_t elements) {
+  return thread_scratch<T>(slot, elements);
 }
 
 // Calls fn(std::integral_constant<int64_t, N>) with N = count for the tap
@@ -960,7 +978,7 @@ const T* active_weight(const T* weight, const Geometry& g, const Taps& taps) {
   if (taps.all_active()) return weight;
   const std::vector<int64_t> index = active_indices(taps);
   const int64_t active = static_cast<int64_t>(index.size());
-  T* compact = scratch<T>(2, g.out_channels * g.channels * active);
+  T* compact = scratch<T>(Conv2dSlot::tap_weight, g.out_channels * g.channels * active);
   gather_taps(weight, g.out_channels * g.channels, taps.kernel, index.data(), active, compact);
   return compact;
 }
@@ -984,11 +1002,11 @@ struct Columns {
 template <class T>
 T* weight_packing(const Geometry& g, int64_t m, int64_t k) {
   if (plan_batch(g, kPackedTargetColumns).groups == 1) return nullptr;
-  return scratch<T>(5, PackedA<T>::storage_size(m, k));
+  return scratch<T>(Conv2dSlot::packed_weight, PackedA<T>::storage_size(m, k));
 }
 
 // The column matrix of images n0 .. n0+images (C*active, images*Ho*Wo):
-// im2col into scratch slot 0, or, for one image under a pointwise kernel, the
+// im2col into the columns slot, or, for one image under a pointwise kernel, the
 // image itself. Built here, its rows are gemm_b_stride apart, so that the
 // forward GEMM reads it where it lies instead of packing a copy. (ResNet-50's
 // stride-2 convolutions at 32x32 input, batch 32, 2 threads, two alternating
@@ -1000,20 +1018,20 @@ Columns<T> group_columns(const T* input, const Geometry& g, const Taps& taps, in
   const int64_t image_size = g.channels * g.input_plane(), plane = g.output_plane(), columns = images * plane;
   if (images == 1 && g.pointwise()) return {input + n0 * image_size, plane};
   const int64_t ld = gemm_b_stride(columns);
-  T* buffer = scratch<T>(0, taps.col_rows(g) * ld);
+  T* buffer = scratch<T>(Conv2dSlot::columns, taps.col_rows(g) * ld);
   for_each_image(images, taps.col_rows(g) * plane,
                  [&](int64_t i) { im2col(input + (n0 + i) * image_size, g, taps, buffer + i * plane, ld); });
   return {buffer, ld};
 }
 
-// dY of images n0 .. n0+images as (O, images*Ho*Wo): gathered into scratch
-// slot 1, or in place for one image.
+// dY of images n0 .. n0+images as (O, images*Ho*Wo): gathered into the planes
+// slot, or in place for one image.
 template <class T>
 const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, int64_t images) {
   const int64_t plane = g.output_plane();
   const T* dy = grad_output + n0 * g.out_channels * plane;
   if (images == 1) return dy;
-  T* buffer = scratch<T>(1, g.out_channels * images * plane);
+  T* buffer = scratch<T>(Conv2dSlot::planes, g.out_channels * images * plane);
   gather_planes(dy, images, g.out_channels, plane, buffer);
   return buffer;
 }
@@ -1025,7 +1043,7 @@ const T* group_grad_output(const T* grad_output, const Geometry& g, int64_t n0, 
 //   weight grad  dW_k (O, C*taps) += dY_k · X_kᵀ,  spread into dW at the end
 // where W_k is the weight's columns of class k's taps.
 
-// W_k for every class, one after another in scratch slot 2, its rows
+// W_k for every class, one after another in the tap_weight slot, its rows
 // `ld` apart (the weight itself, rows C*kernel apart, for a class with every
 // tap of the kernel). The rows are padded as gemm_b_stride pads B's: the
 // input gradient reads W_kᵀ eight floats from each of its O rows in turn
@@ -1044,7 +1062,7 @@ std::vector<ClassWeight<T>> class_weights(const T* weight, const Geometry& g,
   const int64_t kernel = g.kernel_h * g.kernel_w;
   int64_t total = 0;
   for (const PositionClass& pc : classes) total += g.out_channels * gemm_b_stride(pc.col_rows(g));
-  T* compact = scratch<T>(2, total);
+  T* compact = scratch<T>(Conv2dSlot::tap_weight, total);
   std::vector<ClassWeight<T>> out;
   std::vector<const PositionClass*> gathered;
   std::vector<T*> targets;
@@ -1150,9 +1168,9 @@ void forward_by_class(const T* input, const T* weight, const T* bias, const Geom
     for (size_t k = 0; k < classes.size(); ++k) {
       const PositionClass& pc = classes[k];
       const int64_t count = pc.count(), columns = images * count, rows = pc.col_rows(g);
-      T* y = scratch<T>(1, g.out_channels * columns);
+      T* y = scratch<T>(Conv2dSlot::planes, g.out_channels * columns);
       if (rows > 0) {
-        T* col = scratch<T>(0, rows * columns);
+        T* col = scratch<T>(Conv2dSlot::columns, rows * columns);
         class_im2col(input + n0 * image_in, images, g, pc, col);
         gemm(Transpose::no, Transpose::no, g.out_channels, columns, rows, T(1), weights[k].data, weights[k].ld, col,
              columns, T(0), y, columns);
@@ -1185,9 +1203,9 @@ void backward_input_by_class(const T* grad_output, const T* weight, const Geomet
       const PositionClass& pc = classes[k];
       const int64_t columns = images * pc.count(), rows = pc.col_rows(g);
       if (rows == 0) continue;
-      T* dy = scratch<T>(1, g.out_channels * columns);
+      T* dy = scratch<T>(Conv2dSlot::planes, g.out_channels * columns);
       class_gather(grad_output + n0 * image_out, images, g, pc, dy);
-      T* col = scratch<T>(0, rows * columns);
+      T* col = scratch<T>(Conv2dSlot::columns, rows * columns);
       gemm(Transpose::yes, Transpose::no, rows, columns, g.out_channels, T(1), weights[k].data, weights[k].ld, dy,
            columns, T(0), col, columns);
       class_col2im_add(col, images, g, pc, dx);
@@ -1209,7 +1227,7 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
     offsets.push_back(size);
     size += g.out_channels * pc.col_rows(g);
   }
-  T* accumulators = scratch<T>(3, plan.tasks * size);
+  T* accumulators = scratch<T>(Conv2dSlot::weight_gradient, plan.tasks * size);
   // A task's first GEMM of a class overwrites its accumulator (beta 0); the
   // accumulators of a task without images are zeroed afterwards.
   std::vector<char> started(static_cast<size_t>(plan.tasks), 0);
@@ -1219,9 +1237,9 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
       const PositionClass& pc = classes[k];
       const int64_t columns = images * pc.count(), rows = pc.col_rows(g);
       if (rows == 0) continue;
-      T* col = scratch<T>(0, rows * columns);
+      T* col = scratch<T>(Conv2dSlot::columns, rows * columns);
       class_im2col(input + n0 * image_in, images, g, pc, col);
-      T* dy = scratch<T>(1, g.out_channels * columns);
+      T* dy = scratch<T>(Conv2dSlot::planes, g.out_channels * columns);
       class_gather(grad_output + n0 * image_out, images, g, pc, dy);
       gemm(Transpose::no, Transpose::yes, g.out_channels, rows, columns, T(1), dy, columns, col, columns,
            started[task] ? T(1) : T(0), accumulators + task * size + offsets[k], rows);
@@ -1260,7 +1278,7 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
     const int64_t columns = images * plane;
     const Columns<T> col = group_columns(input, g, taps, n0, images);
     // One image writes straight into the output; several go through (O, G*Ho*Wo).
-    T* y = images == 1 ? output + n0 * output_size : scratch<T>(1, g.out_channels * columns);
+    T* y = images == 1 ? output + n0 * output_size : scratch<T>(Conv2dSlot::planes, g.out_channels * columns);
     if (bias != nullptr) {
       for (int64_t o = 0; o < g.out_channels; ++o) std::fill(y + o * columns, y + (o + 1) * columns, bias[o]);
     }
@@ -1297,7 +1315,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     // col = Wᵀ · dY: (C*active, G*Ho*Wo); one pointwise image is its own
     // gradient (added to dx by the GEMM's beta).
     const bool direct = images == 1 && g.pointwise();
-    T* col = direct ? dx : scratch<T>(0, k * columns);
+    T* col = direct ? dx : scratch<T>(Conv2dSlot::columns, k * columns);
     gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, direct && add ? T(1) : T(0), col, columns);
     if (direct) return;
     if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx, add);  // col2im is a copy
@@ -1333,12 +1351,12 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
   const BatchPlan plan = plan_batch(g);
   const int64_t k = taps.col_rows(g);
   // With taps left out, the GEMMs produce (O, C*active), spread out at the end.
-  T* grad_weight = taps.all_active() ? full_grad_weight : scratch<T>(3, g.out_channels * k);
+  T* grad_weight = taps.all_active() ? full_grad_weight : scratch<T>(Conv2dSlot::weight_gradient, g.out_channels * k);
   profiler::add_flops(conv_flops(g, k));
   // Task 0 accumulates into grad_weight itself, the others into partials that
   // are added afterwards in task order (the same sum whatever the timing).
   const int64_t size = g.out_channels * k;
-  T* partials = scratch<T>(4, (plan.tasks - 1) * size);
+  T* partials = scratch<T>(Conv2dSlot::weight_gradient_partials, (plan.tasks - 1) * size);
   std::vector<char> started(static_cast<size_t>(plan.tasks), 0);
   for_each_group(g, plan, [&](int64_t task, int64_t n0, int64_t images) {
     T* accumulator = task == 0 ? grad_weight : partials + (task - 1) * size;

@@ -69,8 +69,13 @@ void for_each_task(int64_t batch, Fn&& fn) {
   });
 }
 
-// The direct kernels' per-thread scratch (ops/cpu/scratch.h): the padded image.
-struct DirectScratch;
+// The direct kernels' per-thread scratch (ops/cpu/scratch.h): the padded
+// image, one buffer for each pass (each task holds one of them at a time).
+enum class DirectSlot {
+  forward_image,          // the forward's padded input image
+  weight_gradient_image,  // the weight gradient's padded input image
+  count
+};
 
 // acc_b += broadcast(w[b]) * x for the eight output channels' accumulators
 // of one chunk (named variables, not an array: GCC stores an array of
@@ -200,7 +205,7 @@ void forward(const float* input, const float* weight, const float* bias, const P
   const Padded s = padded_shape(p);
   const int64_t image_in = p.channels * p.height * p.width, image_out = p.out_channels * p.out_h * p.out_w;
   for_each_task(p.batch, [&](int64_t, int64_t first, int64_t last) {
-    float* padded = thread_scratch<DirectScratch>(0, p.channels * s.plane());
+    float* padded = thread_scratch(DirectSlot::forward_image, p.channels * s.plane());
     for (int64_t n = first; n < last; ++n) {
       pad_image(input + n * image_in, p, s, padded);
       float* out = output + n * image_out;
@@ -221,7 +226,7 @@ void backward_weight(const float* grad_output, const float* input, const Problem
   // Per task, a 16-float partial sum per weight: the lanes are output columns.
   std::vector<float> sums(static_cast<size_t>(tasks * weights * kLanes), 0.0f);
   for_each_task(p.batch, [&](int64_t task, int64_t first, int64_t last) {
-    float* padded = thread_scratch<DirectScratch>(1, p.channels * s.plane());
+    float* padded = thread_scratch(DirectSlot::weight_gradient_image, p.channels * s.plane());
     float* task_sums = sums.data() + task * weights * kLanes;
     for (int64_t n = first; n < last; ++n) {
       pad_image(input + n * image_in, p, s, padded);

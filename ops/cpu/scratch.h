@@ -1,24 +1,46 @@
 // Per-thread scratch buffers of the CPU kernels that keep their capacity
 // between calls: column matrices and transformed tiles are megabytes, and a
 // fresh allocation of that size is a fresh mmap and a page fault per 4 KiB on
-// every call. Each Owner (a tag type of the calling file) has its own slots,
-// so one kernel's buffers are never another's.
+// every call. A kernel file names its buffers with an enum class of slots
+// (the enum is the owner: one file's buffers are never another's) ending in
+// `count`, and says beside it which slots a pass holds at the same time.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include <loom/core/parallel.h>
 
 namespace loom::ops::cpu {
 
-template <class Owner, class T = float, int Slots = 8>
-T* thread_scratch(int slot, int64_t elements) {
-  thread_local std::vector<T> buffers[Slots];
-  std::vector<T>& buffer = buffers[slot];
+// A slot enum: enumerators 0 .. count - 1, one buffer each.
+template <class Slot>
+concept ScratchSlot = std::is_enum_v<Slot> && !std::is_convertible_v<Slot, int> && requires { Slot::count; };
+
+// The calling thread's buffer `slot` of element type T, grown to at least
+// `elements`. Its contents are whatever the thread left there last.
+template <class T = float, ScratchSlot Slot>
+T* thread_scratch(Slot slot, int64_t elements) {
+  thread_local std::vector<T> buffers[static_cast<int>(Slot::count)];
+  std::vector<T>& buffer = buffers[static_cast<int>(slot)];
   if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(static_cast<size_t>(elements));
   return buffer.data();
+}
+
+// Whether the slots a pass holds at the same time are distinct buffers
+// (checked with static_assert beside each slot enum).
+template <ScratchSlot Slot>
+constexpr bool distinct_slots(std::initializer_list<Slot> live) {
+  for (auto a = live.begin(); a != live.end(); ++a) {
+    if (static_cast<int>(*a) < 0 || static_cast<int>(*a) >= static_cast<int>(Slot::count)) return false;
+    for (auto b = a + 1; b != live.end(); ++b) {
+      if (*a == *b) return false;
+    }
+  }
+  return true;
 }
 
 // dst[i] += partials[t * size + i] for t = 0, 1, ... count - 1, in that

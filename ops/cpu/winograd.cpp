@@ -270,13 +270,38 @@ void transform_segments(const Transforms& t, Which w, const float* in, int64_t i
   for (int64_t k = 0; k < segments; ++k) transform_rows(t, w, in + k * ld, in_stride, out + k * ld, out_stride, length);
 }
 
-// Winograd's per-thread scratch (ops/cpu/scratch.h): slots 0 to 4 for a
-// chunk's buffers, 5 for the transformed weight, 6 and 7 for the weight
-// transforms' halfway results, 8 for the weight gradient's per-task sums, 9
-// for the packed transformed weight.
-// The calling thread's 5 to 8 are shared with the team.
-struct WinogradScratch;
-float* scratch(int slot, int64_t elements) { return thread_scratch<WinogradScratch, float, 10>(slot, elements); }
+// Winograd's per-thread scratch (ops/cpu/scratch.h), one buffer per slot.
+// The weight-side slots are the calling thread's, filled before the chunks
+// run and read (or, for the per-task sums, written) by the whole team; the
+// chunk slots are each task's own.
+enum class WinogradSlot {
+  // Chunk slots.
+  input_tiles,   // V[ξ][ν][c][t] (P[r][s][c][t] on the way), or dV, then dP, in the input gradient
+  input_half,    // halfway through the input tiles' 2-D transform (or dV's)
+  product,       // M[ξ][ν][o][t] in the forward, dM[ξ][ν][o][t] in the backward
+  output_half,   // halfway through M's or dY's 2-D transform
+  output_tiles,  // Y[a][b][o][t] in the forward, dY[a][b][o][t] in the backward
+  // Weight-side slots.
+  transformed_weight,        // U[ξ][ν][o][c] (or [c][o]), unpacked
+  weight_taps,               // the weight's taps [ki][kj][column], on the way to or from U
+  weight_half,               // halfway through the weight's G transforms: [ξ][kj] or [ki][ν]
+  weight_gradient_partials,  // dU per task, summed in task order
+  packed_weight,             // U packed once per call for every chunk's GEMMs (PackedA)
+  count
+};
+// What a pass holds at the same time: each task every chunk slot (dM stays
+// while the input gradient uses input_tiles and input_half and the weight
+// gradient transforms the input there again); the calling thread
+// transformed_weight, weight_taps, weight_half and packed_weight while the
+// weight is transformed and packed, then packed_weight (or
+// transformed_weight) and weight_gradient_partials while the chunks run, and
+// at the end weight_gradient_partials with weight_taps and weight_half while
+// dU is transformed back.
+static_assert(distinct_slots({WinogradSlot::input_tiles, WinogradSlot::input_half, WinogradSlot::product,
+                              WinogradSlot::output_half, WinogradSlot::output_tiles}));
+static_assert(distinct_slots({WinogradSlot::transformed_weight, WinogradSlot::weight_taps, WinogradSlot::weight_half,
+                              WinogradSlot::packed_weight, WinogradSlot::weight_gradient_partials}));
+float* scratch(WinogradSlot slot, int64_t elements) { return thread_scratch(slot, elements); }
 
 struct Tiling {
   int64_t rows, cols, per_image;  // tiles per output plane: ceil(Ho / m) x ceil(Wo / m)
@@ -332,13 +357,13 @@ void transform_taps(const Transforms& t, int64_t columns, const float* taps, flo
 }
 
 // U[ξ][ν][o][c] = sum over (ki, kj) of G[ξ][ki] w[o][c][ki][kj] G[ν][kj], into
-// slot 5; U[ξ][ν][c][o] with Order::c_major.
+// the transformed_weight slot; U[ξ][ν][c][o] with Order::c_major.
 const float* transform_weight(const float* weight, const Problem& p, const Transforms& t,
                               Order order = Order::o_major) {
   const int64_t o_count = p.out_channels, c_count = p.channels, oc = o_count * c_count, r = t.r, alpha = t.alpha;
-  float* taps = scratch(6, r * r * oc);      // [ki][kj][column]
-  float* half = scratch(7, alpha * r * oc);  // [ξ][kj][column]
-  float* u = scratch(5, alpha * alpha * oc);
+  float* taps = scratch(WinogradSlot::weight_taps, r * r * oc);      // [ki][kj][column]
+  float* half = scratch(WinogradSlot::weight_half, alpha * r * oc);  // [ξ][kj][column]
+  float* u = scratch(WinogradSlot::transformed_weight, alpha * alpha * oc);
   parallel_for(0, oc, kWeightColumnsGrain, [&](int64_t begin, int64_t end) {
     gather_taps(weight, r * r, oc, begin, end,
                 [&](int64_t q0, int64_t count, int64_t* from) {
@@ -359,11 +384,11 @@ const float* transform_weight(const float* weight, const Problem& p, const Trans
 }
 
 // The adjoint: dw[o][c][ki][kj] = sum over (ξ, ν) of G[ξ][ki] dU[ξ][ν][o][c] G[ν][kj].
-// `du` must not be in slot 6 or 7.
+// `du` must not be in the weight_taps or weight_half slot.
 void inverse_transform_weight(const float* du, const Problem& p, const Transforms& t, float* grad_weight) {
   const int64_t oc = p.out_channels * p.channels, r = t.r, alpha = t.alpha;
-  float* half = scratch(6, r * alpha * oc);  // [ki][ν][o][c]
-  float* taps = scratch(7, r * r * oc);      // [ki][kj][o][c]
+  float* half = scratch(WinogradSlot::weight_half, r * alpha * oc);  // [ki][ν][o][c]
+  float* taps = scratch(WinogradSlot::weight_taps, r * r * oc);      // [ki][kj][o][c]
   parallel_for(0, oc, kWeightColumnsGrain, [&](int64_t begin, int64_t end) {
     for (int64_t nu = 0; nu < alpha; ++nu) {  // ξ -> ki
       transform_rows(t, Which::gt, du + nu * oc + begin, alpha * oc, half + nu * oc + begin, alpha * oc,
@@ -640,11 +665,11 @@ void planes_of(const float* tiles, const float* fill, const Planes& shape, const
   }
 }
 
-// V[ξ][ν][c][t] of the chunk, in slot 0 (slot 1 is scratch).
+// V[ξ][ν][c][t] of the chunk, in the input_tiles slot (input_half is scratch).
 float* transformed_input(const float* input, const Problem& p, const Transforms& t, const Chunk& k) {
   const int64_t alpha = t.alpha, ct = p.channels * k.ld;
-  float* v = scratch(0, alpha * alpha * ct);
-  float* half = scratch(1, alpha * alpha * ct);
+  float* v = scratch(WinogradSlot::input_tiles, alpha * alpha * ct);
+  float* half = scratch(WinogradSlot::input_half, alpha * alpha * ct);
   const float* planes = input + k.n0 * p.channels * p.height * p.width;
 #if defined(__x86_64__)
   if (transforms_in_gather(t)) {
@@ -664,14 +689,15 @@ float* transformed_input(const float* input, const Problem& p, const Transforms&
 }
 
 // dM[ξ][ν][o][t]: the adjoint of the output transform applied to the chunk's
-// output gradient tiles, in slot 2 (slots 3 and 4 are scratch).
+// output gradient tiles, in the product slot (output_half and output_tiles are
+// scratch).
 float* transformed_grad_output(const float* grad_output, const Problem& p, const Transforms& t, const Chunk& k) {
   const int64_t alpha = t.alpha, m = t.m, o_count = p.out_channels, ot = o_count * k.ld;
   const float* planes = grad_output + k.n0 * o_count * p.out_h * p.out_w;
-  float* dm = scratch(2, alpha * alpha * ot);
+  float* dm = scratch(WinogradSlot::product, alpha * alpha * ot);
 #if defined(__x86_64__)
   if (transforms_in_gather(t)) {
-    float* half = scratch(3, m * alpha * ot);  // [a][ν][o][t]
+    float* half = scratch(WinogradSlot::output_half, m * alpha * ot);  // [a][ν][o][t]
     if (t.r == 3) {
       gather_transformed<Fixed<4, 3>, Which::a, 6, 4>(planes, output_planes(p, t), p, t, k, half);  // dY[a][b] -> [a][ν]
     } else {
@@ -681,9 +707,10 @@ float* transformed_grad_output(const float* grad_output, const Problem& p, const
     return dm;
   }
 #endif
-  float* tiles_dy = scratch(4, m * m * ot);  // [a][b][o][t]
+  float* tiles_dy = scratch(WinogradSlot::output_tiles, m * m * ot);  // [a][b][o][t]
   tiles_of(planes, output_planes(p, t), p, t, k, tiles_dy);
-  transform_2d(t, Which::a, m, alpha, o_count, k, tiles_dy, scratch(3, alpha * m * ot), dm);  // dY[a][b] -> dM[ξ][ν]
+  transform_2d(t, Which::a, m, alpha, o_count, k, tiles_dy, scratch(WinogradSlot::output_half, alpha * m * ot),
+               dm);  // dY[a][b] -> dM[ξ][ν]
   return dm;
 }
 
@@ -728,13 +755,13 @@ void for_each_chunk(const Problem& p, int m, const Plan& plan, Fn&& fn) {
 }
 
 // The α² matrices U[ξ][ν] (o x c each) as GEMM operands packed once for
-// every chunk's products (PackedA, into slot 9): op = U for the forward,
-// Uᵀ for the input gradient.
+// every chunk's products (PackedA, into the packed_weight slot): op = U for
+// the forward, Uᵀ for the input gradient.
 std::vector<PackedA<float>> packed_weight(const float* u, int64_t count, int64_t o_count, int64_t c_count,
                                           Transpose t) {
   const int64_t rows = t == Transpose::no ? o_count : c_count, depth = t == Transpose::no ? c_count : o_count;
   const int64_t each = PackedA<float>::storage_size(rows, depth);
-  float* storage = scratch(9, count * each);
+  float* storage = scratch(WinogradSlot::packed_weight, count * each);
   std::vector<PackedA<float>> out;
   out.reserve(static_cast<size_t>(count));
   for (int64_t e = 0; e < count; ++e) out.emplace_back(t, rows, depth, u + e * o_count * c_count, c_count, storage + e * each);
@@ -744,8 +771,9 @@ std::vector<PackedA<float>> packed_weight(const float* u, int64_t count, int64_t
 // packed_weight(transform_weight(...)) in one go where the GEMM packs A and
 // op(U_e)'s rows fill whole strips: the taps are gathered in the packing's
 // order (PackedA's layout), so the G transforms write every U_e packed, into
-// slot 9, and no U is packed afterwards (that pass and its read of U were
-// 9% of the forward of a 256-channel 3x3 on 8x8 planes). The same values.
+// the packed_weight slot, and no U is packed afterwards (that pass and its
+// read of U were 9% of the forward of a 256-channel 3x3 on 8x8 planes). The
+// same values.
 std::vector<PackedA<float>> packed_transformed_weight(const float* weight, const Problem& p, const Transforms& t,
                                                       Transpose op) {
   const int64_t o_count = p.out_channels, c_count = p.channels, oc = o_count * c_count, r = t.r, alpha = t.alpha;
@@ -754,9 +782,9 @@ std::vector<PackedA<float>> packed_transformed_weight(const float* weight, const
   if (!PackedA<float>::packs() || rows % kStrip != 0) {
     return packed_weight(transform_weight(weight, p, t), alpha * alpha, o_count, c_count, op);
   }
-  float* taps = scratch(6, r * r * oc);      // [ki][kj][packing position]
-  float* half = scratch(7, alpha * r * oc);  // [ξ][kj][packing position]
-  float* u = scratch(9, alpha * alpha * oc);
+  float* taps = scratch(WinogradSlot::weight_taps, r * r * oc);      // [ki][kj][packing position]
+  float* half = scratch(WinogradSlot::weight_half, alpha * r * oc);  // [ξ][kj][packing position]
+  float* u = scratch(WinogradSlot::packed_weight, alpha * alpha * oc);
   // Position q of slice s, strip (rows i0 .. i0+8), depth d, row i is
   // s * kSlice * rows + i0 * kc + (d - s * kSlice) * 8 + (i - i0): the
   // strips of a slice follow one another, so each task's positions are a
@@ -811,12 +839,25 @@ constexpr int64_t kLanes = 16;
 // 3x3 on 8x8 planes: 8-15% slower channels-last; 128 on 16x16: 3-8% faster).
 constexpr int64_t kChannelsLastMax = 128;
 
-// The channels-last path's per-thread scratch (ops/cpu/scratch.h): slots 0
-// to 2 for a chunk's buffers; the calling thread's 3 and 4, shared with the
-// team, for the weight gradient's per-task sums and its [o][c] layout. (The
-// transformed weight is Winograd's slot 5, gathered c-major.)
-struct ChannelsLastScratch;
-float* cl_scratch(int slot, int64_t elements) { return thread_scratch<ChannelsLastScratch>(slot, elements); }
+// The channels-last path's per-thread scratch (ops/cpu/scratch.h), one
+// buffer per slot: the chunk slots are each task's own; the weight gradient
+// slots the calling thread's, written by the team. (The transformed weight
+// is Winograd's transformed_weight slot, gathered c-major.)
+enum class ChannelsLastSlot {
+  // Chunk slots, all held together.
+  padded_planes,  // the chunk's images channels-last, padded: pad[i][y][x][c] (input, output or a gradient)
+  input_tiles,    // V[t][ξ][ν][c], or dV
+  product,        // M[t][ξ][ν][o], or dM
+  // Weight gradient slots, held together with Winograd's weight_taps and
+  // weight_half while dU is transformed back.
+  weight_gradient_partials,  // dU[e][c][o] per task, summed in task order
+  weight_gradient,           // dU[e][o][c], the layout inverse_transform_weight reads
+  count
+};
+static_assert(distinct_slots({ChannelsLastSlot::padded_planes, ChannelsLastSlot::input_tiles,
+                              ChannelsLastSlot::product}));
+static_assert(distinct_slots({ChannelsLastSlot::weight_gradient_partials, ChannelsLastSlot::weight_gradient}));
+float* cl_scratch(ChannelsLastSlot slot, int64_t elements) { return thread_scratch(slot, elements); }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
@@ -1098,9 +1139,10 @@ void cl_forward(const float* input, const float* weight, const float* bias, cons
   const Tiling tl = tiling(p, M);
   for_each_chunk(p, M, plan(p, M), [&](int64_t, const Chunk& k) {
     const ClChunk g = cl_chunk(p, t, k);
-    float* pad = cl_scratch(0, k.images * std::max(g.in_rows * g.in_cols * c_count, g.out_rows * g.out_cols * o_count));
-    float* v = cl_scratch(1, g.tiles8 * e_count * c_count);
-    float* product_out = cl_scratch(2, g.tiles8 * e_count * o_count);
+    float* pad = cl_scratch(ChannelsLastSlot::padded_planes,
+                            k.images * std::max(g.in_rows * g.in_cols * c_count, g.out_rows * g.out_cols * o_count));
+    float* v = cl_scratch(ChannelsLastSlot::input_tiles, g.tiles8 * e_count * c_count);
+    float* product_out = cl_scratch(ChannelsLastSlot::product, g.tiles8 * e_count * o_count);
     to_channels_last(input + k.n0 * c_count * p.height * p.width, k.images, c_count, p.height, p.width, g.in_rows,
                      g.in_cols, p.pad_h, p.pad_w, pad);
     input_transform<F, M, A>(pad, tl, g, k.images, c_count, v);
@@ -1127,13 +1169,15 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
   const Plan chunks = plan(p, M);
   // dU[e][c][o] per task, summed in task order afterwards. A task's first
   // chunk overwrites its sum.
-  float* partials = grad_weight != nullptr ? cl_scratch(3, chunks.tasks * size) : nullptr;
+  float* partials =
+      grad_weight != nullptr ? cl_scratch(ChannelsLastSlot::weight_gradient_partials, chunks.tasks * size) : nullptr;
   std::vector<char> started(static_cast<size_t>(chunks.tasks), 0);
   for_each_chunk(p, M, chunks, [&](int64_t task, const Chunk& k) {
     const ClChunk g = cl_chunk(p, t, k);
-    float* pad = cl_scratch(0, k.images * std::max(g.in_rows * g.in_cols * c_count, g.out_rows * g.out_cols * o_count));
-    float* v = cl_scratch(1, g.tiles8 * e_count * c_count);  // V, or dV
-    float* dm = cl_scratch(2, g.tiles8 * e_count * o_count);
+    float* pad = cl_scratch(ChannelsLastSlot::padded_planes,
+                            k.images * std::max(g.in_rows * g.in_cols * c_count, g.out_rows * g.out_cols * o_count));
+    float* v = cl_scratch(ChannelsLastSlot::input_tiles, g.tiles8 * e_count * c_count);  // V, or dV
+    float* dm = cl_scratch(ChannelsLastSlot::product, g.tiles8 * e_count * o_count);
     to_channels_last(grad_output + k.n0 * o_count * p.out_h * p.out_w, k.images, o_count, p.out_h, p.out_w,
                      g.out_rows, g.out_cols, 0, 0, pad);
     grad_output_transform<F, M, A>(pad, tl, g, k.images, o_count, dm);
@@ -1164,7 +1208,7 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
   if (grad_weight == nullptr) return;
   sum_task_partials(partials, partials + size, started, size);
   // dU[e][c][o] -> dU[e][o][c], the layout of inverse_transform_weight.
-  float* du = cl_scratch(4, size);
+  float* du = cl_scratch(ChannelsLastSlot::weight_gradient, size);
   parallel_for(0, e_count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       for (int64_t c = 0; c < c_count; ++c) {
@@ -1231,12 +1275,12 @@ void forward(const float* input, const float* weight, const float* bias, const P
   for_each_chunk(p, m, plan(p, m), [&](int64_t, const Chunk& k) {
     const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
     const float* v = transformed_input(input, p, t, k);
-    float* product = scratch(2, alpha * alpha * ot);  // M[ξ][ν][o][t]
+    float* product = scratch(WinogradSlot::product, alpha * alpha * ot);  // M[ξ][ν][o][t]
     for (int64_t e = 0; e < alpha * alpha; ++e) {
       gemm(u[e], Transpose::no, k.tiles, 1.0f, v + e * ct, k.ld, 0.0f, product + e * ot, k.ld);
     }
-    float* y = scratch(4, m * m * ot);  // Y[a][b][o][t]
-    transform_2d(t, Which::at, alpha, m, o_count, k, product, scratch(3, alpha * m * ot), y);
+    float* y = scratch(WinogradSlot::output_tiles, m * m * ot);  // Y[a][b][o][t]
+    transform_2d(t, Which::at, alpha, m, o_count, k, product, scratch(WinogradSlot::output_half, alpha * m * ot), y);
     planes_of(y, bias, output_planes(p, t), p, t, k, output + k.n0 * o_count * p.out_h * p.out_w);
   });
 }
@@ -1259,22 +1303,24 @@ void backward(const float* grad_output, const float* input, const float* weight,
   const Plan chunks = plan(p, m);
   // dU[ξ][ν][o][c] per task, summed in task order afterwards (the same sum
   // whatever the timing). A task's first chunk overwrites its sum.
-  float* partials = grad_weight != nullptr ? scratch(8, chunks.tasks * size) : nullptr;
+  float* partials =
+      grad_weight != nullptr ? scratch(WinogradSlot::weight_gradient_partials, chunks.tasks * size) : nullptr;
   std::vector<char> started(static_cast<size_t>(chunks.tasks), 0);
   for_each_chunk(p, m, chunks, [&](int64_t task, const Chunk& k) {
     const int64_t ct = c_count * k.ld, ot = o_count * k.ld;
-    const float* dm = transformed_grad_output(grad_output, p, t, k);  // slot 2, for both gradients
+    const float* dm = transformed_grad_output(grad_output, p, t, k);  // the product slot, for both gradients
     if (grad_input != nullptr) {
-      float* dv = scratch(0, alpha * alpha * ct);  // dV[ξ][ν][c][t] = Uᵀ dM
+      float* dv = scratch(WinogradSlot::input_tiles, alpha * alpha * ct);  // dV[ξ][ν][c][t] = Uᵀ dM
       for (int64_t e = 0; e < alpha * alpha; ++e) {
         gemm(ut[e], Transpose::no, k.tiles, 1.0f, dm + e * ot, k.ld, 0.0f, dv + e * ct, k.ld);
       }
       float* dp = dv;  // dP[r][s][c][t]; dV is consumed
-      transform_2d(t, Which::b, alpha, alpha, c_count, k, dv, scratch(1, alpha * alpha * ct), dp);
+      transform_2d(t, Which::b, alpha, alpha, c_count, k, dv, scratch(WinogradSlot::input_half, alpha * alpha * ct),
+                   dp);
       planes_of(dp, nullptr, input_planes(p, t), p, t, k, grad_input + k.n0 * c_count * p.height * p.width);
     }
     if (grad_weight != nullptr) {
-      const float* v = transformed_input(input, p, t, k);  // slots 0 and 1, free again here
+      const float* v = transformed_input(input, p, t, k);  // input_tiles and input_half, free again here
       float* du = partials + task * size;
       const float beta = started[task] ? 1.0f : 0.0f;
       for (int64_t e = 0; e < alpha * alpha; ++e) {
