@@ -99,8 +99,10 @@ void for_each_row(const ChannelGeometry& l, Fn&& fn) {
 // returns them as a (2, C) f64 tensor. A task takes a block of channels and
 // walks the batch through it, reading each image's block as one run. Channel
 // by channel, consecutive rows lie a whole image apart: with ResNet-50's 8x8
-// planes (rows of 256 bytes) a cache line per few elements, and its
-// batch-norm passes took 18% longer. Blocks narrow so that every thread has one.
+// planes (rows of 256 bytes) a cache line per few elements, and its batch-norm
+// passes took longer (measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md). Blocks
+// narrow so that every thread has one.
 template <class RowSums>
 Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums) {
   Tensor out = Tensor::empty({2, l.channels}, DType::f64);
@@ -127,9 +129,9 @@ Tensor channel_sums(const ChannelGeometry& l, RowSums&& row_sums) {
 // a row is too short for a loop of its own (its setup and the per-channel
 // coefficients cost more than its elements), so each image is one flat loop
 // over its C * inner elements, with the coefficients spread to that length
-// once per call. Forward and backward per element, 1 thread: [32,512,1,1]
-// 3.0 and 5.2 ns -> 0.9 and 1.8, [32,1024,2,2] 2.2 and 3.5 -> 0.5 and 1.0; on
-// 8x8 planes the rows' own loops were as fast or faster (2 threads). The
+// once per call: several times faster per element on 1x1 and 2x2 planes, while
+// on 8x8 planes the rows' own loops were as fast or faster. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.) The
 // reductions sum in f64 per (channel, position), then over positions.
 constexpr int64_t kFlatRow = 16;
 bool flat_rows(const ChannelGeometry& l) { return l.inner <= kFlatRow; }

@@ -200,10 +200,10 @@ struct PositionClass {
 // Split when one GEMM over the plane would do this many times the true
 // multiply-adds: 2x2 planes (2.25) under a 3x3 kernel with padding 1, not 4x4
 // (1.44) or 8x8 (1.19), where the smaller GEMMs (a 4x4 plane's nine classes
-// have 1 to 4 positions per image) cost more than the zeros they save.
-// (ResNet-50 at 32x32, batch 32, 2 threads, 4x4 planes in one GEMM instead of
-// classes: ImageNet stem 188-192 -> 198-205 images/s, CIFAR stem 19.8-19.9 ->
-// 20.7-21.1. Splitting 2x2 planes too still pays there: 194 and 191 without.)
+// have 1 to 4 positions per image) cost more than the zeros they save:
+// ResNet-50 at 32x32 ran faster with 4x4 planes in one GEMM and with 2x2 planes
+// split. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 constexpr double kClassSplitWaste = 1.6;
 
 // The position classes of g, or none when one GEMM over the plane is the
@@ -301,9 +301,10 @@ __attribute__((target("avx2"))) void im2col_masked_rows(const float* image, cons
 // at most 64 elements (ResNet-50's 3x3 and strided 1x1 convolutions on 8x8,
 // 4x4 and 2x2 planes): a channel's input plane is loaded into up to four
 // 512-bit registers once, and every 16 outputs of a tap are one or two
-// permutes of them by the tap's table of sources, lanes in the padding zeroed.
-// Element by element, those table lookups were 3.7% of ResNet-50's ImageNet
-// stem step at 2 threads.
+// permutes of them by the tap's table of sources, lanes in the padding zeroed:
+// element by element, those table lookups were a visible share of ResNet-50's
+// ImageNet stem step. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 constexpr int64_t kRegisterPlane = 64;
 
 bool register_planes_apply(const Geometry& g, const Taps& taps) {
@@ -357,7 +358,8 @@ __attribute__((target("avx512f"))) void im2col_register_planes(const float* imag
 // rows of 8) are the even lanes of 32 input floats, loaded with the lanes
 // outside the image masked off and picked by one permute. Element by
 // element (a stride-2 loop, or the table on 8x8 planes), im2col and col2im
-// were 20-23% of those convolutions' time.
+// were a large part of those convolutions' time. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 bool strided_rows_apply(const Geometry& g) {
   return g.params.stride[1] == 2 && (g.out_w == 8 || g.out_w == 16) && gemm_kernel() == GemmKernel::avx512;
 }
@@ -473,9 +475,10 @@ __attribute__((target("avx512f"))) void col2im_strided_rows(const float* col, in
 
 // std::copy_n for the rows of one plane, which on ResNet-50's small planes
 // are 1 to 16 elements: copy_n calls memmove for each, and with 1x1 planes
-// (a batch's (N, C) transposed to (C, N) and back) those calls took 11% of
-// a 1x1 convolution's time. The sizes of those planes are copied by moves of
-// a size known at compile time instead.
+// (a batch's (N, C) transposed to (C, N) and back) those calls were a large
+// part of a 1x1 convolution's time. The sizes of those planes are copied by
+// moves of a size known at compile time instead. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 template <class T>
 inline void copy_plane(const T* src, int64_t n, T* dst) {
   switch (n) {
@@ -634,10 +637,11 @@ void scatter_planes(const T* side_by_side, int64_t images, int64_t rows, int64_t
 // With the weight packed once per call (PackedA), forward and the input
 // gradient fold only up to kPackedTargetColumns: what a larger fold saves is
 // then only ragged tiles, and the gathering of the images' planes and the
-// scattering of the results cost more (1x1 convolutions on ResNet's 8 x 8
-// and 4 x 4 planes: 5-12% faster). The weight gradient keeps the larger
-// fold: its GEMMs sum over the columns, and each GEMM reads and writes all of
-// dW again.
+// scattering of the results cost more (1x1 convolutions on ResNet's 8x8 and
+// 4x4 planes ran faster; measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md). The
+// weight gradient keeps the larger fold: its GEMMs sum over the columns, and
+// each GEMM reads and writes all of dW again.
 struct BatchPlan {
   int64_t fold;    // images per GEMM
   int64_t groups;  // ceil(batch / fold)
@@ -734,7 +738,8 @@ void with_tap_count(int64_t count, Fn&& fn) {
 // 64: four of a 3x3 kernel, ResNet-50's position classes on 2x2 planes): the
 // rows, contiguous in the weight, are loaded whole and one or two permutes
 // pick the 16 outputs, contiguous in compact. Element by element this gather
-// took 14% of the 3x3 convolution on 2x2 planes at 1 thread.
+// was a large part of the 3x3 convolution on 2x2 planes. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 bool register_taps_apply(int64_t kernel, int64_t n, int64_t group) {
   if (n <= 0 || 16 % n != 0 || gemm_kernel() != GemmKernel::avx512) return false;
   const int64_t rows = 16 / n;
@@ -744,8 +749,8 @@ bool register_taps_apply(int64_t kernel, int64_t n, int64_t group) {
 // Several gathers of n taps each from the same weight (ResNet-50's four
 // position classes on 2x2 planes) are done together: each block of rows is
 // loaded once for all of them, so that the weight is read once, not once per
-// class (the 3x3 convolution on 2x2 planes, forward and input gradient: 3-5%
-// faster at 1 thread, within noise at 2).
+// class (the 3x3 convolution on 2x2 planes ran faster at 1 thread; measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md).
 __attribute__((target("avx512f"))) void gather_tap_blocks(const float* weight, int64_t begin, int64_t end,
                                                            int64_t kernel, const int64_t* const* indexes,
                                                            float* const* compacts, int64_t targets, int64_t n,
@@ -792,8 +797,9 @@ __attribute__((target("avx512f"))) void gather_tap_blocks(const float* weight, i
 // spread_taps likewise, for parts of n taps each as above: a block of 16 / n
 // rows of each part is one register, and each 16 outputs of the block's rows
 // (contiguous in the full gradient) are the sum of masked permutes of those
-// registers. Element by element, this spread took 10% of the 3x3 convolution
-// on 2x2 planes at 1 thread.
+// registers. Element by element, this spread was a large part of the 3x3
+// convolution on 2x2 planes. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 struct SpreadLanes {
   alignas(64) int32_t index[4][16];  // per output register of a block: lanes of the part's register
   uint16_t mask[4];                  // the output lanes this part has a tap at
@@ -994,11 +1000,9 @@ struct Columns {
 // groups' GEMMs (PackedA) when the batch falls into several; none when one
 // GEMM covers the whole batch. That GEMM packs the weight block by block as
 // it goes, in its cache, where packing it beforehand would be one more pass
-// through memory over the weight. (ResNet-50's layer3-4 convolutions on 1x1
-// and 2x2 planes at 32x32 input, batch 32, 2 threads, four alternating pairs
-// of a bench of conv2d's kernels: forward 0.63-0.67 -> 0.59-0.60 ms for the
-// 1x1s of layer4, 1.27 -> 1.04 for its stride-2 downsample, 0.29 -> 0.24 for
-// its 3x3 on 1x1 planes; input gradients 2-8% faster.)
+// through memory over the weight: ResNet-50's layer3-4 convolutions on 1x1 and
+// 2x2 planes ran faster so. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 template <class T>
 T* weight_packing(const Geometry& g, int64_t m, int64_t k) {
   if (plan_batch(g, kPackedTargetColumns).groups == 1) return nullptr;
@@ -1008,11 +1012,10 @@ T* weight_packing(const Geometry& g, int64_t m, int64_t k) {
 // The column matrix of images n0 .. n0+images (C*active, images*Ho*Wo):
 // im2col into the columns slot, or, for one image under a pointwise kernel, the
 // image itself. Built here, its rows are gemm_b_stride apart, so that the
-// forward GEMM reads it where it lies instead of packing a copy. (ResNet-50's
-// stride-2 convolutions at 32x32 input, batch 32, 2 threads, two alternating
-// pairs: the layer2 3x3 forward 17.7-18.7 -> 14.3-16.6 ms and its weight
-// gradient 19.1-20.1 -> 17.0-17.8; the 1x1 downsample's 14.1-15.7 ->
-// 12.2-12.4 and 14.3-16.4 -> 13.2-13.5. A later set was within noise.)
+// forward GEMM reads it where it lies instead of packing a copy (faster on
+// ResNet-50's stride-2 convolutions in one set of runs, within noise in a later
+// one; measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md).
 template <class T>
 Columns<T> group_columns(const T* input, const Geometry& g, const Taps& taps, int64_t n0, int64_t images) {
   const int64_t image_size = g.channels * g.input_plane(), plane = g.output_plane(), columns = images * plane;

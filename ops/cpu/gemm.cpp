@@ -226,7 +226,8 @@ __attribute__((target("avx2,fma"))) void pack_b(Transpose t, const float* b, int
       // element by element, its packing cost as much as its arithmetic.)
       // Group by group, so that 8 rows of B are read at a time, not all NR:
       // with rows 1024 floats apart (a 32 x 32 plane's weight gradient) that
-      // was 6% faster than the other order.
+      // was faster than the other order (measured in
+      // benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md).
       const float* columns = b + (col0 + strip) * ldb + p0;
       const int64_t grouped = width / 8 * 8, depth8 = depth / 8 * 8;
       for (int64_t group = 0; group < grouped; group += 8) {
@@ -422,7 +423,9 @@ static_assert(kNC % Avx2Kernel::nr == 0 && kNC % Avx512Kernel::nr == 0);
 // Whether a non-transposed B with rows `ldb` floats apart can be read in
 // place. Its micro-strip is KC rows of NR / 16 64-byte lines each; when ldb
 // is a multiple of a large power of two those rows fall into a few of L1's 64
-// sets and evict each other (1024-float rows: 4x slower), so such B is packed.
+// sets and evict each other (1024-float rows ran several times slower; see
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md), so such B
+// is packed.
 bool b_readable_in_place(Transpose tb, int64_t ldb) {
   if (tb != Transpose::no) return false;
   return ldb % 16 != 0 || std::gcd<int64_t>(ldb / 16, 64) <= 2;
@@ -432,11 +435,10 @@ bool b_readable_in_place(Transpose tb, int64_t ldb) {
 // columns: a transposed A (stored k x m, each depth step's MR rows
 // contiguous), or a non-transposed A's rows under a kernel that reads them in
 // place (`reads_rows`). Packing A pays for itself over many column strips of
-// B; with few, each packed element would be used for few multiply-adds
-// (conv2d on ResNet-50's small planes at batch 32, 2 threads: with 32 columns
-// the input gradients were 11-30% faster and the forward 10-14%; with 128 a
-// 1x1 convolution's input gradient neither gained nor lost, and its forward
-// with the rows read in place was up to 8% slower).
+// B; with few, each packed element would be used for few multiply-adds (conv2d
+// on ResNet-50's small planes: with 32 columns faster in place, with 128 no
+// gain for the input gradient and a loss for the forward; measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md).
 bool a_readable_in_place(Transpose ta, int64_t n, bool reads_rows) {
   if (ta == Transpose::yes) return n <= kInPlaceAColumns;
   return reads_rows && n <= kInPlaceARowsColumns;

@@ -719,9 +719,10 @@ struct Plan {
   int64_t fold, tasks;
 };
 // About 64 tiles per chunk, fewer (down to 16) when the channels would make
-// a chunk buffer (α² x channels x tiles floats) larger than 8 MiB. With 128
+// a chunk buffer (α² x channels x tiles floats) larger than 8 MiB: with 128
 // (the ConvNet's conv2: buffers of 0.5 to 1 MiB each, several per chunk) its
-// forward took 18% longer at 1 thread and 15% at 2, its backward as long.
+// forward and backward took longer. (Measured:
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
 constexpr int64_t kTargetTiles = 64, kMinTiles = 16, kChunkBufferFloats = int64_t{1} << 21;
 
 Plan plan(const Problem& p, int m) {
@@ -771,9 +772,11 @@ std::vector<PackedA<float>> packed_weight(const float* u, int64_t count, int64_t
 // packed_weight(transform_weight(...)) in one go where the GEMM packs A and
 // op(U_e)'s rows fill whole strips: the taps are gathered in the packing's
 // order (PackedA's layout), so the G transforms write every U_e packed, into
-// the packed_weight slot, and no U is packed afterwards (that pass and its
-// read of U were 9% of the forward of a 256-channel 3x3 on 8x8 planes). The
-// same values.
+// the packed_weight slot, and no U is packed afterwards (that pass and its read
+// of U were a visible share of the forward of a 256-channel 3x3 on 8x8 planes;
+// measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md). The same
+// values.
 std::vector<PackedA<float>> packed_transformed_weight(const float* weight, const Problem& p, const Transforms& t,
                                                       Transpose op) {
   const int64_t o_count = p.out_channels, c_count = p.channels, oc = o_count * c_count, r = t.r, alpha = t.alpha;
@@ -834,9 +837,10 @@ std::vector<PackedA<float>> packed_transformed_weight(const float* weight, const
 #endif
 #if LOOM_WINOGRAD_CHANNELS_LAST
 constexpr int64_t kLanes = 16;
-// At most this many channels in or out: beyond, the products dominate and
-// the packed GEMMs of the path above run them faster (ResNet's 256-channel
-// 3x3 on 8x8 planes: 8-15% slower channels-last; 128 on 16x16: 3-8% faster).
+// At most this many channels in or out: beyond, the products dominate and the
+// packed GEMMs of the path above run them faster (ResNet's 256-channel 3x3 on
+// 8x8 planes ran slower channels-last, 128 on 16x16 faster; measured in
+// benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md).
 constexpr int64_t kChannelsLastMax = 128;
 
 // The channels-last path's per-thread scratch (ops/cpu/scratch.h), one
@@ -1254,10 +1258,10 @@ int tile_for(const Problem& p) {
   if (p.out_h >= 8 && p.out_w >= 8) return 4;
   // Smaller planes (down to 4x4) with many channels: F(2x2, 3x3), whose
   // transformed weight is 16/9 of the weight and whose 2x2 tiles fill a 4x4
-  // plane. On ResNet-50's layer4 at 32x32 inputs (512 channels, 4x4) the
-  // layer's backward took 343-402 ms per 3 steps against 420-433 on
-  // im2col + GEMM, its forward 151-164 against 156-173; F(4x4, 3x3), one
-  // tile per plane and a weight 4x the size, took 398-427 and 166-186.
+  // plane. On ResNet-50's layer4 at 32x32 inputs (512 channels, 4x4) it ran
+  // faster than im2col + GEMM and than F(4x4, 3x3), one tile per plane and a
+  // weight 4x the size. (Measured:
+  // benchmarks/results/2026-12-06-cpu-kernel-timings-from-comments.md.)
   if (p.kernel == 3 && p.out_h >= 4 && p.out_w >= 4 && p.channels >= 512 && p.out_channels >= 512) return 2;
   return 0;
 }
