@@ -56,7 +56,7 @@ if(LOOM_FUZZ)
   if(LOOM_SANITIZE OR LOOM_HAVE_CUDA)
     message(FATAL_ERROR "LOOM_FUZZ=ON is a CPU build with its own sanitizers: leave LOOM_SANITIZE empty, LOOM_CUDA=OFF")
   endif()
-  # -mavx2 -mfma: clang ignores '#pragma GCC target' (ops/cpu/winograd.cpp's
+  # -mavx2 -mfma: clang ignores '#pragma GCC target' (ops/cpu/winograd*.cpp's
   # AVX2 kernels would not compile), so the fuzzers are built for AVX2 machines.
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link,address,undefined;-fno-sanitize-recover=all;-fno-omit-frame-pointer;-g>")
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")

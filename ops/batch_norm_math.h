@@ -1,5 +1,5 @@
 // Batch norm's per-channel math, written once for both backends
-// (ops/cpu/batch_norm.cpp on the host, ops/cuda/batch_norm.cu on the device):
+// (ops/cpu/batch_norm*.cpp on the host, ops/cuda/batch_norm.cu on the device):
 // the statistics from the sums, the running-statistics update, the forward's
 // affine coefficients, the backward's coefficients, and the fused ReLU's mask.
 // Coefficients are computed in f64 from (C) values of any floating dtype; the

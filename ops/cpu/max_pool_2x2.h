@@ -1,8 +1,8 @@
 // The 2x2 max pool with stride 2 and no padding (the ConvNet's and ResNet's
-// pools), shared by max_pool2d (pooling.cpp) and batch norm's fused
-// ReLU + pool (batch_norm.cpp), which must choose the same element of every
-// window: a value takes over when it is larger or NaN (PyTorch's rule: the
-// first maximum wins ties, the last NaN wins).
+// pools), shared by max_pool2d (pooling.cpp) and batch norm's fused ReLU +
+// pool (batch_norm.cpp, batch_norm_backward.cpp), which must choose the same
+// element of every window: a value takes over when it is larger or NaN
+// (PyTorch's rule: the first maximum wins ties, the last NaN wins).
 #pragma once
 
 #include <cmath>

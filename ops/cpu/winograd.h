@@ -26,7 +26,8 @@ int tile_for(const Problem& p);
 
 // Whether tile m runs on the channels-last path (F(4x4, 3x3) and F(4x4,
 // 5x5) with both channel counts multiples of 16, at most 128, under the
-// AVX-512 GEMM kernel) rather than the tile-major one; see winograd.cpp.
+// AVX-512 GEMM kernel) rather than the tile-major one; see
+// winograd_channels_last.cpp.
 bool channels_last(const Problem& p, int m);
 
 // output (N, O, Ho, Wo) = conv(input, weight) + bias (may be null).
