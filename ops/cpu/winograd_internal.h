@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -150,9 +151,12 @@ inline __attribute__((always_inline)) void fixed_product(const V* x, Store&& sto
 // Gᵀ: r x α) to rows of `length` values.
 void transform_rows(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out, int64_t out_stride,
                     int64_t length);
-// transform_rows over `segments` runs of rows, `ld` floats apart.
-void transform_segments(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out,
-                        int64_t out_stride, int64_t segments, int64_t ld, int64_t length);
+// transform_rows over `segments` runs of rows, `ld` floats apart: the layout
+// of the chunk buffers below, [row][channel][ld] with `length` tiles in each.
+inline void transform_segments(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out,
+                               int64_t out_stride, int64_t segments, int64_t ld, int64_t length) {
+  for (int64_t k = 0; k < segments; ++k) transform_rows(t, w, in + k * ld, in_stride, out + k * ld, out_stride, length);
+}
 
 // Winograd's per-thread scratch (ops/cpu/scratch.h), one buffer per slot.
 // The weight-side slots are the calling thread's, filled before the chunks
@@ -247,10 +251,42 @@ struct Planes {
 Planes input_planes(const Problem& p, const Transforms& t);
 Planes output_planes(const Problem& p, const Transforms& t);
 
-// The adjoint of the tile gather: each plane the sum of what its tiles hold
-// over it, plus fill[c] (when fill is not null).
-void planes_of(const float* tiles, const float* fill, const Planes& shape, const Problem& p, const Transforms& t,
-               const Chunk& k, float* planes);
+// The adjoint of split_row: row[tw * m + s] += src[s][tw] (winograd_tiles.cpp).
+void merge_row(const float* const* src, int64_t tiles, int m, int width, float* row);
+// This thread's padded copy of a plane laid out as `layout` (winograd_tiles.cpp).
+float* padded_buffer(const Padded& layout);
+// The plane's part of the copy back into it (winograd_tiles.cpp).
+void unpad_plane(const float* padded, const Padded& layout, int64_t height, int64_t width, float* plane);
+
+// Inline here, as it was inlined into the forward and backward passes
+// before the split (out of line, the ConvNet's step ran 1% more
+// instructions; callgrind).
+// The adjoint of tiles_of: each plane is the sum of what its tiles hold over
+// it, plus fill[c] (when fill is not null). The input gradient from
+// dP[r][s][c][t]; the output, with the bias, from Y[a][b][o][t] (whose tiles
+// do not overlap).
+inline void planes_of(const float* tiles, const float* fill, const Planes& shape, const Problem& p, const Transforms& t,
+                      const Chunk& k, float* planes) {
+  const Tiling tl = tiling(p, t.m);
+  const int64_t span = shape.span, channels = shape.channels;
+  float* copy = padded_buffer(shape.layout);
+  const float* src[kMaxAlpha];
+  for (int64_t i = 0; i < k.images; ++i) {
+    for (int64_t c = 0; c < channels; ++c) {
+      std::fill(copy, copy + shape.layout.rows * shape.layout.cols, fill != nullptr ? fill[c] : 0.0f);
+      for (int64_t th = 0; th < tl.rows; ++th) {
+        for (int64_t row = 0; row < span; ++row) {
+          for (int64_t col = 0; col < span; ++col) {
+            src[col] = tiles + ((row * span + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
+          }
+          merge_row(src, tl.cols, t.m, shape.span, copy + (th * t.m + row) * shape.layout.cols);
+        }
+      }
+      unpad_plane(copy, shape.layout, shape.height, shape.width, planes + (i * channels + c) * shape.height * shape.width);
+    }
+  }
+}
+
 // V[ξ][ν][c][t] of the chunk, in the input_tiles slot (input_half is scratch).
 float* transformed_input(const float* input, const Problem& p, const Transforms& t, const Chunk& k);
 // dM[ξ][ν][o][t] of the chunk's output gradient tiles, in the product slot

@@ -73,6 +73,8 @@ void split_row_transformed(const float* row, int64_t tiles, float* const* dst) {
 #pragma GCC pop_options
 #endif
 
+}  // namespace
+
 // The adjoint of split_row: row[tw * m + s] += src[s][tw].
 void merge_row(const float* const* src, int64_t tiles, int m, int width, float* row) {
   int64_t tw = 0;
@@ -125,8 +127,6 @@ void unpad_plane(const float* padded, const Padded& layout, int64_t height, int6
     for (int64_t x = o.x0; x < o.x1; ++x) dst[x] = src[x];
   }
 }
-
-}  // namespace
 
 // The padded copy of an input plane that covers every input tile.
 Padded input_layout(const Problem& p, const Transforms& t) {
@@ -227,32 +227,6 @@ bool transforms_in_gather(const Transforms& t) {
 }
 
 }  // namespace
-
-// The adjoint of tiles_of: each plane is the sum of what its tiles hold over
-// it, plus fill[c] (when fill is not null). The input gradient from
-// dP[r][s][c][t]; the output, with the bias, from Y[a][b][o][t] (whose tiles
-// do not overlap).
-void planes_of(const float* tiles, const float* fill, const Planes& shape, const Problem& p, const Transforms& t,
-               const Chunk& k, float* planes) {
-  const Tiling tl = tiling(p, t.m);
-  const int64_t span = shape.span, channels = shape.channels;
-  float* copy = padded_buffer(shape.layout);
-  const float* src[kMaxAlpha];
-  for (int64_t i = 0; i < k.images; ++i) {
-    for (int64_t c = 0; c < channels; ++c) {
-      std::fill(copy, copy + shape.layout.rows * shape.layout.cols, fill != nullptr ? fill[c] : 0.0f);
-      for (int64_t th = 0; th < tl.rows; ++th) {
-        for (int64_t row = 0; row < span; ++row) {
-          for (int64_t col = 0; col < span; ++col) {
-            src[col] = tiles + ((row * span + col) * channels + c) * k.ld + i * tl.per_image + th * tl.cols;
-          }
-          merge_row(src, tl.cols, t.m, shape.span, copy + (th * t.m + row) * shape.layout.cols);
-        }
-      }
-      unpad_plane(copy, shape.layout, shape.height, shape.width, planes + (i * channels + c) * shape.height * shape.width);
-    }
-  }
-}
 
 // V[ξ][ν][c][t] of the chunk, in the input_tiles slot (input_half is scratch).
 float* transformed_input(const float* input, const Problem& p, const Transforms& t, const Chunk& k) {

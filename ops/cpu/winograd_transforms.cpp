@@ -124,12 +124,6 @@ void transform_rows(const Transforms& t, Which w, const float* in, int64_t in_st
   }
 }
 
-// transform_rows over `segments` runs of rows, `ld` floats apart: the layout
-// of the chunk buffers below, [row][channel][ld] with `length` tiles in each.
-void transform_segments(const Transforms& t, Which w, const float* in, int64_t in_stride, float* out,
-                        int64_t out_stride, int64_t segments, int64_t ld, int64_t length) {
-  for (int64_t k = 0; k < segments; ++k) transform_rows(t, w, in + k * ld, in_stride, out + k * ld, out_stride, length);
-}
 
 namespace {
 
