@@ -35,7 +35,8 @@ data::LoadedData load_mnist_app_data(const fs::path& dir, const std::string& dat
   // Image folders in grayscale at --image-size: Resize(size) + CenterCrop(size), as MNIST's 28x28.
   const std::vector<data::ImageTransform> folder_transforms = {
       data::Resize{image_size}, data::CenterCrop{image_size}, data::ToTensor{}, data::Normalize{{0.5}, {0.5}}};
-  const data::ImageFolderOptions folder_options{data::ColorMode::grayscale, folder_transforms};
+  const auto folder_options =
+      data::ImageFolderOptions().color(data::ColorMode::grayscale).transforms(folder_transforms);
   return data::load_dataset(*kind, dir, folder_options, folder_options);
 }
 
@@ -53,8 +54,8 @@ data::LoadedData load_cifar_app_data(const fs::path& dir, const std::string& dat
                       "--synthetic"));
     }
   }
-  const data::ImageFolderOptions train_folder{data::ColorMode::rgb, data::imagenet_train_transforms(image_size)};
-  const data::ImageFolderOptions test_folder{data::ColorMode::rgb, data::imagenet_test_transforms(image_size)};
+  const auto train_folder = data::ImageFolderOptions().transforms(data::imagenet_train_transforms(image_size));
+  const auto test_folder = data::ImageFolderOptions().transforms(data::imagenet_test_transforms(image_size));
   return data::load_dataset(*kind, dir, train_folder, test_folder);
 }
 

@@ -169,12 +169,12 @@ bool is_image_folder(const fs::path& root) {
 
 ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options)
     : root_(root), index_(index_image_folder(root)), options_(std::move(options)) {
-  shape_.channels = options_.color == ColorMode::rgb ? 3 : 1;
+  shape_.channels = options_.color() == ColorMode::rgb ? 3 : 1;
   bool seen_to_tensor = false;
   int64_t size_height = 0, size_width = 0;  // the fixed output size, once a transform sets one
   mean_.assign(static_cast<size_t>(shape_.channels), 0.0f);
   std_.assign(static_cast<size_t>(shape_.channels), 1.0f);
-  for (const ImageTransform& transform : options_.transforms) {
+  for (const ImageTransform& transform : options_.transforms()) {
     const bool after_tensor = seen_to_tensor && !std::holds_alternative<Normalize>(transform);
     LOOM_CHECK(!after_tensor, "ImageFolder transforms: only Normalize may follow ToTensor");
     if (const auto* resize = std::get_if<Resize>(&transform)) {
@@ -224,9 +224,9 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options)
     for (int v = 0; v < 256; ++v) tensor_table_[c * 256 + v] = (static_cast<float>(v) / 255.0f - mean_[c]) / std_[c];
   }
   // torchvision's training pipeline on RGB gets the fused path (get_random_resized_crop).
-  const std::vector<ImageTransform>& t = options_.transforms;
+  const std::vector<ImageTransform>& t = options_.transforms();
   size_t at = 0;
-  if (options_.color == ColorMode::rgb && at < t.size() && std::holds_alternative<RandomResizedCrop>(t[at])) {
+  if (options_.color() == ColorMode::rgb && at < t.size() && std::holds_alternative<RandomResizedCrop>(t[at])) {
     const RandomResizedCrop crop_spec = std::get<RandomResizedCrop>(t[at++]);
     std::optional<double> flip;
     if (at < t.size() && std::holds_alternative<RandomHorizontalFlip>(t[at])) {
@@ -244,7 +244,7 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options)
 }
 
 DecodedImage ImageFolder::transform_pixels(DecodedImage image, Generator& random) const {
-  for (const ImageTransform& transform : options_.transforms) {
+  for (const ImageTransform& transform : options_.transforms()) {
     if (const auto* resize = std::get_if<Resize>(&transform)) {
       if (resize->width > 0) {
         image = resize_bilinear(image, resize->size, resize->width);
@@ -348,9 +348,9 @@ int64_t ImageFolder::get(int64_t index, SampleSlot& slot) const {
         get_random_resized_crop(read_file(file), file, slot);
         return index_.labels[candidate];
       }
-      decoded = read_image(file, options_.color);
+      decoded = read_image(file, options_.color());
     } catch (const Error& error) {
-      if (options_.on_error == OnDecodeError::fail) throw;
+      if (options_.on_error() == OnDecodeError::fail) throw;
       *slot.random = before;  // the replacement draws as if this file had not been read
       static std::mutex reported_mutex;
       static std::set<std::string> reported;

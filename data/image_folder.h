@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include <loom/core/options.h>
 #include <loom/data/dataset.h>
 #include <loom/data/transforms.h>
 
@@ -79,12 +80,14 @@ using ImageTransform = std::variant<Resize, CenterCrop, RandomResizedCrop, Rando
 // decodes (and say so once per file on stderr).
 enum class OnDecodeError { fail, skip };
 
-struct ImageFolderOptions {
-  ColorMode color = ColorMode::rgb;
+class ImageFolderOptions {
+  // Channels of the decoded images: rgb (3) or grayscale (1).
+  LOOM_OPTION(ColorMode, color) = ColorMode::rgb;
   // Applied in order. Must end with a fixed size (CenterCrop,
   // RandomResizedCrop or Resize with height and width) and include ToTensor.
-  std::vector<ImageTransform> transforms;
-  OnDecodeError on_error = OnDecodeError::fail;
+  LOOM_OPTION(std::vector<ImageTransform>, transforms);
+  // What to do with a file that does not decode (see OnDecodeError).
+  LOOM_OPTION(OnDecodeError, on_error) = OnDecodeError::fail;
 };
 
 // The ImageNet-style pipelines torchvision's examples use, at `size`:

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     auto folder = std::make_shared<const ImageFolder>(
-        folder_dir, ImageFolderOptions{ColorMode::rgb, imagenet_train_transforms(size)});
+        folder_dir, ImageFolderOptions().transforms(imagenet_train_transforms(size)));
     validate(folder, batch_size);
     const auto timed = std::make_shared<const TimedDataset>(folder);
     for (const int64_t count : workers) {

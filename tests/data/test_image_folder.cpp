@@ -112,7 +112,7 @@ TEST_CASE("decoded pixels equal PIL's convert('RGB') and convert('L'): PNG exact
 
 TEST_CASE("Resize(shorter side) + CenterCrop equal PIL's bilinear resize and torchvision's window") {
   const auto tree = make_tree();
-  ImageFolder folder(tree->root(), {ColorMode::rgb, {Resize{kSize}, CenterCrop{kSize}, ToTensor{}}});
+  ImageFolder folder(tree->root(), ImageFolderOptions().transforms({Resize{kSize}, CenterCrop{kSize}, ToTensor{}}));
   CHECK(folder.sample_shape().channels == 3);
   CHECK(folder.sample_shape().height == kSize);
   loom::Generator unused(0);
@@ -133,7 +133,7 @@ TEST_CASE("Resize(shorter side) + CenterCrop equal PIL's bilinear resize and tor
 TEST_CASE("an ImageFolder in the loader: workers, a DistributedSampler shard per rank, normalized batches") {
   const auto tree = make_tree();
   auto folder = std::make_shared<ImageFolder>(
-      tree->root(), ImageFolderOptions{ColorMode::rgb, imagenet_train_transforms(16), OnDecodeError::fail});
+      tree->root(), ImageFolderOptions().transforms(imagenet_train_transforms(16)).on_error(OnDecodeError::fail));
   CHECK(folder->classes().size() == 5);
   std::set<int64_t> seen;
   for (int64_t rank = 0; rank < 2; ++rank) {
@@ -171,7 +171,7 @@ TEST_CASE("a file that does not decode fails naming it, or is skipped with the f
   write_bytes(dir / "tree" / "b_cat" / "sub" / "z.jpeg", {'G', 'I', 'F', '8', '9', 'a'});
   const std::vector<ImageTransform> transforms = {CenterCrop{8}, ToTensor{}};
   {
-    auto folder = std::make_shared<ImageFolder>(dir / "tree", ImageFolderOptions{ColorMode::rgb, transforms});
+    auto folder = std::make_shared<ImageFolder>(dir / "tree", ImageFolderOptions().transforms(transforms));
     DataLoader loader(folder, DataLoaderOptions().batch_size(20));
     const std::string message = error_message([&] { loader.epoch(0).begin(); });
     CHECK(message.find("ImageFolder " + (dir / "tree").string() + ", sample 7: image " + bad.string() +
@@ -180,7 +180,7 @@ TEST_CASE("a file that does not decode fails naming it, or is skipped with the f
               .find("neither a JPEG nor a PNG") != std::string::npos);
   }
   auto folder = std::make_shared<ImageFolder>(
-      dir / "tree", ImageFolderOptions{ColorMode::rgb, transforms, OnDecodeError::skip});
+      dir / "tree", ImageFolderOptions().transforms(transforms).on_error(OnDecodeError::skip));
   DataLoader loader(folder, DataLoaderOptions().batch_size(20));
   int64_t batches = 0;
   for (Batch& batch : loader.epoch(0)) {
@@ -374,7 +374,7 @@ TEST_CASE("RandomResizedCrop + flip + ToTensor + Normalize: the fused path equal
   const auto dir = make_jpegs();
   for (const int64_t size : {int64_t{224}, int64_t{64}}) {
     CAPTURE(size);
-    ImageFolder folder(*dir / "tree", {ColorMode::rgb, imagenet_train_transforms(size)});
+    ImageFolder folder(*dir / "tree", ImageFolderOptions().transforms(imagenet_train_transforms(size)));
     REQUIRE(folder.fused_pipeline());
     const Normalize normalize = imagenet_normalize();
     const int64_t plane = size * size;
@@ -404,7 +404,10 @@ TEST_CASE("RandomResizedCrop + flip + ToTensor + Normalize: the fused path equal
     }
   }
   // Other pipelines take the general path.
-  CHECK_FALSE(ImageFolder(*dir / "tree", {ColorMode::rgb, imagenet_test_transforms(32)}).fused_pipeline());
-  CHECK_FALSE(ImageFolder(*dir / "tree", {ColorMode::grayscale, {RandomResizedCrop{32}, ToTensor{}}}).fused_pipeline());
-  CHECK(ImageFolder(*dir / "tree", {ColorMode::rgb, {RandomResizedCrop{16}, ToTensor{}}}).fused_pipeline());
+  const auto fused = [&](const ImageFolderOptions& options) {
+    return ImageFolder(*dir / "tree", options).fused_pipeline();
+  };
+  CHECK_FALSE(fused(ImageFolderOptions().transforms(imagenet_test_transforms(32))));
+  CHECK_FALSE(fused(ImageFolderOptions().color(ColorMode::grayscale).transforms({RandomResizedCrop{32}, ToTensor{}})));
+  CHECK(fused(ImageFolderOptions().transforms({RandomResizedCrop{16}, ToTensor{}})));
 }
