@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::TCPStore> agent_store;
     if (spec.node_rank == 0) {
       agent_store = std::make_unique<dist::TCPStore>(spec.master_addr, standalone ? 0 : spec.master_port,
-                                                     dist::TCPStoreOptions{.is_server = true});
+                                                     dist::TCPStoreOptions().is_server(true));
       spec.master_port = agent_store->port();
     }
     spec.environment["TORCHELASTIC_USE_AGENT_STORE"] = "True";

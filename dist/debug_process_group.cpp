@@ -226,14 +226,14 @@ struct DebugProcessGroup::State {
         try {
           store->set(progress_key(rank), value);
         } catch (const std::exception& error) {
-          log_debug("process group '", options.group_name, "': stopped publishing this rank's progress: ",
+          log_debug("process group '", options.group_name(), "': stopped publishing this rank's progress: ",
                     error.what());
           return;
         }
         published = now;
         lock.lock();
       }
-      publisher_wake.wait_for(lock, options.publish_interval, [&] { return stopping; });
+      publisher_wake.wait_for(lock, options.publish_interval(), [&] { return stopping; });
     }
   }
 
@@ -273,7 +273,7 @@ struct DebugProcessGroup::State {
       return str("Desync report unavailable: the store could not be read (", error.what(), ")");
     }
     std::string text = str("Desync report for #", sequence, " (collectives counted from #0 in the order the program "
-                           "called them; the one each rank entered last, at most ", options.publish_interval.count(),
+                           "called them; the one each rank entered last, at most ", options.publish_interval().count(),
                            " ms old):");
     std::vector<int> behind, unknown;
     for (int r = 0; r < size; ++r) {
@@ -357,8 +357,9 @@ struct DebugProcessGroup::State {
       text += str(" called ", calls[i].first.describe());
     }
     const bool same_text = calls[0].first.describe() == calls[1].first.describe();
-    LOOM_FAIL("process group '", options.group_name, "' (", backend, ", LOOM_DISTRIBUTED_DEBUG=DETAIL): the ranks called "
-              "different collectives: ", text, same_text ? " (the same sizes in different shapes)" : "",
+    LOOM_FAIL("process group '", options.group_name(), "' (", backend,
+              ", LOOM_DISTRIBUTED_DEBUG=DETAIL): the ranks called different collectives: ", text,
+              same_text ? " (the same sizes in different shapes)" : "",
               ". Every rank must call the same collectives in the same order with the same dtypes, sizes and roots; "
               "nothing was run.");
   }
@@ -423,8 +424,8 @@ DebugProcessGroup::DebugProcessGroup(std::shared_ptr<ProcessGroup> inner, std::s
     : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1), inner_(std::move(inner)) {
   LOOM_CHECK(inner_ != nullptr, "DebugProcessGroup: the wrapped process group is null");
   LOOM_CHECK(store != nullptr, "DebugProcessGroup: the store is null");
-  LOOM_CHECK(options.publish_interval.count() > 0, "DebugProcessGroup: publish_interval must be positive");
-  if (options.level == DistributedDebugLevel::detail) {
+  LOOM_CHECK(options.publish_interval().count() > 0, "DebugProcessGroup: publish_interval must be positive");
+  if (options.level() == DistributedDebugLevel::detail) {
     LOOM_CHECK(checker != nullptr, "DebugProcessGroup: DETAIL needs a checker process group for the fingerprints");
     LOOM_CHECK(checker->size() == size() && checker->rank() == rank(), "DebugProcessGroup: the checker group is rank ",
                checker->rank(), " of ", checker->size(), "; expected rank ", rank(), " of ", size());
@@ -443,16 +444,16 @@ DebugProcessGroup::DebugProcessGroup(std::shared_ptr<ProcessGroup> inner, std::s
 
 DebugProcessGroup::~DebugProcessGroup() {
   state_->stop_publishing();
-  if (state_->options.level >= DistributedDebugLevel::info) {
+  if (state_->options.level() >= DistributedDebugLevel::info) {
     const uint64_t called = state_->entered.load();
     std::lock_guard lock(state_->last_mutex);
-    log_info("process group '", state_->options.group_name, "' (", state_->backend, ", rank ", rank(), " of ", size(),
+    log_info("process group '", state_->options.group_name(), "' (", state_->backend, ", rank ", rank(), " of ", size(),
              ") destroyed after ", called, " collective", called == 1 ? "" : "s",
              called ? str(", the last ", state_->last.describe()) : std::string());
   }
 }
 
-DistributedDebugLevel DebugProcessGroup::level() const { return state_->options.level; }
+DistributedDebugLevel DebugProcessGroup::level() const { return state_->options.level(); }
 
 uint64_t DebugProcessGroup::collectives_called() const { return state_->entered.load(std::memory_order_acquire); }
 
@@ -465,7 +466,7 @@ WorkHandle DebugProcessGroup::run(const CollectiveFingerprint& call_fingerprint,
   CollectiveFingerprint fingerprint = call_fingerprint;
   fingerprint.sequence = state.next_sequence++;
   state.enter(fingerprint);
-  if (state.options.level == DistributedDebugLevel::detail) state.check_across_ranks(fingerprint);
+  if (state.options.level() == DistributedDebugLevel::detail) state.check_across_ranks(fingerprint);
   WorkHandle work;
   try {
     work = call();

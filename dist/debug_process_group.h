@@ -68,13 +68,15 @@ struct CollectiveFingerprint {
   static CollectiveFingerprint of_barrier();
 };
 
-struct DebugOptions {
-  DistributedDebugLevel level = DistributedDebugLevel::off;
+class DebugOptions {
+  // What the group checks and logs (see DistributedDebugLevel); off: only the
+  // desync report on a failed collective.
+  LOOM_OPTION(DistributedDebugLevel, level) = DistributedDebugLevel::off;
   // Name of the group in log lines.
-  std::string group_name = "default";
+  LOOM_OPTION(std::string, group_name) = "default";
   // How often each rank publishes its progress to the store (when it moved):
   // the desync report is at most this old.
-  Milliseconds publish_interval = std::chrono::milliseconds(100);
+  LOOM_OPTION(Milliseconds, publish_interval) = std::chrono::milliseconds(100);
 };
 
 // Forwards every call to `inner`, numbering the collectives. Each rank's

@@ -236,9 +236,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   auto group_store = std::make_shared<PrefixStore>(options.group_name(), store);
   std::shared_ptr<ProcessGroup> group;
   auto make_gloo = [&](const std::shared_ptr<Store>& gloo_store) {
-    GlooOptions gloo;
-    gloo.timeout = options.timeout();
-    if (!master_addr.empty()) gloo.hostname = local_address_towards(master_addr);
+    auto gloo = GlooOptions().timeout(options.timeout());
+    if (!master_addr.empty()) gloo.hostname(local_address_towards(master_addr));
     return std::make_shared<ProcessGroupGloo>(gloo_store, rank, world_size, gloo);
   };
   if (options.backend() == Backend::gloo) {
@@ -246,11 +245,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     group = make_gloo(group_store);
   } else if (options.backend() == Backend::shm) {
     log_debug("rendezvous: backend shm, as asked; mapping the shared segment of ", world_size, " ranks");
-    group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions{.timeout = options.timeout()});
+    group = std::make_shared<ProcessGroupShm>(group_store, rank, world_size, ShmOptions().timeout(options.timeout()));
   } else if (options.backend() == Backend::automatic) {
     // Every rank reads the same verdicts, so all of them pick the same backend.
     std::string why_not;
-    group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions{.timeout = options.timeout()},
+    group = ProcessGroupShm::try_create(group_store, rank, world_size, ShmOptions().timeout(options.timeout()),
                                         &why_not);
     if (group) {
       log_debug("rendezvous: backend auto chose shm: every rank mapped the shared segment (all on this host)");
@@ -262,7 +261,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   } else {
     log_debug("rendezvous: backend nccl, as asked");
     group = make_process_group_nccl(group_store, rank, world_size,
-                                    NcclOptions{.timeout = options.timeout(), .device_index = options.device_index()});
+                                    NcclOptions().timeout(options.timeout()).device_index(options.device_index()));
   }
   // Every group gets the desync report; DETAIL adds a gloo group of its own
   // (on the CPU, whatever the backend) for the fingerprint exchange.
@@ -271,7 +270,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     checker = make_gloo(std::make_shared<PrefixStore>("debug_checker", group_store));
   const char* backend = group->backend_name();
   group = std::make_shared<DebugProcessGroup>(
-      std::move(group), group_store, DebugOptions{.level = debug_level, .group_name = options.group_name()}, checker);
+      std::move(group), group_store, DebugOptions().level(debug_level).group_name(options.group_name()), checker);
   log_at(debug_level >= DistributedDebugLevel::info ? LogLevel::info : LogLevel::debug, "process group '",
          options.group_name(), "': backend ", backend, ", rank ", rank, " of ", world_size, ", collective timeout ",
          std::chrono::duration<double>(options.timeout()).count(), " s, LOOM_DISTRIBUTED_DEBUG=",

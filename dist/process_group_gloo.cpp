@@ -397,14 +397,14 @@ struct ProcessGroupGloo::Impl {
   void connect(const GlooOptions& options) {
     publish_process();
     gloo::transport::tcp::attr attr;
-    std::string interface = options.interface;
+    std::string interface = options.interface();
     for (const char* variable : {"LOOM_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
       if (interface.empty() && std::getenv(variable)) interface = std::getenv(variable);
     }
     if (!interface.empty()) {
       attr.iface = interface;
-    } else if (!options.hostname.empty()) {
-      attr.hostname = options.hostname;
+    } else if (!options.hostname().empty()) {
+      attr.hostname = options.hostname();
     } else {
       char name[256] = {};
       ::gethostname(name, sizeof(name) - 1);
@@ -548,7 +548,7 @@ struct ProcessGroupGloo::Impl {
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
     : ProcessGroup(rank, size) {
   LOOM_CHECK(store != nullptr, "ProcessGroupGloo: the rendezvous store is null");
-  impl_ = std::make_unique<Impl>(std::move(store), rank, size, options.timeout);
+  impl_ = std::make_unique<Impl>(std::move(store), rank, size, options.timeout());
   WorkHandle connected = impl_->enqueue("connect", str(size, " ranks"), [this, options] { impl_->connect(options); });
   connected->wait();
 }

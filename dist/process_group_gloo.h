@@ -9,13 +9,14 @@
 
 namespace loom::dist {
 
-struct GlooOptions {
-  Milliseconds timeout = kDefaultCollectiveTimeout;  // per collective, and for connecting the mesh
+class GlooOptions {
+  // Timeout per collective, and for connecting the mesh.
+  LOOM_OPTION(Milliseconds, timeout) = kDefaultCollectiveTimeout;
   // Network interface to listen on ("eth0"); wins over `hostname`. Empty: the
   // LOOM_SOCKET_IFNAME or GLOO_SOCKET_IFNAME variable when set.
-  std::string interface{};
+  LOOM_OPTION(std::string, interface);
   // Address or host name to listen on; empty: this host's name.
-  std::string hostname{};
+  LOOM_OPTION(std::string, hostname);
 };
 
 // The local address this host uses to reach `master_addr` (loopback when the

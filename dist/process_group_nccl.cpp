@@ -173,10 +173,11 @@ class ProcessGroupNCCL final : public ProcessGroup {
       : ProcessGroup(rank, size),
         store_(store),
         communicator_(std::make_shared<Communicator>()),
-        timeout_(options.timeout),
-        stream_(cuda::pooled_stream(select_device(options.device_index), cuda::StreamPriority::high)) {
+        timeout_(options.timeout()),
+        stream_(cuda::pooled_stream(select_device(options.device_index()), cuda::StreamPriority::high)) {
     LOOM_CHECK(store != nullptr, "ProcessGroupNCCL: the rendezvous store is null");
-    LOOM_CHECK(options.timeout.count() > 0, "ProcessGroupNCCL: timeout must be positive, got ", options.timeout.count(),
+    LOOM_CHECK(options.timeout().count() > 0, "ProcessGroupNCCL: timeout must be positive, got ",
+               options.timeout().count(),
                " ms");
     Communicator& c = *communicator_;
     c.rank = rank;
@@ -191,7 +192,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     } else {
       Bytes bytes;
       try {
-        bytes = store->get(key, options.timeout);
+        bytes = store->get(key, options.timeout());
       } catch (const std::exception& error) {
         LOOM_FAIL(c.prefix(), "did not receive the NCCL unique id from rank 0 through the store: ", error.what());
       }

@@ -22,10 +22,11 @@
 
 namespace loom::dist {
 
-struct NcclOptions {
-  Milliseconds timeout = kDefaultCollectiveTimeout;  // per collective
+class NcclOptions {
+  // Timeout per collective.
+  LOOM_OPTION(Milliseconds, timeout) = kDefaultCollectiveTimeout;
   // The CUDA device this rank drives; -1: cuda::local_rank_device() (its local rank).
-  int device_index = -1;
+  LOOM_OPTION(int, device_index) = -1;
 };
 
 // Whether this build contains the NCCL process group.

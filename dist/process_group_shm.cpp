@@ -593,13 +593,14 @@ std::shared_ptr<ProcessGroupShm> ProcessGroupShm::try_create(std::shared_ptr<Sto
                                                              ShmOptions options, std::string* why_not) {
   LOOM_CHECK(store != nullptr, "ProcessGroupShm: the rendezvous store is null");
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroupShm: rank ", rank, " of ", size, " is not valid");
-  LOOM_CHECK(options.timeout.count() > 0, "ProcessGroupShm: timeout must be positive, got ", options.timeout.count(),
+  LOOM_CHECK(options.timeout().count() > 0, "ProcessGroupShm: timeout must be positive, got ",
+             options.timeout().count(),
              " ms");
-  const size_t chunk = options.chunk_bytes ? options.chunk_bytes : default_chunk_bytes(size);
+  const size_t chunk = options.chunk_bytes() ? options.chunk_bytes() : default_chunk_bytes(size);
   LOOM_CHECK(chunk % 64 == 0 && chunk >= 8 * static_cast<size_t>(size), "ProcessGroupShm: chunk_bytes ", chunk,
              " must be a multiple of 64 and at least 8 x the world size (", 8 * size, ")");
 
-  auto impl = std::make_unique<Impl>(rank, size, options.timeout);
+  auto impl = std::make_unique<Impl>(rank, size, options.timeout());
   impl->store = store;
   // Once every rank has mapped the segment or given up (or this rank stops
   // waiting), rank 0 closes its descriptor (the segment's name went when it
@@ -615,11 +616,11 @@ std::shared_ptr<ProcessGroupShm> ProcessGroupShm::try_create(std::shared_ptr<Sto
   std::string first_problem;
   {
     CloseSegment close_segment{*impl};
-    std::string why = map_segment(*impl, *store, rank, size, chunk, options.timeout);
+    std::string why = map_segment(*impl, *store, rank, size, chunk, options.timeout());
     store->set(str("shm/status/", rank), why.empty() ? "ok" : why);
     for (int r = 0; r < size; ++r) {
       std::string status =
-          r == rank ? (why.empty() ? "ok" : why) : store->get_string(str("shm/status/", r), options.timeout);
+          r == rank ? (why.empty() ? "ok" : why) : store->get_string(str("shm/status/", r), options.timeout());
       if (status != "ok" && first_problem.empty()) first_problem = str("rank ", r, ": ", status);
     }
   }

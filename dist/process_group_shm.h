@@ -32,12 +32,13 @@
 
 namespace loom::dist {
 
-struct ShmOptions {
-  Milliseconds timeout = kDefaultCollectiveTimeout;  // per collective, and for attaching to the segment
+class ShmOptions {
+  // Timeout per collective, and for attaching to the segment.
+  LOOM_OPTION(Milliseconds, timeout) = kDefaultCollectiveTimeout;
   // Bytes each rank moves per round (a multiple of 64); 0: 1 MiB, less for
   // worlds over 8 so the segment stays at most 32 MiB. The segment holds
   // 2 x size x chunk_bytes plus a small header.
-  size_t chunk_bytes = 0;
+  LOOM_OPTION(size_t, chunk_bytes) = 0;
 };
 
 // Supports every dtype on the CPU (f16 / bf16 are reduced through float,

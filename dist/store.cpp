@@ -78,7 +78,7 @@ namespace {
   std::string first;
   try {
     TCPStore probe(launch.master_addr, launch.master_port,
-                   TCPStoreOptions{.is_server = false, .timeout = std::chrono::seconds(3)});
+                   TCPStoreOptions().is_server(false).timeout(std::chrono::seconds(3)));
     // The first rank 0 claims its rank right after it starts serving.
     first = probe.get_string("loom/rank/0/owner", std::min(timeout, Milliseconds(std::chrono::seconds(3))));
   } catch (const Error&) {
@@ -98,7 +98,7 @@ std::shared_ptr<Store> connect_rendezvous_store(const LaunchEnvironment& launch,
   auto agent_store = environment("TORCHELASTIC_USE_AGENT_STORE");
   if (launch.launcher == Launcher::torchrun && agent_store && *agent_store == "True") {
     auto tcp = std::make_shared<TCPStore>(launch.master_addr, launch.master_port,
-                                          TCPStoreOptions{.is_server = false, .timeout = timeout});
+                                          TCPStoreOptions().is_server(false).timeout(timeout));
     std::string attempt = environment("TORCHELASTIC_RESTART_COUNT").value_or("0");
     store = std::make_shared<PrefixStore>("/worker/attempt_" + attempt, tcp);
     log_debug("rendezvous: connected to the launcher's store at ", host_port(launch.master_addr, launch.master_port),
@@ -114,7 +114,7 @@ std::shared_ptr<Store> connect_rendezvous_store(const LaunchEnvironment& launch,
     }
     try {
       store = std::make_shared<TCPStore>(launch.master_addr, launch.master_port,
-                                         TCPStoreOptions{.is_server = launch.rank == 0, .timeout = timeout});
+                                         TCPStoreOptions().is_server(launch.rank == 0).timeout(timeout));
     } catch (const AddressInUse& error) {
       explain_address_in_use(error, launch, timeout);
     }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <loom/core/options.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/socket.h>
 
@@ -90,12 +91,12 @@ class PrefixStore final : public Store {
 
 class TCPStoreServer;
 
-struct TCPStoreOptions {
+class TCPStoreOptions {
   // Rank 0 runs the server; every rank (rank 0 too) is a client.
-  bool is_server = false;
+  LOOM_OPTION(bool, is_server) = false;
   // Default timeout of the store's waiting calls, and how long a client keeps
   // retrying to reach the server.
-  Milliseconds timeout = Store::kDefaultTimeout;
+  LOOM_OPTION(Milliseconds, timeout) = Store::kDefaultTimeout;
 };
 
 // Client of a key-value server at host:port speaking PyTorch's c10d TCPStore

@@ -479,9 +479,9 @@ class TCPStoreServer {
 };
 
 TCPStore::TCPStore(std::string host, int port, TCPStoreOptions options)
-    : Store(options.timeout), host_(std::move(host)), port_(port) {
+    : Store(options.timeout()), host_(std::move(host)), port_(port) {
   LOOM_CHECK(port >= 0 && port <= 65535, "TCPStore: port ", port, " is out of range (0 to 65535)");
-  if (options.is_server) {
+  if (options.is_server()) {
     server_ = std::make_unique<TCPStoreServer>(host_, port_);
     port_ = server_->port();
   } else {

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<nn::ConvNet>();
     std::shared_ptr<nn::Module> forward = model;
     if (ddp_mode == "on") {
-      auto store = std::make_shared<dist::TCPStore>("127.0.0.1", 0, dist::TCPStoreOptions{.is_server = true});
+      auto store = std::make_shared<dist::TCPStore>("127.0.0.1", 0, dist::TCPStoreOptions().is_server(true));
       auto group = std::make_shared<dist::ProcessGroupGloo>(store, 0, 1);
       forward = std::make_shared<dist::DistributedDataParallel>(model, group);
     }

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     auto inner = std::make_shared<loom::testing::FinishedGroup>();
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true});
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true));
     DebugProcessGroup wrapped(inner, store);
     const Tensor tensor = Tensor::zeros({1000});
     // Check: the wrapper forwards and counts every call, and the result is a finished Work.

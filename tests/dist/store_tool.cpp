@@ -39,7 +39,7 @@ std::string error_of(const std::function<void()>& call) {
 }
 
 int client(int port) {
-  TCPStore store("127.0.0.1", port, {.is_server = false, .timeout = 10s});
+  TCPStore store("127.0.0.1", port, TCPStoreOptions().is_server(false).timeout(10s));
   store.set("alpha", std::string_view("one"));
   expect(store.get_string("alpha") == "one", "set then get");
   loom::dist::Bytes binary = {0, 1, 255, 0, 7};
@@ -59,7 +59,7 @@ int client(int port) {
   expect(store.add("counter", 1) == 4, "the connection still works after a cancelled wait");
   std::thread setter([&] {
     std::this_thread::sleep_for(100ms);
-    TCPStore other("127.0.0.1", port, {.is_server = false, .timeout = 10s});
+    TCPStore other("127.0.0.1", port, TCPStoreOptions().is_server(false).timeout(10s));
     other.set("late", std::string_view("arrived"));
   });
   expect(store.get_string("late", 5s) == "arrived", "get waits for a key another client sets");
@@ -68,7 +68,7 @@ int client(int port) {
 }
 
 int exchange(int port) {
-  TCPStore store("127.0.0.1", port, {.is_server = false, .timeout = 30s});
+  TCPStore store("127.0.0.1", port, TCPStoreOptions().is_server(false).timeout(30s));
   std::string value = store.get_string("from_python");
   std::reverse(value.begin(), value.end());
   store.set("from_loom", value);
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   try {
     std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "serve") {
-      TCPStore store("127.0.0.1", 0, {.is_server = true, .timeout = 60s});
+      TCPStore store("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(60s));
       std::printf("%d\n", store.port());
       std::fflush(stdout);
       std::string line;

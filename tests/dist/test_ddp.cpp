@@ -40,8 +40,8 @@ DistributedDataParallelOptions bucket_caps(size_t first, size_t later) {
 
 // A ProcessGroupGloo of one rank, for in-process tests.
 std::shared_ptr<ProcessGroup> world_of_one() {
-  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
-  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions{.timeout = 5s});
+  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
 }
 
 // A scenario's group, and tiny_model(seed) under DDP in buckets of 64 bytes

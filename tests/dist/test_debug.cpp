@@ -27,13 +27,13 @@ using namespace std::chrono_literals;
 namespace {
 
 std::shared_ptr<TCPStore> local_store() {
-  return std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+  return std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
 }
 
 // A client of the job's rendezvous store (rank 0 hosts it), for the
 // scenarios' own handshakes.
 TCPStore job_store() {
-  return TCPStore(env_string("MASTER_ADDR"), env_int("MASTER_PORT"), TCPStoreOptions{.timeout = 60s});
+  return TCPStore(env_string("MASTER_ADDR"), env_int("MASTER_PORT"), TCPStoreOptions().timeout(60s));
 }
 
 int64_t steady_nanoseconds() {
@@ -105,7 +105,7 @@ TEST_SUITE("debug") {
 
   TEST_CASE("a wrapped group numbers the collectives and forwards them") {
     auto store = local_store();
-    auto inner = std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions{.timeout = 5s});
+    auto inner = std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
     DebugProcessGroup group(inner, store);
     CHECK(std::string(group.backend_name()) == "gloo");
     Tensor x = Tensor::full({4}, 3.0);

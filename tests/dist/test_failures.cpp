@@ -38,8 +38,8 @@ constexpr Milliseconds kGenerousTimeout = 30s;
 struct Ranks {
   int rank = env_int("RANK");
   std::shared_ptr<TCPStore> store = std::make_shared<TCPStore>(
-      "127.0.0.1", env_int("MASTER_PORT"), TCPStoreOptions{.is_server = rank == 0, .timeout = 60s});
-  ProcessGroupGloo group{store, rank, env_int("WORLD_SIZE"), {.timeout = kGenerousTimeout}};
+      "127.0.0.1", env_int("MASTER_PORT"), TCPStoreOptions().is_server(rank == 0).timeout(60s));
+  ProcessGroupGloo group{store, rank, env_int("WORLD_SIZE"), GlooOptions().timeout(kGenerousTimeout)};
 };
 
 // Whether process `pid` has ended (gone, or a zombie not yet reaped by the harness).
@@ -270,14 +270,14 @@ class KilledAfterSet final : public Store {
 LOOM_DIST_SCENARIO("gloo_killed_while_connecting") {
   const int rank = env_int("RANK");
   auto store = std::make_shared<TCPStore>("127.0.0.1", env_int("MASTER_PORT"),
-                                          TCPStoreOptions{.is_server = rank == 0, .timeout = 60s});
+                                          TCPStoreOptions().is_server(rank == 0).timeout(60s));
   const FailingRank failing = failing_rank(store, rank);  // rank 1 is up: rank 0's 3 s are for connecting only
   if (rank == 1) {
     ProcessGroupGloo group(std::make_shared<KilledAfterSet>(store, "gloo/listening/1/0"), 1, 2,
-                           {.timeout = kGenerousTimeout});
+                           GlooOptions().timeout(kGenerousTimeout));
     throw Error("rank 1 was not killed while it connected");
   }
-  const std::string message = error_of([&] { ProcessGroupGloo group(store, 0, 2, {.timeout = 3s}); });
+  const std::string message = error_of([&] { ProcessGroupGloo group(store, 0, 2, GlooOptions().timeout(3s)); });
   expect_names_peer(message, failing,
                     {"refused the connection (nothing listens at its address)", "reset the connection",
                      "did not answer within the timeout"},
@@ -290,7 +290,8 @@ LOOM_DIST_SCENARIO("gloo_killed_while_connecting") {
 // init_process_group appends names rank 2 on both survivors.
 LOOM_DIST_SCENARIO("gloo_never_enters_in_world_of_three") {
   auto group = group_from_environment(60s);
-  TCPStore side_channel("127.0.0.1", env_int("MASTER_PORT"), {.timeout = 60s});  // the group's store, rank 0 serves it
+  // The group's store, rank 0 serves it.
+  TCPStore side_channel("127.0.0.1", env_int("MASTER_PORT"), TCPStoreOptions().timeout(60s));
   group->barrier()->wait();
   if (group->rank() == 2) {
     side_channel.wait({"test/done/0", "test/done/1"}, 120s);  // alive until both have their error

@@ -64,9 +64,9 @@ std::shared_ptr<ProcessGroup> init_from_environment(Milliseconds timeout = 20s) 
   if (const char* chunk = std::getenv("LOOM_TEST_SHM_CHUNK")) {
     int rank = env_int("RANK");
     auto store = std::make_shared<TCPStore>("127.0.0.1", env_int("MASTER_PORT"),
-                                            TCPStoreOptions{.is_server = rank == 0, .timeout = timeout});
+                                            TCPStoreOptions().is_server(rank == 0).timeout(timeout));
     return std::make_shared<ProcessGroupShm>(store, rank, env_int("WORLD_SIZE"),
-                                             ShmOptions{.timeout = timeout, .chunk_bytes = std::stoul(chunk)});
+                                             ShmOptions().timeout(timeout).chunk_bytes(std::stoul(chunk)));
   }
   return group_from_environment(timeout);
 }
@@ -307,10 +307,10 @@ LOOM_DIST_SCENARIO("dead_peer_sockets_held") {
 LOOM_DIST_SCENARIO("shm_killed_while_waiting") {
   const int rank = env_int("RANK");
   auto store = std::make_shared<TCPStore>("127.0.0.1", env_int("MASTER_PORT"),
-                                          TCPStoreOptions{.is_server = rank == 0, .timeout = 20s});
+                                          TCPStoreOptions().is_server(rank == 0).timeout(20s));
   if (rank == 0) {
     store->set("test/pid", std::to_string(::getpid()));
-    ProcessGroupShm group(store, 0, 2, {.timeout = 20s});  // rank 1 never joins: killed in here
+    ProcessGroupShm group(store, 0, 2, ShmOptions().timeout(20s));  // rank 1 never joins: killed in here
     throw Error("rank 0 was not killed while it waited");
   }
   const int pid = std::stoi(store->get_string("test/pid", 20s));
@@ -408,30 +408,30 @@ TEST_SUITE("process_group") {
   }
 
   TEST_CASE("shm: a world of one, in process") {
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
-    ProcessGroupShm group(store, 0, 1, {.timeout = 5s});
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    ProcessGroupShm group(store, 0, 1, ShmOptions().timeout(5s));
     CHECK(group.chunk_bytes() == (size_t{1} << 20));
     check_world_of_one(group);
-    CHECK(contains(error_of([&] { ProcessGroupShm(store, 0, 1, {.timeout = 5s, .chunk_bytes = 100}); }),
+    CHECK(contains(error_of([&] { ProcessGroupShm(store, 0, 1, ShmOptions().timeout(5s).chunk_bytes(100)); }),
                    "chunk_bytes 100 must be a multiple of 64"));
   }
 
   TEST_CASE("shm: a rank that cannot map rank 0's segment makes every rank give up, naming it") {
     // Rank 1 of 2, in process: rank 0 "published" a segment this process cannot open.
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     // (token, name, creator's pid and descriptor: one this process does not have open)
     store->set("shm/segment", str("7 /loom-test-absent-", ::getpid(), " ", ::getpid(), " 999"));
     store->set("shm/status/0", "ok");
     std::string why;
-    CHECK(ProcessGroupShm::try_create(store, 1, 2, {.timeout = 5s}, &why) == nullptr);
+    CHECK(ProcessGroupShm::try_create(store, 1, 2, ShmOptions().timeout(5s), &why) == nullptr);
     CHECK(contains(why, "not every rank can map one shared-memory segment; rank 1: cannot open rank 0's segment"));
     CHECK(contains(why, "another host or in another IPC namespace"));
-    std::string thrown = error_of([&] { ProcessGroupShm(store, 1, 2, {.timeout = 5s}); });
+    std::string thrown = error_of([&] { ProcessGroupShm(store, 1, 2, ShmOptions().timeout(5s)); });
     CHECK(contains(thrown, "Use the gloo backend for ranks on several hosts"));
     // And a rank that can map it gives up too when another rank reports it cannot.
-    auto store2 = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    auto store2 = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     store2->set("shm/status/1", "cannot open it");
-    CHECK(ProcessGroupShm::try_create(store2, 0, 2, {.timeout = 5s}, &why) == nullptr);
+    CHECK(ProcessGroupShm::try_create(store2, 0, 2, ShmOptions().timeout(5s), &why) == nullptr);
     CHECK(contains(why, "rank 1: cannot open it"));
   }
 
@@ -445,8 +445,8 @@ TEST_SUITE("process_group") {
   }
 
   TEST_CASE("a world of one, in process; misuse is reported when the collective is called") {
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
-    ProcessGroupGloo group(store, 0, 1, {.timeout = 5s});
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    ProcessGroupGloo group(store, 0, 1, GlooOptions().timeout(5s));
     check_world_of_one(group);
   }
 
@@ -496,7 +496,7 @@ TEST_SUITE("process_group") {
     CHECK(defaults.store() == nullptr);
     CHECK(defaults.group_name() == "default");
     CHECK(defaults.device_index() == -1);
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     const InitOptions set = InitOptions()
                                 .backend(Backend::shm)
                                 .init_method("file:///x")

@@ -69,16 +69,16 @@ void check_store_semantics(Store& store, const char* store_name) {
 
 TEST_SUITE("store") {
   TEST_CASE("TCPStore semantics (server and client in one process)") {
-    TCPStore server("127.0.0.1", 0, {.is_server = true, .timeout = 5s});
+    TCPStore server("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     CHECK(server.port() > 0);
     check_store_semantics(server, "TCPStore");
-    TCPStore client("127.0.0.1", server.port(), {.timeout = 5s});
+    TCPStore client("127.0.0.1", server.port(), TCPStoreOptions().timeout(5s));
     CHECK(client.get_string("alpha") == "two");
     CHECK(client.add("counter", 10) == 13);
   }
 
   TEST_CASE("TCPStore serves many concurrent clients") {
-    TCPStore server("127.0.0.1", 0, {.is_server = true, .timeout = 10s});
+    TCPStore server("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(10s));
     constexpr int kClients = 16;
     constexpr int kAdds = 50;
     std::vector<std::thread> threads;
@@ -86,7 +86,7 @@ TEST_SUITE("store") {
     for (int c = 0; c < kClients; ++c) {
       threads.emplace_back([&, c] {
         try {
-          TCPStore client("127.0.0.1", server.port(), {.timeout = 10s});
+          TCPStore client("127.0.0.1", server.port(), TCPStoreOptions().timeout(10s));
           for (int i = 0; i < kAdds; ++i) client.add("total", 1);
           client.set("done/" + std::to_string(c), std::string_view("1"));
           std::vector<std::string> everyone;
@@ -103,24 +103,26 @@ TEST_SUITE("store") {
   }
 
   TEST_CASE("TCPStore: address already in use") {
-    TCPStore first("127.0.0.1", 0, {.is_server = true, .timeout = 2s});
+    TCPStore first("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(2s));
     int port = first.port();
-    std::string message = error_of([&] { TCPStore second("127.0.0.1", port, {.is_server = true, .timeout = 2s}); });
+    std::string message =
+        error_of([&] { TCPStore second("127.0.0.1", port, TCPStoreOptions().is_server(true).timeout(2s)); });
     CHECK(contains(message, "TCPStore: address 127.0.0.1:" + std::to_string(port) + " is already in use"));
   }
 
   TEST_CASE("TCPStore: could not reach master") {
     int port = free_port();
-    const auto [message, waited] = timed_error_of([&] { TCPStore client("127.0.0.1", port, {.timeout = 1s}); });
+    const auto [message, waited] =
+        timed_error_of([&] { TCPStore client("127.0.0.1", port, TCPStoreOptions().timeout(1s)); });
     CHECK(contains(message, "TCPStore: could not reach master 127.0.0.1:" + std::to_string(port) + " after 1 s"));
     CHECK(waited >= 0.9);
     CHECK(waited < 3.0);
   }
 
   TEST_CASE("TCPStore: a client waiting when the server goes away gets an error, and so does its next call at once") {
-    auto server = std::make_unique<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    auto server = std::make_unique<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     const std::string master = "127.0.0.1:" + std::to_string(server->port());
-    TCPStore client("127.0.0.1", server->port(), {.timeout = 60s});
+    TCPStore client("127.0.0.1", server->port(), TCPStoreOptions().timeout(60s));
     std::thread stopper([&] {
       std::this_thread::sleep_for(100ms);
       server.reset();
@@ -139,8 +141,8 @@ TEST_SUITE("store") {
   }
 
   TEST_CASE("claim_rank: a rank given to two processes fails naming both") {
-    TCPStore server("127.0.0.1", 0, {.is_server = true, .timeout = 5s});
-    TCPStore client("127.0.0.1", server.port(), {.timeout = 5s});
+    TCPStore server("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    TCPStore client("127.0.0.1", server.port(), TCPStoreOptions().timeout(5s));
     claim_rank(server, 0, "host a, pid 10", 1s);
     claim_rank(client, 1, "host b, pid 11", 1s);
     std::string message = error_of([&] { claim_rank(client, 1, "host c, pid 12", 1s); });
@@ -154,7 +156,7 @@ TEST_SUITE("store") {
     launch.launcher = Launcher::open_mpi;
     launch.world_size = 2;
     launch.master_addr = "127.0.0.1";
-    TCPStore first("127.0.0.1", 0, {.is_server = true, .timeout = 5s});
+    TCPStore first("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     launch.master_port = first.port();
     claim_rank(first, 0, "host a, pid 10", 1s);
     std::string message = error_of([&] { connect_rendezvous_store(launch, 5s, [](const std::string&) -> std::optional<std::string> { return std::nullopt; }); });
@@ -188,7 +190,7 @@ TEST_SUITE("store") {
   }
 
   TEST_CASE("PrefixStore keeps namespaces apart") {
-    auto base = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
+    auto base = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
     PrefixStore a("a", base), b("b", base);
     a.set("key", std::string_view("from a"));
     b.set("key", std::string_view("from b"));
@@ -224,7 +226,8 @@ static void exchange_through(Store& store, int rank, int world) {
 
 LOOM_DIST_SCENARIO("tcp_store_ranks") {
   int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
-  TCPStore store(env_string("MASTER_ADDR"), env_int("MASTER_PORT"), {.is_server = rank == 0, .timeout = 10s});
+  TCPStore store(env_string("MASTER_ADDR"), env_int("MASTER_PORT"),
+                 TCPStoreOptions().is_server(rank == 0).timeout(10s));
   exchange_through(store, rank, world);
 }
 

@@ -92,8 +92,8 @@ std::shared_ptr<BatchNorm> make_batch_norm(Args&&... args) {
 }
 
 std::shared_ptr<ProcessGroup> world_of_one() {
-  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true, .timeout = 5s});
-  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions{.timeout = 5s});
+  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
 }
 
 // A fixed synthetic MNIST-shaped set: (count, 1, 28, 28) f64 images, labels i % 10.

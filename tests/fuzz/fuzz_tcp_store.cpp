@@ -18,7 +18,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace std::chrono_literals;
-  loom::dist::TCPStore store("127.0.0.1", 0, {.is_server = true, .timeout = 10s});
+  loom::dist::TCPStore store("127.0.0.1", 0, loom::dist::TCPStoreOptions().is_server(true).timeout(10s));
   // libFuzzer's SIGALRM (its -timeout check, once a second) interrupts
   // blocking calls: loom's connect waits through it, and send/recv retry.
   loom::dist::FileDescriptor connection = loom::dist::connect_with_retry("127.0.0.1", store.port(), 5s);
