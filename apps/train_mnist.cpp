@@ -50,11 +50,13 @@ int run(const Flags& flags, int argc, char** argv) {
   LOOM_CHECK(!rank.leader || flags.save.empty() || fs::is_directory(save_dir), "--save ", flags.save, ": directory ",
              save_dir.string(), " does not exist");
   const fs::path dir = apps::mnist_data_dir(flags.data.data);
-  const data::LoadedData loaded = apps::load_mnist_app_data(dir, flags.data.dataset, flags.data.image_size);
+  const data::LoadedData loaded = apps::load_mnist_app_data(dir, flags.data.dataset, flags.data.image_size,
+                                                            apps::image_folder_split(flags.data, common.seed));
   const data::SampleShape shape = loaded.sample_shape();
   if (rank.leader) {
     std::printf("Training on %s (%lld training, %lld test images) from %s\n", loaded.description.c_str(),
                 static_cast<long long>(loaded.train_size()), static_cast<long long>(loaded.test_size()), dir.c_str());
+    if (!loaded.split.empty()) std::printf("%s\n", loaded.split.c_str());
   }
   LOOM_CHECK(flags.model != "convnet" || (shape.channels == 1 && shape.height == 28 && shape.width == 28),
              "--model convnet takes 1x28x28 images; ", loaded.description, " gives ", shape.channels, "x",
