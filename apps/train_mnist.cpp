@@ -87,7 +87,8 @@ int run(const Flags& flags, int argc, char** argv) {
                              .max_steps(flags.max_steps)
                              .settings({{"model", flags.model}, {"world_size", std::to_string(rank.world)},
                                         {"batch_size", std::to_string(flags.batch_size)},
-                                        {"seed", std::to_string(common.seed)}}));
+                                        {"seed", std::to_string(common.seed)},
+                                        {"epochs", std::to_string(flags.epochs)}}));
   const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
   if (rank.leader && rank.world > 1) {
     std::printf("Distributed: %d processes (%s), backend %s, batch %lld per process%s\n", rank.world,

@@ -49,11 +49,37 @@ std::optional<int64_t> recorded_step(const fs::path& path, std::string& problem)
       problem = "it holds no training state";
       return std::nullopt;
     }
-    return std::stoll(it->second);
+    const int64_t step = std::stoll(it->second);
+    if (step < 0) {
+      problem = str("it records step ", step, ", a negative step");
+      return std::nullopt;
+    }
+    return step;
   } catch (const std::exception& e) {
     problem = e.what();
     return std::nullopt;
   }
+}
+
+// A checkpoint whose position lies beyond its own recorded schedule (the
+// "epochs" setting the apps store) is corrupt: refused naming the file.
+nn::Checkpoint checked_checkpoint(const fs::path& path, Device device) {
+  nn::Checkpoint checkpoint = nn::load_checkpoint(path, device);
+  if (!checkpoint.training) return checkpoint;
+  const nn::TrainingState& state = *checkpoint.training;
+  auto epochs = state.extra_metadata.find("epochs");
+  if (epochs == state.extra_metadata.end()) return checkpoint;
+  int64_t scheduled = -1;
+  try {
+    scheduled = std::stoll(epochs->second);
+  } catch (const std::exception&) {
+  }
+  LOOM_CHECK(scheduled >= 0, "checkpoint ", path.string(), ": its recorded setting epochs '", epochs->second,
+             "' is not a whole number >= 0; the file is corrupt");
+  LOOM_CHECK(state.epoch <= scheduled && (state.epoch < scheduled || state.epoch_step == 0), "checkpoint ",
+             path.string(), ": it records epoch ", state.epoch, " (batch ", state.epoch_step,
+             "), beyond its own schedule of ", scheduled, " epochs; the file is corrupt");
+  return checkpoint;
 }
 
 }  // namespace
@@ -62,7 +88,7 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, i
   const std::string resume = effective_resume(options);
   if (resume == "none") return std::nullopt;
   if (resume != "auto") {
-    return ResumePoint{resume, nn::load_checkpoint(resume, device)};
+    return ResumePoint{resume, checked_checkpoint(resume, device)};
   }
   LOOM_CHECK(!options.directory().empty(), "--resume auto looks in the checkpoint directory (--checkpoint-dir), which is ''");
   const std::string prefix = str(world, "GPU_");
@@ -90,7 +116,7 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, i
   });
   for (size_t i = 0; i < candidates.size(); ++i) {
     try {
-      nn::Checkpoint checkpoint = nn::load_checkpoint(candidates[i].path, device);
+      nn::Checkpoint checkpoint = checked_checkpoint(candidates[i].path, device);
       if (log) {
         std::fprintf(log, "--resume auto: %s is the newest valid checkpoint in %s\n", candidates[i].path.c_str(),
                      options.directory().c_str());
