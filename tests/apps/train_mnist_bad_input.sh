@@ -7,24 +7,11 @@ source "$(dirname "$0")/dist_common.sh"
 make_work_dir
 failures=0
 
-# expect_error DESCRIPTION EXPECTED_TEXT ARGS...
+# expect_error DESCRIPTION EXPECTED_TEXT ARGS...: train_mnist ARGS gives one error line (expect_one_line_error).
 expect_error() {
   local what=$1 expected=$2
   shift 2
-  local err status
-  err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null)
-  status=$?
-  local lines
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [[ $status -eq 0 || $status -ge 124 ]]; then
-    echo "FAIL $what: exit status $status"; failures=$((failures + 1))
-  elif [[ $lines -ne 1 ]]; then
-    echo "FAIL $what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"; failures=$((failures + 1))
-  elif [[ "$err" != *"$expected"* ]]; then
-    echo "FAIL $what: stderr lacks '$expected': $err"; failures=$((failures + 1))
-  else
-    echo "ok   $what: $err"
-  fi
+  expect_one_line_error "$what" "$expected" "$bin" "$@"
 }
 
 # IDX files made by hand: magic, counts, dims, then the bytes.

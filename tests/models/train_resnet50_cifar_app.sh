@@ -181,19 +181,9 @@ expect_error() {
   local environment=()
   while [[ $1 != "--" ]]; do environment+=("$1"); shift; done
   shift
-  local err status lines
-  err=$(cd "$work" && env "${environment[@]}" timeout 60 "$bin" "$@" 2>&1 >/dev/null)
-  status=$?
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [[ $status -eq 0 || $status -ge 124 ]]; then
-    fail "$what: exit status $status"
-  elif [[ $lines -ne 1 ]]; then
-    fail "$what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"
-  elif [[ "$err" != *"$expected"* ]]; then
-    fail "$what: stderr lacks '$expected': $err"
-  else
-    echo "ok   $what: $err"
-  fi
+  pushd "$work" >/dev/null
+  expect_one_line_error "$what" "$expected" env "${environment[@]}" "$bin" "$@"
+  popd >/dev/null
 }
 mkdir -p "$work/truncated"
 cp -r "$work/cifar/cifar-10-batches-bin" "$work/truncated/"
