@@ -81,6 +81,13 @@ expect_error "unknown flag" "--frobnicate" --frobnicate
 expect_error "unknown dataset kind" "--dataset" --dataset imagenet
 expect_error "negative epoch count" "--epochs: must be a whole number >= 0, got '-1'" --epochs -1
 expect_error "non-numeric batch size" "--batch-size: 'ten' is not a whole number" --batch-size ten
+expect_error "negative clipping norm" "--clip-grad-norm: must be a number >= 0, got '-1'" --clip-grad-norm -1
+expect_error "NaN clipping norm" "--clip-grad-norm: must be a number >= 0, got 'nan'" --clip-grad-norm nan
+expect_error "no batch per step" "--accumulate-steps: must be a whole number >= 1, got '0'" --accumulate-steps 0
+expect_error "negative accumulation" "--accumulate-steps: must be a whole number >= 1, got '-2'" --accumulate-steps -2
+for flag in --clip-grad-norm --accumulate-steps; do  # the new flags are listed in --help
+  if ! "$bin" --help | grep -q -- "$flag"; then echo "FAIL --help lacks $flag"; failures=$((failures + 1)); fi
+done
 expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"
 # Checked before any rendezvous, as in train_resnet50_cifar (apps/training.h: choose_backend).
 expect_error "--backend nccl for CPU training" "nccl" --backend nccl --device cpu --data "$work/good"

@@ -215,6 +215,11 @@ expect_error "unknown model" "--model" -- --model resnet20
 expect_error "unknown stem" "--stem" -- --stem tiny
 expect_error "non-numeric batch size" "--batch-size" -- -b ten
 expect_error "zero batch size" "--batch-size" -- -b 0
+expect_error "negative clipping norm" "--clip-grad-norm: must be a number >= 0, got '-0.5'" -- --clip-grad-norm -0.5
+expect_error "no batch per step" "--accumulate-steps: must be a whole number >= 1, got '0'" -- --accumulate-steps 0
+for flag in --clip-grad-norm --accumulate-steps; do  # the new flags are listed in --help
+  "$bin" --help | grep -q -- "$flag" || fail "--help lacks $flag"
+done
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures case(s) failed"
