@@ -109,10 +109,35 @@ class Adam : public Optimizer {
   std::vector<std::vector<Moments>> moments_;
 };
 
-// AdamW(params, lr, wd) = Adam with decoupled weight decay (default wd 0.01).
+// torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+// weight_decay 1e-2, decoupled. The setters are AdamOptions':
+// AdamWOptions(3e-4).weight_decay(0.05).
+class AdamWOptions : public AdamOptions {
+ public:
+  explicit AdamWOptions(double lr = 1e-3) : AdamOptions(lr) {
+    weight_decay(1e-2);
+    decoupled_weight_decay(true);
+  }
+};
+
+// torch.optim.AdamW: Adam whose weight decay is decoupled from the gradient
+// (Loshchilov and Hutter), per step t and parameter p with gradient g:
+//   p *= 1 - lr * weight_decay
+//   m = beta1 m + (1 - beta1) g,  v = beta2 v + (1 - beta2) g^2
+//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// Every group decouples, whatever decoupled_weight_decay says.
+class AdamW : public Adam {
+ public:
+  explicit AdamW(std::vector<Tensor> params, const AdamOptions& options = AdamWOptions())
+      : Adam(std::move(params), AdamOptions(options).decoupled_weight_decay(true)) {}
+  void add_param_group(std::vector<Tensor> params, const AdamOptions& options) {
+    Adam::add_param_group(std::move(params), AdamOptions(options).decoupled_weight_decay(true));
+  }
+};
+
+// AdamW(params, AdamWOptions(lr).weight_decay(weight_decay)).
 inline std::unique_ptr<Adam> make_adamw(std::vector<Tensor> params, double lr = 1e-3, double weight_decay = 1e-2) {
-  return std::make_unique<Adam>(std::move(params),
-                                AdamOptions(lr).weight_decay(weight_decay).decoupled_weight_decay(true));
+  return std::make_unique<AdamW>(std::move(params), AdamWOptions(lr).weight_decay(weight_decay));
 }
 
 }  // namespace loom::optim
