@@ -2,6 +2,7 @@
 // (momentum, dampening, nesterov, weight decay), Adam and AdamW.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,14 @@ class Optimizer {
   void set_lr(double lr) {
     for (auto& g : groups_) g.lr = lr;
   }
+  // The rate every LR schedule of the group scales (PyTorch's
+  // group['initial_lr']): the group's rate when the first schedule asked,
+  // so that schedules built one after another (SequentialLR's) share it.
+  double initial_lr(size_t group) {
+    Group& g = groups_.at(group);
+    if (!g.initial_lr) g.initial_lr = g.lr;
+    return *g.initial_lr;
+  }
   // Per-parameter state tensors (momentum buffers, Adam moments), named
   // "<group>.<index>.<kind>", and scalars such as the step count: what a
   // checkpoint saves and restores.
@@ -37,6 +46,7 @@ class Optimizer {
   struct Group {
     std::vector<Tensor> params;
     double lr;
+    std::optional<double> initial_lr{};  // set by the first LR schedule
   };
   void add_group(std::vector<Tensor> params, double lr);
   std::vector<Group> groups_;

@@ -158,6 +158,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   const int64_t steps_per_epoch =
       options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch() * accumulate) : batches;
   const int64_t updates_per_epoch = (steps_per_epoch + accumulate - 1) / accumulate;
+  const bool per_step_schedule = scheduler_ && options_.scheduler_interval() == SchedulerInterval::step;
   std::optional<CheckpointWriter> writer;
   if (leader) writer.emplace(options_.checkpoints(), world_);
   int64_t steps = resumed.step;
@@ -203,7 +204,10 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     while (step < steps_per_epoch && steps_left()) {
       const int64_t warmup = options_.warmup_steps();
       if (warmup > 0 && steps <= warmup) {  // the step after the warm-up restores the full rate
-        for (size_t g = 0; g < inner.num_groups(); ++g) inner.set_lr(g, epoch_lrs[g] * warmup_factor(steps, warmup));
+        for (size_t g = 0; g < inner.num_groups(); ++g) {
+          if (per_step_schedule) epoch_lrs[g] = inner.lr(g);  // this step's rate: the schedule stepped last
+          inner.set_lr(g, epoch_lrs[g] * warmup_factor(steps, warmup));
+        }
       }
       // One optimizer step: `group_size` batches, the all-reduce on the last only.
       const int64_t group_size = std::min(accumulate, steps_per_epoch - step);
@@ -215,6 +219,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       double grad_norm = 0;
       if (options_.clip_grad_norm() > 0) grad_norm = optimizer.clip_grad_norm(options_.clip_grad_norm());
       optimizer.step();  // unscales the averaged gradients (unless clipping did); skips the step on inf / NaN
+      if (per_step_schedule) scheduler_->step();
       step += group_size;
       ++steps;
       images += micro.images;
@@ -274,7 +279,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     train_data.stop();
     monitor.end_epoch_steps();
     if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
-    if (scheduler_) scheduler_->step();
+    if (scheduler_ && !per_step_schedule) scheduler_->step();
     if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
     // The test accuracy of every epoch (--metrics / --tensorboard, or
     // evaluate_each_epoch); the last one's is the final evaluation's.

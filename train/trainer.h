@@ -38,6 +38,12 @@
 
 namespace loom::train {
 
+// When the Trainer advances its LR schedule (Trainer::scheduler).
+enum class SchedulerInterval {
+  epoch,  // after every epoch (StepLR, CosineAnnealingLR as PyTorch's examples step them)
+  step,   // after every optimizer step (OneCycleLR; a LinearLR / SequentialLR counted in steps)
+};
+
 class TrainerOptions {
   // Epochs in all; a resumed run counts the checkpoint's.
   LOOM_OPTION(int64_t, epochs) = 1;
@@ -53,6 +59,8 @@ class TrainerOptions {
   // log_interval and checkpoints count optimizer steps; checkpoints and stops
   // happen between steps, never inside an accumulation, so resume is exact.
   LOOM_OPTION(int64_t, accumulate_steps) = 1;
+  // When scheduler() advances. With `step`, warm-up scales the schedule's rate of each step.
+  LOOM_OPTION(SchedulerInterval, scheduler_interval) = SchedulerInterval::epoch;
   // Clip the gradients' total 2-norm to this before each step
   // (MixedPrecisionOptimizer::clip_grad_norm: after DDP's all-reduce and the
   // loss scale's unscale; an overflowed step is still skipped); 0: off.
@@ -156,7 +164,8 @@ class Trainer {
   int world_size() const { return world_; }
 
   // What the user adds, each a chainable setter and a getter:
-  // An LR schedule, stepped at each epoch's end and saved in checkpoints.
+  // An LR schedule, stepped at each epoch's end (or after each optimizer
+  // step: TrainerOptions::scheduler_interval) and saved in checkpoints.
   LOOM_OPTION(std::shared_ptr<optim::LRScheduler>, scheduler);
   // The forward half of a step; null: cross_entropy(model(images), labels).
   LOOM_OPTION(StepFunction, step_function);

@@ -3,7 +3,8 @@
 // real processes under DDP against a one-process run on the whole batch);
 // the epoch's leftover batches make one step of their own; checkpoints and
 // stops happen between optimizer steps, so a stopped run resumes exactly;
-// clip_grad_norm limits the update and reports the norm before clipping.
+// clip_grad_norm limits the update and reports the norm before clipping; a
+// schedule stepped per optimizer step (OneCycleLR) counts steps, not batches.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include <loom/nn/layers.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/amp.h>
+#include <loom/optim/lr_scheduler.h>
 #include <loom/optim/optimizer.h>
 #include <loom/train/stop.h>
 #include <loom/train/trainer.h>
@@ -222,6 +224,24 @@ TEST_SUITE("accumulation") {
       CHECK(after[i] - start[i] == doctest::Approx((moved[i] - start[i]) * 0.01 / (norm + 1e-6)).epsilon(1e-4));
     }
     CHECK(std::sqrt(update) == doctest::Approx(0.01).epsilon(1e-4));
+  }
+
+  TEST_CASE("a OneCycleLR stepped per optimizer step: one rate per step, whatever the batches per step") {
+    Run run = make_run(8);  // 25 batches: 13 steps in the epoch
+    std::vector<double> used;  // the rate each batch trained with
+    train::Trainer trainer(run.model, run.optimizer,
+                           quiet().max_steps(10).accumulate_steps(2).scheduler_interval(train::SchedulerInterval::step));
+    trainer.scheduler(std::make_shared<optim::OneCycleLR>(run.optimizer->optimizer(), optim::OneCycleLROptions(1.0, 10)));
+    trainer.step_function([&](nn::Module& model, const data::Batch& batch) {
+      used.push_back(run.optimizer->optimizer().lr());
+      return cross_entropy(model(batch.images), batch.labels);
+    });
+    trainer.fit(run.loader);
+    // tests/nn/test_lr_schedules.cpp's sequence for max_lr 1 over 10 steps, each rate for two batches.
+    const std::vector<double> cycle = {0.04, 0.52, 1.0, 0.9504846320134737, 0.8117456539497631, 0.6112620219362893,
+                                       0.38874197806371075, 0.18825834605023697, 0.049519367986526286, 4e-06};
+    REQUIRE(used.size() == 20);
+    for (size_t i = 0; i < used.size(); ++i) CHECK(used[i] == doctest::Approx(cycle[i / 2]).epsilon(1e-12));
   }
 
   TEST_CASE("bad accumulation and clipping options are refused with their names") {
