@@ -159,6 +159,11 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch() * accumulate) : batches;
   const int64_t updates_per_epoch = (steps_per_epoch + accumulate - 1) / accumulate;
   const bool per_step_schedule = scheduler_ && options_.scheduler_interval() == SchedulerInterval::step;
+  if (leader && resumed.epoch >= epochs && epochs > 0) {
+    std::printf("The checkpoint has %lld of %lld epochs done: nothing left to train\n",
+                static_cast<long long>(resumed.epoch), static_cast<long long>(epochs));
+    std::fflush(stdout);
+  }
   std::optional<CheckpointWriter> writer;
   if (leader) writer.emplace(options_.checkpoints(), world_);
   int64_t steps = resumed.step;
@@ -219,6 +224,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       double grad_norm = 0;
       if (options_.clip_grad_norm() > 0) grad_norm = optimizer.clip_grad_norm(options_.clip_grad_norm());
       optimizer.step();  // unscales the averaged gradients (unless clipping did); skips the step on inf / NaN
+      const double step_lr = inner.lr(0);
       if (per_step_schedule) scheduler_->step();
       step += group_size;
       ++steps;
@@ -255,7 +261,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                     .images = micro.images * world_,
                     .data_wait_seconds = data_wait,
                     .loss = &loss,
-                    .lr = inner.lr(0),
+                    .lr = step_lr,
                     .ddp = ddp_.get(),
                     .scaler = &optimizer.scaler()});
       if (on_step_) on_step_(info);
