@@ -9,6 +9,8 @@
 //   model = DDP(model)                              auto ddp = make_shared<DistributedDataParallel>(model);
 //   with amp.scale_loss(loss, optimizer)            optimizer->scale_loss(loss).backward();
 //       as scaled_loss: scaled_loss.backward()      ddp->wait_for_gradients();
+//   clip_grad_norm_(amp.master_params(optimizer),   optimizer->clip_grad_norm(1.0);  // optional
+//                   1.0)
 //   optimizer.step()                                optimizer->step();
 //
 // and the forward pass and loss run under optimizer->autocast(), which
