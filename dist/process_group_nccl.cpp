@@ -21,6 +21,7 @@
 #include <loom/core/log.h>
 #include <loom/core/profiler.h>
 #include <loom/core/storage.h>
+#include <loom/dist/nccl_watchdog.h>
 #include <loom/dist/process_group_nccl.h>
 
 namespace loom::dist {
@@ -66,101 +67,70 @@ std::function<void(ncclComm_t, cudaStream_t)> reduce_scatter_launch(Tensor sourc
   };
 }
 
-double seconds(Milliseconds duration) { return static_cast<double>(duration.count()) / 1000.0; }
-
-// State shared by the group, its Work objects and the watchdog.
-struct Communicator {
-  int rank = 0;
-  int size = 1;
-  int device = 0;
-  ncclComm_t comm = nullptr;  // null once aborted or destroyed; guarded by `mutex`
-  std::mutex mutex;           // NCCL calls on `comm` (one thread at a time) and `failure`
-  std::string failure;        // the first failure; the group is unusable once set
-
-  std::string prefix() const { return str("ProcessGroupNCCL rank ", rank, " of ", size, " (cuda:", device, "): "); }
-
-  std::string failure_message() {
-    std::lock_guard lock(mutex);
-    return failure;
-  }
-};
-
-// One collective: events on the NCCL stream around it, and a deadline.
-class NcclWork final : public Work {
+// A non-blocking NCCL communicator (ncclCommInitRankConfig with blocking =
+// 0): every call returns at once, ncclInProgress while NCCL completes it in
+// the background, so the mutex that keeps the handle alive during a call is
+// never held while anything waits, and abort() (from the watchdog) takes it
+// only for as long as such a call lasts.
+class NcclCommunicator final : public nccl::Communicator {
  public:
-  // Host-blocking works (barrier) wait on the host in wait(), as a barrier must.
-  enum class WaitMode { stream, host };
+  explicit NcclCommunicator(int device) : device_(device) {}
+  ~NcclCommunicator() override { abort(); }
 
-  NcclWork(std::string description, std::shared_ptr<Communicator> communicator, Milliseconds timeout, WaitMode mode)
-      : Work(std::move(description)),
-        communicator_(std::move(communicator)),
-        started_(communicator_->device),
-        done_(communicator_->device),
-        deadline_(Clock::now() + timeout),
-        timeout_(timeout),
-        mode_(mode) {}
-
-  cuda::Event& started_event() { return started_; }
-  cuda::Event& done_event() { return done_; }
-  Clock::time_point deadline() const { return deadline_; }
-  Milliseconds timeout() const { return timeout_; }
-
-  void wait() override {
-    if (mode_ == WaitMode::host) {
-      synchronize();
-      return;
-    }
-    if (Work::completed()) {
-      if (std::exception_ptr failure = error()) std::rethrow_exception(failure);
-      return;
-    }
-    std::string failure = communicator_->failure_message();
-    if (!failure.empty()) throw Error(failure);
-    // The caller's later work on this device runs after the collective.
-    cuda::current_stream(communicator_->device).wait(done_);
+  // Starts the initialisation; the watchdog waits for it under the timeout.
+  void start_init(const ncclUniqueId& id, int size, int rank) {
+    cuda::DeviceGuard guard(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::lock_guard lock(mutex_);
+    LOOM_CHECK_NCCL(ncclCommInitRankConfig(&comm_, size, id, rank, &config));
   }
 
-  void synchronize() override {
-    // Completes normally, or because the watchdog aborted the communicator,
-    // which ends NCCL's kernels; the watchdog fails the work before aborting.
-    while (!poll()) {
-      if (Work::wait_for(Milliseconds(1))) break;
+  State state(std::string& reason) override {
+    std::lock_guard lock(mutex_);
+    if (comm_ == nullptr) {
+      reason = "the NCCL communicator was aborted";
+      return State::failed;
     }
-    Work::wait();  // rethrows the error, if any
+    ncclResult_t result = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm_, &result);
+    if (query != ncclSuccess) {
+      reason = str("ncclCommGetAsyncError failed: ", ncclGetErrorString(query));
+      return State::failed;
+    }
+    if (result == ncclSuccess) return State::ready;
+    if (result == ncclInProgress) return State::in_progress;
+    const char* detail = ncclGetLastError(comm_);
+    reason = str(ncclGetErrorString(result), detail != nullptr && *detail != '\0' ? str(" (", detail, ")") : "");
+    return State::failed;
   }
 
-  bool completed() const override { return const_cast<NcclWork*>(this)->poll(); }
-
-  // Finishes the work when its events say so; returns whether it is complete.
-  bool poll() {
-    if (Work::completed()) return true;
-    if (!started_noted_ && started_.query()) {
-      started_noted_ = true;
-      mark_started();
+  void abort() noexcept override {
+    ncclComm_t comm = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      comm = std::exchange(comm_, nullptr);
     }
-    if (!done_.query()) return false;
-    // A communicator aborted by the watchdog also completes the events: the
-    // failure, set before the abort, wins.
-    std::string failure = communicator_->failure_message();
-    complete(failure.empty() ? nullptr : std::make_exception_ptr(Error(failure)));
-    return true;
+    if (comm == nullptr) return;
+    // Outside the mutex: other threads' calls see the communicator gone.
+    const ncclResult_t result = ncclCommAbort(comm);
+    if (result != ncclSuccess && result != ncclInProgress)
+      log_warn("cuda:", device_, ": aborting the NCCL communicator failed: ", ncclGetErrorString(result));
   }
 
-  // Finishes once; later calls do nothing.
-  void complete(std::exception_ptr failure) {
-    if (finishing_.exchange(true)) return;
-    finish(std::move(failure));
+  void bind_watchdog_thread() override { cuda::set_device(device_); }
+
+  // Makes non-blocking NCCL calls on the communicator; throws once it was aborted.
+  void call(const std::function<void(ncclComm_t)>& calls) {
+    std::lock_guard lock(mutex_);
+    LOOM_CHECK(comm_ != nullptr, "the NCCL communicator was aborted");
+    calls(comm_);
   }
 
  private:
-  std::shared_ptr<Communicator> communicator_;
-  cuda::Event started_;  // recorded on the NCCL stream before the collective
-  cuda::Event done_;     // recorded on the NCCL stream after it
-  Clock::time_point deadline_;
-  Milliseconds timeout_;
-  WaitMode mode_;
-  std::atomic<bool> started_noted_{false};
-  std::atomic<bool> finishing_{false};
+  int device_;
+  std::mutex mutex_;
+  ncclComm_t comm_ = nullptr;  // null until initialised and once aborted
 };
 
 }  // namespace
@@ -172,17 +142,13 @@ class ProcessGroupNCCL final : public ProcessGroup {
   ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size, const NcclOptions& options)
       : ProcessGroup(rank, size),
         store_(store),
-        communicator_(std::make_shared<Communicator>()),
+        device_(select_device(options.device_index())),
+        communicator_(std::make_shared<NcclCommunicator>(device_)),
         timeout_(options.timeout()),
-        stream_(cuda::pooled_stream(select_device(options.device_index()), cuda::StreamPriority::high)) {
+        stream_(cuda::pooled_stream(device_, cuda::StreamPriority::high)) {
     LOOM_CHECK(store != nullptr, "ProcessGroupNCCL: the rendezvous store is null");
     LOOM_CHECK(options.timeout().count() > 0, "ProcessGroupNCCL: timeout must be positive, got ",
-               options.timeout().count(),
-               " ms");
-    Communicator& c = *communicator_;
-    c.rank = rank;
-    c.size = size;
-    c.device = stream_.device();
+               options.timeout().count(), " ms");
 
     ncclUniqueId id;
     const std::string key = "nccl_unique_id";
@@ -194,66 +160,28 @@ class ProcessGroupNCCL final : public ProcessGroup {
       try {
         bytes = store->get(key, options.timeout());
       } catch (const std::exception& error) {
-        LOOM_FAIL(c.prefix(), "did not receive the NCCL unique id from rank 0 through the store: ", error.what());
+        LOOM_FAIL(prefix(), "did not receive the NCCL unique id from rank 0 through the store: ", error.what());
       }
-      LOOM_CHECK(bytes.size() == sizeof(id), c.prefix(), "the NCCL unique id from the store has ", bytes.size(),
+      LOOM_CHECK(bytes.size() == sizeof(id), prefix(), "the NCCL unique id from the store has ", bytes.size(),
                  " bytes; expected ", sizeof(id), " (do all ranks run the same NCCL?)");
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
-    {
-      cuda::DeviceGuard device(c.device);
-      try {
-        LOOM_CHECK_NCCL(ncclCommInitRank(&c.comm, size, id, rank));
-      } catch (const Error& error) {
-        LOOM_FAIL(c.prefix(), "creating the NCCL communicator failed (every rank needs its own GPU; ", size,
-                  " ranks): ", error.what());
-      }
+    try {
+      communicator_->start_init(id, size, rank);
+    } catch (const Error& error) {
+      LOOM_FAIL(prefix(), "creating the NCCL communicator failed (every rank needs its own GPU; ", size,
+                " ranks): ", error.what());
     }
-    watchdog_ = std::thread([this, device = c.device] {
-      profiler::set_thread_name("nccl watchdog");  // where collectives end in a trace
-      // Its event queries would otherwise create a context on GPU 0 (the
-      // thread's default device): hundreds of MiB there for every rank.
-      try {
-        cuda::set_device(device);
-      } catch (const std::exception&) {
-      }
-      run_watchdog();
-    });
+    watchdog_ = std::make_unique<nccl::Watchdog>(
+        communicator_, nccl::WatchdogOptions().rank(rank).size(size).prefix(prefix()).store(store));
+    watchdog_->wait_until_initialized(options.timeout());
   }
 
   // Waits (at most the timeout) for pending collectives, fails those that
-  // did not finish, then frees the communicator. Never throws.
-  ~ProcessGroupNCCL() override {
-    {
-      std::lock_guard lock(pending_mutex_);
-      stopping_ = true;
-    }
-    pending_changed_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
-    bool clean = communicator_->failure_message().empty();  // else the watchdog failed them all
-    for (auto& work : pending_) {
-      try {
-        while (clean && !work->poll()) {
-          if (Work::Clock::now() > work->deadline()) clean = false;
-          std::this_thread::sleep_for(Milliseconds(1));
-        }
-      } catch (...) {
-        clean = false;
-      }
-    }
-    std::string reason = communicator_->prefix() + "the process group was destroyed before this collective finished";
-    for (auto& work : pending_) work->complete(std::make_exception_ptr(Error(reason)));
-    // Aborting (as PyTorch does) rather than ncclCommDestroy: with nothing
-    // pending it only frees this rank's resources, and it cannot block on a
-    // peer that is gone.
-    std::lock_guard lock(communicator_->mutex);
-    if (communicator_->comm != nullptr) {
-      ncclResult_t result = ncclCommAbort(communicator_->comm);
-      if (result != ncclSuccess)
-        log_warn(communicator_->prefix(), "freeing the NCCL communicator failed: ", ncclGetErrorString(result));
-      communicator_->comm = nullptr;
-    }
-  }
+  // did not finish, then aborts the communicator (as PyTorch does, rather
+  // than ncclCommDestroy: with nothing pending it only frees this rank's
+  // resources, and it cannot block on a peer that is gone). Never throws.
+  ~ProcessGroupNCCL() override = default;
 
   const char* backend_name() const override { return "nccl"; }
   // check_nccl_tensor for this rank's device, for the shared argument checks (detail::check_*).
@@ -262,7 +190,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
       check_nccl_tensor(collective, tensor, role, device);
     };
   }
-  Device device() const override { return Device::cuda(communicator_->device); }
+  Device device() const override { return Device::cuda(device_); }
 
   using ProcessGroup::all_reduce;
   WorkHandle all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -342,7 +270,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   // NCCL barrier does.
   WorkHandle barrier() override {
     Collective collective("barrier", str(size(), " ranks"), device_index());
-    collective.wait_mode = NcclWork::WaitMode::host;
+    collective.wait_mode = nccl::WatchedWork::WaitMode::host;
     Tensor token = collective.scratch({1}, DType::f32);
     collective.launch = [token](ncclComm_t comm, cudaStream_t stream) {
       LOOM_CHECK_NCCL(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm, stream));
@@ -368,7 +296,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     std::vector<Tensor> used;                          // by the NCCL stream: record_stream'd
     std::vector<std::pair<Tensor, Tensor>> copy_backs;  // (destination, source) after the collective
     std::function<void(ncclComm_t, cudaStream_t)> launch;
-    NcclWork::WaitMode wait_mode = NcclWork::WaitMode::stream;
+    nccl::WatchedWork::WaitMode wait_mode = nccl::WatchedWork::WaitMode::stream;
 
     // `tensor` itself when usable in place, else a contiguous buffer (filled
     // from the tensor when `copy_in`) whose result is copied back.
@@ -399,144 +327,58 @@ class ProcessGroupNCCL final : public ProcessGroup {
     return device;
   }
 
-  int device_index() const { return communicator_->device; }
+  int device_index() const { return device_; }
+  std::string prefix() const { return str("ProcessGroupNCCL rank ", rank(), " of ", size(), " (cuda:", device_, "): "); }
 
   // Orders the collective after the caller's current stream, runs it on the
   // NCCL stream, and hands the work to the watchdog.
   WorkHandle run(Collective collective) {
-    Communicator& c = *communicator_;
-    std::string failure = c.failure_message();
-    if (!failure.empty())
-      LOOM_FAIL(c.prefix(), collective.name, " called on a process group that failed earlier: ", failure);
-    cuda::DeviceGuard device_guard(c.device);
+    cuda::DeviceGuard device_guard(device_);
     NoGradGuard no_grad;  // staging copies are not differentiable
-    const cuda::StreamView caller = cuda::current_stream(c.device);
-    auto work = std::make_shared<NcclWork>(str(collective.name, " #", sequence_++, " (", collective.details, ")"),
-                                           communicator_, timeout_.load(), collective.wait_mode);
-    {
-      cuda::Event inputs_ready(c.device);  // destroying it after the wait is enqueued is allowed
-      inputs_ready.record(caller);
-      stream_.wait(inputs_ready);
-    }
-    work->started_event().record(stream_);
-    {
-      std::lock_guard lock(c.mutex);
-      if (c.comm == nullptr) LOOM_FAIL(c.prefix(), collective.name, " called after the communicator was aborted: ", c.failure);
-      LOOM_CHECK_NCCL(ncclGroupStart());
-      try {
-        collective.launch(c.comm, stream_.handle());
-      } catch (...) {
-        ncclGroupEnd();
-        throw;
+    const cuda::StreamView caller = cuda::current_stream(device_);
+    auto started = std::make_shared<cuda::Event>(device_);  // on the NCCL stream before the collective
+    auto done = std::make_shared<cuda::Event>(device_);     // and after it
+    auto enqueue = [&] {
+      {
+        cuda::Event inputs_ready(device_);  // destroying it after the wait is enqueued is allowed
+        inputs_ready.record(caller);
+        stream_.wait(inputs_ready);
       }
-      LOOM_CHECK_NCCL(ncclGroupEnd());
-    }
-    work->done_event().record(stream_);
-    // The caching allocator must not reuse this memory before the NCCL stream is done with it.
-    for (const Tensor& t : collective.used) cuda::record_stream(t.storage()->data(), c.device, stream_);
-    if (!collective.copy_backs.empty()) {
-      // Results that went through a staging buffer are copied on the caller's stream.
-      caller.wait(work->done_event());
-      for (auto& [destination, source] : collective.copy_backs) Tensor(destination).copy_(source);
-    }
-    {
-      std::lock_guard lock(pending_mutex_);
-      pending_.push_back(work);
-    }
-    pending_changed_.notify_one();
-    return work;
-  }
-
-  // Completes works whose events have fired; on a timeout or an asynchronous
-  // NCCL error, fails every pending work and aborts the communicator.
-  void run_watchdog() {
-    auto last_error_check = Work::Clock::now();
-    std::unique_lock lock(pending_mutex_);
-    while (!stopping_) {
-      pending_changed_.wait_for(lock, pending_.empty() ? Milliseconds(100) : Milliseconds(1));
-      if (stopping_) break;
-      std::string failure;
-      while (!pending_.empty()) {
-        const std::shared_ptr<NcclWork>& work = pending_.front();
-        bool done = false;
+      started->record(stream_);
+      communicator_->call([&](ncclComm_t comm) {
+        LOOM_CHECK_NCCL(ncclGroupStart());
         try {
-          done = work->poll();
-        } catch (const std::exception& error) {  // a CUDA error while querying its events
-          failure = str(communicator_->prefix(), work->description(), " failed: ", error.what(),
-                        "; the NCCL communicator was aborted and this process group is unusable from now on");
-          break;
+          collective.launch(comm, stream_.handle());
+        } catch (...) {
+          ncclGroupEnd();
+          throw;
         }
-        if (done) {
-          pending_.pop_front();
-          continue;
-        }
-        if (Work::Clock::now() > work->deadline()) {
-          failure = str(communicator_->prefix(), work->description(), " did not finish within the timeout of ",
-                        seconds(work->timeout()), " s. A peer process may have died or stopped calling "
-                        "collectives (or called them in a different order); the NCCL communicator was aborted and "
-                        "this process group is unusable from now on");
-        }
-        break;  // works finish in order on the one NCCL stream
+        LOOM_CHECK_NCCL(ncclGroupEnd());  // ncclInProgress: the watchdog waits for the group
+      });
+    };
+    auto enqueued = [&] {
+      done->record(stream_);
+      // The caching allocator must not reuse this memory before the NCCL stream is done with it.
+      for (const Tensor& t : collective.used) cuda::record_stream(t.storage()->data(), device_, stream_);
+      if (!collective.copy_backs.empty()) {
+        // Results that went through a staging buffer are copied on the caller's stream.
+        caller.wait(*done);
+        for (auto& [destination, source] : collective.copy_backs) Tensor(destination).copy_(source);
       }
-      const auto now = Work::Clock::now();
-      if (failure.empty() && now - last_error_check > Milliseconds(100)) {
-        last_error_check = now;
-        failure = asynchronous_error();
-      }
-      if (!failure.empty()) {
-        fail_all(failure);
-        break;
-      }
-    }
-  }
-
-  // NCCL's asynchronous error of the communicator (a peer's connection
-  // lost, ...) as a message, or "".
-  std::string asynchronous_error() {
-    Communicator& c = *communicator_;
-    std::lock_guard lock(c.mutex);
-    if (c.comm == nullptr) return "";
-    ncclResult_t result = ncclSuccess;
-    if (ncclCommGetAsyncError(c.comm, &result) != ncclSuccess) return "";
-    if (result == ncclSuccess || result == ncclInProgress) return "";
-    std::string detail = ncclGetLastError(c.comm) ? ncclGetLastError(c.comm) : "";
-    std::string pending = pending_.empty() ? std::string("no collective") : pending_.front()->description();
-    return str(c.prefix(), "NCCL reported an asynchronous error while running ", pending, ": ",
-               ncclGetErrorString(result), detail.empty() ? "" : " (" + detail + ")",
-               ". A peer process may have died; the NCCL communicator was aborted and this process group is "
-               "unusable from now on");
-  }
-
-  // Fails every pending work with `message` (first), then aborts the
-  // communicator, which ends NCCL's kernels so that waiting streams go on.
-  // pending_mutex_ is held.
-  void fail_all(const std::string& message) {
-    Communicator& c = *communicator_;
-    {
-      std::lock_guard lock(c.mutex);
-      if (c.failure.empty()) c.failure = message;
-    }
-    log_error(message);
-    for (auto& work : pending_) work->complete(std::make_exception_ptr(Error(message)));
-    pending_.clear();
-    std::lock_guard comm_lock(c.mutex);
-    if (c.comm != nullptr) {
-      ncclCommAbort(c.comm);
-      c.comm = nullptr;
-    }
+      return nccl::WatchedWork::DeviceHooks{
+          [started] { return started->query(); }, [done] { return done->query(); },
+          [done, device = device_] { cuda::current_stream(device).wait(*done); }};
+    };
+    return watchdog_->run(collective.name, collective.details, timeout_.load(), collective.wait_mode, enqueue,
+                          enqueued);
   }
 
   std::shared_ptr<Store> store_;  // kept for the group's lifetime, as the Gloo group keeps its own
-  std::shared_ptr<Communicator> communicator_;
+  int device_;
+  std::shared_ptr<NcclCommunicator> communicator_;
   std::atomic<Milliseconds> timeout_;
   cuda::StreamView stream_;  // the group's NCCL stream, high priority; pooled: it outlives the tensors used on it
-  std::atomic<uint64_t> sequence_{0};
-
-  std::mutex pending_mutex_;
-  std::condition_variable pending_changed_;
-  std::deque<std::shared_ptr<NcclWork>> pending_;  // enqueue order
-  bool stopping_ = false;
-  std::thread watchdog_;
+  std::unique_ptr<nccl::Watchdog> watchdog_;  // destroyed first: drains the pending collectives, then aborts
 };
 
 std::shared_ptr<ProcessGroup> make_process_group_nccl(std::shared_ptr<Store> store, int rank, int size,

@@ -8,11 +8,16 @@
 // (cuda::record_stream) so the caching allocator does not hand their memory
 // out early. Work::wait() makes the caller's current stream wait on the
 // completion event without blocking the host; Work::synchronize() blocks.
-// A watchdog thread completes Work objects, and when one runs past the
-// timeout or NCCL reports an asynchronous error it fails every pending Work
-// with an error naming the collective and aborts the communicator
-// (ncclCommAbort): the group is unusable after that, and every later call
-// throws that error.
+// The communicator is non-blocking (ncclCommInitRankConfig with blocking =
+// 0): its initialisation and every group call return at once and complete
+// under the timeout. The watchdog (nccl_watchdog.h, no lock held across a
+// call that can block) completes Work objects, and when one runs past the
+// timeout (in its enqueue, in NCCL's group completion or on the device) or
+// NCCL reports an asynchronous error it fails every pending Work with an
+// error naming the collective, its number and the ranks that did not reach
+// it (each rank records its progress in the store), and aborts the
+// communicator (ncclCommAbort): the group is unusable after that, and every
+// later call throws that error.
 #pragma once
 
 #include <memory>
@@ -37,7 +42,8 @@ bool nccl_available();
 void require_nccl();
 
 // Exchanges the NCCL unique id through `store` (rank 0 creates it) and creates
-// the communicator on the rank's device; blocks until every rank has joined.
+// the communicator on the rank's device; blocks until every rank has joined,
+// at most the timeout (then throws, naming the ranks that did not join).
 std::shared_ptr<ProcessGroup> make_process_group_nccl(std::shared_ptr<Store> store, int rank, int size,
                                                       const NcclOptions& options);
 

@@ -5,7 +5,8 @@
 // wait without blocking the host), errors, and DDP with CUDA parameters
 // against the bare model. World 1 always (NCCL refuses two ranks on one GPU),
 // world 2 (and one rank per GPU) when there are that many GPUs, plus a stalled
-// peer that must produce a timeout error naming the collective.
+// peer that must produce a timeout error naming the collective and the rank,
+// and (at world 1) a peer that never joins the initialisation.
 //
 // Without a GPU or without NCCL in the build, the binary says why and exits
 // 77 (skipped).
@@ -15,9 +16,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
@@ -27,6 +31,7 @@
 #include <loom/dist/ddp.h>
 #include <loom/dist/process_group.h>
 #include <loom/dist/process_group_nccl.h>
+#include <loom/dist/store.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
 #include "tests/dist/multiprocess.h"
@@ -298,6 +303,9 @@ LOOM_DIST_SCENARIO("nccl_timeout") {
   std::string message = error_of([&] { work->synchronize(); });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   expect(contains(message, "all_reduce #") && contains(message, "f32[1024]"), "the error names the collective: ", message);
+  // Rank 1 entered the barrier (#0), not the all-reduce: the store says so.
+  expect(contains(message, "the rank that did not reach it: 1 (rank 1 last enqueued #0"),
+         "the error names the rank that did not arrive: ", message);
   expect(seconds < 15, "the timeout error came after ", seconds, " s");
   std::string later = error_of([&] { group->all_reduce(t); });
   expect(contains(later, "failed earlier"), "a later collective: ", later);
@@ -306,11 +314,32 @@ LOOM_DIST_SCENARIO("nccl_timeout") {
   std::_Exit(0);
 }
 
+// A peer that never joins: rank 0 of a world of 2 starts the communicator
+// alone (no rank 1 process exists); the non-blocking initialisation gives up
+// after the timeout and names rank 1 instead of hanging. One GPU suffices.
+LOOM_DIST_SCENARIO("nccl_init_timeout") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("loom_nccl_init_timeout_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(path);
+  auto store = std::make_shared<FileStore>(path, 30s);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = error_of([&] { make_process_group_nccl(store, 0, 2, NcclOptions().timeout(3s)); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  expect(contains(message, "the NCCL communicator was not initialised within the timeout of 3 s; ranks that did "
+                           "not join: 1"),
+         "the error names the missing rank: ", message);
+  expect(seconds < 20, "the init timeout error came after ", seconds, " s");
+  std::printf("rank 0: init timeout error after %.1f s: %s\n", seconds, message.c_str());
+  std::fflush(stdout);
+  std::_Exit(0);  // the aborted communicator's threads may still be winding down
+}
+
 TEST_SUITE("nccl") {
   TEST_CASE("world 1: collectives, stream ordering, DDP") {
     run_ranks("nccl_collectives", 1);
     run_ranks("nccl_stream_order", 1);
     run_ranks("nccl_ddp", 1);
+    run_ranks("nccl_init_timeout", 1, 60s);
   }
 
   TEST_CASE("one rank per GPU: collectives, stream ordering, DDP, a stalled peer") {
