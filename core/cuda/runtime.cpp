@@ -94,7 +94,7 @@ void require_device(int index) {
   if (count == 0) {
     LOOM_FAIL("no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES is empty); use --device cpu");
   }
-  if (index < 0 || index >= count) LOOM_FAIL("CUDA device ", index, " does not exist; ", count, " visible");
+  if (index < 0 || index >= count) LOOM_FAIL(device_ordinal_error(index, count, std::getenv("CUDA_VISIBLE_DEVICES")));
 }
 
 std::string device_name(int index) {

@@ -28,6 +28,11 @@ std::string device_count_error();
 // Throws a one-line loom::Error unless device `index` can be used, saying why
 // ("loom was built without CUDA", "no CUDA device is visible", ...).
 void require_device(int index);
+// The one-line error require_device throws for device `index` when `count`
+// devices are visible, "" when it is one of them: "cuda:3 requested but only
+// 1 CUDA device is visible (CUDA_VISIBLE_DEVICES=0); the one visible is
+// cuda:0". `visible_devices`: CUDA_VISIBLE_DEVICES, null when unset.
+std::string device_ordinal_error(int index, int count, const char* visible_devices);
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
 std::string device_name(int index);
 // The compute capability as major * 10 + minor (90 for sm_90).
