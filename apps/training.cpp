@@ -12,6 +12,7 @@
 #include <loom/core/log.h>
 #include <loom/core/parallel.h>
 #include <loom/dist/environment.h>
+#include <loom/dist/host_staging.h>
 #include <loom/dist/launcher.h>
 #include <loom/dist/process_group_nccl.h>
 #include <loom/ops/cpu/gemm.h>
@@ -166,7 +167,8 @@ std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags,
                                    .timeout(std::max<dist::Milliseconds>(timeout, std::chrono::minutes(5)))
                                    .device_index(device.is_cuda() ? device.index : -1));
   group->set_timeout(timeout);
-  return group;
+  // --device cuda --backend gloo|shm: CUDA tensors staged through host memory.
+  return dist::stage_through_host(group, device);
 }
 
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device) {

@@ -1,17 +1,20 @@
 // The small f64 problem the DDP tests (CPU, tests/dist/test_ddp.cpp, and
 // NCCL, tests/gpu/test_nccl.cpp) train on: a (6 -> 5 -> 3) MLP, a fixed set of
-// 8 input and target rows, mean squared error, plain SGD, and a check that two
-// sets of named tensors (or their gradients) agree.
+// 8 input and target rows, mean squared error, plain SGD, a check that two
+// sets of named tensors (or their gradients) agree, and DDP's steps against
+// one process's.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <loom/core/autograd.h>
 #include <loom/core/generator.h>
+#include <loom/dist/ddp.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
 #include "tests/dist/multiprocess.h"
@@ -69,6 +72,31 @@ inline void expect_close(const nn::NamedTensors& actual, const nn::NamedTensors&
       expect(std::abs(x[i] - y[i]) <= 1e-10 * (1 + std::abs(y[i])), what, ": '", actual[k].first, "'[", i, "] is ",
              x[i], ", expected ", y[i]);
   }
+}
+
+// Three SGD steps (learning rate 0.1) of DDP over `group`, each rank on its
+// share of the 8 rows on `device`, end with the parameters of one process
+// stepping on all 8 rows on the CPU. `after_backward` runs after each step's
+// backward, before the update (checks of the DDP object).
+inline void expect_ddp_steps_equal_one_process(
+    const std::shared_ptr<ProcessGroup>& group, Device device, const DistributedDataParallelOptions& options = {},
+    const std::function<void(DistributedDataParallel&)>& after_backward = [](DistributedDataParallel&) {}) {
+  const int rank = group->rank();
+  auto model = tiny_model(100 + rank, device);  // different on every rank until DDP broadcasts rank 0's
+  DistributedDataParallel ddp(model, group, options);
+  const int64_t share = kSamples / group->size();
+  for (int step = 0; step < 3; ++step) {
+    // No wait_for_gradients(): backward() returns with averaged gradients.
+    mse(ddp.forward(inputs(rank * share, share, device)), targets(rank * share, share, device)).backward();
+    after_backward(ddp);
+    sgd_step(*model, 0.1);
+  }
+  auto reference = tiny_model(100);
+  for (int step = 0; step < 3; ++step) {
+    mse(reference->forward(inputs(0, kSamples)), targets(0, kSamples)).backward();
+    sgd_step(*reference, 0.1);
+  }
+  expect_close(model->named_parameters(), reference->named_parameters(), str("parameters after 3 steps, rank ", rank));
 }
 
 }  // namespace loom::dist::testing
