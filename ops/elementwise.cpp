@@ -59,7 +59,46 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+namespace {
+// Whether `small` broadcasts over `big`'s rows: the same rank, equal sizes up
+// to some dim and ones from there on ((N, C, 1, 1) over (N, C, H, W)), and
+// fewer elements.
+bool broadcasts_over_rows(const Shape& small, const Shape& big) {
+  if (small.size() != big.size() || shape_numel(small) >= shape_numel(big)) return false;
+  size_t d = 0;
+  while (d < small.size() && small[d] == big[d]) ++d;
+  for (; d < small.size(); ++d) {
+    if (small[d] != 1) return false;
+  }
+  return true;
+}
+
+// x * scale, scale broadcast over x's rows (see mul), with its backward.
+Tensor mul_rows(const Tensor& x, const Tensor& scale) {
+  profiler::Scope profile("mul", x);
+  ops::check_same_device_and_dtype("mul", {x, scale});
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = LOOM_DISPATCH(x, mul_rows, x, scale);
+  }
+  record("mul", {x, scale}, {&out}, [x = x.detach(), scale = scale.detach()](const TensorList& g, const Node& node) {
+    const Tensor dy = g[0].to(x.dtype());
+    return TensorList{node.needs_input_grad(0) ? LOOM_DISPATCH(dy, mul_rows, dy, scale) : Tensor(),
+                      node.needs_input_grad(1) ? LOOM_DISPATCH(dy, mul_rows_backward_scale, dy, x, scale.sizes())
+                                               : Tensor()};
+  });
+  return out;
+}
+}  // namespace
+
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (a.defined() && b.defined() && a.sizes() != b.sizes()) {
+    if (broadcasts_over_rows(b.sizes(), a.sizes())) return mul_rows(a, b);
+    if (broadcasts_over_rows(a.sizes(), b.sizes())) return mul_rows(b, a);
+    LOOM_FAIL("mul: shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
+              " neither match nor broadcast over rows (one shape the other's with trailing dims set to 1)");
+  }
   Tensor out = dispatch_binary(Binary::mul, a, b);
   record("mul", {a, b}, {&out}, [a = a.detach(), b = b.detach()](const TensorList& g, const Node& node) {
     return TensorList{node.needs_input_grad(0) ? dispatch_binary(Binary::mul, g[0], b) : Tensor(),
@@ -83,6 +122,14 @@ Tensor add_scalar(const Tensor& x, double value) {
 Tensor relu(const Tensor& x) { return unary(ops::Unary::relu, "relu", x); }
 
 Tensor gelu(const Tensor& x) { return unary(ops::Unary::gelu, "gelu", x); }
+
+Tensor silu(const Tensor& x) { return unary(ops::Unary::silu, "silu", x); }
+
+Tensor hardswish(const Tensor& x) { return unary(ops::Unary::hardswish, "hardswish", x); }
+
+Tensor hardsigmoid(const Tensor& x) { return unary(ops::Unary::hardsigmoid, "hardsigmoid", x); }
+
+Tensor relu6(const Tensor& x) { return unary(ops::Unary::relu6, "relu6", x); }
 
 Tensor sum(const Tensor& x) {
   Tensor out;

@@ -1,12 +1,21 @@
-// Elementwise ops: add (residuals), sub, mul, scalar ops, relu, gelu; and the
+// Elementwise ops: add (residuals), sub, mul, scalar ops, relu, gelu, silu,
+// hardswish, hardsigmoid, relu6; and the
 // whole-tensor reductions sum and mean.
 //
 // Backward rules:
 //   add:  da = g, db = g           sub: da = g, db = -g
 //   mul:  da = g * b, db = g * a   scale(x, s): dx = s * g     add_scalar: dx = g
+//   mul with b broadcast over rows (b's shape is a's with trailing dims set
+//   to 1, e.g. (N, C, 1, 1) over (N, C, H, W), squeeze-and-excitation):
+//         da = g * b broadcast,  db[r] = sum over row r of g * a
 //   relu: dx = g * (y > 0)
 //   gelu: y = x * Phi(x) (PyTorch's approximate='none', Phi the standard normal CDF),
 //         dx = g * (Phi(x) + x * phi(x))
+//   silu: y = x * s, s = sigmoid(x),  dx = g * s * (1 + x * (1 - s))
+//   hardswish: y = x * relu6(x + 3) / 6,  dx = g * (x < -3 ? 0 : x <= 3 ? x / 3 + 1/2 : 1)
+//   hardsigmoid: y = relu6(x + 3) / 6,  dx = g / 6 where -3 < x < 3, else 0
+//   relu6: y = min(max(x, 0), 6),  dx = g where 0 < y < 6, else 0
+//   (the kinks take PyTorch's one-sided values; ops/elementwise_math.h)
 //   sum:  dx = g broadcast         mean: dx = g / numel broadcast
 #pragma once
 
@@ -17,11 +26,18 @@ namespace loom {
 
 Tensor add(const Tensor& a, const Tensor& b);  // same shape
 Tensor sub(const Tensor& a, const Tensor& b);
+// Same shape, or one operand broadcast over the other's rows: its shape is the
+// other's with a trailing run of dims set to 1 ((N, C, 1, 1) or (N, 1, 1, 1)
+// against (N, C, H, W)).
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, double factor);
 Tensor add_scalar(const Tensor& x, double value);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor hardswish(const Tensor& x);
+Tensor hardsigmoid(const Tensor& x);
+Tensor relu6(const Tensor& x);
 Tensor sum(const Tensor& x);   // 0-d result
 Tensor mean(const Tensor& x);  // 0-d result
 
@@ -47,6 +63,13 @@ Tensor unary_forward(Unary op, const Tensor& x);
 Tensor unary_backward(Unary op, const Tensor& grad, const Tensor& saved);
 Tensor sum_all(const Tensor& x);  // 0-d, f64 accumulation
 Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
+// x viewed as (rows, x.numel() / rows) with rows = scale.numel():
+// out[r, i] = x[r, i] * scale[r]. Same dtype; the output has x's shape.
+Tensor mul_rows(const Tensor& x, const Tensor& scale);
+// The scale's gradient of mul_rows: out[r] = sum_i grad[r, i] * x[r, i],
+// shaped scale_sizes, in grad's dtype (accumulated in f64 on the CPU, in the
+// accumulation type on CUDA).
+Tensor mul_rows_backward_scale(const Tensor& grad, const Tensor& x, const Shape& scale_sizes);
 }  // namespace ops::cpu
 
 namespace ops::cuda {
@@ -56,6 +79,8 @@ Tensor unary_forward(Unary op, const Tensor& x);
 Tensor unary_backward(Unary op, const Tensor& grad, const Tensor& saved);
 Tensor sum_all(const Tensor& x);
 Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
+Tensor mul_rows(const Tensor& x, const Tensor& scale);
+Tensor mul_rows_backward_scale(const Tensor& grad, const Tensor& x, const Shape& scale_sizes);
 }  // namespace ops::cuda
 
 }  // namespace loom

@@ -14,7 +14,7 @@
 
 namespace loom::ops {
 
-enum class Unary { relu, gelu };
+enum class Unary { relu, gelu, silu, hardswish, hardsigmoid, relu6 };
 
 // What backward reads besides the output gradient: the op's input or its output.
 enum class UnarySaved { input, output };
@@ -63,12 +63,95 @@ struct Gelu {
   }
 };
 
+// exp in the precision of A (expf for float: the device has no double-rate
+// exp worth paying for in f32).
+template <class A>
+LOOM_HOST_DEVICE A exp_of(A x) {
+  if constexpr (std::is_same_v<A, float>) {
+    return expf(x);
+  } else {
+    return exp(x);
+  }
+}
+
+// PyTorch's silu (swish): y = x * s, s = 1 / (1 + exp(-x));
+// dx = dy * s * (1 + x * (1 - s)) (from the input).
+struct Silu {
+  static constexpr UnarySaved saved = UnarySaved::input;
+  template <class A>
+  LOOM_HOST_DEVICE static A sigmoid(A x) {
+    return A(1) / (A(1) + exp_of(-x));
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    return x * sigmoid(x);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A x) {
+    const A s = sigmoid(x);
+    return dy * s * (A(1) + x * (A(1) - s));
+  }
+};
+
+// PyTorch's hardswish: y = x * min(max(x + 3, 0), 6) / 6; dx = 0 for x < -3,
+// dy * (x / 3 + 1/2) for -3 <= x <= 3, dy above (PyTorch's backward rule at
+// the kinks; from the input).
+struct Hardswish {
+  static constexpr UnarySaved saved = UnarySaved::input;
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    if (x <= A(-3)) return A(0);
+    if (x >= A(3)) return x;
+    return x * (x + A(3)) / A(6);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A x) {
+    if (x < A(-3)) return A(0);
+    if (x <= A(3)) return dy * (x / A(3) + A(0.5));
+    return dy;
+  }
+};
+
+// PyTorch's hardsigmoid: y = min(max(x + 3, 0), 6) / 6; dx = dy / 6 for
+// -3 < x < 3, else 0 (from the input).
+struct Hardsigmoid {
+  static constexpr UnarySaved saved = UnarySaved::input;
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    if (x <= A(-3)) return A(0);
+    if (x >= A(3)) return A(1);
+    return (x + A(3)) / A(6);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A x) {
+    return x > A(-3) && x < A(3) ? dy / A(6) : A(0);
+  }
+};
+
+// relu6(x) = min(max(x, 0), 6) (PyTorch's hardtanh(0, 6)); dx = dy where
+// 0 < y < 6, else 0 (from the output: 0 < y < 6 exactly when 0 < x < 6).
+struct Relu6 {
+  static constexpr UnarySaved saved = UnarySaved::output;
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    return x > A(0) ? (x < A(6) ? x : A(6)) : A(0);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A y) {
+    return y > A(0) && y < A(6) ? dy : A(0);
+  }
+};
+
 // Calls fn.template operator()<Op>() with Op the functor of `op` (host only).
 template <class Fn>
 decltype(auto) visit_unary(Unary op, Fn&& fn) {
   switch (op) {
     case Unary::relu: return fn.template operator()<Relu>();
     case Unary::gelu: return fn.template operator()<Gelu>();
+    case Unary::silu: return fn.template operator()<Silu>();
+    case Unary::hardswish: return fn.template operator()<Hardswish>();
+    case Unary::hardsigmoid: return fn.template operator()<Hardsigmoid>();
+    case Unary::relu6: return fn.template operator()<Relu6>();
   }
   LOOM_FAIL("unknown unary op ", static_cast<int>(op));
 }

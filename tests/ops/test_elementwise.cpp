@@ -199,3 +199,35 @@ TEST_CASE("a gradient summed over two uses is added to in place only when nothin
     if (!held_first) CHECK(x.grad().raw_data() == produced);
   }
 }
+
+TEST_CASE("mul broadcasts (N, C, 1, 1) and (N, 1, 1, 1) over (N, C, H, W): values and finite differences") {
+  // x[n, c, h, w] = 1 + h * 2 + w (2x2 planes), scale[n, c] = 10 * n + c + 1.
+  std::vector<double> x_values, expected;
+  for (int n = 0; n < 2; ++n) {
+    for (int c = 0; c < 3; ++c) {
+      for (int i = 0; i < 4; ++i) {
+        x_values.push_back(1 + i);
+        expected.push_back((1 + i) * (10.0 * n + c + 1));
+      }
+    }
+  }
+  const Tensor x = Tensor::from_vector<double>(x_values, {2, 3, 2, 2});
+  const Tensor s = Tensor::from_vector<double>({1, 2, 3, 11, 12, 13}, {2, 3, 1, 1});
+  CHECK(mul(x, s).to_vector<double>() == expected);
+  CHECK(mul(s, x).to_vector<double>() == expected);
+  CHECK(mul(x, s).sizes() == Shape{2, 3, 2, 2});
+  // The scale's gradient of sum(x * s) is the sum of its plane: 1 + 2 + 3 + 4.
+  Tensor s_leaf = s.clone().set_requires_grad(true);
+  sum(mul(x, s_leaf)).backward();
+  CHECK(s_leaf.grad().to_vector<double>() == std::vector<double>(6, 10.0));
+  CHECK(s_leaf.grad().sizes() == Shape{2, 3, 1, 1});
+
+  Tensor a = random_tensor({2, 3, 4, 5}, 21).set_requires_grad(true);
+  Tensor channels = random_tensor({2, 3, 1, 1}, 22).set_requires_grad(true);
+  Tensor samples = random_tensor({2, 1, 1, 1}, 23).set_requires_grad(true);
+  check_gradients([](const TensorList& t) { return mul(t[0], t[1]); }, {a, channels});
+  check_gradients([](const TensorList& t) { return mul(t[1], t[0]); }, {a, samples});
+  CHECK(mul(a.to(DType::f32), channels.to(DType::f32)).dtype() == DType::f32);
+  // (2, 1, 4, 5) is not the other's shape with a trailing run of ones.
+  CHECK_THROWS_WITH_AS(mul(a, random_tensor({2, 1, 4, 5}, 24)), doctest::Contains("broadcast over rows"), Error);
+}
