@@ -1,0 +1,44 @@
+// Dropout (PyTorch's F.dropout) and stochastic depth (torchvision's
+// ops.stochastic_depth), both inverted: kept values are scaled by
+// 1 / (1 - p) in training, and evaluation is the identity.
+//
+// dropout: y = x * m, m[i] = 1 / (1 - p) with probability 1 - p, else 0,
+//          one draw per element;             backward: dx = g * m.
+// stochastic_depth, mode "row": one draw per sample (dim 0), m of shape
+//          (N, 1, ..., 1) broadcast over the sample;  backward: dx = g * m.
+//          Mode "batch": one draw for the whole batch.
+// The masks come from a seed drawn from the global generator
+// (default_generator(), manual_seed), and element i of a mask depends only on
+// (seed, i) (ops/dropout_math.h): the CPU and CUDA masks of one seed agree.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <loom/core/tensor.h>
+
+namespace loom {
+
+// p in [0, 1]. Not training, or p = 0: returns x itself.
+Tensor dropout(const Tensor& x, double p, bool training);
+
+enum class StochasticDepthMode { row, batch };
+// "row" or "batch"; anything else throws naming the value.
+StochasticDepthMode parse_stochastic_depth_mode(const std::string& mode);
+
+// p in [0, 1]. Not training, or p = 0: returns x itself.
+Tensor stochastic_depth(const Tensor& x, double p, StochasticDepthMode mode, bool training);
+
+// The kernels, twins with one signature per backend (ops/dispatch.h).
+namespace ops::cpu {
+// Fills `out` (contiguous, floating) with an inverted-dropout mask: element i
+// is 1 / (1 - p) when dropout_keep(seed, i, p) (ops/dropout_math.h), else 0;
+// p = 1 gives zeros.
+void dropout_mask(const Tensor& out, double p, uint64_t seed);
+}  // namespace ops::cpu
+
+namespace ops::cuda {
+void dropout_mask(const Tensor& out, double p, uint64_t seed);
+}  // namespace ops::cuda
+
+}  // namespace loom
