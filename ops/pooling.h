@@ -1,5 +1,5 @@
-// 2-D pooling over NCHW tensors: max pooling with argmax indices, and
-// PyTorch's adaptive average pooling.
+// 2-D pooling over NCHW tensors: max pooling with argmax indices, average
+// pooling, and PyTorch's adaptive average pooling.
 //
 // max_pool2d: output (N, C, Ho, Wo), Ho = (H + 2*pad_h - kH) / stride_h + 1;
 // padding counts as -infinity and must be at most half the kernel. indices
@@ -7,6 +7,13 @@
 // input plane (the first one on ties; a NaN wins, the last one if several, as
 // in PyTorch).
 //   backward: d input[n, c, indices[n, c, i]] += dy[n, c, i]
+//
+// avg_pool2d (PyTorch's, ceil_mode off): output (N, C, Ho, Wo) sized as
+// max_pool2d's; output (i, j) averages the input over its window, zeros for
+// padding, divided by the window's size counting padding (count_include_pad,
+// PyTorch's default) or by its input elements only.
+//   backward: each dy element, divided by its window's divisor, is added to
+//   every input element of its window.
 //
 // adaptive_avg_pool2d: output (N, C, oh, ow); output row i averages input rows
 // [floor(i * H / oh), ceil((i + 1) * H / oh)), columns likewise.
@@ -33,6 +40,16 @@ Tensor max_pool2d(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding
 MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel);
 MaxPool2dResult max_pool2d_with_indices(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding = {0, 0});
 
+// avg_pool2d's window: avg_pool2d(x, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}).
+struct AvgPool2dParams {
+  Size2 kernel{1, 1};
+  Size2 stride{1, 1};
+  Size2 padding{0, 0};  // at most half the kernel
+  bool count_include_pad = true;
+};
+
+Tensor avg_pool2d(const Tensor& input, const AvgPool2dParams& params);
+
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 
 namespace ops::cpu {
@@ -41,6 +58,8 @@ Tensor max_pool2d_forward(const Tensor& input, Size2 kernel, Size2 stride, Size2
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes);
 Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size);
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
+Tensor avg_pool2d_forward(const Tensor& input, const AvgPool2dParams& params);
+Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params);
 }  // namespace ops::cpu
 
 namespace ops::cuda {
@@ -48,6 +67,8 @@ Tensor max_pool2d_forward(const Tensor& input, Size2 kernel, Size2 stride, Size2
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes);
 Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size);
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
+Tensor avg_pool2d_forward(const Tensor& input, const AvgPool2dParams& params);
+Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params);
 }  // namespace ops::cuda
 
 }  // namespace loom

@@ -1,4 +1,5 @@
-// CPU kernels of max_pool2d and adaptive_avg_pool2d: one (n, c) plane per task.
+// CPU kernels of max_pool2d, avg_pool2d and adaptive_avg_pool2d: one (n, c)
+// plane per task.
 #include <loom/ops/pooling.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <loom/ops/cpu/max_pool_2x2.h>
 #include <loom/ops/cpu/simd.h>
 #include <loom/ops/dispatch.h>
+#include <loom/ops/pooling_math.h>
 
 namespace loom::ops::cpu {
 namespace {
@@ -165,6 +167,62 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output_in, const Shape& i
           const T share = dy[(p * out_h + oh) * out_w + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
           for (int64_t h = h0; h < h1; ++h) {
             for (int64_t w = w0; w < w1; ++w) plane[h * width + w] += share;
+          }
+        }
+      }
+    });
+  });
+  return grad_input.to(grad_output_in.dtype());
+}
+
+Tensor avg_pool2d_forward(const Tensor& input_in, const AvgPool2dParams& params) {
+  const Tensor input = cpu_compute_input(input_in);
+  const int64_t height = input.size(2), width = input.size(3);
+  const Size2 kernel = params.kernel, stride = params.stride, padding = params.padding;
+  const int64_t out_h = pooled_size(height, kernel[0], stride[0], padding[0]);
+  const int64_t out_w = pooled_size(width, kernel[1], stride[1], padding[1]);
+  Tensor out = Tensor::empty({input.size(0), input.size(1), out_h, out_w}, input.dtype());
+  visit_compute_dtype(input.dtype(), "avg_pool2d", [&]<class T>() {
+    const T* x = input.data<T>();
+    T* y = out.data<T>();
+    for_each_plane(input.sizes(), [&](int64_t p) {
+      const T* plane = x + p * height * width;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const AvgPoolSpan rows = avg_pool_span(oh, height, kernel[0], stride[0], padding[0]);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const AvgPoolSpan cols = avg_pool_span(ow, width, kernel[1], stride[1], padding[1]);
+          T total = 0;
+          for (int64_t h = rows.begin; h < rows.end; ++h) {
+            for (int64_t w = cols.begin; w < cols.end; ++w) total += plane[h * width + w];
+          }
+          y[(p * out_h + oh) * out_w + ow] = total / static_cast<T>(avg_pool_divisor(rows, cols, params.count_include_pad));
+        }
+      }
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_output_in, const Shape& input_sizes, const AvgPool2dParams& params) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in);
+  const int64_t height = input_sizes[2], width = input_sizes[3];
+  const int64_t out_h = grad_output.size(2), out_w = grad_output.size(3);
+  const Size2 kernel = params.kernel, stride = params.stride, padding = params.padding;
+  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
+  visit_compute_dtype(grad_output.dtype(), "avg_pool2d backward", [&]<class T>() {
+    const T* dy = grad_output.data<T>();
+    T* dx = grad_input.data<T>();
+    for_each_plane(input_sizes, [&](int64_t p) {
+      T* plane = dx + p * height * width;
+      std::fill(plane, plane + height * width, T(0));
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const AvgPoolSpan rows = avg_pool_span(oh, height, kernel[0], stride[0], padding[0]);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const AvgPoolSpan cols = avg_pool_span(ow, width, kernel[1], stride[1], padding[1]);
+          const T share = dy[(p * out_h + oh) * out_w + ow] /
+                          static_cast<T>(avg_pool_divisor(rows, cols, params.count_include_pad));
+          for (int64_t h = rows.begin; h < rows.end; ++h) {
+            for (int64_t w = cols.begin; w < cols.end; ++w) plane[h * width + w] += share;
           }
         }
       }

@@ -1,11 +1,12 @@
-// CUDA kernels of max_pool2d and adaptive_avg_pool2d (ops/pooling.h), for
+// CUDA kernels of max_pool2d, avg_pool2d and adaptive_avg_pool2d (ops/pooling.h), for
 // NCHW and channels-last (NHWC) tensors; outputs keep the input's memory
-// order. One thread per output element forward. adaptive_avg_pool2d's backward
-// gathers, one thread per input element (deterministic); max_pool2d's scatters
+// order. One thread per output element forward. The average pools' backwards
+// gather, one thread per input element (deterministic); max_pool2d's scatters
 // each gradient to its argmax with atomicAdd, so where windows overlap the
 // order of the additions, and the last bits of a sum, may vary.
 #include <loom/ops/cuda/common.cuh>
 #include <loom/ops/pooling.h>
+#include <loom/ops/pooling_math.h>
 
 namespace loom::ops::cuda {
 using namespace cuda_detail;
@@ -138,6 +139,47 @@ static __global__ void adaptive_avg_backward_kernel(const T* dy, T* dx, PoolShap
   }
 }
 
+// avg_pool2d: the window's sum over the input, divided as ops/pooling_math.h says.
+template <class T, bool ChannelsLast>
+static __global__ void avg_pool_forward_kernel(const T* x, T* y, PoolShape s, Window k, bool count_include_pad) {
+  const int64_t total = s.n * s.c * s.out_h * s.out_w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, oh, ow;
+    position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
+    const AvgPoolSpan rows = avg_pool_span(oh, s.h, k.kernel_h, k.stride_h, k.pad_h);
+    const AvgPoolSpan cols = avg_pool_span(ow, s.w, k.kernel_w, k.stride_w, k.pad_w);
+    acc_t<T> sum = 0;
+    for (int64_t h = rows.begin; h < rows.end; ++h) {
+      for (int64_t w = cols.begin; w < cols.end; ++w) sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+    }
+    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, count_include_pad)));
+  }
+}
+
+// avg_pool2d backward, one thread per input element: the sum over the outputs
+// whose window holds it of dy / divisor.
+template <class T, bool ChannelsLast>
+static __global__ void avg_pool_backward_kernel(const T* dy, T* dx, PoolShape s, Window k, bool count_include_pad) {
+  const int64_t total = s.n * s.c * s.h * s.w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, h, w;
+    position<ChannelsLast>(i, s.c, s.h, s.w, n, c, h, w);
+    int64_t oh0, oh1, ow0, ow1;
+    avg_pool_outputs_of(h, k.kernel_h, k.stride_h, k.pad_h, s.out_h, oh0, oh1);
+    avg_pool_outputs_of(w, k.kernel_w, k.stride_w, k.pad_w, s.out_w, ow0, ow1);
+    acc_t<T> sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const AvgPoolSpan rows = avg_pool_span(oh, s.h, k.kernel_h, k.stride_h, k.pad_h);
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const AvgPoolSpan cols = avg_pool_span(ow, s.w, k.kernel_w, k.stride_w, k.pad_w);
+        sum += to_acc(dy[offset_of<ChannelsLast>(n, c, oh, ow, s.c, s.out_h, s.out_w)]) /
+               static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, count_include_pad));
+      }
+    }
+    dx[i] = from_acc<T>(sum);
+  }
+}
+
 // Runs fn.template operator()<T, ChannelsLast>() for the tensor's dtype and format.
 template <class Fn>
 void visit_pooling(DType dtype, MemoryFormat format, const char* op, Fn&& fn) {
@@ -228,6 +270,38 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& inpu
   return pooling_pass("adaptive_avg_pool2d backward", dy, format, input_sizes,
                       [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
                         adaptive_avg_backward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s);
+                      });
+}
+
+Tensor avg_pool2d_forward(const Tensor& input_in, const AvgPool2dParams& params) {
+  const auto device_guard = on_device_of("avg_pool2d", input_in);
+  const MemoryFormat format = memory_format_of(input_in);
+  const Tensor x = in_memory_format(input_in, format);
+  const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3),
+                    pooled_size(x.size(2), params.kernel[0], params.stride[0], params.padding[0]),
+                    pooled_size(x.size(3), params.kernel[1], params.stride[1], params.padding[1])};
+  const Window window{params.kernel[0], params.kernel[1], params.stride[0], params.stride[1], params.padding[0],
+                      params.padding[1]};
+  const bool include_pad = params.count_include_pad;
+  return pooling_pass("avg_pool2d", x, format, {s.n, s.c, s.out_h, s.out_w},
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        avg_pool_forward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s, window,
+                                                                                                   include_pad);
+                      });
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params) {
+  const auto device_guard = on_device_of("avg_pool2d backward", grad_output);
+  const MemoryFormat format = memory_format_of(grad_output);
+  const Tensor dy = in_memory_format(grad_output, format);
+  const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
+  const Window window{params.kernel[0], params.kernel[1], params.stride[0], params.stride[1], params.padding[0],
+                      params.padding[1]};
+  const bool include_pad = params.count_include_pad;
+  return pooling_pass("avg_pool2d backward", dy, format, input_sizes,
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        avg_pool_backward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s, window,
+                                                                                                    include_pad);
                       });
 }
 
