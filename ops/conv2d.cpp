@@ -24,19 +24,23 @@ Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params) 
   return out;
 }
 
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params,
-              int64_t groups) {
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
   // Under autocast (amp O1) the convolution runs in the lower precision.
   if (ops::autocast_lowers({input, weight, bias})) {
-    return conv2d(ops::autocast_lower(input), ops::autocast_lower(weight), ops::autocast_lower(bias), params, groups);
+    return conv2d(ops::autocast_lower(input), ops::autocast_lower(weight), ops::autocast_lower(bias), params);
   }
   profiler::Scope profile("conv2d", input);
-  LOOM_CHECK(groups == 1, "conv2d: groups = ", groups, " is not supported; only groups = 1 is implemented");
   LOOM_CHECK(input.defined() && weight.defined(), "conv2d: input and weight must be defined");
   LOOM_CHECK(input.dim() == 4, "conv2d: expected an input of shape (N, C, H, W), got ", shape_str(input.sizes()));
-  LOOM_CHECK(weight.dim() == 4, "conv2d: expected a weight of shape (O, C, kH, kW), got ", shape_str(weight.sizes()));
-  LOOM_CHECK(weight.size(1) == input.size(1), "conv2d: the input has ", input.size(1), " channels but the weight ",
-             shape_str(weight.sizes()), " expects ", weight.size(1));
+  LOOM_CHECK(weight.dim() == 4, "conv2d: expected a weight of shape (O, C / groups, kH, kW), got ",
+             shape_str(weight.sizes()));
+  const int64_t groups = params.groups;
+  LOOM_CHECK(groups >= 1, "conv2d: groups must be positive, got ", groups);
+  LOOM_CHECK(input.size(1) % groups == 0 && weight.size(0) % groups == 0, "conv2d: groups = ", groups,
+             " must divide the input channels (", input.size(1), ") and the output channels (", weight.size(0), ")");
+  LOOM_CHECK(weight.size(1) * groups == input.size(1), "conv2d: the input has ", input.size(1),
+             " channels but the weight ", shape_str(weight.sizes()), " with groups = ", groups, " expects ",
+             weight.size(1) * groups);
   LOOM_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "conv2d: expected a bias of shape [",
              weight.size(0), "], got ", shape_str(bias.sizes()));
   LOOM_CHECK(is_floating(input.dtype()), "conv2d: expected a floating-point input, got ", dtype_name(input.dtype()));

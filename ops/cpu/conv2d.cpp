@@ -324,6 +324,7 @@ void backward_weight(const T* grad_output, const T* input, const Geometry& g, T*
 
 Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
                       const Conv2dParams& params) {
+  if (params.groups != 1) return conv2d_grouped_forward(input_in, weight_in, bias_in, params);
   const Tensor input = cpu_compute_input(input_in), weight = cpu_compute_input(weight_in);
   const Tensor bias = bias_in.defined() ? cpu_compute_input(bias_in) : Tensor();
   const Geometry g = make_geometry(input.sizes(), weight.sizes(), params);
@@ -336,6 +337,7 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
 
 Tensor conv2d_backward_input(const Tensor& grad_output_in, const Tensor& weight_in, const Shape& input_sizes,
                              const Conv2dParams& params, const Tensor& grad_input_sum) {
+  if (params.groups != 1) return conv2d_grouped_backward_input(grad_output_in, weight_in, input_sizes, params);
   const Tensor grad_output = cpu_compute_input(grad_output_in), weight = cpu_compute_input(weight_in);
   const Geometry g = make_geometry(input_sizes, weight.sizes(), params);
   // Added into the sum where it is in the compute dtype and conv2d is not
@@ -352,6 +354,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output_in, const Tensor& weight_
 
 Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_in, const Shape& weight_sizes,
                               const Conv2dParams& params, const Tensor& out) {
+  if (params.groups != 1) return conv2d_grouped_backward_weight(grad_output_in, input_in, weight_sizes, params, out);
   const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
   const Geometry g = make_geometry(input.sizes(), weight_sizes, params);
   const bool into_out = fits_result(out, weight_sizes, grad_output_in.dtype(), Device::cpu());
@@ -370,6 +373,10 @@ Tensor conv2d_backward_weight(const Tensor& grad_output_in, const Tensor& input_
 std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
                                                        const Tensor& weight, const Conv2dParams& params,
                                                        const Tensor& weight_out, const Tensor& grad_input_sum) {
+  if (params.groups != 1) {
+    return {conv2d_grouped_backward_input(grad_output, weight, input.sizes(), params),
+            conv2d_grouped_backward_weight(grad_output, input, weight.sizes(), params, weight_out)};
+  }
   const Geometry g = make_geometry(input.sizes(), weight.sizes(), params);
   const bool f32 = grad_output.dtype() == DType::f32 && input.dtype() == DType::f32 && weight.dtype() == DType::f32;
   const int m = f32 ? winograd_tile<float>(g) : 0;

@@ -69,7 +69,7 @@ struct Problem {
   lc::CudnnConvolutionDescriptor conv;
   DType dtype;
   bool tf32;
-  std::array<int64_t, 16> key{};
+  std::array<int64_t, 17> key{};
 
   Problem(DType dtype_in, MemoryFormat format, const Shape& input, const Shape& weight, const Shape& output,
           const Conv2dParams& p)
@@ -84,10 +84,12 @@ struct Problem {
         conv.get(), as_int(p.padding[0], "padding"), as_int(p.padding[1], "padding"), as_int(p.stride[0], "stride"),
         as_int(p.stride[1], "stride"), as_int(p.dilation[0], "dilation"), as_int(p.dilation[1], "dilation"),
         CUDNN_CROSS_CORRELATION, dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
+    // Grouped and depthwise convolutions: the filter is (O, C / groups, kH, kW).
+    LOOM_CHECK_CUDNN(cudnnSetConvolutionGroupCount(conv.get(), as_int(p.groups, "groups")));
     set_math(default_math());
     key = {static_cast<int64_t>(dtype), format == MemoryFormat::nhwc, tf32, input[0], input[1], input[2], input[3],
            weight[0], weight[2], weight[3], p.padding[0], p.padding[1], p.stride[0], p.stride[1], p.dilation[0],
-           p.dilation[1]};
+           p.dilation[1], p.groups};
   }
 
   // f16 / bf16: tensor cores; f32: plain FMA unless TF32 is allowed; f64: default.
@@ -117,7 +119,7 @@ struct Choice {
 };
 
 // Keyed by (pass, device, timed search or heuristic, problem).
-using CacheKey = std::tuple<Pass, int, bool, std::array<int64_t, 16>>;
+using CacheKey = std::tuple<Pass, int, bool, std::array<int64_t, 17>>;
 std::mutex g_cache_mutex;
 std::map<CacheKey, Choice> g_cache;
 

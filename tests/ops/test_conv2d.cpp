@@ -58,9 +58,10 @@ TEST_CASE("conv2d forward matches hand computation") {
   }
 }
 
-TEST_CASE("conv2d rejects what it does not implement") {
+TEST_CASE("conv2d rejects shapes that do not fit") {
   Tensor x = Tensor::zeros({1, 2, 4, 4});
-  CHECK_THROWS_WITH_AS(conv2d(x, Tensor::zeros({2, 1, 3, 3}), Tensor(), {}, 2), doctest::Contains("groups"), Error);
+  // A (2, 1, 3, 3) weight is depthwise: it needs groups = 2.
+  CHECK_THROWS_WITH_AS(conv2d(x, Tensor::zeros({2, 1, 3, 3})), doctest::Contains("with groups = 1 expects 1"), Error);
   CHECK_THROWS_WITH_AS(conv2d(x, Tensor::zeros({2, 3, 3, 3})), doctest::Contains("channels"), Error);
   CHECK_THROWS_WITH_AS(conv2d(x, Tensor::zeros({2, 2, 5, 5})), doctest::Contains("kernel spans"), Error);
 }

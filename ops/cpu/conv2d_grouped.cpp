@@ -1,0 +1,232 @@
+// CPU kernels of grouped convolution (ops/conv2d.h, params.groups > 1): a
+// direct depthwise kernel when every group holds one input channel
+// (groups == C: MobileNet's and EfficientNet's 3x3 and 5x5 convolutions),
+// else the dense kernels of conv2d.cpp once per group on that group's channel
+// slices. Depthwise work is split by (image, channel) planes forward and for
+// the input gradient, and by output channels for the weight gradient (each
+// sums its images in order), so results do not depend on the thread count.
+#include <loom/ops/conv2d.h>
+
+#include <algorithm>
+
+#include <loom/core/autograd.h>
+#include <loom/core/parallel.h>
+#include <loom/ops/dispatch.h>
+
+namespace loom::ops::cpu {
+namespace {
+constexpr int64_t kGrain = 1 << 14;  // output elements per task
+
+// Sizes of a depthwise problem: input (N, C, H, W), weight (C * M, 1, kH, kW),
+// output (N, C * M, Ho, Wo), M the channel multiplier.
+struct Depthwise {
+  int64_t batch, channels, height, width, multiplier, kernel_h, kernel_w, out_h, out_w;
+  Conv2dParams params;
+  int64_t out_channels() const { return channels * multiplier; }
+};
+
+Depthwise depthwise_problem(const Shape& input, const Shape& weight, const Conv2dParams& params) {
+  const Size2 out = conv2d_output_size({input[2], input[3]}, {weight[2], weight[3]}, params);
+  return {input[0], input[1], input[2], input[3], weight[0] / input[1], weight[2], weight[3], out[0], out[1], params};
+}
+
+bool is_depthwise(const Shape& input, const Conv2dParams& params) { return params.groups == input[1]; }
+
+// Outputs [first, last) along an axis of `size` inputs whose position
+// o * stride + offset falls inside the input (offset = k * dilation - padding).
+void valid_outputs(int64_t offset, int64_t size, int64_t stride, int64_t outputs, int64_t& first, int64_t& last) {
+  first = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  last = size - offset <= 0 ? 0 : std::min<int64_t>(outputs, (size - offset + stride - 1) / stride);
+  first = std::min(first, last);
+}
+
+// Calls fn(kh, kw, oh0, oh1, ow0, ow1, row_offset, col_offset) for every tap
+// with the output rectangle it reads inside the image.
+template <class Fn>
+void for_each_tap(const Depthwise& d, Fn&& fn) {
+  const Conv2dParams& p = d.params;
+  for (int64_t kh = 0; kh < d.kernel_h; ++kh) {
+    const int64_t row_offset = kh * p.dilation[0] - p.padding[0];
+    int64_t oh0, oh1;
+    valid_outputs(row_offset, d.height, p.stride[0], d.out_h, oh0, oh1);
+    for (int64_t kw = 0; kw < d.kernel_w; ++kw) {
+      const int64_t col_offset = kw * p.dilation[1] - p.padding[1];
+      int64_t ow0, ow1;
+      valid_outputs(col_offset, d.width, p.stride[1], d.out_w, ow0, ow1);
+      fn(kh, kw, oh0, oh1, ow0, ow1, row_offset, col_offset);
+    }
+  }
+}
+
+template <class T>
+void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
+  const int64_t out_plane = d.out_h * d.out_w, planes = d.batch * d.out_channels();
+  const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
+  parallel_for(0, planes, std::max<int64_t>(1, kGrain / std::max<int64_t>(out_plane, 1)), [&](int64_t begin,
+                                                                                              int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const int64_t n = plane / d.out_channels(), o = plane % d.out_channels();
+      const T* in = x + (n * d.channels + o / d.multiplier) * d.height * d.width;
+      const T* taps = w + o * d.kernel_h * d.kernel_w;
+      T* out = y + plane * out_plane;
+      std::fill(out, out + out_plane, b != nullptr ? b[o] : T(0));
+      for_each_tap(d, [&](int64_t kh, int64_t kw, int64_t oh0, int64_t oh1, int64_t ow0, int64_t ow1,
+                          int64_t row_offset, int64_t col_offset) {
+        const T tap = taps[kh * d.kernel_w + kw];
+        for (int64_t oh = oh0; oh < oh1; ++oh) {
+          const T* in_row = in + (oh * sh + row_offset) * d.width + col_offset;
+          T* out_row = out + oh * d.out_w;
+          for (int64_t ow = ow0; ow < ow1; ++ow) out_row[ow] += tap * in_row[ow * sw];
+        }
+      });
+    }
+  });
+}
+
+// d input plane (n, c) = sum over its M output channels and the taps of dy * w,
+// spread back to the input positions each output read.
+template <class T>
+void depthwise_backward_input(const T* dy, const T* w, const Depthwise& d, T* dx) {
+  const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, planes = d.batch * d.channels;
+  const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
+  parallel_for(0, planes, std::max<int64_t>(1, kGrain / std::max<int64_t>(out_plane * d.multiplier, 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t plane = begin; plane < end; ++plane) {
+                   const int64_t n = plane / d.channels, c = plane % d.channels;
+                   T* grad_in = dx + plane * in_plane;
+                   std::fill(grad_in, grad_in + in_plane, T(0));
+                   for (int64_t m = 0; m < d.multiplier; ++m) {
+                     const int64_t o = c * d.multiplier + m;
+                     const T* grad_out = dy + (n * d.out_channels() + o) * out_plane;
+                     const T* taps = w + o * d.kernel_h * d.kernel_w;
+                     for_each_tap(d, [&](int64_t kh, int64_t kw, int64_t oh0, int64_t oh1, int64_t ow0, int64_t ow1,
+                                         int64_t row_offset, int64_t col_offset) {
+                       const T tap = taps[kh * d.kernel_w + kw];
+                       for (int64_t oh = oh0; oh < oh1; ++oh) {
+                         T* in_row = grad_in + (oh * sh + row_offset) * d.width + col_offset;
+                         const T* out_row = grad_out + oh * d.out_w;
+                         for (int64_t ow = ow0; ow < ow1; ++ow) in_row[ow * sw] += tap * out_row[ow];
+                       }
+                     });
+                   }
+                 }
+               });
+}
+
+// d w[o, 0, kh, kw] = sum over images and outputs of dy[n, o] * x[n, o / M] at the tap's position.
+template <class T>
+void depthwise_backward_weight(const T* dy, const T* x, const Depthwise& d, T* dw) {
+  const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, taps_per_channel = d.kernel_h * d.kernel_w;
+  const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
+  parallel_for(0, d.out_channels(), std::max<int64_t>(1, kGrain / std::max<int64_t>(d.batch * out_plane, 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t o = begin; o < end; ++o) {
+                   T* grad_taps = dw + o * taps_per_channel;
+                   for_each_tap(d, [&](int64_t kh, int64_t kw, int64_t oh0, int64_t oh1, int64_t ow0, int64_t ow1,
+                                       int64_t row_offset, int64_t col_offset) {
+                     T total = 0;
+                     for (int64_t n = 0; n < d.batch; ++n) {
+                       const T* in = x + (n * d.channels + o / d.multiplier) * in_plane;
+                       const T* grad_out = dy + (n * d.out_channels() + o) * out_plane;
+                       for (int64_t oh = oh0; oh < oh1; ++oh) {
+                         const T* in_row = in + (oh * sh + row_offset) * d.width + col_offset;
+                         const T* out_row = grad_out + oh * d.out_w;
+                         for (int64_t ow = ow0; ow < ow1; ++ow) total += out_row[ow] * in_row[ow * sw];
+                       }
+                     }
+                     grad_taps[kh * d.kernel_w + kw] = total;
+                   });
+                 }
+               });
+}
+
+// Channels [g * size, (g + 1) * size) of dim `dim`, contiguous.
+Tensor channel_run(const Tensor& t, int64_t dim, int64_t g, int64_t size) {
+  NoGradGuard no_grad;
+  return t.slice(dim, g * size, (g + 1) * size).contiguous();
+}
+
+Conv2dParams dense(Conv2dParams params) {
+  params.groups = 1;
+  return params;
+}
+
+// Writes `part` into channels [g * size, (g + 1) * size) of dim `dim` of `whole`.
+void put_channel_run(const Tensor& whole, int64_t dim, int64_t g, int64_t size, const Tensor& part) {
+  NoGradGuard no_grad;
+  whole.slice(dim, g * size, (g + 1) * size).copy_(part);
+}
+}  // namespace
+
+Tensor conv2d_grouped_forward(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
+                              const Conv2dParams& params) {
+  const Tensor input = cpu_compute_input(input_in), weight = cpu_compute_input(weight_in);
+  const Tensor bias = bias_in.defined() ? cpu_compute_input(bias_in) : Tensor();
+  const int64_t groups = params.groups;
+  const Size2 out_hw = conv2d_output_size({input.size(2), input.size(3)}, {weight.size(2), weight.size(3)}, params);
+  Tensor out = Tensor::empty({input.size(0), weight.size(0), out_hw[0], out_hw[1]}, input.dtype());
+  if (is_depthwise(input.sizes(), params)) {
+    const Depthwise d = depthwise_problem(input.sizes(), weight.sizes(), params);
+    visit_compute_dtype(input.dtype(), "conv2d", [&]<class T>() {
+      depthwise_forward(input.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr, d, out.data<T>());
+    });
+  } else {
+    const int64_t in_run = input.size(1) / groups, out_run = weight.size(0) / groups;
+    for (int64_t g = 0; g < groups; ++g) {
+      const Tensor part = conv2d_forward(channel_run(input, 1, g, in_run), channel_run(weight, 0, g, out_run),
+                                         bias.defined() ? channel_run(bias, 0, g, out_run) : Tensor(), dense(params));
+      put_channel_run(out, 1, g, out_run, part);
+    }
+  }
+  return out.to(input_in.dtype());
+}
+
+Tensor conv2d_grouped_backward_input(const Tensor& grad_output_in, const Tensor& weight_in, const Shape& input_sizes,
+                                     const Conv2dParams& params) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in), weight = cpu_compute_input(weight_in);
+  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
+  if (is_depthwise(input_sizes, params)) {
+    const Depthwise d = depthwise_problem(input_sizes, weight.sizes(), params);
+    visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
+      depthwise_backward_input(grad_output.data<T>(), weight.data<T>(), d, grad_input.data<T>());
+    });
+  } else {
+    const int64_t groups = params.groups, in_run = input_sizes[1] / groups, out_run = weight.size(0) / groups;
+    Shape run_sizes = input_sizes;
+    run_sizes[1] = in_run;
+    for (int64_t g = 0; g < groups; ++g) {
+      const Tensor part = conv2d_backward_input(channel_run(grad_output, 1, g, out_run),
+                                                channel_run(weight, 0, g, out_run), run_sizes, dense(params));
+      put_channel_run(grad_input, 1, g, in_run, part);
+    }
+  }
+  return grad_input.to(grad_output_in.dtype());
+}
+
+Tensor conv2d_grouped_backward_weight(const Tensor& grad_output_in, const Tensor& input_in, const Shape& weight_sizes,
+                                      const Conv2dParams& params, const Tensor& out) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in), input = cpu_compute_input(input_in);
+  Tensor grad_weight = Tensor::empty(weight_sizes, grad_output.dtype());
+  if (is_depthwise(input.sizes(), params)) {
+    const Depthwise d = depthwise_problem(input.sizes(), weight_sizes, params);
+    visit_compute_dtype(grad_output.dtype(), "conv2d backward", [&]<class T>() {
+      depthwise_backward_weight(grad_output.data<T>(), input.data<T>(), d, grad_weight.data<T>());
+    });
+  } else {
+    const int64_t groups = params.groups, in_run = input.size(1) / groups, out_run = weight_sizes[0] / groups;
+    Shape run_sizes = weight_sizes;
+    run_sizes[0] = out_run;
+    for (int64_t g = 0; g < groups; ++g) {
+      const Tensor part = conv2d_backward_weight(channel_run(grad_output, 1, g, out_run),
+                                                 channel_run(input, 1, g, in_run), run_sizes, dense(params));
+      put_channel_run(grad_weight, 0, g, out_run, part);
+    }
+  }
+  if (fits_result(out, weight_sizes, grad_output_in.dtype(), Device::cpu())) {
+    Tensor written = out;
+    return written.copy_(grad_weight);
+  }
+  return grad_weight.to(grad_output_in.dtype());
+}
+
+}  // namespace loom::ops::cpu
