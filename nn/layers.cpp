@@ -7,6 +7,8 @@
 #include <loom/nn/init.h>
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/conv2d.h>
+#include <loom/ops/dropout.h>
+#include <loom/ops/layer_norm.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/linear.h>
 #include <loom/ops/pooling.h>
@@ -16,7 +18,12 @@ namespace loom::nn {
 Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
   LOOM_CHECK(options.in_channels() > 0 && options.out_channels() > 0, "Conv2d: channel counts must be positive, got ",
              options.in_channels(), " -> ", options.out_channels());
-  weight = Tensor::empty({options.out_channels(), options.in_channels(), options.kernel_size()[0], options.kernel_size()[1]});
+  const int64_t groups = options.groups();
+  LOOM_CHECK(groups > 0 && options.in_channels() % groups == 0 && options.out_channels() % groups == 0,
+             "Conv2d: groups = ", groups, " must be positive and divide in_channels (", options.in_channels(),
+             ") and out_channels (", options.out_channels(), ")");
+  weight = Tensor::empty(
+      {options.out_channels(), options.in_channels() / groups, options.kernel_size()[0], options.kernel_size()[1]});
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   register_parameter("weight", weight);
   if (options.bias()) {
@@ -32,6 +39,7 @@ Tensor Conv2d::forward(const Tensor& input) {
   params.stride = options_.stride();
   params.padding = options_.padding();
   params.dilation = options_.dilation();
+  params.groups = options_.groups();
   return conv2d(input, weight, bias, params);
 }
 
@@ -107,11 +115,25 @@ Tensor BatchNorm2d::normalize(const Tensor& input, Activation activation) {
 
 Tensor ReLU::forward(const Tensor& input) { return relu(input); }
 
+Tensor ReLU6::forward(const Tensor& input) { return relu6(input); }
+
+Tensor SiLU::forward(const Tensor& input) { return silu(input); }
+
+Tensor Hardswish::forward(const Tensor& input) { return hardswish(input); }
+
+Tensor Hardsigmoid::forward(const Tensor& input) { return hardsigmoid(input); }
+
 MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
     : kernel_size_(kernel_size), stride_(stride == 0 ? kernel_size : stride), padding_(padding) {}
 
 Tensor MaxPool2d::forward(const Tensor& input) {
   return max_pool2d(input, {kernel_size_, kernel_size_}, {stride_, stride_}, {padding_, padding_});
+}
+
+Tensor AvgPool2d::forward(const Tensor& input) {
+  const int64_t k = options_.kernel_size(), s = options_.stride() == 0 ? k : options_.stride(), p = options_.padding();
+  return avg_pool2d(input, {.kernel = {k, k}, .stride = {s, s}, .padding = {p, p},
+                            .count_include_pad = options_.count_include_pad()});
 }
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, {output_h_, output_w_}); }
@@ -131,6 +153,45 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
 }
 
 Tensor Linear::forward(const Tensor& input) { return linear(input, weight, bias); }
+
+Dropout::Dropout(const DropoutOptions& options) : options_(options) {
+  LOOM_CHECK(options.p() >= 0.0 && options.p() <= 1.0, "Dropout: p must be between 0 and 1, got ", options.p());
+}
+
+Tensor Dropout::forward(const Tensor& input) { return dropout(input, options_.p(), is_training()); }
+
+StochasticDepth::StochasticDepth(const StochasticDepthOptions& options) : options_(options) {
+  LOOM_CHECK(options.p() >= 0.0 && options.p() <= 1.0, "StochasticDepth: p must be between 0 and 1, got ",
+             options.p());
+}
+
+Tensor StochasticDepth::forward(const Tensor& input) {
+  return stochastic_depth(input, options_.p(), options_.mode(), is_training());
+}
+
+LayerNorm::LayerNorm(const LayerNormOptions& options) : options_(options) {
+  const int64_t features = options.normalized_shape();
+  LOOM_CHECK(features > 0, type_name(), ": normalized_shape must be positive, got ", features);
+  if (options.elementwise_affine()) {
+    weight = Tensor::ones({features});
+    register_parameter("weight", weight);
+    if (options.bias()) {
+      bias = Tensor::zeros({features});
+      register_parameter("bias", bias);
+    }
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& input) { return layer_norm(input, weight, bias, options_.eps()); }
+
+Tensor LayerNorm2d::forward(const Tensor& input) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.normalized_shape(), "LayerNorm2d(",
+             options_.normalized_shape(), "): expected (N, ", options_.normalized_shape(), ", H, W) input, got ",
+             input.str());
+  // torchvision: x.permute(0, 2, 3, 1), F.layer_norm over C, permute(0, 3, 1, 2).
+  const Tensor channels_last = input.permute({0, 2, 3, 1}).contiguous();
+  return layer_norm(channels_last, weight, bias, options_.eps()).permute({0, 3, 1, 2}).contiguous();
+}
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
   for (auto& m : modules) push_back(m);

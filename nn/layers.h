@@ -1,6 +1,8 @@
-// The layers of the tutorials' networks, with PyTorch's names, options and
-// default initialisation: Conv2d, BatchNorm2d, ReLU, MaxPool2d,
-// AdaptiveAvgPool2d, Linear, Flatten, Sequential.
+// The layers of the tutorials' and torchvision's networks, with PyTorch's
+// names, options and default initialisation: Conv2d (grouped and depthwise
+// too), BatchNorm2d, ReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, MaxPool2d,
+// AvgPool2d, AdaptiveAvgPool2d, Linear, Flatten, Dropout, StochasticDepth,
+// LayerNorm, LayerNorm2d, Sequential.
 #pragma once
 
 #include <array>
@@ -9,6 +11,7 @@
 #include <loom/core/options.h>
 #include <loom/nn/module.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/dropout.h>
 
 namespace loom::nn {
 
@@ -36,6 +39,9 @@ class Conv2dOptions {
   LOOM_OPTION(Pair, dilation) = {1, 1};
   // A learned bias per output channel (default true).
   LOOM_OPTION(bool, bias) = true;
+  // Channel groups: in_channels and out_channels must be multiples of it;
+  // in_channels for a depthwise convolution (default 1).
+  LOOM_OPTION(int64_t, groups) = 1;
 };
 
 class Conv2d : public Module {
@@ -113,6 +119,32 @@ class ReLU : public Module {
   std::string type_name() const override { return "ReLU"; }
 };
 
+// The activations of MobileNet, EfficientNet and RegNet (ops/elementwise.h).
+// PyTorch's `inplace` flag has no counterpart: loom's ops write new tensors.
+class ReLU6 : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "ReLU6"; }
+};
+
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "SiLU"; }
+};
+
+class Hardswish : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Hardswish"; }
+};
+
+class Hardsigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Hardsigmoid"; }
+};
+
 class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0);
@@ -124,6 +156,31 @@ class MaxPool2d : public Module {
 
  private:
   int64_t kernel_size_, stride_, padding_;
+};
+
+// AvgPool2dOptions(3).stride(2).padding(1)
+class AvgPool2dOptions {
+ public:
+  explicit AvgPool2dOptions(int64_t kernel_size) : kernel_size_(kernel_size) {}
+  // Square window.
+  LOOM_OPTION(int64_t, kernel_size);
+  // Step between windows; 0 (the default) means the kernel size, as PyTorch's stride=None.
+  LOOM_OPTION(int64_t, stride) = 0;
+  // Zeros added on every side, at most half the kernel (default 0).
+  LOOM_OPTION(int64_t, padding) = 0;
+  // Divide by the whole window, padding included (PyTorch's default true), or by its input elements.
+  LOOM_OPTION(bool, count_include_pad) = true;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(const AvgPool2dOptions& options) : options_(options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "AvgPool2d"; }
+  const AvgPool2dOptions& options() const { return options_; }
+
+ private:
+  AvgPool2dOptions options_;
 };
 
 class AdaptiveAvgPool2d : public Module {
@@ -154,6 +211,87 @@ class Flatten : public Module {
 
  private:
   int64_t start_dim_;
+};
+
+// DropoutOptions().p(0.2)
+class DropoutOptions {
+  // Probability of zeroing an element in training (default 0.5).
+  LOOM_OPTION(double, p) = 0.5;
+};
+
+// In training, zeroes each element with probability p and scales the rest by
+// 1 / (1 - p) (ops/dropout.h); the identity in evaluation.
+class Dropout : public Module {
+ public:
+  explicit Dropout(const DropoutOptions& options = {});
+  explicit Dropout(double p) : Dropout(DropoutOptions().p(p)) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Dropout"; }
+  const DropoutOptions& options() const { return options_; }
+
+ private:
+  DropoutOptions options_;
+};
+
+// StochasticDepthOptions(0.1).mode(StochasticDepthMode::row)
+class StochasticDepthOptions {
+ public:
+  explicit StochasticDepthOptions(double p) : p_(p) {}
+  // Probability of dropping a sample's residual branch ("row") or the batch's ("batch").
+  LOOM_OPTION(double, p);
+  // One draw per sample (torchvision's "row", the default) or one for the batch.
+  LOOM_OPTION(StochasticDepthMode, mode) = StochasticDepthMode::row;
+};
+
+// torchvision.ops.StochasticDepth: ops/dropout.h's stochastic_depth in
+// training, the identity in evaluation.
+class StochasticDepth : public Module {
+ public:
+  explicit StochasticDepth(const StochasticDepthOptions& options);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "StochasticDepth"; }
+  const StochasticDepthOptions& options() const { return options_; }
+
+ private:
+  StochasticDepthOptions options_;
+};
+
+// LayerNormOptions(768).eps(1e-6)
+class LayerNormOptions {
+ public:
+  explicit LayerNormOptions(int64_t normalized_shape) : normalized_shape_(normalized_shape) {}
+  // The size of the last dimension, which is normalised (PyTorch's
+  // normalized_shape of one dimension).
+  LOOM_OPTION(int64_t, normalized_shape);
+  // Added to the variance before the square root (default 1e-5).
+  LOOM_OPTION(double, eps) = 1e-5;
+  // A learned weight (ones) and bias (zeros) per feature (default true).
+  LOOM_OPTION(bool, elementwise_affine) = true;
+  // With elementwise_affine, whether the bias is learned too (default true).
+  LOOM_OPTION(bool, bias) = true;
+};
+
+// PyTorch's LayerNorm over the last dimension (ops/layer_norm.h).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(const LayerNormOptions& options);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "LayerNorm"; }
+  const LayerNormOptions& options() const { return options_; }
+
+  Tensor weight, bias;  // (D): ones / zeros, or undefined
+
+ protected:
+  LayerNormOptions options_;
+};
+
+// torchvision's ConvNeXt LayerNorm2d: LayerNorm over the channels of an
+// (N, C, H, W) input, computed on its NHWC permutation and permuted back.
+class LayerNorm2d : public LayerNorm {
+ public:
+  using LayerNorm::LayerNorm;
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "LayerNorm2d"; }
 };
 
 // Children named "0", "1", ..., applied in order. A module that fuses() a
