@@ -10,9 +10,13 @@
 #include <initializer_list>
 
 #include <loom/core/cuda/runtime.h>
+#include <loom/core/generator.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/cat.h>
 #include <loom/ops/conv2d.h>
+#include <loom/ops/dropout.h>
 #include <loom/ops/elementwise.h>
+#include <loom/ops/layer_norm.h>
 #include <loom/ops/linear.h>
 #include <loom/ops/loss.h>
 #include <loom/ops/pooling.h>
@@ -144,6 +148,15 @@ TEST_CASE("elementwise ops and reductions") {
                [](const TensorList& t) { return TensorList{add_scalar(t[0], -0.75)}; }, tol);
       check_op(label("relu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{relu(t[0])}; }, tol);
       check_op(label("gelu", dtype, shape), {a}, [](const TensorList& t) { return TensorList{gelu(t[0])}; }, tol);
+      // Inputs in [-4, 4): both sides of every kink of the MobileNet activations.
+      const Tensor wide = leaf(shape, 5, dtype, -4.0, 4.0);
+      check_op(label("silu", dtype, shape), {wide}, [](const TensorList& t) { return TensorList{silu(t[0])}; }, tol);
+      check_op(label("hardswish", dtype, shape), {wide},
+               [](const TensorList& t) { return TensorList{hardswish(t[0])}; }, tol);
+      check_op(label("hardsigmoid", dtype, shape), {wide},
+               [](const TensorList& t) { return TensorList{hardsigmoid(t[0])}; }, tol);
+      check_op(label("relu6", dtype, shape), {leaf(shape, 6, dtype, -2.0, 8.0)},
+               [](const TensorList& t) { return TensorList{relu6(t[0])}; }, tol);
       check_op(label("sum", dtype, shape), {a}, [](const TensorList& t) { return TensorList{sum(t[0])}; }, tol);
       check_op(label("mean", dtype, shape), {a}, [](const TensorList& t) { return TensorList{mean(t[0])}; }, tol);
     }
@@ -193,6 +206,9 @@ void check_conv2d_cases(std::initializer_list<DType> dtypes, const Tolerance* to
       {{4, 1, 28, 28}, {16, 1, 5, 5}, {.stride = {1, 1}, .padding = {2, 2}}, true},
       {{2, 3, 8, 7}, {4, 3, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}}, true},
       {{2, 0, 5, 5}, {3, 0, 3, 3}, {.stride = {1, 1}, .padding = {1, 1}}, true},  // no input channels: the bias
+      {{2, 6, 9, 8}, {6, 1, 3, 3}, {.padding = {1, 1}, .groups = 6}, true},                 // depthwise
+      {{2, 4, 9, 9}, {8, 1, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}, .groups = 4}, false},  // multiplier 2
+      {{2, 8, 6, 7}, {12, 2, 3, 3}, {.padding = {1, 1}, .groups = 4}, true},                // grouped
   };
   for (DType dtype : dtypes) {
     for (const Case& c : cases) {
@@ -440,6 +456,58 @@ TEST_CASE("an out-of-range target makes the CUDA loss NaN instead of reading out
   const Tensor x = to_gpu(random_cpu({3, 4}, 63, DType::f32));
   const Tensor targets = Tensor::from_vector<int64_t>({0, 7, 1}, {3}).to(kCuda);
   CHECK(std::isnan(cross_entropy(x, targets).item()));
+}
+
+TEST_CASE("mul broadcast over rows, dropout, stochastic depth, cat") {
+  for (DType dtype : kFloatTypes) {
+    const Tolerance tol = tolerance_for(dtype);
+    const Tensor x = leaf({3, 5, 7, 6}, 91, dtype), channels = leaf({3, 5, 1, 1}, 92, dtype);
+    const Tensor samples = leaf({3, 1, 1, 1}, 93, dtype);
+    check_op(label("mul (N, C, 1, 1)", dtype, x.sizes()), {x, channels},
+             [](const TensorList& t) { return TensorList{mul(t[0], t[1])}; }, tol);
+    check_op(label("mul (N, 1, 1, 1)", dtype, x.sizes()), {x, samples},
+             [](const TensorList& t) { return TensorList{mul(t[1], t[0])}; }, tol);
+    // One seed on both backends gives one mask (ops/dropout_math.h).
+    check_op(label("dropout", dtype, x.sizes()), {x}, [](const TensorList& t) {
+      manual_seed(17);
+      return TensorList{dropout(t[0], 0.3, true)};
+    }, tol);
+    check_op(label("stochastic_depth", dtype, x.sizes()), {x}, [](const TensorList& t) {
+      manual_seed(18);
+      return TensorList{stochastic_depth(t[0], 0.5, StochasticDepthMode::row, true)};
+    }, tol);
+    const Tensor y = leaf({3, 2, 7, 6}, 94, dtype);
+    check_op(label("cat", dtype, x.sizes()), {x, y}, [](const TensorList& t) { return TensorList{cat({t[0], t[1]}, 1)}; },
+             tol, true);
+  }
+}
+
+TEST_CASE("avg_pool2d and layer_norm") {
+  struct PoolCase {
+    Shape input;
+    AvgPool2dParams params;
+  };
+  const PoolCase pool_cases[] = {
+      {{2, 3, 7, 9}, {.kernel = {2, 2}, .stride = {2, 2}}},
+      {{2, 3, 8, 8}, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}},
+      {{1, 2, 5, 6}, {.kernel = {3, 2}, .stride = {1, 2}, .padding = {1, 1}, .count_include_pad = false}},
+  };
+  for (DType dtype : kFloatTypes) {
+    const Tolerance tol = tolerance_for(dtype);
+    for (bool channels_last : {false, true}) {
+      for (const PoolCase& c : pool_cases) {
+        check_op(label("avg_pool2d", dtype, c.input), {leaf(c.input, 95, dtype)},
+                 [c](const TensorList& t) { return TensorList{avg_pool2d(t[0], c.params)}; }, tol, channels_last);
+      }
+    }
+    for (const Shape& shape : {Shape{4, 7}, Shape{2, 5, 3, 96}, Shape{1, 1000}}) {
+      const int64_t features = shape.back();
+      const Tensor x = leaf(shape, 96, dtype, -2.0, 3.0), w = leaf({features}, 97, dtype, 0.5, 1.5);
+      const Tensor b = leaf({features}, 98, dtype);
+      check_op(label("layer_norm", dtype, shape), {x, w, b},
+               [](const TensorList& t) { return TensorList{layer_norm(t[0], t[1], t[2])}; }, tol);
+    }
+  }
 }
 
 }  // TEST_SUITE
