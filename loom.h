@@ -33,12 +33,17 @@
 #include <loom/nn/convnet.h>
 #include <loom/nn/init.h>
 #include <loom/nn/layers.h>
+#include <loom/nn/mobilenet.h>
 #include <loom/nn/module.h>
 #include <loom/nn/resnet.h>
+#include <loom/nn/vgg.h>
 #include <loom/ops/autocast.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/cat.h>
 #include <loom/ops/conv2d.h>
+#include <loom/ops/dropout.h>
 #include <loom/ops/elementwise.h>
+#include <loom/ops/layer_norm.h>
 #include <loom/ops/linear.h>
 #include <loom/ops/loss.h>
 #include <loom/ops/pooling.h>
