@@ -1,6 +1,7 @@
 #include <loom/nn/mobilenet.h>
 
 #include <cmath>
+#include <iterator>
 
 #include <loom/core/autograd.h>
 #include <loom/nn/init.h>
@@ -9,15 +10,27 @@
 
 namespace loom::nn {
 
-Conv2dNormActivation::Conv2dNormActivation(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
-                                           int64_t stride, int64_t groups, std::shared_ptr<Module> activation) {
-  push_back(std::make_shared<Conv2d>(Conv2dOptions(in_channels, out_channels, kernel_size)
-                                         .stride(stride)
-                                         .padding((kernel_size - 1) / 2)
-                                         .groups(groups)
+Conv2dNormActivation::Conv2dNormActivation(const Conv2dNormActivationOptions& options,
+                                           std::shared_ptr<Module> activation) {
+  push_back(std::make_shared<Conv2d>(Conv2dOptions(options.in_channels(), options.out_channels(), options.kernel_size())
+                                         .stride(options.stride())
+                                         .padding((options.kernel_size() - 1) / 2)
+                                         .groups(options.groups())
                                          .bias(false)));
-  push_back(std::make_shared<BatchNorm2d>(out_channels));
+  push_back(std::make_shared<BatchNorm2d>(
+      BatchNormOptions(options.out_channels()).eps(options.norm_eps()).momentum(options.norm_momentum())));
   if (activation) push_back(std::move(activation));
+}
+
+SqueezeExcitation::SqueezeExcitation(int64_t channels, int64_t squeeze_channels) {
+  register_module("fc1", fc1, std::make_shared<Conv2d>(Conv2dOptions(channels, squeeze_channels, 1)));
+  register_module("fc2", fc2, std::make_shared<Conv2d>(Conv2dOptions(squeeze_channels, channels, 1)));
+}
+
+Tensor SqueezeExcitation::forward(const Tensor& input) {
+  const Tensor pooled = adaptive_avg_pool2d(input, {1, 1});                      // (N, C, 1, 1)
+  const Tensor scale = hardsigmoid(fc2->forward(relu(fc1->forward(pooled))));  // (N, C, 1, 1)
+  return mul(scale, input);  // broadcast over (N, C, H, W)
 }
 
 int64_t make_divisible(double v, int64_t divisor) {
@@ -32,9 +45,11 @@ InvertedResidual::InvertedResidual(int64_t in_channels, int64_t out_channels, in
   const int64_t hidden = static_cast<int64_t>(std::lround(static_cast<double>(in_channels * expand_ratio)));
   auto layers = std::make_shared<Sequential>();
   if (expand_ratio != 1) {
-    layers->push_back(std::make_shared<Conv2dNormActivation>(in_channels, hidden, 1, 1, 1, std::make_shared<ReLU6>()));
+    layers->push_back(
+        std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(in_channels, hidden, 1), std::make_shared<ReLU6>()));
   }
-  layers->push_back(std::make_shared<Conv2dNormActivation>(hidden, hidden, 3, stride, hidden, std::make_shared<ReLU6>()));
+  layers->push_back(std::make_shared<Conv2dNormActivation>(
+      Conv2dNormActivationOptions(hidden, hidden, 3).stride(stride).groups(hidden), std::make_shared<ReLU6>()));
   layers->push_back(std::make_shared<Conv2d>(Conv2dOptions(hidden, out_channels, 1).bias(false)));
   layers->push_back(std::make_shared<BatchNorm2d>(out_channels));
   register_module("conv", conv, std::move(layers));
@@ -75,7 +90,8 @@ MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : options_(options) 
   int64_t channels = make_divisible(32 * width, kRound);
   const int64_t last_channels = make_divisible(1280 * std::max(1.0, width), kRound);
   auto body = std::make_shared<Sequential>();
-  body->push_back(std::make_shared<Conv2dNormActivation>(3, channels, 3, 2, 1, std::make_shared<ReLU6>()));
+  body->push_back(
+      std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(3, channels, 3).stride(2), std::make_shared<ReLU6>()));
   for (const Stage& stage : kStages) {
     const int64_t out_channels = make_divisible(static_cast<double>(stage.c) * width, kRound);
     for (int64_t i = 0; i < stage.n; ++i) {
@@ -83,7 +99,8 @@ MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : options_(options) 
       channels = out_channels;
     }
   }
-  body->push_back(std::make_shared<Conv2dNormActivation>(channels, last_channels, 1, 1, 1, std::make_shared<ReLU6>()));
+  body->push_back(std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(channels, last_channels, 1),
+                                                         std::make_shared<ReLU6>()));
   register_module("features", features, std::move(body));
   register_module("classifier", classifier,
                   std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
@@ -92,14 +109,105 @@ MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : options_(options) 
   initialize_torchvision_cnn(*this, 0.01);
 }
 
+Tensor classify_pooled_features(const char* model, Module& features, Module& classifier, const Tensor& input) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == 3, model, " expects (N, 3, H, W) images, got ", input.str());
+  return classifier.forward(adaptive_avg_pool2d(features.forward(input), {1, 1}).flatten(1));
+}
+
 Tensor MobileNetV2::forward(const Tensor& input) {
-  LOOM_CHECK(input.dim() == 4 && input.size(1) == 3, "MobileNetV2 expects (N, 3, H, W) images, got ", input.str());
-  const Tensor x = adaptive_avg_pool2d(features->forward(input), {1, 1}).flatten(1);
-  return classifier->forward(x);
+  return classify_pooled_features("MobileNetV2", *features, *classifier, input);
 }
 
 std::shared_ptr<MobileNetV2> mobilenet_v2(const MobileNetV2Options& options) {
   return std::make_shared<MobileNetV2>(options);
+}
+
+namespace {
+// MobileNetV3's batch norms (torchvision: partial(nn.BatchNorm2d, eps=0.001, momentum=0.01)).
+Conv2dNormActivationOptions v3_layer(int64_t in_channels, int64_t out_channels, int64_t kernel_size) {
+  return Conv2dNormActivationOptions(in_channels, out_channels, kernel_size).norm_eps(1e-3).norm_momentum(0.01);
+}
+
+std::shared_ptr<Module> v3_activation(bool hardswish) {
+  if (hardswish) return std::make_shared<Hardswish>();
+  return std::make_shared<ReLU>();
+}
+
+int64_t v3_channels(int64_t channels, double width_mult) {
+  return make_divisible(static_cast<double>(channels) * width_mult, 8);
+}
+
+// torchvision's _mobilenet_v3_conf (dilation 1, reduce_divider 1).
+constexpr MobileNetV3Block kLarge[] = {
+    {16, 3, 16, 16, false, false, 1},   {16, 3, 64, 24, false, false, 2},   {24, 3, 72, 24, false, false, 1},
+    {24, 5, 72, 40, true, false, 2},    {40, 5, 120, 40, true, false, 1},   {40, 5, 120, 40, true, false, 1},
+    {40, 3, 240, 80, false, true, 2},   {80, 3, 200, 80, false, true, 1},   {80, 3, 184, 80, false, true, 1},
+    {80, 3, 184, 80, false, true, 1},   {80, 3, 480, 112, true, true, 1},   {112, 3, 672, 112, true, true, 1},
+    {112, 5, 672, 160, true, true, 2},  {160, 5, 960, 160, true, true, 1},  {160, 5, 960, 160, true, true, 1}};
+constexpr MobileNetV3Block kSmall[] = {
+    {16, 3, 16, 16, true, false, 2},  {16, 3, 72, 24, false, false, 2}, {24, 3, 88, 24, false, false, 1},
+    {24, 5, 96, 40, true, true, 2},   {40, 5, 240, 40, true, true, 1},  {40, 5, 240, 40, true, true, 1},
+    {40, 5, 120, 48, true, true, 1},  {48, 5, 144, 48, true, true, 1},  {48, 5, 288, 96, true, true, 2},
+    {96, 5, 576, 96, true, true, 1},  {96, 5, 576, 96, true, true, 1}};
+}  // namespace
+
+InvertedResidualV3::InvertedResidualV3(const MobileNetV3Block& config, double width_mult) {
+  LOOM_CHECK(config.stride == 1 || config.stride == 2, "InvertedResidual: stride must be 1 or 2, got ", config.stride);
+  const int64_t in = v3_channels(config.in_channels, width_mult);
+  const int64_t expanded = v3_channels(config.expanded_channels, width_mult);
+  const int64_t out = v3_channels(config.out_channels, width_mult);
+  use_residual_ = config.stride == 1 && in == out;
+  auto layers = std::make_shared<Sequential>();
+  if (expanded != in) {
+    layers->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(in, expanded, 1), v3_activation(config.hardswish)));
+  }
+  layers->push_back(std::make_shared<Conv2dNormActivation>(
+      v3_layer(expanded, expanded, config.kernel).stride(config.stride).groups(expanded), v3_activation(config.hardswish)));
+  if (config.squeeze_excitation) {
+    layers->push_back(std::make_shared<SqueezeExcitation>(expanded, make_divisible(static_cast<double>(expanded / 4), 8)));
+  }
+  layers->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(expanded, out, 1), nullptr));
+  register_module("block", block, std::move(layers));
+}
+
+Tensor InvertedResidualV3::forward(const Tensor& input) {
+  Tensor out = block->forward(input);
+  return use_residual_ ? add(input, out) : out;
+}
+
+MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options) : options_(options) {
+  LOOM_CHECK(options.num_classes() > 0, "MobileNetV3: num_classes must be positive, got ", options.num_classes());
+  LOOM_CHECK(options.width_mult() > 0, "MobileNetV3: width_mult must be positive, got ", options.width_mult());
+  const double width = options.width_mult();
+  const bool large = size == MobileNetV3Size::large;
+  const MobileNetV3Block* blocks = large ? kLarge : kSmall;
+  const size_t count = large ? std::size(kLarge) : std::size(kSmall);
+  auto body = std::make_shared<Sequential>();
+  body->push_back(std::make_shared<Conv2dNormActivation>(
+      v3_layer(3, v3_channels(blocks[0].in_channels, width), 3).stride(2), std::make_shared<Hardswish>()));
+  for (size_t i = 0; i < count; ++i) body->push_back(std::make_shared<InvertedResidualV3>(blocks[i], width));
+  const int64_t last_in = v3_channels(blocks[count - 1].out_channels, width), last_out = 6 * last_in;
+  body->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(last_in, last_out, 1), std::make_shared<Hardswish>()));
+  register_module("features", features, std::move(body));
+  const int64_t hidden = make_divisible(large ? 1280 : 1024, 8);
+  register_module("classifier", classifier,
+                  std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+                      std::make_shared<Linear>(last_out, hidden), std::make_shared<Hardswish>(),
+                      std::make_shared<Dropout>(options.dropout()),
+                      std::make_shared<Linear>(hidden, options.num_classes())}));
+  initialize_torchvision_cnn(*this, 0.01);
+}
+
+Tensor MobileNetV3::forward(const Tensor& input) {
+  return classify_pooled_features("MobileNetV3", *features, *classifier, input);
+}
+
+std::shared_ptr<MobileNetV3> mobilenet_v3_small(const MobileNetV3Options& options) {
+  return std::make_shared<MobileNetV3>(MobileNetV3Size::small, options);
+}
+
+std::shared_ptr<MobileNetV3> mobilenet_v3_large(const MobileNetV3Options& options) {
+  return std::make_shared<MobileNetV3>(MobileNetV3Size::large, options);
 }
 
 }  // namespace loom::nn

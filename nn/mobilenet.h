@@ -1,6 +1,7 @@
-// MobileNetV2 with torchvision's module tree, names, parameter counts and
-// initialisation, so a state_dict loads into torchvision.models.mobilenet_v2
-// and back:
+// MobileNetV2 and V3 (small, large) with torchvision's module trees, names,
+// parameter counts and initialisation, so a state_dict loads into
+// torchvision.models.mobilenet_v2 / mobilenet_v3_small / mobilenet_v3_large
+// and back. MobileNetV2:
 //
 //   features: Sequential(Conv2dNormActivation(3, 32, stride 2), 17 InvertedResidual,
 //                        Conv2dNormActivation(320, 1280, kernel 1))
@@ -9,6 +10,13 @@
 // An InvertedResidual block is conv: Sequential([Conv2dNormActivation 1x1
 // expand], Conv2dNormActivation 3x3 depthwise, Conv2d 1x1, BatchNorm2d), plus
 // its input when the stride is 1 and the channels stay.
+//
+// MobileNetV3: features: Sequential(Conv2dNormActivation(3, 16, stride 2,
+// Hardswish), the configured blocks (InvertedResidualV3: block =
+// Sequential([1x1 expand], depthwise, [SqueezeExcitation], 1x1 project)), a
+// last 1x1 Conv2dNormActivation to 6x the channels) -> average pool ->
+// classifier: Sequential(Linear, Hardswish, Dropout, Linear). Batch norms use
+// eps 0.001 and momentum 0.01.
 #pragma once
 
 #include <memory>
@@ -18,14 +26,44 @@
 
 namespace loom::nn {
 
+// Conv2dNormActivationOptions(16, 64, 3).stride(2).groups(16).norm_eps(1e-3)
+class Conv2dNormActivationOptions {
+ public:
+  Conv2dNormActivationOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  LOOM_OPTION(int64_t, in_channels);
+  LOOM_OPTION(int64_t, out_channels);
+  // Square kernel; the padding is (kernel_size - 1) / 2.
+  LOOM_OPTION(int64_t, kernel_size);
+  // Convolution stride (default 1).
+  LOOM_OPTION(int64_t, stride) = 1;
+  // Convolution groups (default 1; out_channels for depthwise).
+  LOOM_OPTION(int64_t, groups) = 1;
+  // The batch norm's eps (default 1e-5; MobileNetV3 1e-3).
+  LOOM_OPTION(double, norm_eps) = 1e-5;
+  // The batch norm's momentum (default 0.1; MobileNetV3 0.01).
+  LOOM_OPTION(double, norm_momentum) = 0.1;
+};
+
 // torchvision.ops.Conv2dNormActivation with BatchNorm2d: a Sequential of
-// Conv2d(kernel, stride, padding (kernel - 1) / 2, groups, no bias) ("0"),
-// BatchNorm2d ("1") and the activation ("2"), when one is given.
+// Conv2d (no bias) ("0"), BatchNorm2d ("1") and the activation ("2"), when
+// one is given.
 class Conv2dNormActivation : public Sequential {
  public:
-  Conv2dNormActivation(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride, int64_t groups,
-                       std::shared_ptr<Module> activation);
+  Conv2dNormActivation(const Conv2dNormActivationOptions& options, std::shared_ptr<Module> activation);
   std::string type_name() const override { return "Conv2dNormActivation"; }
+};
+
+// torchvision.ops.SqueezeExcitation with MobileNetV3's Hardsigmoid:
+// x * hardsigmoid(fc2(relu(fc1(mean over H, W of x)))), fc1 and fc2 1x1
+// convolutions with bias.
+class SqueezeExcitation : public Module {
+ public:
+  SqueezeExcitation(int64_t channels, int64_t squeeze_channels);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "SqueezeExcitation"; }
+
+  std::shared_ptr<Conv2d> fc1, fc2;
 };
 
 // torchvision's _make_divisible: v rounded to the nearest multiple of
@@ -71,6 +109,62 @@ class MobileNetV2 : public Module {
 };
 
 std::shared_ptr<MobileNetV2> mobilenet_v2(const MobileNetV2Options& options = {});
+
+// One MobileNetV3 block's configuration (torchvision's InvertedResidualConfig
+// before width scaling): channels in, kernel, expanded channels, channels out,
+// squeeze-and-excitation, Hardswish (else ReLU), stride.
+struct MobileNetV3Block {
+  int64_t in_channels, kernel, expanded_channels, out_channels;
+  bool squeeze_excitation, hardswish;
+  int64_t stride;
+};
+
+// MobileNetV3's block (see above); adds its input when the stride is 1 and the channels stay.
+class InvertedResidualV3 : public Module {
+ public:
+  InvertedResidualV3(const MobileNetV3Block& config, double width_mult);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "InvertedResidual"; }
+
+  std::shared_ptr<Sequential> block;
+
+ private:
+  bool use_residual_;
+};
+
+enum class MobileNetV3Size { small, large };
+
+// MobileNetV3Options().num_classes(10)
+class MobileNetV3Options {
+  // Units of the final linear layer (default 1000, ImageNet's classes).
+  LOOM_OPTION(int64_t, num_classes) = 1000;
+  // Multiplier of every block's channels (default 1.0; torchvision's weights are 1.0's).
+  LOOM_OPTION(double, width_mult) = 1.0;
+  // Dropout before the classifier's last linear layer (default 0.2).
+  LOOM_OPTION(double, dropout) = 0.2;
+};
+
+class MobileNetV3 : public Module {
+ public:
+  MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options = {});
+  // (N, 3, H, W) -> (N, num_classes) logits; 32x32 (CIFAR) and larger work.
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "MobileNetV3"; }
+  const MobileNetV3Options& options() const { return options_; }
+
+  std::shared_ptr<Sequential> features, classifier;
+
+ private:
+  MobileNetV3Options options_;
+};
+
+std::shared_ptr<MobileNetV3> mobilenet_v3_small(const MobileNetV3Options& options = {});
+std::shared_ptr<MobileNetV3> mobilenet_v3_large(const MobileNetV3Options& options = {});
+
+// classifier(flatten(adaptive_avg_pool2d(features(input), 1))): the head of
+// torchvision's MobileNets and EfficientNet; `model` names the model in the
+// error for an input that is not (N, 3, H, W).
+Tensor classify_pooled_features(const char* model, Module& features, Module& classifier, const Tensor& input);
 
 // torchvision's initialisation of MobileNet, EfficientNet and VGG-style
 // models: convolutions kaiming_normal_(fan_out), their biases zero, batch

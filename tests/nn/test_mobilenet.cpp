@@ -9,6 +9,7 @@
 
 #include <loom/nn/mobilenet.h>
 #include <loom/ops/elementwise.h>
+#include "tests/nn/torchvision_keys.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -21,7 +22,7 @@ namespace {
 // (0: Conv2d, 1: BatchNorm2d, 2: ReLU6); features.1 (expand ratio 1) has
 // conv.0 (depthwise Conv2dNormActivation), conv.1 (1x1 Conv2d), conv.2
 // (BatchNorm2d); features.2-17 add the 1x1 expansion as conv.0.
-const std::vector<std::pair<std::string, Shape>> kTorchvisionKeys = {
+const loom::testing::TorchvisionKeys kTorchvisionKeys = {
       {"features.0.0.weight", {32, 3, 3, 3}}, {"features.0.1.weight", {32}}, {"features.0.1.bias", {32}},
       {"features.0.1.running_mean", {32}}, {"features.0.1.running_var", {32}},
       {"features.0.1.num_batches_tracked", {}}, {"features.1.conv.0.0.weight", {32, 1, 3, 3}},
@@ -187,13 +188,7 @@ bool is_buffer(const std::string& name) {
 
 TEST_CASE("mobilenet_v2 has torchvision's state_dict keys, shapes and parameter count") {
   const auto model = nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(10));
-  const nn::NamedTensors state = model->state_dict();
-  REQUIRE(state.size() == kTorchvisionKeys.size());
-  for (size_t i = 0; i < state.size(); ++i) {
-    INFO("key ", i, ": ", state[i].first);
-    CHECK(state[i].first == kTorchvisionKeys[i].first);
-    CHECK(state[i].second.sizes() == kTorchvisionKeys[i].second);
-  }
+  loom::testing::check_torchvision_keys(*model, kTorchvisionKeys);
   // 2,236,682 with 10 classes: torchvision's 3,504,872 less 1281 * (1000 - 10).
   CHECK(nn::count_parameters(*model) == 2236682);
   CHECK(nn::count_parameters(*nn::mobilenet_v2()) == 3504872);

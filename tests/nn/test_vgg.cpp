@@ -7,17 +7,16 @@
 
 #include <loom/nn/vgg.h>
 #include <loom/ops/elementwise.h>
+#include "tests/nn/torchvision_keys.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
 
 namespace {
-using KeyList = std::vector<std::pair<std::string, Shape>>;
-
 // torchvision.models.vgg11_bn(num_classes=10).state_dict(): features.{i} is
 // Conv2d, features.{i+1} BatchNorm2d, features.{i+2} ReLU, with MaxPool2d at
 // the "M" positions; classifier.0, .3, .6 are the linear layers.
-const KeyList kVgg11BnKeys = {
+const loom::testing::TorchvisionKeys kVgg11BnKeys = {
       {"features.0.weight", {64, 3, 3, 3}}, {"features.0.bias", {64}}, {"features.1.weight", {64}},
       {"features.1.bias", {64}}, {"features.1.running_mean", {64}}, {"features.1.running_var", {64}},
       {"features.1.num_batches_tracked", {}}, {"features.4.weight", {128, 64, 3, 3}}, {"features.4.bias", {128}},
@@ -46,7 +45,7 @@ const KeyList kVgg11BnKeys = {
 };
 
 // torchvision.models.vgg16_bn(num_classes=10).state_dict().
-const KeyList kVgg16BnKeys = {
+const loom::testing::TorchvisionKeys kVgg16BnKeys = {
       {"features.0.weight", {64, 3, 3, 3}}, {"features.0.bias", {64}}, {"features.1.weight", {64}},
       {"features.1.bias", {64}}, {"features.1.running_mean", {64}}, {"features.1.running_var", {64}},
       {"features.1.num_batches_tracked", {}}, {"features.3.weight", {64, 64, 3, 3}}, {"features.3.bias", {64}},
@@ -89,22 +88,13 @@ const KeyList kVgg16BnKeys = {
       {"classifier.6.weight", {10, 4096}}, {"classifier.6.bias", {10}},
 };
 
-void check_keys(const nn::Module& model, const KeyList& expected) {
-  const nn::NamedTensors state = model.state_dict();
-  REQUIRE(state.size() == expected.size());
-  for (size_t i = 0; i < state.size(); ++i) {
-    INFO("key ", i, ": ", state[i].first);
-    CHECK(state[i].first == expected[i].first);
-    CHECK(state[i].second.sizes() == expected[i].second);
-  }
-}
 }  // namespace
 
 // One test, one model of each: the classifier's 100M parameters make building them the cost.
 TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and parameter counts; vgg11_bn trains") {
   manual_seed(3);
   const auto vgg11 = nn::vgg11_bn(nn::VGGOptions().num_classes(10));
-  check_keys(*vgg11, kVgg11BnKeys);
+  loom::testing::check_torchvision_keys(*vgg11, kVgg11BnKeys);
   // torchvision's 132,868,840 (1000 classes) less 4097 * 990.
   CHECK(nn::count_parameters(*vgg11) == 128812810);
   for (const auto& [name, t] : vgg11->named_parameters()) {
@@ -122,7 +112,7 @@ TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and 
   }
 
   const auto vgg16 = nn::vgg16_bn(nn::VGGOptions().num_classes(10));
-  check_keys(*vgg16, kVgg16BnKeys);
+  loom::testing::check_torchvision_keys(*vgg16, kVgg16BnKeys);
   // torchvision's 138,365,992 less 4097 * 990.
   CHECK(nn::count_parameters(*vgg16) == 134309962);
 }
