@@ -131,6 +131,8 @@ Tensor hardsigmoid(const Tensor& x) { return unary(ops::Unary::hardsigmoid, "har
 
 Tensor relu6(const Tensor& x) { return unary(ops::Unary::relu6, "relu6", x); }
 
+Tensor sigmoid(const Tensor& x) { return unary(ops::Unary::sigmoid, "sigmoid", x); }
+
 Tensor sum(const Tensor& x) {
   Tensor out;
   {

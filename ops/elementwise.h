@@ -1,5 +1,5 @@
 // Elementwise ops: add (residuals), sub, mul, scalar ops, relu, gelu, silu,
-// hardswish, hardsigmoid, relu6; and the
+// hardswish, hardsigmoid, relu6, sigmoid; and the
 // whole-tensor reductions sum and mean.
 //
 // Backward rules:
@@ -15,6 +15,7 @@
 //   hardswish: y = x * relu6(x + 3) / 6,  dx = g * (x < -3 ? 0 : x <= 3 ? x / 3 + 1/2 : 1)
 //   hardsigmoid: y = relu6(x + 3) / 6,  dx = g / 6 where -3 < x < 3, else 0
 //   relu6: y = min(max(x, 0), 6),  dx = g where 0 < y < 6, else 0
+//   sigmoid: y = 1 / (1 + exp(-x)),  dx = g * y * (1 - y)
 //   (the kinks take PyTorch's one-sided values; ops/elementwise_math.h)
 //   sum:  dx = g broadcast         mean: dx = g / numel broadcast
 #pragma once
@@ -38,6 +39,7 @@ Tensor silu(const Tensor& x);
 Tensor hardswish(const Tensor& x);
 Tensor hardsigmoid(const Tensor& x);
 Tensor relu6(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
 Tensor sum(const Tensor& x);   // 0-d result
 Tensor mean(const Tensor& x);  // 0-d result
 

@@ -14,7 +14,7 @@
 
 namespace loom::ops {
 
-enum class Unary { relu, gelu, silu, hardswish, hardsigmoid, relu6 };
+enum class Unary { relu, gelu, silu, hardswish, hardsigmoid, relu6, sigmoid };
 
 // What backward reads besides the output gradient: the op's input or its output.
 enum class UnarySaved { input, output };
@@ -93,6 +93,19 @@ struct Silu {
   }
 };
 
+// sigmoid(x) = 1 / (1 + exp(-x)); dx = dy * y * (1 - y) (from the output).
+struct Sigmoid {
+  static constexpr UnarySaved saved = UnarySaved::output;
+  template <class A>
+  LOOM_HOST_DEVICE static A forward(A x) {
+    return Silu::sigmoid(x);
+  }
+  template <class A>
+  LOOM_HOST_DEVICE static A backward(A dy, A y) {
+    return dy * y * (A(1) - y);
+  }
+};
+
 // PyTorch's hardswish: y = x * min(max(x + 3, 0), 6) / 6; dx = 0 for x < -3,
 // dy * (x / 3 + 1/2) for -3 <= x <= 3, dy above (PyTorch's backward rule at
 // the kinks; from the input).
@@ -152,6 +165,7 @@ decltype(auto) visit_unary(Unary op, Fn&& fn) {
     case Unary::hardswish: return fn.template operator()<Hardswish>();
     case Unary::hardsigmoid: return fn.template operator()<Hardsigmoid>();
     case Unary::relu6: return fn.template operator()<Relu6>();
+    case Unary::sigmoid: return fn.template operator()<Sigmoid>();
   }
   LOOM_FAIL("unknown unary op ", static_cast<int>(op));
 }

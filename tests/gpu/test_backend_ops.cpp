@@ -151,6 +151,8 @@ TEST_CASE("elementwise ops and reductions") {
       // Inputs in [-4, 4): both sides of every kink of the MobileNet activations.
       const Tensor wide = leaf(shape, 5, dtype, -4.0, 4.0);
       check_op(label("silu", dtype, shape), {wide}, [](const TensorList& t) { return TensorList{silu(t[0])}; }, tol);
+      check_op(label("sigmoid", dtype, shape), {wide},
+               [](const TensorList& t) { return TensorList{sigmoid(t[0])}; }, tol);
       check_op(label("hardswish", dtype, shape), {wide},
                [](const TensorList& t) { return TensorList{hardswish(t[0])}; }, tol);
       check_op(label("hardsigmoid", dtype, shape), {wide},

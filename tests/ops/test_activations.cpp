@@ -1,4 +1,4 @@
-// The activations of MobileNet and EfficientNet (silu, hardswish,
+// The activations of MobileNet and EfficientNet (silu, sigmoid, hardswish,
 // hardsigmoid, relu6): values computed by hand from PyTorch's formulas, and
 // backward against finite differences away from the kinks.
 #include <doctest/doctest.h>
@@ -48,6 +48,12 @@ TEST_CASE("silu: x * sigmoid(x), and finite differences") {
   check_values(silu, {1.0, -2.0, 0.0, 3.0}, {0.7310585786300049, -0.2384058440442351, 0.0, 2.8577223804673002});
   Tensor x = random_tensor({4, 9}, 11, -6.0, 6.0).set_requires_grad(true);
   check_gradients([](const TensorList& t) { return silu(t[0]); }, {x});
+}
+
+TEST_CASE("sigmoid: 1 / (1 + exp(-x)), and finite differences") {
+  check_values(sigmoid, {1.0, -2.0, 0.0, 3.0}, {0.7310585786300049, 0.11920292202211755, 0.5, 0.9525741268224334});
+  Tensor x = random_tensor({4, 9}, 15, -6.0, 6.0).set_requires_grad(true);
+  check_gradients([](const TensorList& t) { return sigmoid(t[0]); }, {x});
 }
 
 TEST_CASE("hardswish: x * relu6(x + 3) / 6, and finite differences") {
