@@ -31,6 +31,7 @@
 #include <loom/dist/sync_batch_norm.h>
 #include <loom/nn/checkpoint.h>
 #include <loom/nn/convnet.h>
+#include <loom/nn/efficientnet.h>
 #include <loom/nn/init.h>
 #include <loom/nn/layers.h>
 #include <loom/nn/mobilenet.h>

@@ -119,6 +119,8 @@ Tensor ReLU6::forward(const Tensor& input) { return relu6(input); }
 
 Tensor SiLU::forward(const Tensor& input) { return silu(input); }
 
+Tensor Sigmoid::forward(const Tensor& input) { return sigmoid(input); }
+
 Tensor Hardswish::forward(const Tensor& input) { return hardswish(input); }
 
 Tensor Hardsigmoid::forward(const Tensor& input) { return hardsigmoid(input); }

@@ -1,6 +1,6 @@
 // The layers of the tutorials' and torchvision's networks, with PyTorch's
 // names, options and default initialisation: Conv2d (grouped and depthwise
-// too), BatchNorm2d, ReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, MaxPool2d,
+// too), BatchNorm2d, ReLU, ReLU6, SiLU, Sigmoid, Hardswish, Hardsigmoid, MaxPool2d,
 // AvgPool2d, AdaptiveAvgPool2d, Linear, Flatten, Dropout, StochasticDepth,
 // LayerNorm, LayerNorm2d, Sequential.
 #pragma once
@@ -131,6 +131,12 @@ class SiLU : public Module {
  public:
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "SiLU"; }
+};
+
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Sigmoid"; }
 };
 
 class Hardswish : public Module {

@@ -22,15 +22,18 @@ Conv2dNormActivation::Conv2dNormActivation(const Conv2dNormActivationOptions& op
   if (activation) push_back(std::move(activation));
 }
 
-SqueezeExcitation::SqueezeExcitation(int64_t channels, int64_t squeeze_channels) {
+SqueezeExcitation::SqueezeExcitation(int64_t channels, int64_t squeeze_channels, std::shared_ptr<Module> activation_in,
+                                     std::shared_ptr<Module> scale_activation_in) {
   register_module("fc1", fc1, std::make_shared<Conv2d>(Conv2dOptions(channels, squeeze_channels, 1)));
   register_module("fc2", fc2, std::make_shared<Conv2d>(Conv2dOptions(squeeze_channels, channels, 1)));
+  register_module("activation", activation, std::move(activation_in));
+  register_module("scale_activation", scale_activation, std::move(scale_activation_in));
 }
 
 Tensor SqueezeExcitation::forward(const Tensor& input) {
-  const Tensor pooled = adaptive_avg_pool2d(input, {1, 1});                      // (N, C, 1, 1)
-  const Tensor scale = hardsigmoid(fc2->forward(relu(fc1->forward(pooled))));  // (N, C, 1, 1)
-  return mul(scale, input);  // broadcast over (N, C, H, W)
+  const Tensor pooled = adaptive_avg_pool2d(input, {1, 1});  // (N, C, 1, 1)
+  const Tensor scale = scale_activation->forward(fc2->forward(activation->forward(fc1->forward(pooled))));
+  return mul(scale, input);  // (N, C, 1, 1) broadcast over (N, C, H, W)
 }
 
 int64_t make_divisible(double v, int64_t divisor) {
@@ -164,7 +167,8 @@ InvertedResidualV3::InvertedResidualV3(const MobileNetV3Block& config, double wi
   layers->push_back(std::make_shared<Conv2dNormActivation>(
       v3_layer(expanded, expanded, config.kernel).stride(config.stride).groups(expanded), v3_activation(config.hardswish)));
   if (config.squeeze_excitation) {
-    layers->push_back(std::make_shared<SqueezeExcitation>(expanded, make_divisible(static_cast<double>(expanded / 4), 8)));
+    layers->push_back(std::make_shared<SqueezeExcitation>(expanded, make_divisible(static_cast<double>(expanded / 4), 8),
+                                                          std::make_shared<ReLU>(), std::make_shared<Hardsigmoid>()));
   }
   layers->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(expanded, out, 1), nullptr));
   register_module("block", block, std::move(layers));

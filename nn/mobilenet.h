@@ -54,16 +54,19 @@ class Conv2dNormActivation : public Sequential {
   std::string type_name() const override { return "Conv2dNormActivation"; }
 };
 
-// torchvision.ops.SqueezeExcitation with MobileNetV3's Hardsigmoid:
-// x * hardsigmoid(fc2(relu(fc1(mean over H, W of x)))), fc1 and fc2 1x1
-// convolutions with bias.
+// torchvision.ops.SqueezeExcitation: x * scale_activation(fc2(activation(fc1(
+// mean over H, W of x)))), fc1 and fc2 1x1 convolutions with bias; the
+// activations are children without parameters (MobileNetV3: ReLU and
+// Hardsigmoid; EfficientNet: SiLU and Sigmoid).
 class SqueezeExcitation : public Module {
  public:
-  SqueezeExcitation(int64_t channels, int64_t squeeze_channels);
+  SqueezeExcitation(int64_t channels, int64_t squeeze_channels, std::shared_ptr<Module> activation,
+                    std::shared_ptr<Module> scale_activation);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "SqueezeExcitation"; }
 
   std::shared_ptr<Conv2d> fc1, fc2;
+  std::shared_ptr<Module> activation, scale_activation;
 };
 
 // torchvision's _make_divisible: v rounded to the nearest multiple of

@@ -224,15 +224,9 @@ TEST_CASE("mobilenet_v2 initialisation: kaiming normal (fan_out) convolutions, n
 TEST_CASE("mobilenet_v2 trains on CIFAR-size images: logits, gradients for every parameter") {
   manual_seed(1);
   const auto model = nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(10).width_mult(0.25));
-  const Tensor images = random_tensor({2, 3, 32, 32}, 5, -1.0, 1.0, DType::f32);
-  const Tensor logits = model->forward(images);
-  CHECK(logits.sizes() == Shape{2, 10});
-  sum(mul(logits, logits)).backward();
-  for (const auto& [name, t] : model->named_parameters()) {
-    INFO(name);
-    CHECK(t.grad().defined());
-  }
+  loom::testing::check_cifar_training_step(*model, 5);
   model->eval();
+  const Tensor images = random_tensor({2, 3, 32, 32}, 5, -1.0, 1.0, DType::f32);
   const Tensor a = model->forward(images), b = model->forward(images);
   CHECK(a.to_vector<float>() == b.to_vector<float>());  // evaluation: no dropout
 }

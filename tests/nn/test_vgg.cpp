@@ -102,14 +102,7 @@ TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and 
     if (name.ends_with("bias")) CHECK(loom::testing::max_abs(t) == 0.0);
   }
   // A training step on CIFAR-size images reaches every parameter.
-  const Tensor images = loom::testing::random_tensor({2, 3, 32, 32}, 9, -1.0, 1.0, DType::f32);
-  const Tensor logits = vgg11->forward(images);
-  CHECK(logits.sizes() == Shape{2, 10});
-  sum(mul(logits, logits)).backward();
-  for (const auto& [name, t] : vgg11->named_parameters()) {
-    INFO(name);
-    CHECK(t.grad().defined());
-  }
+  loom::testing::check_cifar_training_step(*vgg11, 9);
 
   const auto vgg16 = nn::vgg16_bn(nn::VGGOptions().num_classes(10));
   loom::testing::check_torchvision_keys(*vgg16, kVgg16BnKeys);

@@ -1,5 +1,6 @@
-// Checks a model's state_dict against torchvision's: the test files write out
-// torchvision's keys and shapes, in order, as a TorchvisionKeys list.
+// What the torchvision model tests share: a model's state_dict against
+// torchvision's keys and shapes (which the test files write out, in order, as
+// a TorchvisionKeys list), and one training step on CIFAR-size images.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include <loom/nn/module.h>
+#include <loom/ops/elementwise.h>
+#include "tests/support/gradcheck.h"
 
 namespace loom::testing {
 
@@ -22,6 +25,19 @@ inline void check_torchvision_keys(const nn::Module& model, const TorchvisionKey
     INFO("key ", i, ": ", state[i].first);
     CHECK(state[i].first == expected[i].first);
     CHECK(state[i].second.sizes() == expected[i].second);
+  }
+}
+
+// A 10-class model's forward on two random 32x32 RGB images gives (2, 10)
+// logits, and backward reaches every parameter.
+inline void check_cifar_training_step(nn::Module& model, uint64_t seed) {
+  const Tensor images = random_tensor({2, 3, 32, 32}, seed, -1.0, 1.0, DType::f32);
+  const Tensor logits = model.forward(images);
+  CHECK(logits.sizes() == Shape{2, 10});
+  sum(mul(logits, logits)).backward();
+  for (const auto& [name, t] : model.named_parameters()) {
+    INFO(name);
+    CHECK(t.grad().defined());
   }
 }
 
