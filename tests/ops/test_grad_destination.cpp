@@ -131,6 +131,22 @@ TEST_SUITE("grad destination") {
     REQUIRE(x.grad().defined());
   }
 
+  TEST_CASE("grouped and depthwise conv2d weight gradients are written into their destinations") {
+    // DDP's buckets: the grouped paths write the weight gradient into the offered buffer too,
+    // with and without the input's gradient (conv2d_backward_input_weight / conv2d_backward_weight).
+    for (bool input_gradient : {false, true}) {
+      CAPTURE(input_gradient);
+      Tensor x = values({2, 4, 6, 5}, DType::f32, 0.7);
+      if (input_gradient) x.set_requires_grad(true);
+      check_written_in_place({{4, 1, 3, 3}, {4}}, DType::f32, [&](const std::vector<Tensor>& p) {
+        return weighted_sum(conv2d(x, p[0], p[1], Conv2dParams{.padding = {1, 1}, .groups = 4}));
+      });
+      check_written_in_place({{6, 2, 3, 3}, {6}}, DType::f32, [&](const std::vector<Tensor>& p) {
+        return weighted_sum(conv2d(x, p[0], p[1], Conv2dParams{.padding = {1, 1}, .groups = 2}));
+      });
+    }
+  }
+
   TEST_CASE("linear weight and bias gradients are written into their destinations") {
     for (DType dtype : {DType::f32, DType::f64}) {
       CAPTURE(dtype_name(dtype));
