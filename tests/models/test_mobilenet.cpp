@@ -9,7 +9,7 @@
 
 #include <loom/nn/mobilenet.h>
 #include <loom/ops/elementwise.h>
-#include "tests/nn/torchvision_keys.h"
+#include "tests/models/torchvision_keys.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -185,6 +185,7 @@ bool is_buffer(const std::string& name) {
   return name.ends_with("running_mean") || name.ends_with("running_var") || name.ends_with("num_batches_tracked");
 }
 }  // namespace
+TEST_SUITE_BEGIN("mobilenet_v2");
 
 TEST_CASE("mobilenet_v2 has torchvision's state_dict keys, shapes and parameter count") {
   const auto model = nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(10));
@@ -243,3 +244,5 @@ TEST_CASE("an inverted residual block's backward matches finite differences") {
     check_gradients([&block](const TensorList& t) { return block.forward(t[0]); }, inputs, 1e-5);
   }
 }
+
+TEST_SUITE_END();

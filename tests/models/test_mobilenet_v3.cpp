@@ -9,7 +9,7 @@
 
 #include <loom/nn/mobilenet.h>
 #include <loom/ops/elementwise.h>
-#include "tests/nn/torchvision_keys.h"
+#include "tests/models/torchvision_keys.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -303,6 +303,7 @@ const loom::testing::TorchvisionKeys kSmallKeys = {
 };
 
 }  // namespace
+TEST_SUITE_BEGIN("mobilenet_v3");
 
 TEST_CASE("mobilenet_v3_large and mobilenet_v3_small have torchvision's keys, shapes and parameter counts") {
   const auto large = nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(10));
@@ -356,3 +357,5 @@ TEST_CASE("a MobileNetV3 block with squeeze-and-excitation: backward matches fin
   inputs.insert(inputs.end(), params.begin(), params.end());
   loom::testing::check_gradients([&block](const TensorList& t) { return block.forward(t[0]); }, inputs, 1e-5);
 }
+
+TEST_SUITE_END();

@@ -7,7 +7,7 @@
 
 #include <loom/nn/vgg.h>
 #include <loom/ops/elementwise.h>
-#include "tests/nn/torchvision_keys.h"
+#include "tests/models/torchvision_keys.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -89,6 +89,7 @@ const loom::testing::TorchvisionKeys kVgg16BnKeys = {
 };
 
 }  // namespace
+TEST_SUITE_BEGIN("vgg");
 
 // One test, one model of each: the classifier's 100M parameters make building them the cost.
 TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and parameter counts; vgg11_bn trains") {
@@ -109,3 +110,5 @@ TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and 
   // torchvision's 138,365,992 less 4097 * 990.
   CHECK(nn::count_parameters(*vgg16) == 134309962);
 }
+
+TEST_SUITE_END();

@@ -6,7 +6,7 @@
 
 #include <loom/nn/efficientnet.h>
 #include <loom/ops/elementwise.h>
-#include "tests/nn/torchvision_keys.h"
+#include "tests/models/torchvision_keys.h"
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
@@ -198,6 +198,7 @@ const loom::testing::TorchvisionKeys kTorchvisionKeys = {
       {"classifier.1.weight", {10, 1280}}, {"classifier.1.bias", {10}},
 };
 }  // namespace
+TEST_SUITE_BEGIN("efficientnet");
 
 TEST_CASE("efficientnet_b0 has torchvision's state_dict keys, shapes and parameter count") {
   const auto model = nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10));
@@ -237,3 +238,5 @@ TEST_CASE("an MBConv block with stochastic depth: backward matches finite differ
       },
       inputs, 1e-5);
 }
+
+TEST_SUITE_END();
