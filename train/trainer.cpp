@@ -8,6 +8,7 @@
 #include <loom/core/error.h>
 #include <loom/ops/loss.h>
 #include <loom/train/monitor.h>
+#include <loom/train/resume.h>
 #include <loom/train/stop.h>
 #include <loom/train/trace.h>
 
@@ -92,16 +93,17 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   // Resume: the model and everything an uninterrupted run would have had
   // after the checkpoint's step, mid-epoch too (the loader starts that epoch
   // at the checkpoint's batch).
-  const TrainingPosition resumed = resume_training(options_.checkpoints(), world_, device, leader, group, *model_,
-                                                   optimizer, scheduler_.get(), options_.settings())
-                                       .value_or(TrainingPosition{});
+  const TrainingPosition resumed =
+      resume_training(options_.checkpoints(), world_, train_data.options().batch_size() * world_, device, leader, group,
+                      *model_, optimizer, scheduler_.get(), options_.settings())
+          .value_or(TrainingPosition{});
   // DDP checks that every rank holds the same parameters, broadcasts rank 0's,
   // and averages the gradients during backward.
   if (group && !ddp_) ddp_ = std::make_shared<dist::DistributedDataParallel>(model_, options_.process_group(), options_.ddp());
   nn::Module& trained = ddp_ ? static_cast<nn::Module&>(*ddp_) : *model_;
 
   const int64_t batches = train_data.num_batches();
-  const int64_t steps_per_epoch =
+  const int64_t steps_per_full_epoch =
       options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch()) : batches;
   if (leader && resumed.epoch >= epochs && epochs > 0) {
     std::printf("The checkpoint has %lld of %lld epochs done: nothing left to train\n",
@@ -111,10 +113,10 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   std::optional<CheckpointWriter> writer;
   if (leader) writer.emplace(options_.checkpoints(), world_);
   int64_t steps = resumed.step;
-  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them in epoch `epoch` (0-based).
-  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
-    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, {epoch, epoch_step, steps},
-                               options_.settings());
+  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them (`epoch_samples` samples) in epoch `epoch` (0-based).
+  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step, int64_t epoch_samples) {
+    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
+                               {epoch, epoch_step, steps, epoch_samples, world_}, options_.settings());
   };
 
   // Rank 0's progress display, --metrics and --tensorboard.
@@ -129,7 +131,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   description.dtype = dtype_name(input_dtype);
   description.global_batch_size = train_data.options().batch_size() * world_;
   description.epochs = epochs;
-  description.steps_per_epoch = steps_per_epoch;
+  description.steps_per_epoch = steps_per_full_epoch;
   description.log_interval = options_.log_interval();
   TrainingMonitor monitor(leader, options_.progress(), options_.metrics_path(), options_.tensorboard_dir(),
                           std::move(description));
@@ -140,8 +142,11 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   int64_t images = 0;
   const auto start = Clock::now();
   for (int64_t epoch = resumed.epoch; epoch < epochs && steps_left() && result.stop_signal == 0; ++epoch) {
-    int64_t step = epoch == resumed.epoch ? std::min(resumed.epoch_step, steps_per_epoch) : 0;
-    train_data.start_epoch(epoch, step);
+    // A resumed epoch continues its global sample order on this world's ranks (train/resume.h).
+    const EpochStart epoch_start(train_data, epoch, epoch == resumed.epoch ? &resumed : nullptr, world_,
+                                 options_.max_steps_per_epoch());
+    const int64_t steps_per_epoch = epoch_start.steps();
+    int64_t step = epoch_start.first_step();
     monitor.start_epoch(epoch, step);
     // This epoch's rates before warm-up: the schedule's (its step() and a
     // resume set them), or the optimizer's first rates without one (the
@@ -205,7 +210,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       bool saved_now = false;
       if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
         monitor.before_output();
-        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
+        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step, epoch_start.samples_after(step)))
+                        .has_value();
       }
       // SIGTERM / the stop signal / SIGINT on any rank: every rank stops after the same step.
       if ((result.stop_signal = stop_agreement.poll()) != 0) {
@@ -213,7 +219,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
         std::optional<fs::path> saved;
         if (writer && writer->enabled()) {
           saved = saved_now ? writer->path(CheckpointKind::step, steps)
-                            : writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step));
+                            : writer->write(CheckpointKind::step, steps,
+                                            make_checkpoint(epoch, step, epoch_start.samples_after(step)));
         }
         print_preempted(rank_, result.stop_signal, steps, saved);
         break;
@@ -223,7 +230,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     monitor.end_epoch_steps();
     if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
     if (scheduler_) scheduler_->step();
-    if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0, 0));
     // The test accuracy of every epoch (--metrics / --tensorboard, or
     // evaluate_each_epoch); the last one's is the final evaluation's.
     std::optional<dist::AccuracyCounts> accuracy;

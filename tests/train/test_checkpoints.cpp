@@ -79,7 +79,7 @@ TEST_SUITE("train.checkpoints") {
     flags.resume("auto");
     {
       loom::testing::MemoryStream log;  // what find_resume_point prints
-      auto point = loom::train::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
+      auto point = loom::train::find_resume_point(flags, loom::Device::cpu(), log.file);
       REQUIRE(point.has_value());
       CHECK(point->path.filename() == "2GPU_step30.checkpoint");
       CHECK(point->checkpoint.training->step == 30);
@@ -88,7 +88,7 @@ TEST_SUITE("train.checkpoints") {
     fs::resize_file(dir / "2GPU_step30.checkpoint", fs::file_size(dir / "2GPU_step30.checkpoint") - 4);
     {
       loom::testing::MemoryStream log;
-      auto point = loom::train::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
+      auto point = loom::train::find_resume_point(flags, loom::Device::cpu(), log.file);
       REQUIRE(point.has_value());
       CHECK(point->path.filename() == "2GPU_1epoch.checkpoint");  // step 25
       const std::string text = log.str();
@@ -97,10 +97,12 @@ TEST_SUITE("train.checkpoints") {
                     text);
       CHECK_MESSAGE(text.find("trying the previous one") != std::string::npos, text);
     }
-    // Another world size's checkpoints are not this run's.
-    CHECK_FALSE(loom::train::find_resume_point(flags, 4, loom::Device::cpu(), nullptr).has_value());
+    // Another world size's checkpoints are this run's too (elastic resume): the furthest one is taken.
+    loom::train::CheckpointWriter(flags, 4).write(loom::train::CheckpointKind::step, 26, checkpoint_at(26));
+    CHECK(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr)->path.filename() ==
+          "4GPU_step26.checkpoint");
     flags.resume("none");
-    CHECK_FALSE(loom::train::find_resume_point(flags, 2, loom::Device::cpu(), nullptr).has_value());
+    CHECK_FALSE(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr).has_value());
   }
 
   TEST_CASE("a stop signal only sets the flag; without a group the agreement is the local flag") {
