@@ -587,7 +587,8 @@ Checkpoint load_checkpoint(const fs::path& path, Device device) {
 void load_model_state(Module& module, const NamedTensors& state, const std::string& source) {
   std::map<std::string, const Tensor*> given;
   for (auto& [name, t] : state) given[name] = &t;
-  std::vector<std::string> problems;
+  std::vector<std::string> problems;    // missing and unexpected names
+  std::vector<std::string> mismatches;  // a tensor of the same name and another shape or dtype: listed first
   std::set<std::string> expected;
   for (auto& [name, slot] : module.state_dict()) {
     expected.insert(name);
@@ -598,16 +599,17 @@ void load_model_state(Module& module, const NamedTensors& state, const std::stri
     }
     const Tensor& source_tensor = *it->second;
     if (source_tensor.sizes() != slot.sizes()) {
-      problems.push_back("'" + name + "' has shape " + shape_str(source_tensor.sizes()) + ", the model expects " +
+      mismatches.push_back("'" + name + "' has shape " + shape_str(source_tensor.sizes()) + ", the model expects " +
                          shape_str(slot.sizes()));
     } else if (source_tensor.dtype() != slot.dtype()) {
-      problems.push_back(str("'", name, "' has dtype ", safetensors_dtype_name(source_tensor.dtype()),
+      mismatches.push_back(str("'", name, "' has dtype ", safetensors_dtype_name(source_tensor.dtype()),
                              ", the model expects ", safetensors_dtype_name(slot.dtype())));
     }
   }
   for (auto& [name, t] : state) {
     if (!expected.count(name)) problems.push_back("unexpected '" + name + "'");
   }
+  problems.insert(problems.begin(), mismatches.begin(), mismatches.end());
   if (!problems.empty()) {
     // A checkpoint of another architecture mismatches everywhere: name the first few.
     constexpr size_t kShown = 8;

@@ -129,7 +129,9 @@ Checkpoint load_checkpoint(const std::filesystem::path& path, Device device = De
 
 // Copies `state` into `module` after checking that names, shapes and dtypes
 // all match; every mismatch is listed by name in one loom::Error that starts
-// with `source` (e.g. "checkpoint ./checkpoint/1GPU_2epoch.checkpoint").
+// with `source` (e.g. "checkpoint ./checkpoint/1GPU_2epoch.checkpoint"):
+// tensors of another shape or dtype first (with both), then missing and
+// unexpected names.
 void load_model_state(Module& module, const NamedTensors& state, const std::string& source = "state_dict");
 
 }  // namespace loom::nn

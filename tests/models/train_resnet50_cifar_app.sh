@@ -45,7 +45,7 @@ resumed=$(cat "$work/b/out.txt")
 if [[ $status -ne 0 ]]; then
   fail "resumed run: exit status $status: $(cat "$work/b/err.txt")"
 else
-  [[ "$resumed" == *"Resuming from $work/a/checkpoint/1GPU_1epoch.checkpoint at epoch 2"* ]] || fail "resumed run: no 'Resuming from' line"
+  [[ "$resumed" == *"Resuming from $work/a/checkpoint/1GPU_1epoch.checkpoint (written by 1 process) at epoch 2, sample 0, on 1 process"* ]] || fail "resumed run: no 'Resuming from' line"
   [[ "$resumed" != *"Epoch[1/2]"* ]] || fail "resumed run repeated epoch 1"
   [[ "$resumed" == *"Epoch[2/2], Step[4/5]"* ]] || fail "resumed run: no epoch-2 loss line"
   [[ ! -e "$work/b/checkpoint/1GPU_1epoch.checkpoint" ]] || fail "resumed run rewrote the epoch-1 checkpoint"
@@ -68,7 +68,7 @@ failures_before=$failures
   fail "run with --checkpoint-every 3: $(cat "$work/c/err.txt")"
 (cd "$work/d" && timeout 120 "$bin" "${common[@]}" -e 2 --checkpoint-every 3 --resume "$work/c/checkpoint/1GPU_step3.checkpoint" \
   >out.txt 2>err.txt) || fail "resume from step 3: $(cat "$work/d/err.txt")"
-grep -q "^Resuming from $work/c/checkpoint/1GPU_step3.checkpoint at epoch 1, batch 3 (step 3)" "$work/d/out.txt" ||
+grep -q "^Resuming from $work/c/checkpoint/1GPU_step3.checkpoint (written by 1 process) at epoch 1, sample [0-9]*, on 1 process, batch 3 (step 3)" "$work/d/out.txt" ||
   fail "resume from step 3: no 'Resuming from' line: $(head -3 "$work/d/out.txt")"
 for file in 1GPU_step6.checkpoint 1GPU_step9.checkpoint 1GPU_1epoch.checkpoint 1GPU_2epoch.checkpoint; do
   cmp -s "$work/c/checkpoint/$file" "$work/d/checkpoint/$file" || fail "resume from step 3: $file differs"

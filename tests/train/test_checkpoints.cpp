@@ -5,6 +5,7 @@
 
 #include <loom/core/error.h>
 #include <loom/train/checkpoints.h>
+#include <loom/train/resume.h>
 #include <loom/train/stop.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -103,6 +104,33 @@ TEST_SUITE("train.checkpoints") {
           "4GPU_step26.checkpoint");
     flags.resume("none");
     CHECK_FALSE(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr).has_value());
+  }
+
+  TEST_CASE("--resume auto reads checkpoint names of every world size and refuses a newer format version") {
+    CHECK(loom::train::is_checkpoint_name("4GPU_step12.checkpoint"));
+    CHECK(loom::train::is_checkpoint_name("12GPU_3epoch.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("GPU_step1.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("2GPU_step.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("x2GPU_1epoch.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name(".2GPU_step1.checkpoint.tmp-abc123"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("2GPU_1epoch.checkpoint.bak"));
+
+    loom::testing::TempDir dir;
+    loom::train::CheckpointOptions flags = loom::train::CheckpointOptions().directory(dir.path().string()).resume("auto");
+    loom::train::CheckpointWriter(flags, 2).write(loom::train::CheckpointKind::step, 5, checkpoint_at(5));
+    // What a later loom might write: version 3, with a field this one does not know.
+    const fs::path newer = dir / "1GPU_step6.checkpoint";
+    loom::nn::save_safetensors(newer, {{"w", loom::Tensor::full({4}, 6.0)}},
+                               {{"__training__.format_version", "3"},
+                                {"__training__.epoch", "0"},
+                                {"__training__.step", "6"},
+                                {"__training__.something_new", "1"}});
+    const std::string expected = "checkpoint " + newer.string() + " has format version 3, newer than this loom reads (2)";
+    CHECK_THROWS_WITH_AS(loom::nn::load_checkpoint(newer), doctest::Contains(expected.c_str()), loom::Error);
+    CHECK_THROWS_WITH_AS(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr), doctest::Contains(expected.c_str()),
+                         loom::Error);
+    fs::remove(newer);
+    CHECK(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr)->path.filename() == "2GPU_step5.checkpoint");
   }
 
   TEST_CASE("a stop signal only sets the flag; without a group the agreement is the local flag") {
