@@ -91,8 +91,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   const int64_t epochs = options_.epochs();
 
   // Resume: the model and everything an uninterrupted run would have had
-  // after the checkpoint's step, mid-epoch too (the loader starts that epoch
-  // at the checkpoint's batch).
+  // after the checkpoint's step, mid-epoch too (EpochStart continues that
+  // epoch after its samples consumed, on any number of processes).
   const TrainingPosition resumed =
       resume_training(options_.checkpoints(), world_, train_data.options().batch_size() * world_, device, leader, group,
                       *model_, optimizer, scheduler_.get(), options_.settings())
