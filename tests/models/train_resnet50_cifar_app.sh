@@ -151,6 +151,25 @@ else
   echo "ok   2-process run: $(grep 'Test accuracy' <<<"$rank0")"
 fi
 
+# 4b. Elastic resume (issue 49): the one-process step-3 checkpoint of 2b on two
+# processes. -b is the global batch (8 per process now), so the step count
+# goes on (epoch 1 ends at step 5 of 5) and there is no global-batch note.
+if [[ -f "$work/c/checkpoint/1GPU_step3.checkpoint" ]]; then
+  run_two_ranks "$work/elastic" "${common[@]}" -e 2 --threads 1 --log-interval 1 \
+    --resume "$work/c/checkpoint/1GPU_step3.checkpoint"
+  rank0=$(cat "$work/elastic/rank0.txt")
+  if [[ $ddp_status -ne 0 ]]; then
+    fail "1 -> 2 processes: exit status $ddp_status: $rank0 / $(cat "$work/elastic/rank1.txt")"
+  elif [[ "$rank0" != *"Resuming from $work/c/checkpoint/1GPU_step3.checkpoint (written by 1 process) at epoch 1, sample 48, on 2 processes, batch 3 (step 3)"* ||
+          "$rank0" == *"note: the global batch"* || "$rank0" != *"Epoch[1/2], Step[5/5]"* || "$rank0" != *"Epoch[2/2], Step[5/5]"* ]]; then
+    fail "1 -> 2 processes: expected the resume line, no global-batch note and 5 steps in each epoch: $rank0"
+  else
+    echo "ok   1 -> 2 processes from the step-3 checkpoint: $(grep 'Test accuracy' <<<"$rank0")"
+  fi
+else
+  fail "2b wrote no checkpoint/1GPU_step3.checkpoint"
+fi
+
 # 5. Two processes with --sync-bn on the CIFAR files: SyncBatchNorm under DDP,
 # and the 21 test images counted once (ranks test 11 and 10, no padding).
 run_two_ranks "$work/syncbn" --data "$work/cifar" --model resnet18 -b 16 -e 1 --max-steps 2 --threads 1 --log-interval 1 \
