@@ -45,7 +45,7 @@ CLI::Validator at_least(double minimum) {
         char* end = nullptr;
         const double value = std::strtod(text.c_str(), &end);
         if (text.empty() || end == nullptr || *end != '\0') return "'" + text + "' is not a number";
-        if (value < minimum) {
+        if (!(value >= minimum)) {  // NaN too
           std::ostringstream out;
           out << "must be a number >= " << minimum << ", got '" << text << "'";
           return out.str();

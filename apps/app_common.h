@@ -58,6 +58,12 @@ CLI::Option* add_count(CLI::App& app, const std::string& name, Integer& value, c
   return app.add_option(name, value, help)->capture_default_str()->check(whole_at_least(minimum));
 }
 
+// A number option of at least `minimum` (at_least), its default shown in --help.
+inline CLI::Option* add_number(CLI::App& app, const std::string& name, double& value, const std::string& help,
+                               double minimum) {
+  return app.add_option(name, value, help)->capture_default_str()->check(at_least(minimum));
+}
+
 // Adds --version (version_text); CLI11 reports it as CLI::CallForVersion, a
 // CLI::Success, which app.exit() prints to stdout with exit status 0.
 void add_version_flag(CLI::App& app, const std::string& program);

@@ -3,6 +3,7 @@
 #include "apps/app_common.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -29,7 +30,14 @@ fs::path mnist_data_dir(const std::string& flag) {
       "them in ./data/MNIST/raw or ./MNIST/raw, or install Fashion-MNIST with `apt-get install dataset-fashion-mnist`");
 }
 
-data::LoadedData load_mnist_app_data(const fs::path& dir, const std::string& dataset, int64_t image_size) {
+data::ImageFolderSplitOptions image_folder_split(const DataFlags& flags, uint64_t seed) {
+  auto split = data::ImageFolderSplitOptions().seed(seed).val_directory(flags.val_data);
+  if (flags.val_fraction_given) split.val_fraction(flags.val_fraction);
+  return split;
+}
+
+data::LoadedData load_mnist_app_data(const fs::path& dir, const std::string& dataset, int64_t image_size,
+                                     const data::ImageFolderSplitOptions& split) {
   std::optional<data::DatasetKind> kind = data::parse_dataset_kind(dataset);
   if (!kind) kind = data::infer_dataset_kind(dir).value_or(data::DatasetKind::mnist);
   // Image folders in grayscale at --image-size: Resize(size) + CenterCrop(size), as MNIST's 28x28.
@@ -37,10 +45,11 @@ data::LoadedData load_mnist_app_data(const fs::path& dir, const std::string& dat
       data::Resize{image_size}, data::CenterCrop{image_size}, data::ToTensor{}, data::Normalize{{0.5}, {0.5}}};
   const auto folder_options =
       data::ImageFolderOptions().color(data::ColorMode::grayscale).transforms(folder_transforms);
-  return data::load_dataset(*kind, dir, folder_options, folder_options);
+  return data::load_dataset(*kind, dir, folder_options, folder_options, split);
 }
 
-data::LoadedData load_cifar_app_data(const fs::path& dir, const std::string& dataset, int64_t image_size) {
+data::LoadedData load_cifar_app_data(const fs::path& dir, const std::string& dataset, int64_t image_size,
+                                     const data::ImageFolderSplitOptions& split) {
   std::optional<data::DatasetKind> kind = data::parse_dataset_kind(dataset);
   if (!kind && fs::is_directory(dir)) kind = data::infer_dataset_kind(dir);
   if (!kind) kind = data::DatasetKind::cifar10;
@@ -56,7 +65,7 @@ data::LoadedData load_cifar_app_data(const fs::path& dir, const std::string& dat
   }
   const auto train_folder = data::ImageFolderOptions().transforms(data::imagenet_train_transforms(image_size));
   const auto test_folder = data::ImageFolderOptions().transforms(data::imagenet_test_transforms(image_size));
-  return data::load_dataset(*kind, dir, train_folder, test_folder);
+  return data::load_dataset(*kind, dir, train_folder, test_folder, split);
 }
 
 data::LoadedData synthetic_cifar_data(int64_t train_size, uint64_t seed) {
@@ -77,15 +86,46 @@ data::LoadedData synthetic_cifar_data(int64_t train_size, uint64_t seed) {
   return loaded;
 }
 
+namespace {
+
+// A number strictly between 0 and 1, e.g. "--val-fraction: must be a number above 0 and below 1, got '1.5'".
+CLI::Validator open_unit_interval() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (text.empty() || end == nullptr || *end != '\0') return "'" + text + "' is not a number";
+        if (!(value > 0.0 && value < 1.0)) return "must be a number above 0 and below 1, got '" + text + "'";
+        return "";
+      },
+      "0 < f < 1");
+}
+
+// --val-fraction and --val-data, the same in both apps.
+void add_validation_flags(CLI::App& app, DataFlags& flags) {
+  app.add_option("--val-fraction", flags.val_fraction,
+                 "image folders with class folders directly under --data (torchvision's ImageFolder(root)): the share "
+                 "of each class held out for validation, seeded by --seed")
+      ->capture_default_str()
+      ->check(open_unit_interval())
+      ->each([&flags](const std::string&) { flags.val_fraction_given = true; });
+  app.add_option("--val-data", flags.val_data,
+                 "image folders: a separate validation folder (<class>/ sub-directories) instead of DIR/val/ or the "
+                 "held-out share");
+}
+
+}  // namespace
+
 void add_mnist_data_flags(CLI::App& app, DataFlags& flags) {
   add_choice(app, "--dataset", flags.dataset,
-             "mnist, cifar10 (with --model resnet*), imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/, read in "
-             "grayscale), or auto: what --data holds",
+             "mnist, cifar10 (with --model resnet*), imagefolder (DIR/<class>/*.jpg|png with --val-fraction held "
+             "out, or DIR/train/<class>/ and DIR/val/; read in grayscale), or auto: what --data holds",
              {"auto", "mnist", "cifar10", "imagefolder"});
   add_count(app, "--image-size", flags.image_size, "image folders: Resize(size) + CenterCrop(size)", 8);
+  add_validation_flags(app, flags);
   app.add_option("--data", flags.data,
                  "directory with the IDX files, or torchvision's root holding MNIST/raw/ (default ./data/MNIST/raw, "
-                 "else ./MNIST/raw, else /usr/share/datasets/fashion-mnist)");
+                 "else ./MNIST/raw, else /usr/share/datasets/fashion-mnist); or CIFAR-10, or image folders");
 }
 
 void add_cifar_data_flags(CLI::App& app, DataFlags& flags) {
@@ -96,8 +136,10 @@ void add_cifar_data_flags(CLI::App& app, DataFlags& flags) {
                  "(torchvision's root) or DIR itself")
       ->capture_default_str();
   add_choice(app, "--dataset", flags.dataset,
-             "cifar10, mnist, imagefolder (DIR/train/<class>/*.jpg|png and DIR/val/), or auto: what --data holds",
+             "cifar10, mnist, imagefolder (DIR/<class>/*.jpg|png with --val-fraction held out, or DIR/train/<class>/ "
+             "and DIR/val/), or auto: what --data holds",
              {"auto", "cifar10", "mnist", "imagefolder"});
+  add_validation_flags(app, flags);
   add_count(app, "--image-size", flags.image_size,
             "image folders: RandomResizedCrop size for training, Resize(size * 8 / 7) + CenterCrop(size) for testing",
             8);
@@ -107,7 +149,8 @@ void add_cifar_data_flags(CLI::App& app, DataFlags& flags) {
 
 data::LoadedData load_cifar_app_data(const DataFlags& flags, uint64_t seed) {
   return flags.synthetic ? synthetic_cifar_data(flags.synthetic_size, seed)
-                         : load_cifar_app_data(flags.data, flags.dataset, flags.image_size);
+                         : load_cifar_app_data(flags.data, flags.dataset, flags.image_size,
+                                               image_folder_split(flags, seed));
 }
 
 }  // namespace loom::apps

@@ -50,11 +50,13 @@ int run(const Flags& flags, int argc, char** argv) {
   LOOM_CHECK(!rank.leader || flags.save.empty() || fs::is_directory(save_dir), "--save ", flags.save, ": directory ",
              save_dir.string(), " does not exist");
   const fs::path dir = apps::mnist_data_dir(flags.data.data);
-  const data::LoadedData loaded = apps::load_mnist_app_data(dir, flags.data.dataset, flags.data.image_size);
+  const data::LoadedData loaded = apps::load_mnist_app_data(dir, flags.data.dataset, flags.data.image_size,
+                                                            apps::image_folder_split(flags.data, common.seed));
   const data::SampleShape shape = loaded.sample_shape();
   if (rank.leader) {
     std::printf("Training on %s (%lld training, %lld test images) from %s\n", loaded.description.c_str(),
                 static_cast<long long>(loaded.train_size()), static_cast<long long>(loaded.test_size()), dir.c_str());
+    if (!loaded.split.empty()) std::printf("%s\n", loaded.split.c_str());
   }
   LOOM_CHECK(flags.model != "convnet" || (shape.channels == 1 && shape.height == 28 && shape.width == 28),
              "--model convnet takes 1x28x28 images; ", loaded.description, " gives ", shape.channels, "x",
@@ -85,7 +87,8 @@ int run(const Flags& flags, int argc, char** argv) {
                              .max_steps(flags.max_steps)
                              .settings({{"model", flags.model}, {"world_size", std::to_string(rank.world)},
                                         {"batch_size", std::to_string(flags.batch_size)},
-                                        {"seed", std::to_string(common.seed)}}));
+                                        {"seed", std::to_string(common.seed)},
+                                        {"epochs", std::to_string(flags.epochs)}}));
   const bool spawned = std::getenv("LOOM_SPAWNED_BY") != nullptr;
   if (rank.leader && rank.world > 1) {
     std::printf("Distributed: %d processes (%s), backend %s, batch %lld per process%s\n", rank.world,

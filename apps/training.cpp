@@ -37,11 +37,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
             "CPU threads per process (0 = all cores, or 1 when several processes run)", 0);
   app.add_option("--seed", flags.seed, "initialisation, shuffling and augmentation seed")->capture_default_str();
   add_count(app, "--log-interval", flags.log_interval, "steps between loss lines", 1);
-  app.add_option("--timeout", flags.timeout_s,
-                 "seconds a collective may wait for the other processes before the run fails (0 = "
-                 "LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300")
-      ->capture_default_str()
-      ->check(at_least(0));
+  add_number(app, "--timeout", flags.timeout_s,
+             "seconds a collective may wait for the other processes before the run fails (0 = "
+             "LOOM_COLLECTIVE_TIMEOUT, else 1800); starting up, they wait at least 300",
+             0);
   add_choice(app, "--progress", flags.progress,
              "rank 0's progress on stderr: bar (step, images/s, loss, data wait, ETA; redrawn in place), lines "
              "(one per --log-interval steps), none, or auto: bar when stderr is a terminal, else lines",
@@ -53,6 +52,14 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                  "rank 0 writes the --metrics numbers as TensorBoard scalars into an event file in DIR "
                  "(tensorboard --logdir DIR)");
   add_trace_flag(app, flags.trace);
+  add_number(app, "--clip-grad-norm", flags.clip_grad_norm,
+             "clip the gradients' total 2-norm to this before each step (after the all-reduce and, with --amp, the "
+             "unscale; 0 = off)",
+             0);
+  add_count(app, "--accumulate-steps", flags.accumulate_steps,
+            "batches per optimizer step (gradient accumulation: the all-reduce on the last, each loss divided by "
+            "their number; an epoch's leftover batches make one step)",
+            1);
 }
 
 RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoints) {
@@ -182,6 +189,8 @@ train::TrainerOptions trainer_options(const char* program, int argc, char** argv
       .metrics_path(flags.metrics)
       .tensorboard_dir(flags.tensorboard)
       .trace_path(flags.trace)
+      .clip_grad_norm(flags.clip_grad_norm)
+      .accumulate_steps(flags.accumulate_steps)
       .checkpoints(checkpoint_options(checkpoints))
       .stop_signal(train::parse_signal_name(checkpoints.signal))
       .process_group(std::move(group));

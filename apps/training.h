@@ -43,10 +43,13 @@ struct CommonFlags {
   std::string metrics;            // JSON Lines file rank 0 appends to; '' = none
   std::string tensorboard;        // TensorBoard log directory; '' = none
   std::string trace;              // Chrome trace file; '' = none
+  double clip_grad_norm = 0;      // max total gradient 2-norm; 0 = no clipping
+  int64_t accumulate_steps = 1;   // batches per optimizer step
 };
 
 // Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
-// --log-interval, --timeout, --progress, --metrics, --tensorboard and --trace. Every
+// --log-interval, --timeout, --progress, --metrics, --tensorboard, --trace,
+// --clip-grad-norm and --accumulate-steps. Every
 // flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);
 
@@ -118,8 +121,8 @@ std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags,
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device);
 
 // The Trainer's options from the flags both apps take, in one place:
-// --log-interval, --progress, --metrics, --tensorboard, --trace, the
-// checkpoint flags, the process group, and the metrics header's program and
+// --log-interval, --progress, --metrics, --tensorboard, --trace,
+// --clip-grad-norm, --accumulate-steps, the checkpoint flags, the process group, and the metrics header's program and
 // command line. The app adds what is its own (epochs, step limits, warm-up, settings).
 train::TrainerOptions trainer_options(const char* program, int argc, char** argv, const CommonFlags& flags,
                                       const CheckpointFlags& checkpoints, std::shared_ptr<dist::ProcessGroup> group);

@@ -27,9 +27,11 @@ install(TARGETS ${_loom_targets} EXPORT loomTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # Every header of the library directories, at include/loom/<dir>/..., but
-# cudnn_descriptors.h, which needs cudnn.h and serves loom's .cu files only.
+# cudnn_descriptors.h, which needs cudnn.h and serves loom's .cu files only;
+# and the ops' kernel lists (ops/<op>_kernels.def) the headers include.
 foreach(dir IN LISTS LOOM_LIBRARY_DIRS)
-  file(GLOB_RECURSE _loom_headers RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
+  file(GLOB_RECURSE _loom_headers RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h
+       ${PROJECT_SOURCE_DIR}/${dir}/*.def)
   list(FILTER _loom_headers EXCLUDE REGEX "/cudnn_descriptors\\.h$")
   foreach(header IN LISTS _loom_headers)
     get_filename_component(_loom_header_dir ${header} DIRECTORY)

@@ -9,6 +9,7 @@
 
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
+#include <loom/data/input_file.h>
 #include <loom/data/pickle.h>
 
 namespace loom::data {
@@ -97,6 +98,10 @@ ImageDataset read_cifar10_pickle_files(const std::vector<fs::path>& paths, const
     }
     const std::vector<int64_t> file_labels = labels_of(*label_entry->second, path);
     const auto count = static_cast<int64_t>(file_labels.size());
+    if (count == 0) {
+      LOOM_FAIL("CIFAR-10 file ", path.string(), " holds no images; expected at least one (",
+                cifar10_official_batch_images, " in the official batches)");
+    }
     if (array->shape[0] != count || static_cast<int64_t>(array->data.size()) != count * image_bytes) {
       LOOM_FAIL("CIFAR-10 file ", path.string(), ": \"data\" has ", array->data.size(), " bytes for ", count,
                 " labels; expected ", count, " x ", image_bytes, " (3x32x32 pixels per image)");
@@ -115,33 +120,32 @@ ImageDataset read_cifar10_pickle_files(const std::vector<fs::path>& paths, const
 
 
 ImageDataset read_cifar10_files(const std::vector<fs::path>& paths, const std::string& name) {
-  std::vector<uintmax_t> sizes;
-  uintmax_t total_bytes = 0;
+  std::vector<int64_t> counts;
+  int64_t count = 0;
   for (const fs::path& path : paths) {
-    std::error_code error;
-    const uintmax_t bytes = fs::file_size(path, error);
-    if (error) LOOM_FAIL("CIFAR-10 file ", path.string(), " cannot be read: ", error.message());
-    if (bytes % cifar10_record_bytes != 0) {
+    const uint64_t bytes = InputFile(path, "CIFAR-10 file").size();
+    // An empty or cut file would otherwise give fewer images without a word.
+    if (bytes == 0 || bytes % cifar10_record_bytes != 0) {
       LOOM_FAIL("CIFAR-10 file ", path.string(), " has ", bytes, " bytes; expected a multiple of ",
-                cifar10_record_bytes, " (a label byte and 3x32x32 pixels per image)");
+                cifar10_record_bytes, " above zero (a label byte and 3x32x32 pixels per image; the official batches hold ",
+                cifar10_official_batch_images, " images, ", cifar10_official_batch_images * cifar10_record_bytes,
+                " bytes)");
     }
-    sizes.push_back(bytes);
-    total_bytes += bytes;
+    counts.push_back(static_cast<int64_t>(bytes / cifar10_record_bytes));
+    count += counts.back();
   }
-  const int64_t count = static_cast<int64_t>(total_bytes / cifar10_record_bytes);
   std::vector<uint8_t> pixels(static_cast<size_t>(count * image_bytes));
   std::vector<int64_t> labels(static_cast<size_t>(count));
 
   int64_t sample = 0;
   std::vector<uint8_t> records;
   for (size_t f = 0; f < paths.size(); ++f) {
-    std::ifstream in(paths[f], std::ios::binary);
-    records.resize(sizes[f]);
-    if (!in.read(reinterpret_cast<char*>(records.data()), static_cast<std::streamsize>(records.size()))) {
-      LOOM_FAIL("CIFAR-10 file ", paths[f].string(), ": reading ", sizes[f], " bytes failed");
+    InputFile in(paths[f], "CIFAR-10 file");
+    records.resize(static_cast<size_t>(counts[f] * cifar10_record_bytes));
+    if (in.read(records.data(), records.size()) != records.size()) {
+      LOOM_FAIL("CIFAR-10 file ", paths[f].string(), ": reading ", records.size(), " bytes failed (the file shrank)");
     }
-    const int64_t file_records = static_cast<int64_t>(sizes[f]) / cifar10_record_bytes;
-    for (int64_t r = 0; r < file_records; ++r, ++sample) {
+    for (int64_t r = 0; r < counts[f]; ++r, ++sample) {
       const uint8_t* record = records.data() + r * cifar10_record_bytes;
       if (record[0] >= cifar10_classes) {
         LOOM_FAIL("CIFAR-10 file ", paths[f].string(), ": record ", r, " has label ", int{record[0]},

@@ -18,10 +18,14 @@ inline constexpr int64_t cifar10_classes = 10;
 // One record: a label byte, then the R, G and B planes of 32x32 pixels each.
 inline constexpr int64_t cifar10_record_bytes = 1 + cifar10_channels * cifar10_side * cifar10_side;
 static_assert(cifar10_record_bytes == 3073);
+// Images in each official batch file (data_batch_1..5, test_batch).
+inline constexpr int64_t cifar10_official_batch_images = 10000;
 
 // Reads one or more batch files into one dataset, in the order given. Throws
-// loom::Error naming the file when its size is not a multiple of 3073 bytes or
-// a record's label is above 9.
+// loom::Error naming the file when it is empty, its size is not a multiple of
+// 3073 bytes, it is not a regular file (a FIFO would block), or a record's
+// label is above 9. Any positive number of records is accepted (the official
+// files hold 10000 each).
 ImageDataset read_cifar10_files(const std::vector<std::filesystem::path>& paths, const std::string& name);
 
 // Reads batches of the python version (torchvision's cifar-10-batches-py/:

@@ -4,13 +4,16 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
+#include <new>
 #include <cerrno>
 #include <optional>
 #include <string>
 #include <system_error>
 
 #include <loom/core/error.h>
+#include <loom/data/input_file.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;
@@ -23,9 +26,15 @@ bool is_gzip_path(const fs::path& path) { return path.extension() == ".gz"; }
 class GzFile {
  public:
   GzFile(const fs::path& path, const char* mode) : path_(path) {
-    if (mode[0] == 'r' && !fs::exists(path)) LOOM_FAIL("IDX file ", path.string(), " does not exist");
     errno = 0;
-    handle_ = gzopen(path.c_str(), mode);
+    if (mode[0] == 'r') {
+      // Refuses a FIFO or device before zlib would block reading it.
+      InputFile file(path, "IDX file");
+      file_bytes_ = file.size();
+      handle_ = gzdopen(file.release(), mode);
+    } else {
+      handle_ = gzopen(path.c_str(), mode);
+    }
     if (!handle_) {
       LOOM_FAIL("IDX file ", path.string(), ": cannot open for ", mode[0] == 'r' ? "reading" : "writing", " (",
                 std::error_code(errno, std::generic_category()).message(), ")");
@@ -61,6 +70,15 @@ class GzFile {
     }
   }
 
+  // The file's size on disk (compressed or not), for reads.
+  uint64_t file_bytes() const { return file_bytes_; }
+  // True when the file is read as it is, without gzip framing (valid after the first read).
+  bool uncompressed() const { return gzdirect(handle_) != 0; }
+  // Back to the first byte.
+  void rewind() {
+    if (gzrewind(handle_) != 0) LOOM_FAIL("IDX file ", path_.string(), ": rewinding failed (", error_message(), ")");
+  }
+
   // Flushes and closes, reporting errors a destructor would have to swallow.
   void close() {
     const int status = gzclose(handle_);
@@ -77,6 +95,7 @@ class GzFile {
 
   fs::path path_;
   gzFile handle_ = nullptr;
+  uint64_t file_bytes_ = 0;
 };
 
 uint32_t read_big_endian(const uint8_t* bytes) {
@@ -114,34 +133,69 @@ std::vector<uint32_t> read_header(GzFile& file, const fs::path& path, uint32_t e
   return words;
 }
 
-// Reads exactly `expected` payload bytes and checks nothing follows them. The
-// buffer grows as data arrives (doubling from 64 KiB, then 64 MiB at a time),
-// so a corrupt header declaring terabytes fails as a truncated file, and a
-// small file never costs more than twice its size (a fuzzed 34-byte file once
-// made it allocate and clear 64 MiB).
-std::vector<uint8_t> read_payload(GzFile& file, const fs::path& path, size_t expected, const std::string& what) {
-  constexpr size_t max_step = size_t{64} << 20;
-  size_t step = size_t{64} << 10;
-  std::vector<uint8_t> out;
-  size_t got = 0;
-  while (got < expected) {
-    out.resize(std::min(expected, got + step));
-    const size_t want = out.size() - got;
-    const size_t read = file.read(out.data() + got, want);
-    got += read;
-    if (read < want) break;
-    step = std::min(2 * step, max_step);
+// Deflate's best ratio: a gzip stream of n bytes inflates to at most about
+// 1032 n bytes (RFC 1951: 258 bytes per 2-bit match code, less framing).
+constexpr uint64_t kMaxGzipRatio = 1032;
+// Payloads up to this size are read as they arrive; larger ones are first
+// measured without being kept, so a header that lies costs no memory.
+constexpr size_t kMeasureAbove = size_t{64} << 20;
+
+// Inflates and counts the bytes left, up to `limit` + 1, keeping none of them.
+size_t count_remaining(GzFile& file, size_t limit) {
+  std::vector<uint8_t> scratch(size_t{1} << 20);
+  size_t counted = 0;
+  while (counted <= limit) {
+    const size_t read = file.read(scratch.data(), std::min(scratch.size(), limit + 1 - counted));
+    if (read == 0) break;
+    counted += read;
   }
-  out.resize(got);
-  if (got < expected) {
+  return counted;
+}
+
+[[noreturn]] void fail_payload_size(const fs::path& path, const std::string& what, size_t expected, size_t held) {
+  if (held < expected) {
     LOOM_FAIL("IDX file ", path.string(), ": truncated; the header declares ", what, " (", expected,
-              " bytes of data) but the file holds only ", got);
+              " bytes of data) but the file holds only ", held);
   }
+  LOOM_FAIL("IDX file ", path.string(), ": has bytes after the ", what, " its header declares; the file is ",
+            "corrupt or not an IDX file");
+}
+
+// Reads exactly `expected` payload bytes (after a header of `header_bytes`)
+// and checks nothing follows them. Before allocating, the size the header
+// declares is checked against what the file can hold: exactly its remaining
+// bytes when it is not compressed, at most 1032 times its size when it is
+// gzip; a large gzip payload is inflated once to count it before it is kept.
+// So a corrupt or hostile header fails at once or after a streaming pass,
+// never after allocating what it declares (a header declaring 4 billion
+// labels once made a 4 MB gzip file cost 4.5 GB, then std::bad_alloc).
+std::vector<uint8_t> read_payload(GzFile& file, const fs::path& path, size_t header_bytes, size_t expected,
+                                  const std::string& what) {
+  const uint64_t file_bytes = file.file_bytes();
+  if (file.uncompressed()) {
+    const uint64_t held = file_bytes - std::min<uint64_t>(file_bytes, header_bytes);
+    if (held != expected) fail_payload_size(path, what, expected, static_cast<size_t>(held));
+  } else if (expected / kMaxGzipRatio > file_bytes) {
+    LOOM_FAIL("IDX file ", path.string(), ": the header declares ", what, " (", expected,
+              " bytes of data) but a gzip file of ", file_bytes, " bytes inflates to at most about ",
+              file_bytes * kMaxGzipRatio, "; the header is corrupt or the file truncated");
+  } else if (expected > kMeasureAbove) {
+    const size_t held = count_remaining(file, expected);
+    if (held != expected) fail_payload_size(path, what, expected, held);
+    file.rewind();
+    std::vector<uint8_t> skipped(header_bytes);
+    file.read(skipped.data(), skipped.size());
+  }
+  std::vector<uint8_t> out;
+  try {
+    out.resize(expected);
+  } catch (const std::bad_alloc&) {
+    LOOM_FAIL("IDX file ", path.string(), ": the ", what, " it holds (", expected,
+              " bytes) do not fit in this machine's memory");
+  }
+  const size_t got = file.read(out.data(), expected);
   uint8_t extra = 0;
-  if (file.read(&extra, 1) != 0) {
-    LOOM_FAIL("IDX file ", path.string(), ": has bytes after the ", what, " its header declares; the file is ",
-              "corrupt or not an IDX file");
-  }
+  if (got < expected || file.read(&extra, 1) != 0) fail_payload_size(path, what, expected, got + (got < expected ? 0 : 1));
   return out;
 }
 
@@ -172,7 +226,7 @@ IdxImages read_idx_images(const fs::path& path) {
     LOOM_FAIL("IDX file ", path.string(), ": the header declares ", images.count, " images of ", images.rows, "x",
               images.columns, " pixels, more than 1 TiB; the header is corrupt");
   }
-  images.pixels = read_payload(file, path, static_cast<size_t>(images.count * images.rows * images.columns),
+  images.pixels = read_payload(file, path, 16, static_cast<size_t>(images.count * images.rows * images.columns),
                                str(images.count, " images of ", images.rows, "x", images.columns));
   return images;
 }
@@ -180,7 +234,7 @@ IdxImages read_idx_images(const fs::path& path) {
 std::vector<int64_t> read_idx_labels(const fs::path& path, int64_t num_classes) {
   GzFile file(path, "rb");
   const std::vector<uint32_t> header = read_header(file, path, idx_label_magic, 1, "a label file");
-  const std::vector<uint8_t> bytes = read_payload(file, path, header[1], str(header[1], " labels"));
+  const std::vector<uint8_t> bytes = read_payload(file, path, 8, header[1], str(header[1], " labels"));
   std::vector<int64_t> labels(bytes.size());
   for (size_t i = 0; i < bytes.size(); ++i) {
     if (bytes[i] >= num_classes) {
@@ -193,6 +247,14 @@ std::vector<int64_t> read_idx_labels(const fs::path& path, int64_t num_classes) 
 }
 
 ImageDataset read_idx_dataset(const fs::path& images_path, const fs::path& labels_path, int64_t num_classes) {
+  // The counts first, from the headers alone: a mismatch fails before either payload is inflated.
+  GzFile image_file(images_path, "rb"), label_file(labels_path, "rb");
+  const uint32_t image_count = read_header(image_file, images_path, idx_image_magic, 3, "an image file")[1];
+  const uint32_t label_count = read_header(label_file, labels_path, idx_label_magic, 1, "a label file")[1];
+  if (image_count != label_count) {
+    LOOM_FAIL("IDX files do not match: ", images_path.string(), " holds ", image_count, " images but ",
+              labels_path.string(), " holds ", label_count, " labels");
+  }
   IdxImages images = read_idx_images(images_path);
   std::vector<int64_t> labels = read_idx_labels(labels_path, num_classes);
   if (static_cast<int64_t>(labels.size()) != images.count) {
@@ -250,7 +312,14 @@ TrainTestSplit load_mnist(const fs::path& directory) {
   for (const fs::path& candidate : mnist_candidates(directory)) {
     const std::array<fs::path, 4> found = mnist_files(candidate, missing);
     if (missing.empty()) {
-      return {read_idx_dataset(found[0], found[1]), read_idx_dataset(found[2], found[3])};
+      TrainTestSplit split{read_idx_dataset(found[0], found[1]), read_idx_dataset(found[2], found[3])};
+      // A model built for the training images would fail on other test images with a shape error.
+      if (split.train.height() != split.test.height() || split.train.width() != split.test.width()) {
+        LOOM_FAIL("IDX files do not match: ", found[0].string(), " holds images of ", split.train.height(), "x",
+                  split.train.width(), " pixels but ", found[2].string(), " holds images of ", split.test.height(),
+                  "x", split.test.width(), "; the training and test images must have one size");
+      }
+      return split;
     }
     if (fs::is_directory(candidate)) looked += str(looked.empty() ? "" : "; ", candidate.string(), " is missing ", missing);
   }

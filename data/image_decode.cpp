@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include <loom/core/error.h>
+#include <loom/data/input_file.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;
@@ -164,13 +165,16 @@ bool is_jpeg(const std::vector<uint8_t>& bytes) {
 }
 
 std::vector<uint8_t> read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) LOOM_FAIL("image ", path.string(), " cannot be opened");
-  const std::streamsize size = in.tellg();
-  std::vector<uint8_t> bytes(static_cast<size_t>(std::max<std::streamsize>(size, 0)));
-  in.seekg(0);
-  if (size < 0 || !in.read(reinterpret_cast<char*>(bytes.data()), size)) {
-    LOOM_FAIL("image ", path.string(), ": reading failed");
+  InputFile file(path, "image");  // refuses a FIFO or device named like an image, which would block
+  // No image loom decodes needs a file larger than its decoded size: a bigger
+  // one is refused before it is read, keeping a stray huge file from costing its size in memory.
+  if (file.size() > kMaxDecodeBytes) {
+    LOOM_FAIL("image ", path.string(), " has ", file.size(), " bytes, over the limit of ", kMaxDecodeBytes >> 20,
+              " MiB per image file");
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(file.size()));
+  if (file.read(bytes.data(), bytes.size()) != bytes.size()) {
+    LOOM_FAIL("image ", path.string(), ": reading failed (the file shrank while it was read)");
   }
   return bytes;
 }

@@ -13,6 +13,7 @@
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
 #include <loom/data/image_internal.h>
+#include <loom/data/input_file.h>
 
 namespace loom::data {
 namespace fs = std::filesystem;
@@ -139,7 +140,15 @@ ImageFolderIndex index_image_folder(const fs::path& root) {
                     " is an image torchvision would read but loom decodes only JPEG and PNG; convert or move it, so "
                     "that sample indices match torchvision's");
         }
-        if (decodable_extension(entry.path())) names.push_back(entry.path().filename().string());
+        if (!decodable_extension(entry.path())) continue;
+        std::error_code error;
+        const fs::file_status status = entry.status(error);  // follows symbolic links, as torchvision does
+        if (!fs::is_regular_file(status)) {
+          // torchvision would list it and its loader would block on a FIFO for ever.
+          LOOM_FAIL("image folder ", root.string(), ": ", entry.path().string(), " is ", describe_file_type(status),
+                    ", not an image file; remove or rename it");
+        }
+        names.push_back(entry.path().filename().string());
       }
       std::sort(names.begin(), names.end());
       for (const std::string& name : names) {
@@ -167,8 +176,39 @@ bool is_image_folder(const fs::path& root) {
   return false;
 }
 
+ImageFolderHoldOut split_image_folder(const ImageFolderIndex& index, double fraction, uint64_t seed) {
+  if (!(fraction > 0.0 && fraction < 1.0)) {
+    LOOM_FAIL("image folder hold-out: the validation fraction ", fraction, " must be above 0 and below 1");
+  }
+  std::vector<std::vector<size_t>> by_class(index.classes.size());
+  for (size_t i = 0; i < index.files.size(); ++i) by_class.at(static_cast<size_t>(index.labels[i])).push_back(i);
+  std::vector<bool> held(index.files.size(), false);
+  for (size_t label = 0; label < by_class.size(); ++label) {
+    std::vector<size_t>& samples = by_class[label];
+    const auto n = static_cast<int64_t>(samples.size());
+    const int64_t count = n < 2 ? 0 : std::clamp<int64_t>(std::llround(fraction * static_cast<double>(n)), 1, n - 1);
+    // The first `count` places of a Fisher-Yates shuffle: a uniform draw without replacement.
+    Generator random(Generator::mix(seed, label));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t j = i + static_cast<int64_t>(random.below(static_cast<uint64_t>(n - i)));
+      std::swap(samples[static_cast<size_t>(i)], samples[static_cast<size_t>(j)]);
+      held[samples[static_cast<size_t>(i)]] = true;
+    }
+  }
+  ImageFolderHoldOut split{{index.classes, {}, {}}, {index.classes, {}, {}}};
+  for (size_t i = 0; i < index.files.size(); ++i) {
+    ImageFolderIndex& half = held[i] ? split.held_out : split.train;
+    half.files.push_back(index.files[i]);
+    half.labels.push_back(index.labels[i]);
+  }
+  return split;
+}
+
 ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options)
-    : root_(root), index_(index_image_folder(root)), options_(std::move(options)) {
+    : ImageFolder(root, index_image_folder(root), std::move(options)) {}
+
+ImageFolder::ImageFolder(const fs::path& root, ImageFolderIndex index, ImageFolderOptions options)
+    : root_(root), index_(std::move(index)), options_(std::move(options)) {
   shape_.channels = options_.color() == ColorMode::rgb ? 3 : 1;
   bool seen_to_tensor = false;
   int64_t size_height = 0, size_width = 0;  // the fixed output size, once a transform sets one

@@ -115,9 +115,25 @@ ImageFolderIndex index_image_folder(const std::filesystem::path& root);
 // True when `root` looks like an image folder (has a sub-directory holding a .jpg, .jpeg or .png).
 bool is_image_folder(const std::filesystem::path& root);
 
+// An image folder's samples split in two: a validation set held out of one
+// folder, as ImageFolder(root) plus a stratified split gives it in PyTorch.
+struct ImageFolderHoldOut {
+  ImageFolderIndex train;
+  ImageFolderIndex held_out;
+};
+// Holds out, per class, round(fraction x n) of the class's n samples (at
+// least one and never all of them when n >= 2; a class of one sample stays in
+// training), drawn by a generator seeded with `seed` and the class's label,
+// so every rank and every run with the same seed splits alike. Both halves
+// keep all the classes and their samples in `index`'s order. Throws unless
+// 0 < fraction < 1.
+ImageFolderHoldOut split_image_folder(const ImageFolderIndex& index, double fraction, uint64_t seed);
+
 class ImageFolder : public Dataset {
  public:
   ImageFolder(const std::filesystem::path& root, ImageFolderOptions options);
+  // The samples of `index` (e.g. one half of split_image_folder), found under `root`.
+  ImageFolder(const std::filesystem::path& root, ImageFolderIndex index, ImageFolderOptions options);
 
   int64_t size() const override { return static_cast<int64_t>(index_.files.size()); }
   SampleShape sample_shape() const override { return shape_; }

@@ -3,12 +3,13 @@
 // bytes left and every GLOBAL checked against a short allow-list.
 #include <loom/data/pickle.h>
 
+#include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <unordered_map>
 
 #include <loom/core/error.h>
+#include <loom/data/input_file.h>
 
 namespace loom::data::pickle {
 namespace fs = std::filesystem;
@@ -31,20 +32,81 @@ std::optional<Callable> allowed_global(const std::string& module, const std::str
 
 using Item = ValuePtr;
 
+// The pickle's bytes in order: a string in memory, or a file read as the
+// parser asks for them, so that nothing after the STOP opcode is read (a
+// batch followed by a gigabyte of stray bytes costs the batch's size).
+class Source {
+ public:
+  explicit Source(const std::string& bytes) : memory_(&bytes), size_(bytes.size()) {}
+  explicit Source(InputFile& file) : file_(&file), size_(file.size()) {}
+
+  uint64_t size() const { return size_; }
+  uint64_t position() const { return position_; }
+  uint64_t remaining() const { return size_ - position_; }
+
+  // Copies the next `count` bytes, which the caller has checked remain.
+  void read(char* out, size_t count) {
+    if (memory_) {
+      std::memcpy(out, memory_->data() + position_, count);
+      position_ += count;
+      return;
+    }
+    while (count > 0) {
+      if (buffer_at_ == buffer_.size()) {
+        if (count >= kBufferBytes) {  // a large string or array: straight into its storage
+          read_file(out, count);
+          return;
+        }
+        buffer_.resize(static_cast<size_t>(std::min<uint64_t>(kBufferBytes, remaining())));
+        buffer_at_ = 0;
+        const uint64_t at = position_;
+        read_file(buffer_.data(), buffer_.size());
+        position_ = at;
+      }
+      const size_t chunk = std::min(count, buffer_.size() - buffer_at_);
+      std::memcpy(out, buffer_.data() + buffer_at_, chunk);
+      buffer_at_ += chunk;
+      position_ += chunk;
+      out += chunk;
+      count -= chunk;
+    }
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = size_t{64} << 10;
+
+  void read_file(char* out, size_t count) {
+    if (file_->read(out, count) != count) {
+      LOOM_FAIL("pickle file ", file_->path().string(), ": the file shrank while it was read");
+    }
+    position_ += count;
+  }
+
+  const std::string* memory_ = nullptr;
+  InputFile* file_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t position_ = 0;
+  std::vector<char> buffer_;
+  size_t buffer_at_ = 0;
+};
+
 constexpr int max_height = 32;
 
 class Parser {
  public:
-  Parser(const std::string& bytes, const fs::path& path) : bytes_(bytes), path_(path) {}
+  Parser(Source& source, const fs::path& path) : source_(source), path_(path) {}
 
   Value run() {
-    if (bytes_.empty() || static_cast<uint8_t>(bytes_[0]) != 0x80) {
-      fail(0, "does not start with the PROTO opcode (0x80): not a pickle of protocol 2 or later");
-    }
     for (;;) {
-      if (position_ >= bytes_.size()) fail(position_, "the pickle ends without its STOP opcode (truncated?)");
-      opcode_at_ = position_;
+      if (source_.remaining() == 0) {
+        if (source_.position() == 0) fail(0, "is empty: not a pickle");
+        fail(source_.position(), "the pickle ends without its STOP opcode (truncated?)");
+      }
+      opcode_at_ = source_.position();
       const uint8_t opcode = next_byte();
+      if (opcode_at_ == 0 && opcode != 0x80) {
+        fail(0, "does not start with the PROTO opcode (0x80): not a pickle of protocol 2 or later");
+      }
       if (opcode == '.') break;
       step(opcode);
     }
@@ -61,7 +123,7 @@ class Parser {
     LOOM_FAIL("pickle file ", path_.string(), ", byte ", offset, ": ", parts...);
   }
 
-  size_t remaining() const { return bytes_.size() - position_; }
+  uint64_t remaining() const { return source_.remaining(); }
 
   void need(uint64_t count, const char* what) const {
     if (count > remaining()) {
@@ -71,30 +133,38 @@ class Parser {
 
   uint8_t next_byte() {
     need(1, "the opcode");
-    return static_cast<uint8_t>(bytes_[position_++]);
+    char byte = 0;
+    source_.read(&byte, 1);
+    return static_cast<uint8_t>(byte);
   }
 
   uint64_t unsigned_le(int width) {
     need(static_cast<uint64_t>(width), "an integer argument");
     uint64_t value = 0;
-    for (int i = 0; i < width; ++i) value |= uint64_t{static_cast<uint8_t>(bytes_[position_ + i])} << (8 * i);
-    position_ += static_cast<size_t>(width);
+    char bytes[8] = {};
+    source_.read(bytes, static_cast<size_t>(width));
+    for (int i = 0; i < width; ++i) value |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
     return value;
   }
 
   std::string take(uint64_t count, const char* what) {
     need(count, what);
-    std::string out = bytes_.substr(position_, static_cast<size_t>(count));
-    position_ += static_cast<size_t>(count);
+    std::string out(static_cast<size_t>(count), '\0');
+    source_.read(out.data(), out.size());
     return out;
   }
 
   std::string line(const char* what) {
-    const size_t end = bytes_.find('\n', position_);
-    if (end == std::string::npos) fail(opcode_at_, what, " has no terminating newline");
-    std::string out = bytes_.substr(position_, end - position_);
-    position_ = end + 1;
-    return out;
+    // GLOBAL's names are short; a line as long as the file is not one.
+    constexpr size_t kMaxLine = 1024;
+    std::string out;
+    for (;;) {
+      if (remaining() == 0 || out.size() > kMaxLine) fail(opcode_at_, what, " has no terminating newline");
+      char byte = 0;
+      source_.read(&byte, 1);
+      if (byte == '\n') return out;
+      out.push_back(byte);
+    }
   }
 
   static ValuePtr make(auto content) {
@@ -191,7 +261,7 @@ class Parser {
   }
 
   void memo_put(uint64_t index) {
-    if (memo_.size() >= bytes_.size()) fail(opcode_at_, "more memo entries than bytes in the file");
+    if (memo_.size() >= source_.size()) fail(opcode_at_, "more memo entries than bytes in the file");
     memo_[index] = top("PUT");
   }
 
@@ -431,10 +501,9 @@ class Parser {
     return byte >= 0x20 && byte < 0x7f ? str(" ('", static_cast<char>(byte), "')") : std::string();
   }
 
-  const std::string& bytes_;
+  Source& source_;
   const fs::path& path_;
-  size_t position_ = 0;
-  size_t opcode_at_ = 0;
+  uint64_t opcode_at_ = 0;
   std::vector<Item> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Item> memo_;
@@ -442,14 +511,15 @@ class Parser {
 
 }  // namespace
 
-Value parse(const std::string& bytes, const fs::path& path) { return Parser(bytes, path).run(); }
+Value parse(const std::string& bytes, const fs::path& path) {
+  Source source(bytes);
+  return Parser(source, path).run();
+}
 
 Value load(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) LOOM_FAIL("pickle file ", path.string(), " cannot be opened");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) LOOM_FAIL("pickle file ", path.string(), ": reading failed");
-  return parse(bytes, path);
+  InputFile file(path, "pickle file");
+  Source source(file);
+  return Parser(source, path).run();
 }
 
 }  // namespace loom::data::pickle

@@ -71,7 +71,10 @@ struct Value {
 // Throws loom::Error "pickle file PATH, byte N: ..." for anything else.
 Value parse(const std::string& bytes, const std::filesystem::path& path);
 
-// Reads the file and parses it.
+// Parses the file as it is read, up to the STOP opcode: bytes after the
+// pickle are ignored, as Python's pickle.load ignores them, and never read
+// (a batch followed by a gigabyte of stray bytes costs the batch's size).
+// A path that is not a regular file (a FIFO) is refused by name.
 Value load(const std::filesystem::path& path);
 
 }  // namespace loom::data::pickle

@@ -145,13 +145,13 @@ FileStore::~FileStore() {
   }
 }
 
-void FileStore::set(const std::string& key, const Bytes& value) {
+void FileStore::do_set(const std::string& key, const Bytes& value) {
   std::lock_guard guard(state_->mutex);
   FileLock lock(state_->file.get(), LOCK_EX, path_);
   state_->append(key, value);
 }
 
-Bytes FileStore::get(const std::string& key, Milliseconds timeout) {
+Bytes FileStore::do_get(const std::string& key, Milliseconds timeout) {
   wait({key}, timeout);
   std::lock_guard guard(state_->mutex);
   return state_->cache.at(key);
@@ -162,7 +162,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   return state_->add_locked(key, delta);
 }
 
-void FileStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
+void FileStore::do_wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   auto deadline = SteadyClock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
   while (true) {

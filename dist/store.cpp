@@ -36,10 +36,10 @@ std::vector<std::string> PrefixStore::prefixed(const std::vector<std::string>& k
   return result;
 }
 
-void PrefixStore::set(const std::string& key, const Bytes& value) { inner_->set(prefixed(key), value); }
-Bytes PrefixStore::get(const std::string& key, Milliseconds timeout) { return inner_->get(prefixed(key), timeout); }
+void PrefixStore::do_set(const std::string& key, const Bytes& value) { inner_->set(prefixed(key), value); }
+Bytes PrefixStore::do_get(const std::string& key, Milliseconds timeout) { return inner_->get(prefixed(key), timeout); }
 int64_t PrefixStore::add(const std::string& key, int64_t delta) { return inner_->add(prefixed(key), delta); }
-void PrefixStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
+void PrefixStore::do_wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   inner_->wait(prefixed(keys), timeout);
 }
 bool PrefixStore::check(const std::vector<std::string>& keys) { return inner_->check(prefixed(keys)); }

@@ -35,12 +35,12 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  virtual void set(const std::string& key, const Bytes& value) = 0;
-  void set(const std::string& key, std::string_view value) { set(key, Bytes(value.begin(), value.end())); }
+  void set(const std::string& key, const Bytes& value) { do_set(key, value); }
+  void set(const std::string& key, std::string_view value) { do_set(key, Bytes(value.begin(), value.end())); }
 
   // Waits until `key` exists, then returns its value.
-  Bytes get(const std::string& key) { return get(key, timeout_); }
-  virtual Bytes get(const std::string& key, Milliseconds timeout) = 0;
+  Bytes get(const std::string& key) { return do_get(key, timeout_); }
+  Bytes get(const std::string& key, Milliseconds timeout) { return do_get(key, timeout); }
   std::string get_string(const std::string& key) { return get_string(key, timeout_); }
   std::string get_string(const std::string& key, Milliseconds timeout);
 
@@ -48,8 +48,8 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 
   // Waits until every key exists.
-  void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
-  virtual void wait(const std::vector<std::string>& keys, Milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { do_wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, Milliseconds timeout) { do_wait(keys, timeout); }
 
   // Whether every key exists now; never waits.
   [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
@@ -58,6 +58,13 @@ class Store {
   void set_timeout(Milliseconds timeout) { timeout_ = timeout; }
 
  protected:
+  // What a store implements of set, get and wait: one overload each, behind
+  // the public ones (as std::locale's facets do), so that a store overrides
+  // them without hiding the others.
+  virtual void do_set(const std::string& key, const Bytes& value) = 0;
+  virtual Bytes do_get(const std::string& key, Milliseconds timeout) = 0;
+  virtual void do_wait(const std::vector<std::string>& keys, Milliseconds timeout) = 0;
+
   // "Store: timed out after 2 s waiting for key(s) 'a', 'b'" (`what` names the store).
   [[noreturn]] static void throw_timeout(const char* what, const std::vector<std::string>& keys, Milliseconds timeout);
 
@@ -71,18 +78,15 @@ class PrefixStore final : public Store {
  public:
   PrefixStore(std::string prefix, std::shared_ptr<Store> inner);
 
-  using Store::set;
-  void set(const std::string& key, const Bytes& value) override;
-  using Store::get;
-  Bytes get(const std::string& key, Milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  using Store::wait;
-  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   bool check(const std::vector<std::string>& keys) override;
 
   const std::shared_ptr<Store>& inner() const { return inner_; }
 
  private:
+  void do_set(const std::string& key, const Bytes& value) override;
+  Bytes do_get(const std::string& key, Milliseconds timeout) override;
+  void do_wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   std::string prefixed(const std::string& key) const { return prefix_ + "/" + key; }
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const;
   std::string prefix_;
@@ -112,19 +116,16 @@ class TCPStore final : public Store {
   TCPStore(std::string host, int port, TCPStoreOptions options = {});
   ~TCPStore() override;
 
-  using Store::set;
-  void set(const std::string& key, const Bytes& value) override;
-  using Store::get;
-  Bytes get(const std::string& key, Milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  using Store::wait;
-  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   bool check(const std::vector<std::string>& keys) override;
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
 
  private:
+  void do_set(const std::string& key, const Bytes& value) override;
+  Bytes do_get(const std::string& key, Milliseconds timeout) override;
+  void do_wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   // One connection taken from the idle pool (or opened, with the validation
   // handshake) for one call; back to the pool when the call finished its
   // exchange (done()), else closed, so that no half-read answer is reused.
@@ -170,18 +171,15 @@ class FileStore final : public Store {
   explicit FileStore(std::string path, Milliseconds timeout = kDefaultTimeout);
   ~FileStore() override;
 
-  using Store::set;
-  void set(const std::string& key, const Bytes& value) override;
-  using Store::get;
-  Bytes get(const std::string& key, Milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  using Store::wait;
-  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   bool check(const std::vector<std::string>& keys) override;
 
   const std::string& path() const { return path_; }
 
  private:
+  void do_set(const std::string& key, const Bytes& value) override;
+  Bytes do_get(const std::string& key, Milliseconds timeout) override;
+  void do_wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   struct State;
   std::string path_;
   std::unique_ptr<State> state_;

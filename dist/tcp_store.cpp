@@ -560,7 +560,7 @@ bool TCPStore::Lease::wait(const std::vector<std::string>& keys, Milliseconds ti
   return false;
 }
 
-void TCPStore::set(const std::string& key, const Bytes& value) {
+void TCPStore::do_set(const std::string& key, const Bytes& value) {
   Lease lease(*this);
   // SET has no answer; GETNUMKEYS after it returns once the server has
   // stored the value, so that every rank sees it when set() returns.
@@ -575,7 +575,7 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
   lease.done();
 }
 
-Bytes TCPStore::get(const std::string& key, Milliseconds timeout) {
+Bytes TCPStore::do_get(const std::string& key, Milliseconds timeout) {
   Lease lease(*this);
   if (!lease.wait({wire_key(key)}, timeout)) throw_timeout("TCPStore", {key}, timeout);
   lease.send(Request(Query::get).text(wire_key(key)).data());
@@ -593,7 +593,7 @@ int64_t TCPStore::add(const std::string& key, int64_t delta) {
   return value;
 }
 
-void TCPStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
+void TCPStore::do_wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   Lease lease(*this);
   if (!lease.wait(wire_keys(keys), timeout)) throw_timeout("TCPStore", keys, timeout);
   lease.done();

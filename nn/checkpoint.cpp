@@ -315,7 +315,8 @@ OpenedFile open_safetensors(const fs::path& path) {
   const std::string where = describe(path);
   OpenedFile opened;
   FileDescriptor& file = opened.file;
-  file = FileDescriptor(::open(path.c_str(), O_RDONLY));
+  // O_NONBLOCK: a FIFO named like a checkpoint would block open() until a writer came.
+  file = FileDescriptor(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   LOOM_CHECK(file.valid(), where, " cannot be opened: ", errno_text());
   struct stat info {};
   LOOM_CHECK(::fstat(file.get(), &info) == 0, where, ": stat failed: ", errno_text());
@@ -549,13 +550,16 @@ Checkpoint load_checkpoint(const fs::path& path, Device device) {
       LOOM_CHECK(state.epoch >= 0, describe(path), ": metadata '", key, "' is negative");
     } else if (field == "step") {
       state.step = parse_int(value, key, path);
+      LOOM_CHECK(state.step >= 0, describe(path), ": metadata '", key, "' is negative");
     } else if (field == "epoch_step") {
       state.epoch_step = parse_int(value, key, path);
       LOOM_CHECK(state.epoch_step >= 0, describe(path), ": metadata '", key, "' is negative");
     } else if (field == "scheduler_last_epoch") {
       state.scheduler_last_epoch = parse_int(value, key, path);
+      LOOM_CHECK(*state.scheduler_last_epoch >= 0, describe(path), ": metadata '", key, "' is negative");
     } else if (field == "sampler_epoch") {
       state.sampler_epoch = parse_int(value, key, path);
+      LOOM_CHECK(*state.sampler_epoch >= 0, describe(path), ": metadata '", key, "' is negative");
     } else if (field == "epoch_samples" || field == "world_size" || field == "global_batch_size") {
       const int64_t count = parse_int(value, key, path);
       LOOM_CHECK(count >= (field == "epoch_samples" ? 0 : 1), describe(path), ": metadata '", key, "' is out of range");
@@ -579,6 +583,9 @@ Checkpoint load_checkpoint(const fs::path& path, Device device) {
   if (has_training) {
     LOOM_CHECK(file.metadata.count(kPrefix + "epoch") && file.metadata.count(kPrefix + "step"), describe(path),
                ": the training state lacks its epoch or step");
+    // The batches done in the current epoch are among the steps done in all.
+    LOOM_CHECK(state.epoch_step <= state.step, describe(path), ": the training state records batch ",
+               state.epoch_step, " of its epoch after only ", state.step, " steps in all; the file is corrupt");
     out.training = std::move(state);
   }
   return out;

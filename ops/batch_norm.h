@@ -108,61 +108,17 @@ struct FusedRelu {
 };
 }  // namespace ops
 
-// The kernels, twins with one signature and one contract per backend
-// (ops/dispatch.h); the per-channel math they share is ops/batch_norm_math.h.
+// The kernels, twins declared once (ops/batch_norm_kernels.def).
 namespace ops::cpu {
-// Per-channel (sum, sum of squares) of `input` over every dim but 1,
-// accumulated in f64: an f64 tensor of shape (2, C).
-Tensor batch_norm_stats(const Tensor& input);
-// From `stats` summed over `count` elements per channel (on all ranks, for
-// SyncBatchNorm): an f64 (2, C) tensor of (mean, biased variance). Updates
-// running_mean / running_var in place when they are defined.
-Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
-                               const Tensor& running_var, double momentum);
-// y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var (C) of
-// any floating dtype; weight and bias may be undefined. A defined `residual`
-// (the input's shape and dtype) is added to y, and with Activation::relu
-// y = max(y, 0), all in the same pass (math::epilogue).
-Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps, Activation activation = Activation::none,
-                        const Tensor& residual = Tensor());
+#include <loom/ops/batch_norm_kernels.def>
 // batch_norm_relu_max_pool2d's forward: max_pool2d(relu(y), 2) for y as
 // batch_norm_apply computes it, (N, C, H / 2, W / 2).
 Tensor batch_norm_relu_max_pool2d_apply(const Tensor& input, const Tensor& mean, const Tensor& var,
                                         const Tensor& weight, const Tensor& bias, double eps);
-// The per-channel sums backward needs: an f64 (2, C) tensor of (sum dy, sum dy * xhat).
-Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                  const Tensor& var, double eps, const FusedRelu& relu = {});
-// batch_norm_add_relu's backward reduction: g = dy where the forward's
-// `output` (after the add and the ReLU) is positive, else 0 (relu's
-// backward), and backward_reduce's sums of g: {sums, g}, g in grad_output's
-// dtype. g is also the residual's gradient.
-std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output, const Tensor& output,
-                                                                 const Tensor& input, const Tensor& mean,
-                                                                 const Tensor& var, double eps);
-// The input gradient. `grad_sums` are backward_reduce's sums over `count`
-// elements per channel (all ranks for SyncBatchNorm); undefined grad_sums mean
-// that mean and var were constants (eval mode): dx = weight * invstd * dy.
-Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps, const FusedRelu& relu = {});
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor batch_norm_stats(const Tensor& input);
-Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
-                               const Tensor& running_var, double momentum);
-Tensor batch_norm_apply(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& weight,
-                        const Tensor& bias, double eps, Activation activation = Activation::none,
-                        const Tensor& residual = Tensor());
-Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                  const Tensor& var, double eps, const FusedRelu& relu = {});
-std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output, const Tensor& output,
-                                                                 const Tensor& input, const Tensor& mean,
-                                                                 const Tensor& var, double eps);
-Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input, const Tensor& mean,
-                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps, const FusedRelu& relu = {});
+#include <loom/ops/batch_norm_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

@@ -47,19 +47,21 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
-  if (ops::autocast_raises(logits)) return cross_entropy(logits.to(DType::f32), targets);  // autocast: losses in f32
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options) {
+  if (ops::autocast_raises(logits)) return cross_entropy(logits.to(DType::f32), targets, options);  // losses in f32
   profiler::Scope profile("cross_entropy", logits);
   check_logits("cross_entropy", logits);
   check_targets("cross_entropy", logits, targets);
-  Tensor out, probabilities;
+  const double smoothing = options.label_smoothing();
+  LOOM_CHECK(smoothing >= 0 && smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ", smoothing);
+  Tensor out, probabilities, counted;
   {
     NoGradGuard no_grad;
-    out = LOOM_DISPATCH(logits, cross_entropy_forward, logits, targets, probabilities);
+    out = LOOM_DISPATCH(logits, cross_entropy_forward, logits, targets, options, probabilities, counted);
   }
   record("cross_entropy", {logits}, {&out},
-         [probabilities, targets, dtype = logits.dtype()](const TensorList& g, const Node&) {
-           Tensor dx = LOOM_DISPATCH(probabilities, cross_entropy_backward, g[0], probabilities, targets);
+         [probabilities, targets, options, counted, dtype = logits.dtype()](const TensorList& g, const Node&) {
+           Tensor dx = LOOM_DISPATCH(probabilities, cross_entropy_backward, g[0], probabilities, targets, options, counted);
            return TensorList{dx.to(dtype)};
          });
   return out;

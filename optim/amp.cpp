@@ -2,6 +2,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/enum_names.h>
+#include <loom/optim/clip_grad.h>
 
 namespace loom::amp {
 namespace {
@@ -66,6 +67,7 @@ ops::AutocastGuard MixedPrecisionOptimizer::autocast() const {
 }
 
 void MixedPrecisionOptimizer::zero_grad() {
+  unscaled_ = false;
   for (Tensor& parameter : parameters_) {
     if (parameter.grad().defined()) parameter.mutable_grad().zero_();
   }
@@ -78,14 +80,29 @@ std::vector<Tensor> MixedPrecisionOptimizer::model_gradients() const {
   return gradients;
 }
 
-bool MixedPrecisionOptimizer::step() {
-  bool found_inf = false;
+bool MixedPrecisionOptimizer::unscale_gradients() {
+  if (unscaled_) return found_inf_;
+  found_inf_ = false;
   if (masters_) {
-    found_inf = masters_->load_gradients(scaler_);
+    found_inf_ = masters_->load_gradients(scaler_);
   } else if (scaler_.enabled()) {
     const std::vector<Tensor> gradients = model_gradients();
-    found_inf = scaler_.unscale(gradients, gradients);  // in place: the weights are the masters
+    found_inf_ = scaler_.unscale(gradients, gradients);  // in place: the weights are the masters
   }
+  unscaled_ = true;
+  return found_inf_;
+}
+
+double MixedPrecisionOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+  const bool found_inf = unscale_gradients();
+  const double total_norm = optim::get_total_norm(stepped_parameters(), norm_type);
+  if (!found_inf) optim::clip_grads_with_norm_(stepped_parameters(), max_norm, total_norm);
+  return total_norm;
+}
+
+bool MixedPrecisionOptimizer::step() {
+  const bool found_inf = unscale_gradients();
+  unscaled_ = false;
   scaler_.update(found_inf);
   last_step_skipped_ = found_inf;
   if (found_inf) return false;

@@ -9,6 +9,8 @@
 //   model = DDP(model)                              auto ddp = make_shared<DistributedDataParallel>(model);
 //   with amp.scale_loss(loss, optimizer)            optimizer->scale_loss(loss).backward();
 //       as scaled_loss: scaled_loss.backward()      ddp->wait_for_gradients();
+//   clip_grad_norm_(amp.master_params(optimizer),   optimizer->clip_grad_norm(1.0);  // optional
+//                   1.0)
 //   optimizer.step()                                optimizer->step();
 //
 // and the forward pass and loss run under optimizer->autocast(), which
@@ -80,10 +82,25 @@ class MixedPrecisionOptimizer {
   void zero_grad();
   // After backward (and after DDP's wait_for_gradients()): unscales the
   // gradients (into the masters' at O2 / O3 / bf16) checking for inf / NaN,
-  // advances the loss-scale schedule, and unless a gradient overflowed steps
-  // the optimizer and rounds the masters into the model. Returns whether the
-  // optimizer stepped.
+  // unless unscale_gradients() already did this step, advances the loss-scale
+  // schedule, and unless a gradient overflowed steps the optimizer and rounds
+  // the masters into the model. Returns whether the optimizer stepped.
   bool step();
+  // GradScaler.unscale_: unscales the gradients into the tensors the
+  // optimizer steps (stepped_parameters()' .grad) once per step; a second
+  // call before step() or zero_grad() does nothing. Returns whether a
+  // gradient overflowed (step() will skip: on every rank, since under DDP
+  // every rank unscales the same averaged gradients).
+  bool unscale_gradients();
+  // optim::clip_grad_norm_ between backward (DDP's wait included) and step():
+  // unscales first (unscale_gradients), then clips the unscaled gradients the
+  // optimizer steps (the f32 masters at O2 / O3 / bf16) and returns their
+  // total norm. After an overflow it returns the (non-finite) norm and leaves
+  // the gradients as they are: step() skips that step.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  // The tensors the wrapped optimizer steps: the masters, or the model's
+  // trainable parameters at O0 / O1.
+  const std::vector<Tensor>& stepped_parameters() const { return masters_ ? masters_->masters() : parameters_; }
 
   OptLevel level() const { return level_; }
   const Properties& properties() const { return properties_; }
@@ -117,6 +134,8 @@ class MixedPrecisionOptimizer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::GradScaler scaler_;
   bool last_step_skipped_ = false;
+  bool unscaled_ = false;   // unscale_gradients() ran since the last step() / zero_grad()
+  bool found_inf_ = false;  // what it found
 };
 
 // apex's amp.initialize: converts `model` to the level's dtypes (in place;

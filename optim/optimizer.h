@@ -2,6 +2,7 @@
 // (momentum, dampening, nesterov, weight decay), Adam and AdamW.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,14 @@ class Optimizer {
   void set_lr(double lr) {
     for (auto& g : groups_) g.lr = lr;
   }
+  // The rate every LR schedule of the group scales (PyTorch's
+  // group['initial_lr']): the group's rate when the first schedule asked,
+  // so that schedules built one after another (SequentialLR's) share it.
+  double initial_lr(size_t group) {
+    Group& g = groups_.at(group);
+    if (!g.initial_lr) g.initial_lr = g.lr;
+    return *g.initial_lr;
+  }
   // Per-parameter state tensors (momentum buffers, Adam moments), named
   // "<group>.<index>.<kind>", and scalars such as the step count: what a
   // checkpoint saves and restores.
@@ -37,6 +46,7 @@ class Optimizer {
   struct Group {
     std::vector<Tensor> params;
     double lr;
+    std::optional<double> initial_lr{};  // set by the first LR schedule
   };
   void add_group(std::vector<Tensor> params, double lr);
   std::vector<Group> groups_;
@@ -109,10 +119,35 @@ class Adam : public Optimizer {
   std::vector<std::vector<Moments>> moments_;
 };
 
-// AdamW(params, lr, wd) = Adam with decoupled weight decay (default wd 0.01).
+// torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+// weight_decay 1e-2, decoupled. The setters are AdamOptions':
+// AdamWOptions(3e-4).weight_decay(0.05).
+class AdamWOptions : public AdamOptions {
+ public:
+  explicit AdamWOptions(double lr = 1e-3) : AdamOptions(lr) {
+    weight_decay(1e-2);
+    decoupled_weight_decay(true);
+  }
+};
+
+// torch.optim.AdamW: Adam whose weight decay is decoupled from the gradient
+// (Loshchilov and Hutter), per step t and parameter p with gradient g:
+//   p *= 1 - lr * weight_decay
+//   m = beta1 m + (1 - beta1) g,  v = beta2 v + (1 - beta2) g^2
+//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// Every group decouples, whatever decoupled_weight_decay says.
+class AdamW : public Adam {
+ public:
+  explicit AdamW(std::vector<Tensor> params, const AdamOptions& options = AdamWOptions())
+      : Adam(std::move(params), AdamOptions(options).decoupled_weight_decay(true)) {}
+  void add_param_group(std::vector<Tensor> params, const AdamOptions& options) {
+    Adam::add_param_group(std::move(params), AdamOptions(options).decoupled_weight_decay(true));
+  }
+};
+
+// AdamW(params, AdamWOptions(lr).weight_decay(weight_decay)).
 inline std::unique_ptr<Adam> make_adamw(std::vector<Tensor> params, double lr = 1e-3, double weight_decay = 1e-2) {
-  return std::make_unique<Adam>(std::move(params),
-                                AdamOptions(lr).weight_decay(weight_decay).decoupled_weight_decay(true));
+  return std::make_unique<AdamW>(std::move(params), AdamWOptions(lr).weight_decay(weight_decay));
 }
 
 }  // namespace loom::optim

@@ -39,11 +39,36 @@ std::string effective_resume(const CheckpointOptions& options) {
 std::string epoch_checkpoint_name(int world, int64_t epoch) { return str(world, "GPU_", epoch, "epoch.checkpoint"); }
 std::string step_checkpoint_name(int world, int64_t step) { return str(world, "GPU_step", step, ".checkpoint"); }
 
+namespace {
+
+// A checkpoint whose position lies beyond its own recorded schedule (the
+// "epochs" setting the apps store) is corrupt: refused naming the file.
+nn::Checkpoint checked_checkpoint(const fs::path& path, Device device) {
+  nn::Checkpoint checkpoint = nn::load_checkpoint(path, device);
+  if (!checkpoint.training) return checkpoint;
+  const nn::TrainingState& state = *checkpoint.training;
+  auto epochs = state.extra_metadata.find("epochs");
+  if (epochs == state.extra_metadata.end()) return checkpoint;
+  int64_t scheduled = -1;
+  try {
+    scheduled = std::stoll(epochs->second);
+  } catch (const std::exception&) {
+  }
+  LOOM_CHECK(scheduled >= 0, "checkpoint ", path.string(), ": its recorded setting epochs '", epochs->second,
+             "' is not a whole number >= 0; the file is corrupt");
+  LOOM_CHECK(state.epoch <= scheduled && (state.epoch < scheduled || state.epoch_step == 0), "checkpoint ",
+             path.string(), ": it records epoch ", state.epoch, " (batch ", state.epoch_step,
+             "), beyond its own schedule of ", scheduled, " epochs; the file is corrupt");
+  return checkpoint;
+}
+
+}  // namespace
+
 std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, Device device, std::FILE* log) {
   const std::string resume = effective_resume(options);
   if (resume == "none") return std::nullopt;
   if (resume != "auto") {
-    return ResumePoint{resume, nn::load_checkpoint(resume, device)};
+    return ResumePoint{resume, checked_checkpoint(resume, device)};
   }
   LOOM_CHECK(!options.directory().empty(), "--resume auto looks in the checkpoint directory (--checkpoint-dir), which is ''");
   struct Candidate {
@@ -69,7 +94,7 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, D
   });
   for (size_t i = 0; i < candidates.size(); ++i) {
     try {
-      nn::Checkpoint checkpoint = nn::load_checkpoint(candidates[i].path, device);
+      nn::Checkpoint checkpoint = checked_checkpoint(candidates[i].path, device);
       if (log) {
         std::fprintf(log, "--resume auto: %s is the newest valid checkpoint in %s\n", candidates[i].path.c_str(),
                      options.directory().c_str());

@@ -105,8 +105,9 @@ class CheckpointWriter {
   int world_;
 };
 
-// Where a run stands: `step` optimizer steps in all, `epoch_step` of them in
-// epoch `epoch` (0-based).
+// Where a run stands: `step` optimizer steps in all, and `epoch_step` batches
+// of epoch `epoch` (0-based) done (as many as its steps unless gradients
+// accumulate: TrainerOptions::accumulate_steps).
 struct TrainingPosition {
   int64_t epoch = 0;
   int64_t epoch_step = 0;

@@ -41,6 +41,10 @@ std::optional<CheckpointProgress> recorded_progress(const fs::path& path, std::s
       problem = "it holds no training state";
       return std::nullopt;
     }
+    if (*step < 0) {
+      problem = str("it records step ", *step, ", a negative step");
+      return std::nullopt;
+    }
     return CheckpointProgress{metadata_int(metadata, "epoch").value_or(0),
                               metadata_int(metadata, "epoch_samples").value_or(-1), *step};
   } catch (const std::exception& e) {

@@ -6,6 +6,8 @@
 #include <cctype>
 #include <utility>
 
+#include <loom/core/cuda/runtime.h>
+#include <loom/core/cuda/stream.h>
 #include <loom/core/error.h>
 #include <loom/dist/launcher.h>
 
@@ -73,20 +75,48 @@ int StopSignals::received() { return g_stop_signal.load(); }
 
 void StopSignals::reset() { g_stop_signal.store(0); }
 
+// The agreed flag of a CUDA group on its way to the host: the copy is queued
+// on a side stream after the all-reduce, and `copied` marks its end.
+struct StopAgreement::HostCopy {
+  explicit HostCopy(int device)
+      : stream(cuda::pooled_stream(device)), copied(device), value(Tensor::empty_pinned({1}, DType::f32)) {}
+  cuda::StreamView stream;
+  cuda::Event copied;
+  Tensor value;
+};
+
 StopAgreement::StopAgreement(std::shared_ptr<dist::ProcessGroup> group) : group_(std::move(group)) {
-  if (group_) flag_ = Tensor::zeros({1}, DType::f32, group_->device());
+  if (!group_) return;
+  flag_ = Tensor::zeros({1}, DType::f32, group_->device());
+  if (flag_.device().is_cuda()) host_copy_ = std::make_unique<HostCopy>(flag_.device().index);
 }
+
+StopAgreement::~StopAgreement() = default;
 
 int StopAgreement::poll() {
   if (!group_) return StopSignals::received();
   if (pending_) {
-    pending_->wait();
+    int agreed = 0;
+    if (host_copy_) {
+      host_copy_->copied.synchronize();  // the all-reduce of a step ago, and its copy
+      pending_->wait();                  // raises its error, if it failed
+      agreed = static_cast<int>(host_copy_->value.data<float>()[0]);
+    } else {
+      pending_->wait();
+      agreed = static_cast<int>(flag_.item());
+    }
     pending_.reset();
-    const int agreed = static_cast<int>(flag_.item());
     if (agreed != 0) return agreed;
   }
   flag_.fill_(static_cast<double>(StopSignals::received()));
   pending_ = group_->all_reduce({flag_}, dist::ReduceOp::max);
+  if (host_copy_) {
+    cuda::StreamGuard on_side_stream(host_copy_->stream);
+    pending_->wait();  // the side stream, not the compute stream, waits for the all-reduce
+    cuda::copy_bytes_async(host_copy_->value.raw_data(), false, flag_.raw_data(), true, sizeof(float),
+                           host_copy_->stream);
+    host_copy_->copied.record(host_copy_->stream);
+  }
   return 0;
 }
 

@@ -40,19 +40,25 @@ int parse_signal_name(const std::string& name);
 // Makes every rank stop after the same step: poll() after each step shares
 // each rank's flag through an all-reduce (max) issued at that step and read at
 // the next one, so its latency hides behind a step. Every rank must call
-// poll() equally often.
+// poll() equally often. With a CUDA flag (NCCL), the agreed flag comes back
+// through pinned memory on a side stream, so that reading it waits for the
+// all-reduce issued a step ago, never for the step just queued on the compute
+// stream (a .item() would).
 class StopAgreement {
  public:
   explicit StopAgreement(std::shared_ptr<dist::ProcessGroup> group);
+  ~StopAgreement();
   // The signal every rank agrees to stop for now, or 0 to continue.
   int poll();
   // Waits for the outstanding all-reduce (before other collectives).
   void finish();
 
  private:
+  struct HostCopy;  // the CUDA flag's copy in pinned memory
   std::shared_ptr<dist::ProcessGroup> group_;
   Tensor flag_;
   std::shared_ptr<dist::Work> pending_;
+  std::unique_ptr<HostCopy> host_copy_;
 };
 
 }  // namespace loom::train

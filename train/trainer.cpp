@@ -6,6 +6,7 @@
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
+#include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/train/monitor.h>
 #include <loom/train/resume.h>
@@ -50,6 +51,51 @@ double warmup_factor(int64_t step, int64_t warmup_steps) {
   return step < warmup_steps ? static_cast<double>(step + 1) / static_cast<double>(warmup_steps) : 1.0;
 }
 
+// The batches of one optimizer step, run forward and backward.
+struct MicroBatches {
+  int64_t batches = 0;  // run; fewer than asked when the loader ended
+  int64_t images = 0;
+  data::Batch last;     // the last one run
+  Tensor loss;          // their mean loss (the loss itself for one batch)
+  double data_wait_seconds = 0;
+  Clock::time_point start = Clock::now();
+  // Forward and backward as the host saw them, the waits for data left out.
+  double compute_seconds() const {
+    return std::chrono::duration<double>(Clock::now() - start).count() - data_wait_seconds;
+  }
+};
+
+// Gradient accumulation: zeroes the gradients, then runs up to `count`
+// batches forward and backward, each loss divided by `count` so that the
+// gradients add up to the mean over the batches; with DDP the batches before
+// the last run under no_sync(), so the last backward all-reduces the sum.
+MicroBatches run_micro_batches(nn::Module& trained, data::DataLoader& data, int64_t count,
+                               amp::MixedPrecisionOptimizer& optimizer, dist::DistributedDataParallel* ddp,
+                               const StepFunction& step_function) {
+  MicroBatches micro;
+  optimizer.zero_grad();
+  for (; micro.batches < count; ++micro.batches) {
+    std::optional<data::Batch> batch = data.next();
+    if (!batch) break;
+    micro.data_wait_seconds += data.last_wait_seconds();
+    std::optional<dist::DistributedDataParallel::NoSyncGuard> no_sync;
+    if (ddp && micro.batches + 1 < count) no_sync.emplace(ddp->no_sync());
+    Tensor loss;
+    {
+      auto autocast = optimizer.autocast();  // the loss in f32; O1: f16 convolutions
+      loss = step_function ? step_function(trained, *batch) : cross_entropy(trained(batch->images), batch->labels);
+    }
+    // With DDP and no no_sync, the gradients are averaged when backward returns.
+    optimizer.scale_loss(count > 1 ? scale(loss, 1.0 / static_cast<double>(count)) : loss).backward();
+    NoGradGuard no_grad;
+    const Tensor part = count == 1 ? loss : scale(loss.detach(), 1.0 / static_cast<double>(count));
+    micro.loss = micro.loss.defined() ? add(micro.loss, part) : part;
+    micro.images += batch->size();
+    micro.last = std::move(*batch);
+  }
+  return micro;
+}
+
 }  // namespace
 
 dist::AccuracyCounts test_accuracy(nn::Module& model, data::DataLoader& loader, dist::ProcessGroup* group,
@@ -69,6 +115,10 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<amp::MixedPr
                  options_.warmup_steps() >= 0,
              "TrainerOptions: epochs, max_steps, max_steps_per_epoch and warmup_steps must be >= 0");
   LOOM_CHECK(options_.log_interval() >= 1, "TrainerOptions: log_interval must be >= 1, got ", options_.log_interval());
+  LOOM_CHECK(options_.accumulate_steps() >= 1, "TrainerOptions: accumulate_steps must be >= 1, got ",
+             options_.accumulate_steps());
+  LOOM_CHECK(options_.clip_grad_norm() >= 0, "TrainerOptions: clip_grad_norm must be >= 0 (0: off), got ",
+             options_.clip_grad_norm());
   StopSignals::install(options_.stop_signal());
   if (const auto& group = options_.process_group()) {
     rank_ = group->rank();
@@ -102,9 +152,15 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   if (group && !ddp_) ddp_ = std::make_shared<dist::DistributedDataParallel>(model_, options_.process_group(), options_.ddp());
   nn::Module& trained = ddp_ ? static_cast<nn::Module&>(*ddp_) : *model_;
 
+  // `step` and `steps_per_epoch` count batches (what the loader and the
+  // checkpoints count); an optimizer step takes `accumulate` of them, the
+  // epoch's last step what is left (the hooks, lines and records count steps).
+  const int64_t accumulate = options_.accumulate_steps();
   const int64_t batches = train_data.num_batches();
   const int64_t steps_per_full_epoch =
-      options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch()) : batches;
+      options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch() * accumulate) : batches;
+  const int64_t updates_per_epoch = (steps_per_full_epoch + accumulate - 1) / accumulate;
+  const bool per_step_schedule = scheduler_ && options_.scheduler_interval() == SchedulerInterval::step;
   if (leader && resumed.epoch >= epochs && epochs > 0) {
     std::printf("The checkpoint has %lld of %lld epochs done: nothing left to train\n",
                 static_cast<long long>(resumed.epoch), static_cast<long long>(epochs));
@@ -129,9 +185,9 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   description.device = device;
   description.amp = amp::opt_level_name(optimizer.level());
   description.dtype = dtype_name(input_dtype);
-  description.global_batch_size = train_data.options().batch_size() * world_;
+  description.global_batch_size = train_data.options().batch_size() * world_ * accumulate;
   description.epochs = epochs;
-  description.steps_per_epoch = steps_per_full_epoch;
+  description.steps_per_epoch = updates_per_epoch;
   description.log_interval = options_.log_interval();
   TrainingMonitor monitor(leader, options_.progress(), options_.metrics_path(), options_.tensorboard_dir(),
                           std::move(description));
@@ -144,10 +200,11 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   for (int64_t epoch = resumed.epoch; epoch < epochs && steps_left() && result.stop_signal == 0; ++epoch) {
     // A resumed epoch continues its global sample order on this world's ranks (train/resume.h).
     const EpochStart epoch_start(train_data, epoch, epoch == resumed.epoch ? &resumed : nullptr, world_,
-                                 options_.max_steps_per_epoch());
+                                 options_.max_steps_per_epoch() * accumulate);
     const int64_t steps_per_epoch = epoch_start.steps();
+    const int64_t epoch_updates = (steps_per_epoch + accumulate - 1) / accumulate;  // this epoch's, after a resume too
     int64_t step = epoch_start.first_step();
-    monitor.start_epoch(epoch, step);
+    monitor.start_epoch(epoch, (step + accumulate - 1) / accumulate);
     // This epoch's rates before warm-up: the schedule's (its step() and a
     // resume set them), or the optimizer's first rates without one (the
     // optimizer may hold a warm-up rate, also one loaded from a checkpoint).
@@ -156,54 +213,61 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       for (size_t g = 0; g < inner.num_groups(); ++g) epoch_lrs[g] = inner.lr(g);
     }
     while (step < steps_per_epoch && steps_left()) {
-      std::optional<data::Batch> batch = train_data.next();
-      if (!batch) break;
       const int64_t warmup = options_.warmup_steps();
       if (warmup > 0 && steps <= warmup) {  // the step after the warm-up restores the full rate
-        for (size_t g = 0; g < inner.num_groups(); ++g) inner.set_lr(g, epoch_lrs[g] * warmup_factor(steps, warmup));
+        for (size_t g = 0; g < inner.num_groups(); ++g) {
+          if (per_step_schedule) epoch_lrs[g] = inner.lr(g);  // this step's rate: the schedule stepped last
+          inner.set_lr(g, epoch_lrs[g] * warmup_factor(steps, warmup));
+        }
       }
-      const double data_wait = train_data.last_wait_seconds();
-      const auto step_start = Clock::now();
-      Tensor loss;
-      {
-        auto autocast = optimizer.autocast();  // the loss in f32; O1: f16 convolutions
-        loss = step_function_ ? step_function_(trained, *batch) : cross_entropy(trained(batch->images), batch->labels);
-      }
-      optimizer.zero_grad();
-      optimizer.scale_loss(loss).backward();  // with DDP, the gradients are averaged when it returns
-      if (ddp_) ddp_->wait_for_gradients();
-      optimizer.step();  // unscales the averaged gradients; skips the step on inf / NaN
-      ++step;
+      // One optimizer step: `group_size` batches, the all-reduce on the last only.
+      const int64_t group_size = std::min(accumulate, steps_per_epoch - step);
+      MicroBatches micro = run_micro_batches(trained, train_data, group_size, optimizer, ddp_.get(), step_function_);
+      if (micro.batches == 0) break;  // the loader ended early
+      LOOM_CHECK(micro.batches == group_size, "Trainer: the loader ended after ", step + micro.batches, " of the ",
+                 steps_per_epoch, " batches it announced, in the middle of an accumulation of ", group_size);
+      if (ddp_) ddp_->wait_for_gradients();  // the averaged gradients, before they are clipped
+      double grad_norm = 0;
+      if (options_.clip_grad_norm() > 0) grad_norm = optimizer.clip_grad_norm(options_.clip_grad_norm());
+      optimizer.step();  // unscales the averaged gradients (unless clipping did); skips the step on inf / NaN
+      const double step_lr = inner.lr(0);
+      if (per_step_schedule) scheduler_->step();
+      step += group_size;
       ++steps;
-      images += batch->size();
+      images += micro.images;
+      const data::Batch* batch = &micro.last;
+      const Tensor& loss = micro.loss;
+      const double data_wait = micro.data_wait_seconds;
+      const int64_t update = (step + accumulate - 1) / accumulate;  // optimizer steps done in this epoch
       const StepInfo info{.epoch = epoch,
                           .epochs = epochs,
-                          .epoch_step = step,
-                          .steps_per_epoch = steps_per_epoch,
+                          .epoch_step = update,
+                          .steps_per_epoch = epoch_updates,
                           .step = steps,
-                          .batch = &*batch,
+                          .batch = batch,
                           .loss = &loss,
                           .data_wait_seconds = data_wait,
-                          .step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count()};
-      if (leader && step % options_.log_interval() == 0) {
+                          .step_seconds = micro.compute_seconds(),
+                          .grad_norm = grad_norm};
+      if (leader && update % options_.log_interval() == 0) {
         monitor.before_output();
         const double loss_value = loss.item();
         if (on_log_) {
           on_log_(info, loss_value);
         } else {
           std::printf("Epoch [%lld/%lld], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
-                      static_cast<long long>(epochs), static_cast<long long>(step),
-                      static_cast<long long>(steps_per_epoch), loss_value);
+                      static_cast<long long>(epochs), static_cast<long long>(update),
+                      static_cast<long long>(epoch_updates), loss_value);
         }
         std::fflush(stdout);
         monitor.set_loss(loss_value);
       }
-      monitor.step({.epoch_step = step,
+      monitor.step({.epoch_step = update,
                     .step = steps,
-                    .images = batch->size() * world_,
+                    .images = micro.images * world_,
                     .data_wait_seconds = data_wait,
                     .loss = &loss,
-                    .lr = inner.lr(0),
+                    .lr = step_lr,
                     .ddp = ddp_.get(),
                     .scaler = &optimizer.scaler()});
       if (on_step_) on_step_(info);
@@ -229,7 +293,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     train_data.stop();
     monitor.end_epoch_steps();
     if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
-    if (scheduler_) scheduler_->step();
+    if (scheduler_ && !per_step_schedule) scheduler_->step();
     if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0, 0));
     // The test accuracy of every epoch (--metrics / --tensorboard, or
     // evaluate_each_epoch); the last one's is the final evaluation's.

@@ -38,6 +38,12 @@
 
 namespace loom::train {
 
+// When the Trainer advances its LR schedule (Trainer::scheduler).
+enum class SchedulerInterval {
+  epoch,  // after every epoch (StepLR, CosineAnnealingLR as PyTorch's examples step them)
+  step,   // after every optimizer step (OneCycleLR; a LinearLR / SequentialLR counted in steps)
+};
+
 class TrainerOptions {
   // Epochs in all; a resumed run counts the checkpoint's.
   LOOM_OPTION(int64_t, epochs) = 1;
@@ -45,6 +51,20 @@ class TrainerOptions {
   LOOM_OPTION(int64_t, max_steps) = 0;
   // Steps per epoch at most (an epoch ends there, as at the loader's end); 0: the loader's whole epoch.
   LOOM_OPTION(int64_t, max_steps_per_epoch) = 0;
+  // Batches per optimizer step (gradient accumulation): their losses are
+  // divided by K and their gradients summed, DDP all-reduces only on the last
+  // (no_sync), so a step equals one on a K times larger batch. An epoch whose
+  // batch count is not a multiple of K ends with a step on the rest, each
+  // loss divided by that group's size. Steps, max_steps, warm-up, schedules,
+  // log_interval and checkpoints count optimizer steps; checkpoints and stops
+  // happen between steps, never inside an accumulation, so resume is exact.
+  LOOM_OPTION(int64_t, accumulate_steps) = 1;
+  // When scheduler() advances. With `step`, warm-up scales the schedule's rate of each step.
+  LOOM_OPTION(SchedulerInterval, scheduler_interval) = SchedulerInterval::epoch;
+  // Clip the gradients' total 2-norm to this before each step
+  // (MixedPrecisionOptimizer::clip_grad_norm: after DDP's all-reduce and the
+  // loss scale's unscale; an overflowed step is still skipped); 0: off.
+  LOOM_OPTION(double, clip_grad_norm) = 0;
   // Steps of an epoch between loss lines, progress lines and metrics records.
   LOOM_OPTION(int64_t, log_interval) = 100;
   // The first `value` steps of the run raise the learning rate linearly, step
@@ -81,13 +101,15 @@ class TrainerOptions {
 struct StepInfo {
   int64_t epoch = 0;            // 0-based
   int64_t epochs = 0;           // in all
-  int64_t epoch_step = 0;       // steps done in this epoch, this one included
-  int64_t steps_per_epoch = 0;
+  int64_t epoch_step = 0;       // optimizer steps done in this epoch, this one included
+  int64_t steps_per_epoch = 0;  // optimizer steps
+
   int64_t step = 0;             // optimizer steps done in the run
-  const data::Batch* batch = nullptr;
-  const Tensor* loss = nullptr;   // the batch's loss (reading it waits for a GPU's queued work)
+  const data::Batch* batch = nullptr;  // the step's (last) batch
+  const Tensor* loss = nullptr;   // the step's loss (accumulating: the mean of its batches') (reading it waits for a GPU's queued work)
   double data_wait_seconds = 0;   // the loader's wait for this batch
   double step_seconds = 0;        // forward, backward and optimizer step, as the host saw them
+  double grad_norm = 0;           // the gradients' total norm before clipping, with clip_grad_norm; else 0
 };
 
 // How fit() ended.
@@ -142,7 +164,8 @@ class Trainer {
   int world_size() const { return world_; }
 
   // What the user adds, each a chainable setter and a getter:
-  // An LR schedule, stepped at each epoch's end and saved in checkpoints.
+  // An LR schedule, stepped at each epoch's end (or after each optimizer
+  // step: TrainerOptions::scheduler_interval) and saved in checkpoints.
   LOOM_OPTION(std::shared_ptr<optim::LRScheduler>, scheduler);
   // The forward half of a step; null: cross_entropy(model(images), labels).
   LOOM_OPTION(StepFunction, step_function);

@@ -2,7 +2,9 @@
 // parallel over N.
 #include <loom/ops/loss.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <loom/core/parallel.h>
 #include <loom/ops/dispatch.h>
@@ -11,9 +13,11 @@ namespace loom::ops::cpu {
 namespace {
 Tensor back_to(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
 
-void check_target_range(const int64_t* t, int64_t n, int64_t classes) {
+// Every target in [0, classes), or equal to ignore_index.
+void check_target_range(const int64_t* t, int64_t n, int64_t classes,
+                        int64_t ignore_index = std::numeric_limits<int64_t>::min()) {
   for (int64_t i = 0; i < n; ++i) {
-    LOOM_CHECK(t[i] >= 0 && t[i] < classes, "target ", t[i], " at position ", i, " is out of range for ", classes,
+    LOOM_CHECK((t[i] >= 0 && t[i] < classes) || t[i] == ignore_index, "target ", t[i], " at position ", i, " is out of range for ", classes,
                " classes");
   }
 }
@@ -86,35 +90,63 @@ Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tens
   return back_to(dx, log_probs.dtype());
 }
 
-Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, Tensor& probabilities) {
+Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, const CrossEntropyOptions& options,
+                             Tensor& probabilities, Tensor& counted) {
   Tensor x = cpu_compute_input(logits_in);
   Tensor t = targets_in.contiguous();
   const int64_t n = x.size(0), c = x.size(1);
-  check_target_range(t.data<int64_t>(), n, c);
+  const int64_t* target = t.data<int64_t>();
+  const int64_t ignore = options.ignore_index();
+  check_target_range(target, n, c, ignore);
+  const double smoothing = options.label_smoothing();
   Tensor log_p = Tensor::empty(x.sizes(), x.dtype());
+  int64_t rows = 0;  // not ignored
   double total = visit_compute_dtype(x.dtype(), "cross_entropy", [&]<class T>() {
     T* lp = log_p.data<T>();
     log_softmax_rows(x.data<T>(), lp, n, c);
     double s = 0;
-    for (int64_t i = 0; i < n; ++i) s -= static_cast<double>(lp[i * c + t.data<int64_t>()[i]]);
+    for (int64_t i = 0; i < n; ++i) {
+      if (target[i] == ignore) continue;
+      ++rows;
+      // -Σ_c q[c] log p[c], q = (1 - ε) onehot + ε / C
+      s -= (1 - smoothing) * static_cast<double>(lp[i * c + target[i]]);
+      if (smoothing > 0) {  // (without, a row's -inf log-probability would make 0 * inf = NaN)
+        double all = 0;
+        for (int64_t j = 0; j < c; ++j) all += static_cast<double>(lp[i * c + j]);
+        s -= smoothing / static_cast<double>(c) * all;
+      }
+    }
     for (int64_t i = 0; i < n * c; ++i) lp[i] = std::exp(lp[i]);  // now the softmax, kept for backward
     return s;
   });
   probabilities = log_p;
-  return Tensor::full({}, n > 0 ? total / static_cast<double>(n) : 0.0, logits_in.dtype());
+  counted = Tensor::scalar(static_cast<double>(rows), DType::f64);
+  // PyTorch's mean over the rows not ignored: NaN when every row is; no rows at all: 0.
+  return Tensor::full({}, n > 0 ? total / static_cast<double>(rows) : 0.0, logits_in.dtype());
 }
 
-Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets_in) {
+Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets_in,
+                              const CrossEntropyOptions& options, const Tensor& counted) {
   Tensor t = targets_in.contiguous();
   const int64_t n = probabilities.size(0), c = probabilities.size(1);
   Tensor dx = Tensor::empty(probabilities.sizes(), probabilities.dtype());
-  const double factor = grad.item() / static_cast<double>(n);
+  const double factor = grad.item() / counted.item();
+  const double smoothing = options.label_smoothing();
   visit_compute_dtype(probabilities.dtype(), "cross_entropy backward", [&]<class T>() {
     const T* p = probabilities.data<T>();
     T* out = dx.data<T>();
     const T f = static_cast<T>(factor);
-    for (int64_t i = 0; i < n * c; ++i) out[i] = p[i] * f;
-    for (int64_t i = 0; i < n; ++i) out[i * c + t.data<int64_t>()[i]] -= f;
+    const T spread = static_cast<T>(factor * smoothing / static_cast<double>(c));
+    const T hit = static_cast<T>(factor * (1 - smoothing));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t target = t.data<int64_t>()[i];
+      if (target == options.ignore_index()) {
+        std::fill(out + i * c, out + (i + 1) * c, T(0));
+        continue;
+      }
+      for (int64_t j = 0; j < c; ++j) out[i * c + j] = p[i * c + j] * f - spread;
+      out[i * c + target] -= hit;
+    }
   });
   return dx;
 }

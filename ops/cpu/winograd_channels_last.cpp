@@ -271,51 +271,32 @@ inline __attribute__((always_inline)) void tile_transform_16(const float* in, in
   }
 }
 
-// V[t][ξ][ν][c] = (Bᵀ d B)[ξ][ν] of every tile d of the padded copy.
-template <class F, int M, int A>
-void input_transform(const float* pad, const Tiling& tl, const ClChunk& g, int64_t images, int64_t channels,
-                     float* v) {
+// Every tile of a padded copy (planes of rows x cols, channels last) through
+// W's transform into its slot t of `tiles` (A x A per channel): V = Bᵀ d B of
+// the input's tiles d (W = bt, Rows = A), dM = A dY Aᵀ of the output
+// gradient's tiles dY (W = a, Rows = M).
+template <class F, Which W, int M, int A, int Rows>
+void transform_from_copy(const float* pad, int64_t rows, int64_t cols, const Tiling& tl, int64_t images,
+                         int64_t channels, float* tiles) {
   for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
-    const float* tile = pad + ((i * g.in_rows + th * M) * g.in_cols + tw * M) * channels;
+    const float* tile = pad + ((i * rows + th * M) * cols + tw * M) * channels;
     for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
-      tile_transform_16<F, Which::bt, A, A, false>(tile, g.in_cols, v + t * A * A * channels, A, channels, c0);
+      tile_transform_16<F, W, A, Rows, false>(tile, cols, tiles + t * A * A * channels, A, channels, c0);
     }
   });
 }
 
-// dM[t][ξ][ν][o] = (A dY Aᵀ)[ξ][ν] of every tile dY of the whole-tile output copy.
-template <class F, int M, int A>
-void grad_output_transform(const float* pad, const Tiling& tl, const ClChunk& g, int64_t images, int64_t channels,
-                           float* dm) {
+// The reverse: every tile's slot t of `tiles` through W's transform into its
+// place in the padded copy: the output's Aᵀ M A (W = at, Rows = M), written;
+// the input gradient's B dV Bᵀ (W = b, Rows = A, Add), added, since the
+// input's tiles overlap.
+template <class F, Which W, int M, int A, int Rows, bool Add>
+void transform_into_copy(const float* tiles, int64_t rows, int64_t cols, const Tiling& tl, int64_t images,
+                         int64_t channels, float* pad) {
   for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
-    const float* tile = pad + ((i * g.out_rows + th * M) * g.out_cols + tw * M) * channels;
-    for (int64_t o0 = 0; o0 < channels; o0 += kLanes) {
-      tile_transform_16<F, Which::a, A, M, false>(tile, g.out_cols, dm + t * A * A * channels, A, channels, o0);
-    }
-  });
-}
-
-// The output copy's tiles: (Aᵀ M A) of every tile's M[t].
-template <class F, int M, int A>
-void output_transform(const float* product, const Tiling& tl, const ClChunk& g, int64_t images, int64_t channels,
-                      float* pad) {
-  for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
-    float* tile = pad + ((i * g.out_rows + th * M) * g.out_cols + tw * M) * channels;
-    for (int64_t o0 = 0; o0 < channels; o0 += kLanes) {
-      tile_transform_16<F, Which::at, M, A, false>(product + t * A * A * channels, A, tile, g.out_cols, channels, o0);
-    }
-  });
-}
-
-// The input gradient's padded copy: every tile's (B dV Bᵀ) added at its place
-// (the tiles overlap), in tile order.
-template <class F, int M, int A>
-void grad_input_transform(const float* dv, const Tiling& tl, const ClChunk& g, int64_t images, int64_t channels,
-                          float* pad) {
-  for_each_tile(tl, images, [&](int64_t t, int64_t i, int64_t th, int64_t tw) {
-    float* tile = pad + ((i * g.in_rows + th * M) * g.in_cols + tw * M) * channels;
+    float* tile = pad + ((i * rows + th * M) * cols + tw * M) * channels;
     for (int64_t c0 = 0; c0 < channels; c0 += kLanes) {
-      tile_transform_16<F, Which::b, A, A, true>(dv + t * A * A * channels, A, tile, g.in_cols, channels, c0);
+      tile_transform_16<F, W, Rows, A, Add>(tiles + t * A * A * channels, A, tile, cols, channels, c0);
     }
   });
 }
@@ -339,13 +320,13 @@ void cl_forward(const float* input, const float* weight, const float* bias, cons
     float* product_out = cl_scratch(ChannelsLastSlot::product, g.tiles8 * e_count * o_count);
     to_channels_last(input + k.n0 * c_count * p.height * p.width, k.images, c_count, p.height, p.width, g.in_rows,
                      g.in_cols, p.pad_h, p.pad_w, pad);
-    input_transform<F, M, A>(pad, tl, g, k.images, c_count, v);
+    transform_from_copy<F, Which::bt, M, A, A>(pad, g.in_rows, g.in_cols, tl, k.images, c_count, v);
     std::fill(v + g.tiles * e_count * c_count, v + g.tiles8 * e_count * c_count, 0.0f);
     for (int64_t e = 0; e < e_count; ++e) {  // M[t][e][o] = sum over c of V[t][e][c] U[e][c][o]
       product(g.tiles8, o_count, c_count, v + e * c_count, e_count * c_count, 1, u + e * c_count * o_count,
               o_count, product_out + e * o_count, e_count * o_count, false);
     }
-    output_transform<F, M, A>(product_out, tl, g, k.images, o_count, pad);
+    transform_into_copy<F, Which::at, M, A, M, false>(product_out, g.out_rows, g.out_cols, tl, k.images, o_count, pad);
     to_channels_first(pad, k.images, o_count, p.out_h, p.out_w, g.out_rows, g.out_cols, 0, 0, bias,
                       output + k.n0 * o_count * p.out_h * p.out_w);
   });
@@ -374,7 +355,7 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
     float* dm = cl_scratch(ChannelsLastSlot::product, g.tiles8 * e_count * o_count);
     to_channels_last(grad_output + k.n0 * o_count * p.out_h * p.out_w, k.images, o_count, p.out_h, p.out_w,
                      g.out_rows, g.out_cols, 0, 0, pad);
-    grad_output_transform<F, M, A>(pad, tl, g, k.images, o_count, dm);
+    transform_from_copy<F, Which::a, M, A, M>(pad, g.out_rows, g.out_cols, tl, k.images, o_count, dm);
     std::fill(dm + g.tiles * e_count * o_count, dm + g.tiles8 * e_count * o_count, 0.0f);
     if (grad_input != nullptr) {
       for (int64_t e = 0; e < e_count; ++e) {  // dV[t][e][c] = sum over o of dM[t][e][o] U[e][o][c]
@@ -382,14 +363,14 @@ void cl_backward(const float* grad_output, const float* input, const float* weig
                 c_count, v + e * c_count, e_count * c_count, false);
       }
       std::fill(pad, pad + k.images * g.in_rows * g.in_cols * c_count, 0.0f);
-      grad_input_transform<F, M, A>(v, tl, g, k.images, c_count, pad);
+      transform_into_copy<F, Which::b, M, A, A, true>(v, g.in_rows, g.in_cols, tl, k.images, c_count, pad);
       to_channels_first(pad, k.images, c_count, p.height, p.width, g.in_rows, g.in_cols, p.pad_h, p.pad_w, nullptr,
                         grad_input + k.n0 * c_count * p.height * p.width);
     }
     if (grad_weight != nullptr) {
       to_channels_last(input + k.n0 * c_count * p.height * p.width, k.images, c_count, p.height, p.width, g.in_rows,
                        g.in_cols, p.pad_h, p.pad_w, pad);
-      input_transform<F, M, A>(pad, tl, g, k.images, c_count, v);
+      transform_from_copy<F, Which::bt, M, A, A>(pad, g.in_rows, g.in_cols, tl, k.images, c_count, v);
       std::fill(v + g.tiles * e_count * c_count, v + g.tiles8 * e_count * c_count, 0.0f);
       float* du = partials + task * size;
       for (int64_t e = 0; e < e_count; ++e) {  // dU[e][c][o] (+)= sum over t of V[t][e][c] dM[t][e][o]

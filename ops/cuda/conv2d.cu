@@ -181,11 +181,12 @@ auto backward_data_descriptors(const Problem& p) { return std::tuple{p.w.get(), 
 auto backward_filter_descriptors(const Problem& p) { return std::tuple{p.x.get(), p.y.get(), p.w.get()}; }
 
 // cuDNN's calls for one pass, which take the same arguments in each pass: its
-// workspace size per algorithm, the timed search (find) and the heuristic
-// (get), over Count algorithms with results of type Perf.
-template <class Perf, int Count, auto descriptors, auto workspace_size, auto find, auto get>
+// workspace size per algorithm, the timed search (find), the heuristic (get)
+// and the pass itself (execute), over Count algorithms with results of type Perf.
+template <Pass P, class Perf, int Count, auto descriptors, auto workspace_size, auto find, auto get, auto execute>
 struct PassCalls {
   using Result = Perf;
+  static constexpr Pass kPass = P;
   static constexpr int kCount = Count;
   static cudnnStatus_t workspace_bytes(cudnnHandle_t h, const Problem& p, int algorithm, size_t* bytes) {
     const auto [first, second, out] = descriptors(p);
@@ -201,19 +202,30 @@ struct PassCalls {
     const auto [first, second, out] = descriptors(p);
     LOOM_CHECK_CUDNN(get(h, first, second, p.conv.get(), out, Count, returned, results));
   }
+  // b.out = the pass of b.first and b.second (alpha 1, beta 0) by `algorithm`.
+  static void run(cudnnHandle_t h, const Problem& p, const Buffers& b, int algorithm, const void* one,
+                  const void* zero, lc::DeviceBuffer& workspace) {
+    const auto [first, second, out] = descriptors(p);
+    LOOM_CHECK_CUDNN(execute(h, one, first, b.first, second, b.second, p.conv.get(),
+                             static_cast<decltype(Perf::algo)>(algorithm), workspace.data(), workspace.size(), zero,
+                             out, b.out));
+  }
 };
 
-using ForwardCalls = PassCalls<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, forward_descriptors,
-                               cudnnGetConvolutionForwardWorkspaceSize, cudnnFindConvolutionForwardAlgorithmEx,
-                               cudnnGetConvolutionForwardAlgorithm_v7>;
+using ForwardCalls =
+    PassCalls<Pass::forward, cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, forward_descriptors,
+              cudnnGetConvolutionForwardWorkspaceSize, cudnnFindConvolutionForwardAlgorithmEx,
+              cudnnGetConvolutionForwardAlgorithm_v7, cudnnConvolutionForward>;
 using BackwardDataCalls =
-    PassCalls<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, backward_data_descriptors,
-              cudnnGetConvolutionBackwardDataWorkspaceSize, cudnnFindConvolutionBackwardDataAlgorithmEx,
-              cudnnGetConvolutionBackwardDataAlgorithm_v7>;
+    PassCalls<Pass::backward_data, cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+              backward_data_descriptors, cudnnGetConvolutionBackwardDataWorkspaceSize,
+              cudnnFindConvolutionBackwardDataAlgorithmEx, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+              cudnnConvolutionBackwardData>;
 using BackwardFilterCalls =
-    PassCalls<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, backward_filter_descriptors,
-              cudnnGetConvolutionBackwardFilterWorkspaceSize, cudnnFindConvolutionBackwardFilterAlgorithmEx,
-              cudnnGetConvolutionBackwardFilterAlgorithm_v7>;
+    PassCalls<Pass::backward_filter, cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+              backward_filter_descriptors, cudnnGetConvolutionBackwardFilterWorkspaceSize,
+              cudnnFindConvolutionBackwardFilterAlgorithmEx, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+              cudnnConvolutionBackwardFilter>;
 
 // One pass's choice: with `benchmark`, cuDNN's timed search with a workspace
 // as large as the hungriest candidate needs; else its heuristic.
@@ -267,6 +279,18 @@ struct Scaling {
   const void* zero() const { return f64 ? static_cast<const void*>(&zero_d) : &zero_f; }
 };
 
+// Runs one pass of `problem` on the current stream of `device`: its chosen
+// algorithm (cached) with the workspace that algorithm needs.
+template <class Calls>
+void run_pass(const Problem& problem, DType dtype, int device, const Buffers& b) {
+  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
+  const Choice choice = choose(Calls::kPass, problem, handle, b, device);
+  problem.set_math_for_run(choice.math);
+  lc::DeviceBuffer workspace(choice.workspace, device);
+  const Scaling s(dtype);
+  Calls::run(handle, problem, b, choice.algorithm, s.one(), s.zero(), workspace);
+}
+
 // y[n, c, h, w] += bias[c], for either memory order.
 template <class T>
 static __global__ void add_bias_kernel(T* y, const T* bias, int64_t n, int64_t channels, int64_t plane,
@@ -280,19 +304,8 @@ static __global__ void add_bias_kernel(T* y, const T* bias, int64_t n, int64_t c
 // dw = the weight gradient by cuDNN's backward-filter pass; x, dy and dw in the memory order `format`.
 void backward_filter(const Tensor& dy, const Tensor& x, const Conv2dParams& params, MemoryFormat format, Tensor& dw) {
   const Shape& weight_sizes = dw.sizes();
-  const int device = dy.device().index;
-  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
   const Problem problem(dy.dtype(), format, x.sizes(), weight_sizes, dy.sizes(), params);
-  const Choice choice =
-      choose(Pass::backward_filter, problem, handle, {x.raw_data(), dy.raw_data(), dw.raw_data()}, device);
-  problem.set_math_for_run(choice.math);
-  lc::DeviceBuffer workspace(choice.workspace, device);
-  const Scaling s(dy.dtype());
-  LOOM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(handle, s.one(), problem.x.get(), x.raw_data(), problem.y.get(),
-                                                  dy.raw_data(), problem.conv.get(),
-                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
-                                                  workspace.data(), workspace.size(), s.zero(), problem.w.get(),
-                                                  dw.raw_data()));
+  run_pass<BackwardFilterCalls>(problem, dy.dtype(), dy.device().index, {x.raw_data(), dy.raw_data(), dw.raw_data()});
 }
 
 }  // namespace
@@ -309,18 +322,8 @@ Tensor conv2d_forward(const Tensor& input_in, const Tensor& weight_in, const Ten
   if (x.size(1) == 0) {
     y.zero_();  // no input channels: the output is the bias alone, as on the CPU
   } else {
-    const int device = x.device().index;
-    cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
     const Problem problem(x.dtype(), format, x.sizes(), w.sizes(), out_sizes, params);
-    const Choice choice = choose(Pass::forward, problem, handle, {x.raw_data(), w.raw_data(), y.raw_data()}, device);
-    problem.set_math_for_run(choice.math);
-    lc::DeviceBuffer workspace(choice.workspace, device);
-    const Scaling s(x.dtype());
-    LOOM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), problem.x.get(), x.raw_data(), problem.w.get(),
-                                             w.raw_data(), problem.conv.get(),
-                                             static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm),
-                                             workspace.data(), workspace.size(), s.zero(), problem.y.get(),
-                                             y.raw_data()));
+    run_pass<ForwardCalls>(problem, x.dtype(), x.device().index, {x.raw_data(), w.raw_data(), y.raw_data()});
   }
   if (bias_in.defined()) {
     const Tensor b = contiguous_input(bias_in);
@@ -341,19 +344,8 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight_in,
   Tensor dx = empty_with_format(input_sizes, dy.dtype(), dy.device(), format);
   if (dx.numel() == 0) return dx;
   if (dy.numel() == 0) return dx.zero_();
-  const int device = dy.device().index;
-  cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
   const Problem problem(dy.dtype(), format, input_sizes, w.sizes(), dy.sizes(), params);
-  const Choice choice =
-      choose(Pass::backward_data, problem, handle, {w.raw_data(), dy.raw_data(), dx.raw_data()}, device);
-  problem.set_math_for_run(choice.math);
-  lc::DeviceBuffer workspace(choice.workspace, device);
-  const Scaling s(dy.dtype());
-  LOOM_CHECK_CUDNN(cudnnConvolutionBackwardData(handle, s.one(), problem.w.get(), w.raw_data(), problem.y.get(),
-                                                dy.raw_data(), problem.conv.get(),
-                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algorithm),
-                                                workspace.data(), workspace.size(), s.zero(), problem.x.get(),
-                                                dx.raw_data()));
+  run_pass<BackwardDataCalls>(problem, dy.dtype(), dy.device().index, {w.raw_data(), dy.raw_data(), dx.raw_data()});
   return dx;
 }
 

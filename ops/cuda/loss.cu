@@ -2,8 +2,8 @@
 // (ops/loss.h). One warp per row of the (N, C) scores; the mean over rows
 // is one block adding per-row values in a fixed order (deterministic). The
 // gradient of the loss is read on the device, so backward never synchronises.
-// A target outside [0, C) cannot be reported without a host synchronisation:
-// it makes the loss and its gradient NaN instead.
+// A target outside [0, C) (other than ignore_index) cannot be reported
+// without a host synchronisation: it makes the loss and its gradient NaN instead.
 #include <cmath>
 
 #include <loom/ops/cuda/common.cuh>
@@ -77,11 +77,17 @@ static __global__ void log_softmax_backward_kernel(const T* g, const T* y, T* dx
   }
 }
 
-// One block: out = sum(values) / count (0 when count is 0).
+// One block: out = sum(values) / n (0 when count is 0), n = count, or with
+// `counts` (per-row 0 or 1) their sum, then also written to *counted.
 template <class T>
-static __global__ void mean_kernel(const double* values, int64_t count, T* out) {
+static __global__ void mean_kernel(const double* values, const double* counts, int64_t count, T* out,
+                                   double* counted) {
   const double total = block_sum_of(values, count);
-  if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(count > 0 ? total / count : 0.0));
+  const double n = counts ? block_sum_of(counts, count) : static_cast<double>(count);
+  if (threadIdx.x == 0) {
+    out[0] = from_acc<T>(static_cast<acc_t<T>>(count > 0 ? total / n : 0.0));
+    if (counted) *counted = n;
+  }
 }
 
 // Per-row -log_probs[row, target]; NaN for a target out of range.
@@ -107,34 +113,58 @@ static __global__ void nll_backward_kernel(const void* grad, DType grad_dtype, c
   }
 }
 
-// Softmax probabilities P (accumulation type) and the per-row loss
-// log(sum exp) + max - x[target].
+// Softmax probabilities P (accumulation type), the per-row loss
+// log(sum exp) + max - (1 - ε) x[target] - (ε / C) Σ_j x[j] (ops/loss.h),
+// and row_counted = 0 for a row whose target is ignore_index (loss 0), else 1.
 template <class T>
 static __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, acc_t<T>* probabilities,
-                                            double* row_loss, int64_t rows, int64_t cols) {
+                                            double* row_loss, double* row_counted, int64_t rows, int64_t cols,
+                                            double smoothing, int64_t ignore_index) {
+  using A = acc_t<T>;
   const int lane = threadIdx.x % 32;
   for (int64_t row = first_row(); row < rows; row += row_stride()) {
     const T* xr = x + row * cols;
-    acc_t<T> max;
-    const acc_t<T> log_total = row_log_total(xr, cols, max);
-    for (int64_t j = lane; j < cols; j += 32) probabilities[row * cols + j] = acc_exp(to_acc(xr[j]) - log_total);
+    A max;
+    const A log_total = row_log_total(xr, cols, max);
+    A all = 0;
+    for (int64_t j = lane; j < cols; j += 32) {
+      probabilities[row * cols + j] = acc_exp(to_acc(xr[j]) - log_total);
+      all += to_acc(xr[j]);
+    }
+    all = warp_sum(all);
     if (lane == 0) {
       const int64_t t = targets[row];
-      row_loss[row] = (t >= 0 && t < cols) ? static_cast<double>(log_total - to_acc(xr[t])) : NAN;
+      double loss = NAN;
+      if (t == ignore_index) {
+        loss = 0;
+      } else if (t >= 0 && t < cols && smoothing == 0) {
+        loss = static_cast<double>(log_total - to_acc(xr[t]));
+      } else if (t >= 0 && t < cols) {
+        loss = static_cast<double>(log_total) - (1 - smoothing) * static_cast<double>(to_acc(xr[t])) -
+               smoothing / static_cast<double>(cols) * static_cast<double>(all);
+      }
+      row_loss[row] = loss;
+      if (row_counted) row_counted[row] = t == ignore_index ? 0.0 : 1.0;
     }
   }
 }
 
-// dx = P * f - onehot(target) * f,  f = g / N.
+// dx = (P - (1 - ε) onehot(target) - ε / C) * f, f = g / counted (the rows
+// not ignored); 0 on ignored rows.
 template <class P>
 static __global__ void cross_entropy_backward_kernel(const void* grad, DType grad_dtype, const P* probabilities,
-                                                     const int64_t* targets, P* dx, int64_t rows, int64_t cols) {
-  const P f = static_cast<P>(load_as_double(grad, grad_dtype, 0) / static_cast<double>(rows));
+                                                     const int64_t* targets, const double* counted, P* dx,
+                                                     int64_t rows, int64_t cols, double smoothing,
+                                                     int64_t ignore_index) {
+  const double factor = load_as_double(grad, grad_dtype, 0) / *counted;
+  const P f = static_cast<P>(factor);
+  const P spread = static_cast<P>(factor * smoothing / static_cast<double>(cols));
+  const P hit = static_cast<P>(factor * (1 - smoothing));
   const int64_t n = rows * cols;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const int64_t row = i / cols, j = i % cols, t = targets[row];
-    const P v = probabilities[i] * f;
-    dx[i] = (t < 0 || t >= cols) ? quiet_nan<P>() : (j == t ? v - f : v);
+    const P v = probabilities[i] * f - spread;
+    dx[i] = t == ignore_index ? P(0) : (t < 0 || t >= cols) ? quiet_nan<P>() : (j == t ? v - hit : v);
   }
 }
 
@@ -179,18 +209,27 @@ static __global__ void argmax_kernel(const T* x, int64_t* out, int64_t rows, int
 }
 
 // The mean over `rows` of per-row losses, a 0-d tensor of x's dtype:
-// launch_rows.template operator()<T>(row_loss) launches the kernel that
-// writes the f64 loss of each row (not called when there are no rows).
+// launch_rows.template operator()<T>(row_loss, row_counted) launches the
+// kernel that writes the f64 loss of each row and, with `counted`, whether
+// the row counts (0 or 1; else row_counted is null): the mean is then over
+// those, their number written into *counted (a 0-d f64 tensor). Not called
+// when there are no rows.
 template <class LaunchRows>
-Tensor mean_row_loss(const char* op, const Tensor& x, int64_t rows, LaunchRows&& launch_rows) {
+Tensor mean_row_loss(const char* op, const Tensor& x, int64_t rows, LaunchRows&& launch_rows,
+                     Tensor* counted = nullptr) {
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
-  ::loom::cuda::DeviceBuffer row_loss(std::max<int64_t>(rows, 1) * sizeof(double), x.device().index);
+  const size_t bytes = std::max<int64_t>(rows, 1) * sizeof(double);
+  ::loom::cuda::DeviceBuffer row_loss(bytes, x.device().index);
+  ::loom::cuda::DeviceBuffer row_counted(bytes, x.device().index);
+  if (counted) *counted = Tensor::empty({}, DType::f64, x.device());
+  double* counts = counted && rows > 0 ? static_cast<double*>(row_counted.data()) : nullptr;
   visit_float(x.dtype(), op, [&]<class T>() {
     if (rows > 0) {
-      launch_rows.template operator()<T>(static_cast<double*>(row_loss.data()));
+      launch_rows.template operator()<T>(static_cast<double*>(row_loss.data()), counts);
       LOOM_CHECK_LAUNCH();
     }
-    mean_kernel<T><<<1, kThreads, 0, stream_of(x)>>>(static_cast<const double*>(row_loss.data()), rows, out.data<T>());
+    mean_kernel<T><<<1, kThreads, 0, stream_of(x)>>>(static_cast<const double*>(row_loss.data()), counts, rows,
+                                                     out.data<T>(), counted ? counted->data<double>() : nullptr);
     LOOM_CHECK_LAUNCH();
   });
   return out;
@@ -230,7 +269,7 @@ Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& targets_in) {
   const auto device_guard = check_targets("nll_loss", log_probs_in, targets_in);
   const Tensor lp = contiguous_input(log_probs_in), t = contiguous_input(targets_in);
   const int64_t rows = lp.size(0), cols = lp.size(1);
-  return mean_row_loss("nll_loss", lp, rows, [&]<class T>(double* row_loss) {
+  return mean_row_loss("nll_loss", lp, rows, [&]<class T>(double* row_loss, double*) {
     nll_rows_kernel<T><<<blocks_for(rows), kThreads, 0, stream_of(lp)>>>(lp.data<T>(), t.data<int64_t>(), row_loss,
                                                                          rows, cols);
   });
@@ -251,20 +290,26 @@ Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tens
   return dx;
 }
 
-Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, Tensor& probabilities) {
+Tensor cross_entropy_forward(const Tensor& logits_in, const Tensor& targets_in, const CrossEntropyOptions& options,
+                             Tensor& probabilities, Tensor& counted) {
   const auto device_guard = check_targets("cross_entropy", logits_in, targets_in);
   const Tensor x = contiguous_input(logits_in), t = contiguous_input(targets_in);
   const int64_t rows = x.size(0), cols = x.size(1);
   LOOM_CHECK(cols > 0, "cross_entropy: scores ", x.str(), " have no classes");
   // As on the CPU, the probabilities backward needs are kept in f32 (f64 for f64).
   probabilities = Tensor::empty(x.sizes(), x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  return mean_row_loss("cross_entropy", x, rows, [&]<class T>(double* row_loss) {
-    cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), t.data<int64_t>(), probabilities.data<acc_t<T>>(), row_loss, rows, cols);
-  });
+  return mean_row_loss(
+      "cross_entropy", x, rows,
+      [&]<class T>(double* row_loss, double* row_counted) {
+        cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
+            x.data<T>(), t.data<int64_t>(), probabilities.data<acc_t<T>>(), row_loss, row_counted, rows, cols,
+            options.label_smoothing(), options.ignore_index());
+      },
+      &counted);
 }
 
-Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets_in) {
+Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets_in,
+                              const CrossEntropyOptions& options, const Tensor& counted) {
   const auto device_guard = check_targets("cross_entropy backward", probabilities, targets_in);
   check_cuda("cross_entropy backward", grad);
   const Tensor t = contiguous_input(targets_in);
@@ -273,7 +318,8 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, c
   if (rows == 0) return dx;
   auto launch = [&]<class P>() {
     cross_entropy_backward_kernel<P><<<blocks_for(rows * cols), kThreads, 0, stream_of(dx)>>>(
-        grad.raw_data(), grad.dtype(), probabilities.data<P>(), t.data<int64_t>(), dx.data<P>(), rows, cols);
+        grad.raw_data(), grad.dtype(), probabilities.data<P>(), t.data<int64_t>(), counted.data<double>(), dx.data<P>(),
+        rows, cols, options.label_smoothing(), options.ignore_index());
     LOOM_CHECK_LAUNCH();
   };
   if (probabilities.dtype() == DType::f64) {

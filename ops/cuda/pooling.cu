@@ -115,15 +115,16 @@ static __global__ void adaptive_avg_forward_kernel(const T* x, T* y, PoolShape s
   }
 }
 
-// Output rows whose window holds input row h: [h * out / in, ceil((h + 1) * out / in)).
+// Output rows whose window holds input row h: [h * out / in, ceil((h + 1) * out / in)),
+// the windows' bounds with inputs and outputs swapped.
 template <class T, bool ChannelsLast>
 static __global__ void adaptive_avg_backward_kernel(const T* dy, T* dx, PoolShape s) {
   const int64_t total = s.n * s.c * s.h * s.w;
   for (int64_t i = first_index(); i < total; i += grid_stride()) {
     int64_t n, c, h, w;
     position<ChannelsLast>(i, s.c, s.h, s.w, n, c, h, w);
-    const int64_t oh0 = h * s.out_h / s.h, oh1 = ((h + 1) * s.out_h + s.h - 1) / s.h;
-    const int64_t ow0 = w * s.out_w / s.w, ow1 = ((w + 1) * s.out_w + s.w - 1) / s.w;
+    const int64_t oh0 = window_start(h, s.out_h, s.h), oh1 = window_end(h, s.out_h, s.h);
+    const int64_t ow0 = window_start(w, s.out_w, s.w), ow1 = window_end(w, s.out_w, s.w);
     acc_t<T> sum = 0;
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       const int64_t rows = window_end(oh, s.h, s.out_h) - window_start(oh, s.h, s.out_h);

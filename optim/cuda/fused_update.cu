@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <loom/ops/cuda/common.cuh>
+#include <loom/optim/clip_grad_math.h>
 #include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim::cuda {
@@ -125,6 +126,45 @@ static __global__ void unscale_kernel(UnscaleList list, acc_t<S> factor, int* fo
     out[i] = from_acc<D>(static_cast<acc_t<D>>(v));
   }
   if (bad) *found = 1;
+}
+
+struct GradientList {
+  void* grad[kMaxTensors];
+  Chunks chunks;
+};
+
+// partials[block] = this block's norm terms folded (optim/clip_grad_math.h),
+// by a fixed tree over the block's threads.
+template <class T>
+static __global__ void norm_terms_kernel(GradientList list, NormTerms terms, double* partials) {
+  __shared__ double folded[kThreads];
+  int64_t begin, end;
+  const int t = block_tensor(list.chunks, begin, end);
+  const T* g = static_cast<const T*>(list.grad[t]);
+  double total = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    total = terms.combine(total, terms.term(static_cast<double>(to_acc(g[i]))));
+  }
+  folded[threadIdx.x] = total;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) folded[threadIdx.x] = terms.combine(folded[threadIdx.x], folded[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = folded[0];
+}
+
+// g = clamp(g, -limit, limit) in place; NaN stays NaN.
+template <class T>
+static __global__ void clamp_kernel(GradientList list, acc_t<T> limit) {
+  int64_t begin, end;
+  const int t = block_tensor(list.chunks, begin, end);
+  T* g = static_cast<T*>(list.grad[t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const acc_t<T> v = to_acc(g[i]);
+    if (v < -limit) g[i] = from_acc<T>(-limit);
+    else if (v > limit) g[i] = from_acc<T>(limit);
+  }
 }
 
 void check_update_tensor(const char* what, const Tensor& t, const Tensor& param) {
@@ -304,6 +344,39 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
     any |= value != 0;
   }
   return any;
+}
+
+double norm_terms(const std::vector<Tensor>& gradients, double norm_type) {
+  const NormTerms terms{norm_type, std::isinf(norm_type)};
+  for (const Tensor& g : gradients) {
+    check_cuda("clip_grad_norm_", g);
+    LOOM_CHECK(g.is_contiguous(), "clip_grad_norm_: gradient ", g.str(), " is not contiguous");
+  }
+  double total = 0;
+  for_each_batch<GradientList>(
+      "clip_grad_norm_", gradients, [&](GradientList& list, size_t k, size_t i) { list.grad[k] = gradients[i].raw_data(); },
+      [&]<class T>(const GradientList& list, unsigned blocks, cudaStream_t stream) {
+        const int device = ::loom::cuda::current_device();
+        ::loom::cuda::DeviceBuffer partials(blocks * sizeof(double), device);
+        norm_terms_kernel<T><<<blocks, kThreads, 0, stream>>>(list, terms, static_cast<double*>(partials.data()));
+        LOOM_CHECK_LAUNCH();
+        std::vector<double> host(blocks);
+        ::loom::cuda::copy_bytes(host.data(), false, partials.data(), true, blocks * sizeof(double), device);
+        for (double v : host) total = terms.combine(total, v);
+      });
+  return total;
+}
+
+void clamp_(const std::vector<Tensor>& gradients, double clip_value) {
+  for (const Tensor& g : gradients) {
+    check_cuda("clip_grad_value_", g);
+    LOOM_CHECK(g.is_contiguous(), "clip_grad_value_: gradient ", g.str(), " is not contiguous");
+  }
+  for_each_batch<GradientList>(
+      "clip_grad_value_", gradients, [&](GradientList& list, size_t k, size_t i) { list.grad[k] = gradients[i].raw_data(); },
+      [&]<class T>(const GradientList& list, unsigned blocks, cudaStream_t stream) {
+        clamp_kernel<T><<<blocks, kThreads, 0, stream>>>(list, static_cast<acc_t<T>>(clip_value));
+      });
 }
 
 }  // namespace loom::optim::cuda

@@ -41,4 +41,13 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
 [[nodiscard]] bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
                                      double factor);
 
+// Gradient clipping (optim/clip_grad.h) on the GPU. norm_terms: the terms of
+// the p-norm of all `gradients` folded in f64 (Σ |g|^p, or max |g| for an
+// infinite p; optim/clip_grad_math.h), per block on the device and the blocks
+// in order on the host (deterministic); reading it waits for the device.
+// clamp_: every element clamped to [-clip_value, clip_value] in place.
+// Gradients are contiguous CUDA tensors of a floating dtype.
+[[nodiscard]] double norm_terms(const std::vector<Tensor>& gradients, double norm_type);
+void clamp_(const std::vector<Tensor>& gradients, double clip_value);
+
 }  // namespace loom::optim::cuda

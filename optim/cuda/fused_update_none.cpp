@@ -19,4 +19,11 @@ bool unscale_and_check(const std::vector<Tensor>&, const std::vector<Tensor>&, d
   return false;
 }
 
+double norm_terms(const std::vector<Tensor>&, double) {
+  ::loom::cuda::require_device(0);
+  return 0;
+}
+
+void clamp_(const std::vector<Tensor>&, double) { ::loom::cuda::require_device(0); }
+
 }  // namespace loom::optim::cuda

@@ -1,4 +1,4 @@
-// Entry point of test_amp: one rank of a multi-process scenario (when
+// Entry point of test_amp and test_train_ddp: one rank of a multi-process scenario (when
 // re-executed by spawn_ranks) or the doctest runner.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>

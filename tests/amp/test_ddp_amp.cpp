@@ -2,7 +2,10 @@
 // under DDP: f16 gradient buckets are averaged in f16, and when one rank's
 // gradient overflows -- an inf forced into it, or a batch too large for f16 --
 // both ranks skip that step and halve the scale, because the check reads the
-// all-reduced gradients; the replicas stay bit-identical.
+// all-reduced gradients; the replicas stay bit-identical. The same with
+// clip_grad_norm between the all-reduce and the step (the Trainer's order):
+// every rank computes the same norm of the averaged, unscaled gradients and
+// still skips the overflowed steps.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,6 +18,7 @@
 #include <loom/nn/layers.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/amp.h>
+#include <loom/optim/clip_grad.h>
 #include "tests/amp/helpers.h"
 #include "tests/dist/multiprocess.h"
 
@@ -47,9 +51,10 @@ Tensor flat_masters(const amp::MixedPrecisionOptimizer& optimizer) {
   return flat;
 }
 
-}  // namespace
+// max_norm for the clipping variant: below the gradients' norm, so it clips.
+constexpr double kMaxNorm = 0.05;
 
-LOOM_DIST_SCENARIO("amp_overflow_skip") {
+void overflow_skip(bool clip) {
   auto group = dist::init_process_group(dist::InitOptions().init_method("env://").timeout(20s));
   const int rank = group->rank(), world = group->size();
   manual_seed(7 + rank);  // different weights until DDP broadcasts rank 0's
@@ -94,6 +99,20 @@ LOOM_DIST_SCENARIO("amp_overflow_skip") {
     ddp.wait_for_gradients();
     for (auto& [name, parameter] : model->named_parameters())
       expect(parameter.grad().dtype() == DType::f16, "gradient of ", name, " is ", parameter.grad().str(), ", not f16");
+    if (clip) {
+      const double norm = optimizer->clip_grad_norm(kMaxNorm);
+      const bool overflow = step == kForcedInfStep || step == kLargeInputStep;
+      expect(std::isfinite(norm) != overflow, "rank ", rank, " step ", step, ": total norm ", norm);
+      Tensor norms = Tensor::zeros({world}, DType::f64);
+      group->all_gather_into(norms, Tensor::full({1}, norm, DType::f64))->wait();
+      const std::vector<double> all = norms.to_vector<double>();
+      expect(std::isnan(all[0]) ? std::isnan(all[1]) : all[0] == all[1], "step ", step, ": the ranks' norms differ");
+      if (!overflow) {
+        expect(norm > kMaxNorm, "step ", step, ": norm ", norm, " was not clipped; the test shows nothing");
+        const double clipped = optim::get_total_norm(optimizer->stepped_parameters());
+        expect(clipped <= kMaxNorm * (1 + 1e-5), "step ", step, ": clipped norm ", clipped);
+      }
+    }
     stepped.push_back(optimizer->step());
   }
 
@@ -128,9 +147,19 @@ LOOM_DIST_SCENARIO("amp_overflow_skip") {
   group->barrier()->wait();
 }
 
+}  // namespace
+
+LOOM_DIST_SCENARIO("amp_overflow_skip") { overflow_skip(false); }
+LOOM_DIST_SCENARIO("amp_clip_overflow_skip") { overflow_skip(true); }
+
 TEST_SUITE("ddp") {
   TEST_CASE("an overflow on one rank makes both ranks skip the same steps") {
     for (const RankResult& result : spawn_ranks("amp_overflow_skip", 2, {.deadline = std::chrono::seconds(60)}))
+      CHECK_MESSAGE(result.ok(), result.describe());
+  }
+
+  TEST_CASE("with clip_grad_norm too: the same norm on both ranks, the same steps skipped") {
+    for (const RankResult& result : spawn_ranks("amp_clip_overflow_skip", 2, {.deadline = std::chrono::seconds(60)}))
       CHECK_MESSAGE(result.ok(), result.describe());
   }
 }

@@ -77,6 +77,28 @@ fail() {
   exit 1
 }
 
+# expect_one_line_error DESCRIPTION EXPECTED_TEXT COMMAND...: COMMAND, run in
+# this directory for 60 s at most, must exit non-zero (not by the timeout) with exactly
+# one line on stderr that holds EXPECTED_TEXT. Prints "ok ..." or "FAIL ..."
+# and counts a failure in $failures.
+expect_one_line_error() {
+  local what=$1 expected=$2
+  shift 2
+  local err status lines
+  err=$(timeout 60 "$@" 2>&1 >/dev/null)
+  status=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -eq 0 || $status -ge 124 ]]; then
+    echo "FAIL $what: exit status $status"; failures=$((failures + 1))
+  elif [[ $lines -ne 1 ]]; then
+    echo "FAIL $what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"; failures=$((failures + 1))
+  elif [[ "$err" != *"$expected"* ]]; then
+    echo "FAIL $what: stderr lacks '$expected': $err"; failures=$((failures + 1))
+  else
+    echo "ok   $what: $err"
+  fi
+}
+
 # wait_until SECONDS COMMAND...: runs COMMAND every 0.02 s until it succeeds;
 # non-zero when it has not after SECONDS.
 wait_until() {

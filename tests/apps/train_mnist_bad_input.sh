@@ -7,24 +7,11 @@ source "$(dirname "$0")/dist_common.sh"
 make_work_dir
 failures=0
 
-# expect_error DESCRIPTION EXPECTED_TEXT ARGS...
+# expect_error DESCRIPTION EXPECTED_TEXT ARGS...: train_mnist ARGS gives one error line (expect_one_line_error).
 expect_error() {
   local what=$1 expected=$2
   shift 2
-  local err status
-  err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null)
-  status=$?
-  local lines
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [[ $status -eq 0 || $status -ge 124 ]]; then
-    echo "FAIL $what: exit status $status"; failures=$((failures + 1))
-  elif [[ $lines -ne 1 ]]; then
-    echo "FAIL $what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"; failures=$((failures + 1))
-  elif [[ "$err" != *"$expected"* ]]; then
-    echo "FAIL $what: stderr lacks '$expected': $err"; failures=$((failures + 1))
-  else
-    echo "ok   $what: $err"
-  fi
+  expect_one_line_error "$what" "$expected" "$bin" "$@"
 }
 
 # IDX files made by hand: magic, counts, dims, then the bytes.
@@ -94,6 +81,13 @@ expect_error "unknown flag" "--frobnicate" --frobnicate
 expect_error "unknown dataset kind" "--dataset" --dataset imagenet
 expect_error "negative epoch count" "--epochs: must be a whole number >= 0, got '-1'" --epochs -1
 expect_error "non-numeric batch size" "--batch-size: 'ten' is not a whole number" --batch-size ten
+expect_error "negative clipping norm" "--clip-grad-norm: must be a number >= 0, got '-1'" --clip-grad-norm -1
+expect_error "NaN clipping norm" "--clip-grad-norm: must be a number >= 0, got 'nan'" --clip-grad-norm nan
+expect_error "no batch per step" "--accumulate-steps: must be a whole number >= 1, got '0'" --accumulate-steps 0
+expect_error "negative accumulation" "--accumulate-steps: must be a whole number >= 1, got '-2'" --accumulate-steps -2
+for flag in --clip-grad-norm --accumulate-steps; do  # the new flags are listed in --help
+  if ! "$bin" --help | grep -q -- "$flag"; then echo "FAIL --help lacks $flag"; failures=$((failures + 1)); fi
+done
 expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"
 # Checked before any rendezvous, as in train_resnet50_cifar (apps/training.h: choose_backend).
 expect_error "--backend nccl for CPU training" "nccl" --backend nccl --device cpu --data "$work/good"

@@ -2,6 +2,8 @@
 // batch files, and every validation error.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include <loom/data/cifar10.h>
@@ -92,6 +94,25 @@ TEST_CASE("CIFAR-10 validation errors name the file and the problem") {
   }
   SUBCASE("a missing file passed directly") {
     const std::string message = error_message([&] { read_cifar10_files({dir / "data_batch_9.bin"}, "x"); });
-    CHECK(message.find((dir / "data_batch_9.bin").string() + " cannot be read") != std::string::npos);
+    CHECK(message.find((dir / "data_batch_9.bin").string() + " does not exist") != std::string::npos);
+  }
+  SUBCASE("an empty batch is an error, not a batch of no images") {
+    write_bytes(dir / "data_batch_1.bin", {});
+    const std::string message = error_message([&] { read_cifar10_files({dir / "data_batch_1.bin"}, "x"); });
+    CHECK(message.find("CIFAR-10 file " + (dir / "data_batch_1.bin").string() +
+                       " has 0 bytes; expected a multiple of 3073 above zero") != std::string::npos);
+    CHECK(message.find("the official batches hold 10000 images, 30730000 bytes") != std::string::npos);
+  }
+  SUBCASE("an empty test batch in a complete directory stops load_cifar10") {
+    for (int i = 1; i <= 5; ++i) write_bytes(dir / ("data_batch_" + std::to_string(i) + ".bin"), std::vector<uint8_t>(3073));
+    write_bytes(dir / "test_batch.bin", {});
+    const std::string message = error_message([&] { load_cifar10(dir.path()); });
+    CHECK(message.find((dir / "test_batch.bin").string() + " has 0 bytes") != std::string::npos);
+  }
+  SUBCASE("a FIFO named like a batch is refused without opening it for a blocking read") {
+    REQUIRE(::mkfifo((dir / "data_batch_1.bin").c_str(), 0600) == 0);
+    const std::string message = error_message([&] { read_cifar10_files({dir / "data_batch_1.bin"}, "x"); });
+    CHECK(message.find((dir / "data_batch_1.bin").string() + " is a FIFO (named pipe), not a regular file") !=
+          std::string::npos);
   }
 }

@@ -245,19 +245,17 @@ LOOM_DIST_SCENARIO("gloo_killed_in_world_of_three") {
 class KilledAfterSet final : public Store {
  public:
   KilledAfterSet(std::shared_ptr<Store> inner, std::string key) : inner_(std::move(inner)), key_(std::move(key)) {}
-  using Store::set;
-  void set(const std::string& key, const Bytes& value) override {
-    inner_->set(key, value);
-    if (key == key_) ::raise(SIGKILL);
-  }
-  using Store::get;
-  Bytes get(const std::string& key, Milliseconds timeout) override { return inner_->get(key, timeout); }
   int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
-  using Store::wait;
-  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override { inner_->wait(keys, timeout); }
   bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
 
  private:
+  void do_set(const std::string& key, const Bytes& value) override {
+    inner_->set(key, value);
+    if (key == key_) ::raise(SIGKILL);
+  }
+  Bytes do_get(const std::string& key, Milliseconds timeout) override { return inner_->get(key, timeout); }
+  void do_wait(const std::vector<std::string>& keys, Milliseconds timeout) override { inner_->wait(keys, timeout); }
+
   std::shared_ptr<Store> inner_;
   std::string key_;
 };

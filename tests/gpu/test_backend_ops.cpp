@@ -414,6 +414,10 @@ TEST_CASE("log_softmax, nll_loss, cross_entropy, argmax") {
                [](const TensorList& t) { return TensorList{nll_loss(log_softmax(t[0]), t[1])}; }, tol);
       check_op(label("cross_entropy", dtype, shape), {x, targets},
                [](const TensorList& t) { return TensorList{cross_entropy(t[0], t[1])}; }, tol);
+      // Label smoothing, and rows whose target is ignore_index (here class 0).
+      const auto smoothed = CrossEntropyOptions().label_smoothing(0.2).ignore_index(0);
+      check_op(label("cross_entropy smoothed, ignore_index", dtype, shape), {x, targets},
+               [&](const TensorList& t) { return TensorList{cross_entropy(t[0], t[1], smoothed)}; }, tol);
       check_op(label("argmax", dtype, shape), {x.detach()}, [](const TensorList& t) { return TensorList{argmax(t[0])}; },
                tol);
       CHECK(count_correct(to_gpu(x), targets.to(kCuda)) == count_correct(x, targets));

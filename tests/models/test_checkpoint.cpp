@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cstring>
@@ -299,6 +300,22 @@ TEST_SUITE("checkpoint") {
         {"training state without epoch",
          loom::testing::safetensors_bytes(R"({"__metadata__":{"__training__.step":"1"}})", ""),
          "lacks its epoch or step"},
+        {"negative step",
+         loom::testing::safetensors_bytes(R"({"__metadata__":{"__training__.epoch":"0","__training__.step":"-3"}})", ""),
+         "metadata '__training__.step' is negative"},
+        {"negative sampler epoch",
+         loom::testing::safetensors_bytes(
+             R"({"__metadata__":{"__training__.epoch":"0","__training__.step":"1","__training__.sampler_epoch":"-1"}})", ""),
+         "metadata '__training__.sampler_epoch' is negative"},
+        {"negative schedule position",
+         loom::testing::safetensors_bytes(
+             R"({"__metadata__":{"__training__.epoch":"0","__training__.step":"1","__training__.scheduler_last_epoch":"-7"}})",
+             ""),
+         "metadata '__training__.scheduler_last_epoch' is negative"},
+        {"more batches in the epoch than steps in all",
+         loom::testing::safetensors_bytes(
+             R"({"__metadata__":{"__training__.epoch":"1","__training__.step":"2","__training__.epoch_step":"5"}})", ""),
+         "records batch 5 of its epoch after only 2 steps in all"},
     };
     for (const Case& c : cases) {
       INFO("case: ", c.what);
@@ -311,6 +328,9 @@ TEST_SUITE("checkpoint") {
     const std::string missing = error_of([&] { nn::load_checkpoint(dir / "nowhere.checkpoint"); });
     CHECK(contains(missing, "nowhere.checkpoint cannot be opened: No such file or directory"));
     CHECK(contains(error_of([&] { nn::load_checkpoint(dir.path()); }), "is not a regular file"));
+    // A FIFO named like a checkpoint: refused at once; opening it for reading would wait for a writer.
+    REQUIRE(::mkfifo((dir / "fifo.checkpoint").c_str(), 0600) == 0);
+    CHECK(contains(error_of([&] { nn::load_checkpoint(dir / "fifo.checkpoint"); }), "is not a regular file"));
   }
 
   TEST_CASE("every truncation and every corrupted header byte of a real checkpoint is an error, never a crash") {

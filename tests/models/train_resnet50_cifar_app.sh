@@ -200,19 +200,9 @@ expect_error() {
   local environment=()
   while [[ $1 != "--" ]]; do environment+=("$1"); shift; done
   shift
-  local err status lines
-  err=$(cd "$work" && env "${environment[@]}" timeout 60 "$bin" "$@" 2>&1 >/dev/null)
-  status=$?
-  lines=$(printf '%s\n' "$err" | grep -c .)
-  if [[ $status -eq 0 || $status -ge 124 ]]; then
-    fail "$what: exit status $status"
-  elif [[ $lines -ne 1 ]]; then
-    fail "$what: expected one line on stderr, got $lines:"; printf '%s\n' "$err"
-  elif [[ "$err" != *"$expected"* ]]; then
-    fail "$what: stderr lacks '$expected': $err"
-  else
-    echo "ok   $what: $err"
-  fi
+  pushd "$work" >/dev/null
+  expect_one_line_error "$what" "$expected" env "${environment[@]}" "$bin" "$@"
+  popd >/dev/null
 }
 mkdir -p "$work/truncated"
 cp -r "$work/cifar/cifar-10-batches-bin" "$work/truncated/"
@@ -244,6 +234,11 @@ expect_error "unknown model" "--model" -- --model resnet20
 expect_error "unknown stem" "--stem" -- --stem tiny
 expect_error "non-numeric batch size" "--batch-size" -- -b ten
 expect_error "zero batch size" "--batch-size" -- -b 0
+expect_error "negative clipping norm" "--clip-grad-norm: must be a number >= 0, got '-0.5'" -- --clip-grad-norm -0.5
+expect_error "no batch per step" "--accumulate-steps: must be a whole number >= 1, got '0'" -- --accumulate-steps 0
+for flag in --clip-grad-norm --accumulate-steps; do  # the new flags are listed in --help
+  "$bin" --help | grep -q -- "$flag" || fail "--help lacks $flag"
+done
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures case(s) failed"

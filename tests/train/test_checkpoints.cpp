@@ -133,6 +133,44 @@ TEST_SUITE("train.checkpoints") {
     CHECK(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr)->path.filename() == "2GPU_step5.checkpoint");
   }
 
+  TEST_CASE("a checkpoint whose position lies beyond its own schedule is refused, or skipped by --resume auto (#50)") {
+    loom::testing::TempDir dir;
+    auto flags = loom::train::CheckpointOptions().directory(dir.path().string());
+    loom::train::CheckpointWriter writer(flags, 1);
+    auto at = [](int64_t epoch, int64_t epoch_step, int64_t step) {
+      loom::nn::Checkpoint checkpoint = checkpoint_at(step);
+      checkpoint.training->epoch = epoch;
+      checkpoint.training->epoch_step = epoch_step;
+      checkpoint.training->extra_metadata["epochs"] = "2";  // the run's schedule, as the apps record it
+      return checkpoint;
+    };
+    writer.write(loom::train::CheckpointKind::epoch, 2, at(2, 0, 20));       // the last epoch done: valid
+    writer.write(loom::train::CheckpointKind::step, 25, at(2, 5, 25));       // 5 batches into a third epoch of 2
+    writer.write(loom::train::CheckpointKind::epoch, 7, at(7, 0, 70));       // epoch 7 of 2
+    const fs::path beyond = dir / "1GPU_7epoch.checkpoint";
+    const std::string message = [&] {
+      try {
+        loom::train::find_resume_point(loom::train::CheckpointOptions(flags).resume(beyond.string()),
+                                       loom::Device::cpu(), nullptr);
+      } catch (const loom::Error& error) {
+        return std::string(error.what());
+      }
+      return std::string("(no error)");
+    }();
+    CHECK_MESSAGE(message.find("checkpoint " + beyond.string() + ": it records epoch 7 (batch 0), beyond its own "
+                               "schedule of 2 epochs") != std::string::npos,
+                  message);
+    loom::testing::MemoryStream log;
+    auto point = loom::train::find_resume_point(loom::train::CheckpointOptions(flags).resume("auto"),
+                                                loom::Device::cpu(), log.file);
+    REQUIRE(point.has_value());
+    CHECK(point->path.filename() == "1GPU_2epoch.checkpoint");
+    const std::string text = log.str();
+    CHECK_MESSAGE(text.find("Skipping checkpoint " + beyond.string()) != std::string::npos, text);
+    CHECK_MESSAGE(text.find("1GPU_step25.checkpoint, it is truncated or corrupt: checkpoint") != std::string::npos,
+                  text);
+  }
+
   TEST_CASE("a stop signal only sets the flag; without a group the agreement is the local flag") {
     loom::train::StopSignals::install(SIGUSR1);
     loom::train::StopAgreement agreement(nullptr);
