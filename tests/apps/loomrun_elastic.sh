@@ -19,13 +19,13 @@ common=(--data "$work/data" --epochs 2 --batch-size 10 --log-interval 5 --thread
 # launcher NAME: a loomrun of one process in the background (its pid in $launched).
 launcher() {
   "$loomrun" --nnodes=1:2 --nproc_per_node=1 --rdzv_endpoint=127.0.0.1:$port --rdzv_id=elastic \
-    --rdzv_conf=last_call_timeout=4 --max_restarts=3 --term_grace=20 "$train_mnist" "${common[@]}" \
+    --rdzv_conf=last_call_timeout=6 --max_restarts=3 --term_grace=20 "$train_mnist" "${common[@]}" \
     >"$work/$1.out" 2>"$work/$1.err" &
   launched=$!
   on_exit "kill -KILL $launched 2>/dev/null"
 }
 launcher a; a=$launched
-sleep 1  # a binds the endpoint and hosts the store; b joins it (within a's 4 s last call)
+sleep 1  # a binds the endpoint and hosts the store; b joins it (within a's 6 s last call)
 launcher b; b=$launched
 wait_until 60 has_lines 4 '^Epoch \[1/2\]' "$work/a.out" || fail "no training at world 2: $(cat "$work/a.err" "$work/b.err")"
 grep -q 'rendezvous round 0: 2 nodes' "$work/a.err" || fail "round 0 is not 2 nodes: $(cat "$work/a.err")"
