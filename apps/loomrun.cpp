@@ -20,6 +20,7 @@
 #include "apps/app_common.h"
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
+#include <loom/dist/elastic_rendezvous.h>
 #include <loom/dist/launcher.h>
 #include <loom/dist/store.h>
 
@@ -38,7 +39,12 @@ constexpr const char* kUsage =
     "  --nproc_per_node=N     processes on this node: a number, gpu (one per CUDA\n"
     "                         device), cpu (one per core) or auto (gpu if there\n"
     "                         are GPUs, else 1); default 1\n"
-    "  --nnodes=N             number of nodes (default 1; a range MIN:MAX must have MIN == MAX)\n"
+    "  --nnodes=N|MIN:MAX     number of nodes (default 1); MIN:MAX is torchrun's elastic mode: each\n"
+    "                         rendezvous round at --rdzv_endpoint waits up to its timeout for MIN\n"
+    "                         nodes, then up to last_call_timeout for MAX, and starts with those\n"
+    "                         that came (node ranks in join order); a node that comes later, or\n"
+    "                         a failure (--max_restarts), starts a new round\n"
+    "  --rdzv_conf=K=V,...    elastic mode: timeout=SECONDS (600), last_call_timeout=SECONDS (30)\n"
     "  --node_rank=K          this node's rank, 0 .. nnodes-1 (default 0)\n"
     "  --master_addr=HOST     address of node 0, where rank 0 listens (default 127.0.0.1;\n"
     "                         required with several nodes)\n"
@@ -110,6 +116,8 @@ int main(int argc, char** argv) {
   bool standalone = false, no_python = false;
   std::optional<std::string> log_dir;
   bool tee_given = false, redirects_given = false;
+  std::optional<std::pair<int, int>> elastic;  // --nnodes MIN:MAX with MIN < MAX
+  dist::ElasticRendezvousOptions rendezvous_options;
 
   // Options until the first argument that is not one (the program).
   int index = 1;
@@ -159,12 +167,14 @@ int main(int argc, char** argv) {
       nproc_text = *value;
     } else if (name == "nnodes") {
       std::string text = *value;
+      elastic.reset();
       if (size_t colon = text.find(':'); colon != std::string::npos) {
-        if (text.substr(0, colon) != text.substr(colon + 1))
-          usage_error(str("--nnodes=", text, ": elastic node ranges are not supported; give a fixed count (MIN == MAX)"));
+        const int min_nodes = parse_int(flag, text.substr(0, colon), 1), max_nodes = parse_int(flag, text.substr(colon + 1), 1);
+        if (min_nodes > max_nodes) usage_error(str("--nnodes=", text, ": MIN must not be larger than MAX"));
+        if (min_nodes != max_nodes) elastic = std::make_pair(min_nodes, max_nodes);
         text = text.substr(0, colon);
       }
-      spec.nnodes = parse_int(flag, text, 1);
+      spec.nnodes = elastic ? 1 : parse_int(flag, text, 1);  // elastic: each round's rendezvous sets it
     } else if (name == "node_rank") {
       spec.node_rank = parse_int(flag, *value, 0);
     } else if (name == "master_addr") {
@@ -190,6 +200,20 @@ int main(int argc, char** argv) {
       if (host.empty()) usage_error(str(flag, "=", *value, " has no host"));
       master_addr = host;
       if (!port.empty()) master_port = parse_int(flag, port, 1);
+    } else if (name == "rdzv_conf") {
+      size_t begin = 0;
+      while (begin < value->size()) {
+        size_t end = value->find(',', begin);
+        if (end == std::string::npos) end = value->size();
+        const std::string item = value->substr(begin, end - begin);
+        const size_t equals = item.find('=');
+        const std::string key = item.substr(0, equals);
+        if (equals == std::string::npos || (key != "timeout" && key != "last_call_timeout"))
+          usage_error(str("--rdzv_conf: '", item, "' is not timeout=SECONDS or last_call_timeout=SECONDS"));
+        const auto seconds = std::chrono::seconds(parse_int(flag, item.substr(equals + 1), key == "timeout" ? 1 : 0));
+        key == "timeout" ? rendezvous_options.join_timeout(seconds) : rendezvous_options.last_call(seconds);
+        begin = end + 1;
+      }
     } else if (name == "rdzv_id") {
       spec.run_id = *value;
     } else if (name == "rdzv_backend") {
@@ -231,10 +255,14 @@ int main(int argc, char** argv) {
 
   spec.nproc_per_node = processes_per_node(nproc_text);
   if (standalone) {
-    if (spec.nnodes != 1) usage_error("--standalone runs one node; drop --nnodes");
+    if (spec.nnodes != 1 || elastic) usage_error("--standalone runs one node; drop --nnodes");
     spec.master_addr = "127.0.0.1";
     spec.master_port = 0;  // the store below takes a free one
   } else {
+    if (elastic && !master_addr)
+      usage_error(str("--nnodes=", elastic->first, ":", elastic->second,
+                      " needs --rdzv_endpoint, the HOST:PORT where the nodes meet"));
+    if (elastic) spec.node_rank = 0;  // each round's rendezvous sets it
     if (spec.nnodes > 1 && !master_addr)
       usage_error(str("--nnodes=", spec.nnodes, " needs --master_addr, the address of node 0 that every node can reach"));
     if (master_addr) spec.master_addr = *master_addr;
@@ -273,7 +301,22 @@ int main(int argc, char** argv) {
     // every restart) and the workers join it as clients, their keys under
     // /worker/attempt_<restart>; --standalone takes the port the store got.
     std::unique_ptr<dist::TCPStore> agent_store;
-    if (spec.node_rank == 0) {
+    std::unique_ptr<dist::ElasticRendezvous> rendezvous;
+    if (elastic) {
+      // Elastic: the launcher that binds the endpoint hosts the store; node ranks come from each round.
+      rendezvous = std::make_unique<dist::ElasticRendezvous>(
+          spec.master_addr, spec.master_port, rendezvous_options.min_nodes(elastic->first).max_nodes(elastic->second));
+      spec.rendezvous = [&rendezvous](dist::WorkerGroupSpec& group, int after_round) {
+        const dist::RendezvousRound round = rendezvous->join(after_round);
+        group.nnodes = round.nodes;
+        group.node_rank = round.node_rank;
+        std::fprintf(stderr, "loomrun: rendezvous round %d: %d node%s, this one node rank %d\n", round.round,
+                     round.nodes, round.nodes == 1 ? "" : "s", round.node_rank);
+        std::fflush(stderr);
+        return round.round;
+      };
+      spec.node_waiting = [&rendezvous](int round) { return rendezvous->node_waiting(round); };
+    } else if (spec.node_rank == 0) {
       agent_store = std::make_unique<dist::TCPStore>(spec.master_addr, standalone ? 0 : spec.master_port,
                                                      dist::TCPStoreOptions().is_server(true));
       spec.master_port = agent_store->port();

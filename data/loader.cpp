@@ -110,6 +110,7 @@ Batch build_batch(const Dataset& dataset, const DataLoaderOptions& options, int6
   BatchImages out = allocate_images(count, shape.channels, shape.height, shape.width, options);
   Batch batch;
   batch.index = batch_index;
+  batch.samples.assign(indices, indices + count);
   batch.labels = host_empty({count}, DType::i64, options);
   int64_t* labels = batch.labels.data<int64_t>();
   const uint64_t seed = options.seed();
@@ -131,6 +132,7 @@ Batch build_batch(const ImageDataset& dataset, const FusedTransform& transform, 
       allocate_images(count, transform.channels(), transform.output_height(), transform.output_width(), options);
   Batch batch;
   batch.index = batch_index;
+  batch.samples.assign(indices, indices + count);
   batch.labels = host_empty({count}, DType::i64, options);
   int64_t* labels = batch.labels.data<int64_t>();
   switch (options.dtype()) {

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <loom/core/cuda/stream.h>
 #include <loom/core/memory_format.h>
@@ -25,7 +26,8 @@ using ::loom::MemoryFormat;
 struct Batch {
   Tensor images;      // (B, C, H, W), options.dtype(), in options.memory_format(), on options.device()
   Tensor labels;      // (B) i64, on options.device()
-  int64_t index = 0;  // position of this batch in its epoch
+  int64_t index = 0;  // position of this batch in its epoch (from the sampler's start)
+  std::vector<int64_t> samples;  // the dataset index of each of its B samples, in order
   // CUDA batches only: recorded on the loader's copy stream after the batch's
   // host-to-device copies. next() has already made the calling thread's
   // current stream wait on it; work on other streams must wait on it too.

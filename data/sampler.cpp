@@ -1,6 +1,7 @@
 // Sequential, random and distributed samplers.
 #include <loom/data/sampler.h>
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -48,7 +49,23 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size,
   LOOM_CHECK(world_size >= 1, "DistributedSampler: world size ", world_size, " must be at least 1");
   LOOM_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank, " is out of range for world size ",
              world_size, "; expected 0 <= rank < ", world_size);
-  samples_per_rank_ = drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+  set_start(0);
+}
+
+void DistributedSampler::set_epoch(int64_t epoch) {
+  if (epoch != epoch_) set_start(0);
+  epoch_ = epoch;
+}
+
+void DistributedSampler::set_start(int64_t consumed) {
+  LOOM_CHECK(consumed >= 0, "DistributedSampler: samples consumed ", consumed, " must be non-negative");
+  start_ = consumed;
+  const int64_t left = std::max<int64_t>(dataset_size_ - consumed, 0);
+  samples_per_rank_ = drop_last_ ? left / world_size_ : (left + world_size_ - 1) / world_size_;
+}
+
+int64_t DistributedSampler::consumed_after(int64_t taken) const {
+  return start_ + std::min(taken, samples_per_rank_) * world_size_;
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -59,7 +76,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
   // Position p of the padded (or cut) list is all[p % n]: padding repeats the
   // list from its start, as many times as needed when it is longer than n.
   for (int64_t i = 0; i < samples_per_rank_; ++i) {
-    const int64_t position = rank_ + i * world_size_;
+    const int64_t position = start_ + rank_ + i * world_size_;
     order[i] = all[position % dataset_size_];
   }
   return order;

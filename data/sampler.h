@@ -52,15 +52,33 @@ std::vector<int64_t> random_permutation(int64_t size, uint64_t seed, int64_t epo
 // drop_last it is padded by repeating its own first elements to
 // ceil(n / world) * world, with drop_last it is cut to floor(n / world) * world;
 // rank r takes elements r, r + world, r + 2 world, ...
+//
+// Elastic resume: after k batches of b on every rank, the ranks together have
+// consumed exactly the first k * b * world positions of the list (the
+// interleaving makes it a prefix). set_start(S) continues an epoch after S
+// consumed positions with any world size: rank r takes positions S + r,
+// S + r + world, ... of the list, which is padded (or cut) as above but
+// counted from S, so the rest of the epoch is split evenly again; position p
+// of the padded list is element p % n, as in PyTorch.
 class DistributedSampler : public Sampler {
  public:
   DistributedSampler(int64_t dataset_size, int64_t world_size, int64_t rank, bool shuffle = true, uint64_t seed = 0,
                      bool drop_last = false);
+  // Selects the epoch; another epoch than the current one clears set_start().
+  void set_epoch(int64_t epoch) override;
+  // The epoch's first `consumed` positions are done (by a run of any world
+  // size): indices() holds the rest of this rank's share.
+  void set_start(int64_t consumed);
+  int64_t start() const { return start_; }
   std::vector<int64_t> indices() const override;
-  // Indices per rank (num_samples in PyTorch).
+  // Indices per rank (num_samples in PyTorch), from start() on.
   int64_t size() const override { return samples_per_rank_; }
-  // All ranks together (total_size in PyTorch).
+  // All ranks together from start() on (total_size in PyTorch).
   int64_t total_size() const { return samples_per_rank_ * world_size_; }
+  // Positions of the epoch's list consumed by all ranks once every rank has
+  // taken its first `taken` indices (of size()): start() + taken * world,
+  // at most start() + total_size().
+  int64_t consumed_after(int64_t taken) const;
   int64_t world_size() const { return world_size_; }
   int64_t rank() const { return rank_; }
 
@@ -68,6 +86,7 @@ class DistributedSampler : public Sampler {
   int64_t dataset_size_, world_size_, rank_;
   bool shuffle_, drop_last_;
   uint64_t seed_;
+  int64_t start_ = 0;
   int64_t samples_per_rank_;
 };
 

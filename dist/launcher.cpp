@@ -277,6 +277,7 @@ WorkerExit exit_of(const Worker& worker, int status) {
 struct AttemptResult {
   std::optional<WorkerExit> first_failure;
   int received_signal = 0;
+  bool node_waiting = false;  // elastic: ended for a new rendezvous round
 };
 
 // One start of the local group, until every process has ended.
@@ -318,7 +319,18 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
 
   bool resume_reported = restart_count == 0 || resume_report.empty();
   int forwarded = 0;  // g_signal_count when a signal was last forwarded
+  Clock::time_point next_membership_check = Clock::now();
   while (running > 0) {
+    if (spec.node_waiting && !ending && Clock::now() >= next_membership_check) {
+      next_membership_check = Clock::now() + std::chrono::milliseconds(200);
+      if (spec.node_waiting(restart_count)) {
+        result.node_waiting = true;
+        std::fprintf(stderr, "%s: a node waits to join; ending the local processes (SIGTERM) for rendezvous round %d\n",
+                     spec.name.c_str(), restart_count + 1);
+        std::fflush(stderr);
+        end_group(SIGTERM);
+      }
+    }
     // A restarted program that resumes writes where it resumed from (see LOOM_RESUME_REPORT).
     if (!resume_reported) {
       if (std::FILE* report = std::fopen(resume_report.c_str(), "r")) {
@@ -540,13 +552,17 @@ WorkerGroupResult run_worker_group(const WorkerGroupSpec& spec) {
   } remove_report{resume_report};
   SignalCatcher signals;
   WorkerGroupResult result;
+  WorkerGroupSpec current = spec;  // elastic: this round's nodes
+  int round = -1;
   while (true) {
     if (!resume_report.empty()) {
       if (std::FILE* report = std::fopen(resume_report.c_str(), "w")) std::fclose(report);  // empty for this attempt
     }
-    AttemptResult attempt = run_attempt(spec, path, result.restarts, resume_report);
+    round = spec.rendezvous ? spec.rendezvous(current, round) : result.restarts;
+    AttemptResult attempt = run_attempt(current, path, round, resume_report);
     result.first_failure = attempt.first_failure;
     result.received_signal = attempt.received_signal;
+    if (attempt.node_waiting && !attempt.first_failure && attempt.received_signal == 0) continue;  // not a restart
     result.succeeded = !attempt.first_failure && attempt.received_signal == 0;
     if (result.succeeded || attempt.received_signal != 0 || result.restarts >= spec.max_restarts) return result;
     ++result.restarts;

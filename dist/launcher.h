@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -65,6 +66,16 @@ struct WorkerGroupSpec {
   // Local ranks whose teed lines reach the terminal (torchrun's
   // --local_ranks_filter); empty: all. Their files are written regardless.
   std::set<int> console_local_ranks{};
+
+  // Elastic mode (loomrun --nnodes MIN:MAX, dist/elastic_rendezvous.h):
+  // before each attempt `rendezvous` joins the round after `after_round` (-1
+  // at first), sets nnodes and node_rank for it and returns the round, which
+  // is the workers' TORCHELASTIC_RESTART_COUNT. While the group runs,
+  // `node_waiting(round)` (polled every 200 ms) saying true ends it with
+  // SIGTERM (the programs stop with a checkpoint) and starts a new round
+  // without counting a restart. Null: the static group.
+  std::function<int(WorkerGroupSpec& spec, int after_round)> rendezvous{};
+  std::function<bool(int round)> node_waiting{};
 };
 
 // How one process of the group ended.

@@ -491,11 +491,15 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint) {
   Metadata metadata{{"format", "pt"}};
   if (checkpoint.training) {
     const TrainingState& s = *checkpoint.training;
+    metadata[kPrefix + "format_version"] = std::to_string(kCheckpointFormatVersion);
     metadata[kPrefix + "epoch"] = std::to_string(s.epoch);
     metadata[kPrefix + "step"] = std::to_string(s.step);
     if (s.epoch_step != 0) metadata[kPrefix + "epoch_step"] = std::to_string(s.epoch_step);
     if (s.scheduler_last_epoch) metadata[kPrefix + "scheduler_last_epoch"] = std::to_string(*s.scheduler_last_epoch);
     if (s.sampler_epoch) metadata[kPrefix + "sampler_epoch"] = std::to_string(*s.sampler_epoch);
+    if (s.epoch_samples) metadata[kPrefix + "epoch_samples"] = std::to_string(*s.epoch_samples);
+    if (s.world_size) metadata[kPrefix + "world_size"] = std::to_string(*s.world_size);
+    if (s.global_batch_size) metadata[kPrefix + "global_batch_size"] = std::to_string(*s.global_batch_size);
     for (auto& [name, g] : s.generators) {
       LOOM_CHECK(!name.empty() && name.find('.') == std::string::npos, describe(path), ": generator name '", name,
                  "' must be non-empty and contain no '.'");
@@ -507,6 +511,15 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint) {
     for (auto& [name, t] : s.extra_tensors) tensors.emplace_back(kExtra + name, t);
   }
   save_safetensors(path, tensors, metadata);
+}
+
+void check_checkpoint_version(const Metadata& metadata, const fs::path& path) {
+  auto it = metadata.find(kPrefix + "format_version");
+  if (it == metadata.end()) return;  // version 1
+  const int64_t version = parse_int(it->second, it->first, path);
+  LOOM_CHECK(version <= kCheckpointFormatVersion, describe(path), " has format version ", version,
+             ", newer than this loom reads (", kCheckpointFormatVersion,
+             "): resume it with the loom that wrote it, or start without --resume");
 }
 
 Checkpoint load_checkpoint(const fs::path& path, Device device) {
@@ -525,11 +538,14 @@ Checkpoint load_checkpoint(const fs::path& path, Device device) {
       out.model.emplace_back(name, t);
     }
   }
+  check_checkpoint_version(file.metadata, path);  // before a newer version's fields look malformed
   for (auto& [key, value] : file.metadata) {
     if (!starts_with(key, kPrefix)) continue;
     has_training = true;
     const std::string field = key.substr(kPrefix.size());
-    if (field == "epoch") {
+    if (field == "format_version") {
+      continue;  // checked first
+    } else if (field == "epoch") {
       state.epoch = parse_int(value, key, path);
       LOOM_CHECK(state.epoch >= 0, describe(path), ": metadata '", key, "' is negative");
     } else if (field == "step") {
@@ -544,6 +560,11 @@ Checkpoint load_checkpoint(const fs::path& path, Device device) {
     } else if (field == "sampler_epoch") {
       state.sampler_epoch = parse_int(value, key, path);
       LOOM_CHECK(*state.sampler_epoch >= 0, describe(path), ": metadata '", key, "' is negative");
+    } else if (field == "epoch_samples" || field == "world_size" || field == "global_batch_size") {
+      const int64_t count = parse_int(value, key, path);
+      LOOM_CHECK(count >= (field == "epoch_samples" ? 0 : 1), describe(path), ": metadata '", key, "' is out of range");
+      (field == "epoch_samples" ? state.epoch_samples : field == "world_size" ? state.world_size
+                                                                              : state.global_batch_size) = count;
     } else if (starts_with(key, kGenerator)) {
       const std::string rest = key.substr(kGenerator.size());  // "<name>.seed" or "<name>.counter"
       const size_t dot = rest.rfind('.');
@@ -573,7 +594,8 @@ Checkpoint load_checkpoint(const fs::path& path, Device device) {
 void load_model_state(Module& module, const NamedTensors& state, const std::string& source) {
   std::map<std::string, const Tensor*> given;
   for (auto& [name, t] : state) given[name] = &t;
-  std::vector<std::string> problems;
+  std::vector<std::string> problems;    // missing and unexpected names
+  std::vector<std::string> mismatches;  // a tensor of the same name and another shape or dtype: listed first
   std::set<std::string> expected;
   for (auto& [name, slot] : module.state_dict()) {
     expected.insert(name);
@@ -584,16 +606,17 @@ void load_model_state(Module& module, const NamedTensors& state, const std::stri
     }
     const Tensor& source_tensor = *it->second;
     if (source_tensor.sizes() != slot.sizes()) {
-      problems.push_back("'" + name + "' has shape " + shape_str(source_tensor.sizes()) + ", the model expects " +
+      mismatches.push_back("'" + name + "' has shape " + shape_str(source_tensor.sizes()) + ", the model expects " +
                          shape_str(slot.sizes()));
     } else if (source_tensor.dtype() != slot.dtype()) {
-      problems.push_back(str("'", name, "' has dtype ", safetensors_dtype_name(source_tensor.dtype()),
+      mismatches.push_back(str("'", name, "' has dtype ", safetensors_dtype_name(source_tensor.dtype()),
                              ", the model expects ", safetensors_dtype_name(slot.dtype())));
     }
   }
   for (auto& [name, t] : state) {
     if (!expected.count(name)) problems.push_back("unexpected '" + name + "'");
   }
+  problems.insert(problems.begin(), mismatches.begin(), mismatches.end());
   if (!problems.empty()) {
     // A checkpoint of another architecture mismatches everywhere: name the first few.
     constexpr size_t kShown = 8;

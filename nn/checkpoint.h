@@ -71,6 +71,12 @@ std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesyste
 // users drop these keys before load_state_dict.
 inline constexpr const char* kTrainingPrefix = "__training__.";
 
+// The version of the training state's layout this loom writes: 1 (no
+// "__training__.format_version" key) before elastic resume; 2 adds the
+// writing world size, the global batch and the epoch's samples consumed.
+// load_checkpoint refuses a newer version with one line naming the file.
+inline constexpr int64_t kCheckpointFormatVersion = 2;
+
 // A generator's position (Generator::seed() and counter()).
 struct GeneratorState {
   uint64_t seed = 0;
@@ -86,6 +92,12 @@ struct TrainingState {
   // Batches of epoch `epoch` already trained: a checkpoint written in the
   // middle of an epoch; the resumed run starts that epoch at this batch.
   int64_t epoch_step = 0;
+  // Samples of epoch `epoch` consumed by all ranks together: a position in
+  // the epoch's global sample order (DistributedSampler's padded list), so a
+  // run of any world size continues the epoch there. Absent in version 1.
+  std::optional<int64_t> epoch_samples;
+  std::optional<int64_t> world_size;         // processes that trained up to the checkpoint
+  std::optional<int64_t> global_batch_size;  // samples per step over all of them
   NamedTensors optimizer;                       // Optimizer::state()
   std::optional<int64_t> scheduler_last_epoch;  // LRScheduler::last_epoch()
   std::optional<int64_t> sampler_epoch;         // Sampler::epoch() of the training loader
@@ -105,6 +117,10 @@ struct Checkpoint {
 // names may not contain the prefix themselves; model names may not start with it.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
 
+// Throws loom::Error naming the file when `metadata` (read from `path`) has a
+// training-state format version above kCheckpointFormatVersion.
+void check_checkpoint_version(const Metadata& metadata, const std::filesystem::path& path);
+
 // Reads a checkpoint onto `device`. Tensors without the training prefix form
 // the model state; `training` is present when the file holds a training state.
 // Throws loom::Error naming the file and the key for a malformed file or a
@@ -113,7 +129,9 @@ Checkpoint load_checkpoint(const std::filesystem::path& path, Device device = De
 
 // Copies `state` into `module` after checking that names, shapes and dtypes
 // all match; every mismatch is listed by name in one loom::Error that starts
-// with `source` (e.g. "checkpoint ./checkpoint/1GPU_2epoch.checkpoint").
+// with `source` (e.g. "checkpoint ./checkpoint/1GPU_2epoch.checkpoint"):
+// tensors of another shape or dtype first (with both), then missing and
+// unexpected names.
 void load_model_state(Module& module, const NamedTensors& state, const std::string& source = "state_dict");
 
 }  // namespace loom::nn

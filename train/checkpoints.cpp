@@ -6,6 +6,7 @@
 
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
+#include <loom/train/resume.h>
 
 namespace loom::train {
 
@@ -40,27 +41,6 @@ std::string step_checkpoint_name(int world, int64_t step) { return str(world, "G
 
 namespace {
 
-// The step count a checkpoint file's header records, or nullopt with the reason.
-std::optional<int64_t> recorded_step(const fs::path& path, std::string& problem) {
-  try {
-    const nn::Metadata metadata = nn::read_safetensors_metadata(path);
-    auto it = metadata.find(std::string(nn::kTrainingPrefix) + "step");
-    if (it == metadata.end()) {
-      problem = "it holds no training state";
-      return std::nullopt;
-    }
-    const int64_t step = std::stoll(it->second);
-    if (step < 0) {
-      problem = str("it records step ", step, ", a negative step");
-      return std::nullopt;
-    }
-    return step;
-  } catch (const std::exception& e) {
-    problem = e.what();
-    return std::nullopt;
-  }
-}
-
 // A checkpoint whose position lies beyond its own recorded schedule (the
 // "epochs" setting the apps store) is corrupt: refused naming the file.
 nn::Checkpoint checked_checkpoint(const fs::path& path, Device device) {
@@ -84,35 +64,33 @@ nn::Checkpoint checked_checkpoint(const fs::path& path, Device device) {
 
 }  // namespace
 
-std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, int world, Device device, std::FILE* log) {
+std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, Device device, std::FILE* log) {
   const std::string resume = effective_resume(options);
   if (resume == "none") return std::nullopt;
   if (resume != "auto") {
     return ResumePoint{resume, checked_checkpoint(resume, device)};
   }
   LOOM_CHECK(!options.directory().empty(), "--resume auto looks in the checkpoint directory (--checkpoint-dir), which is ''");
-  const std::string prefix = str(world, "GPU_");
   struct Candidate {
     fs::path path;
-    int64_t step;
+    CheckpointProgress progress;
     fs::file_time_type written;
   };
   std::vector<Candidate> candidates;
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(options.directory(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix) || !name.ends_with(".checkpoint") || !entry.is_regular_file(ec)) continue;
+    if (!is_checkpoint_name(entry.path().filename().string()) || !entry.is_regular_file(ec)) continue;
     std::string problem;
-    const std::optional<int64_t> step = recorded_step(entry.path(), problem);
-    if (!step) {
+    const std::optional<CheckpointProgress> progress = recorded_progress(entry.path(), problem);
+    if (!progress) {
       if (log) std::fprintf(log, "Skipping checkpoint %s, it is unusable: %s\n", entry.path().c_str(), problem.c_str());
       continue;
     }
-    candidates.push_back({entry.path(), *step, entry.last_write_time(ec)});
+    candidates.push_back({entry.path(), *progress, entry.last_write_time(ec)});
   }
-  // Most steps first; of equal steps the later written.
+  // Furthest first, whatever world size wrote it; of equal progress the later written.
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.step != b.step ? a.step > b.step : a.written > b.written;
+    return a.progress != b.progress ? a.progress > b.progress : a.written > b.written;
   });
   for (size_t i = 0; i < candidates.size(); ++i) {
     try {
@@ -130,7 +108,7 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, i
     }
   }
   if (log) {
-    std::fprintf(log, "--resume auto: no valid %s*.checkpoint in %s; starting from the beginning\n", prefix.c_str(),
+    std::fprintf(log, "--resume auto: no valid *GPU_*.checkpoint in %s; starting from the beginning\n",
                  options.directory().c_str());
   }
   return std::nullopt;
@@ -203,12 +181,15 @@ void CheckpointWriter::rotate() {
 }
 
 nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
-                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
+                                   const optim::LRScheduler* scheduler, data::DataLoader& loader, int world,
                                    TrainingPosition position, nn::Metadata settings) {
   nn::TrainingState state;
   state.epoch = position.epoch;
   state.epoch_step = position.epoch_step;
   state.step = position.step;
+  state.epoch_samples = position.epoch_samples;
+  state.world_size = world;
+  state.global_batch_size = loader.options().batch_size() * world;
   if (scheduler) state.scheduler_last_epoch = scheduler->last_epoch();
   state.sampler_epoch = loader.sampler().epoch();
   state.generators["default"] = {default_generator().seed(), default_generator().counter()};
@@ -217,12 +198,12 @@ nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimiz
   return nn::Checkpoint{model.state_dict(), std::move(state)};
 }
 
-std::optional<TrainingPosition> resume_training(const CheckpointOptions& options, int world, Device device,
-                                                bool leader,
+std::optional<TrainingPosition> resume_training(const CheckpointOptions& options, int world,
+                                                int64_t global_batch_size, Device device, bool leader,
                                                 dist::ProcessGroup* group, nn::Module& model,
                                                 amp::MixedPrecisionOptimizer& optimizer,
                                                 optim::LRScheduler* scheduler, const nn::Metadata& settings) {
-  std::optional<ResumePoint> resume = find_resume_point(options, world, device, leader ? stdout : nullptr);
+  std::optional<ResumePoint> resume = find_resume_point(options, device, leader ? stdout : nullptr);
   std::optional<TrainingPosition> position;
   if (resume) {
     position.emplace();
@@ -236,7 +217,7 @@ std::optional<TrainingPosition> resume_training(const CheckpointOptions& options
       if (scheduler && state.scheduler_last_epoch) scheduler->set_last_epoch(*state.scheduler_last_epoch);
       if (auto g = state.generators.find("default"); g != state.generators.end())
         default_generator().set_state(g->second.seed, g->second.counter);
-      *position = {state.epoch, state.epoch_step, state.step};
+      *position = {state.epoch, state.epoch_step, state.step, state.epoch_samples, state.world_size};
       if (leader) {
         for (auto& [key, value] : settings) {
           auto saved = state.extra_metadata.find(key);
@@ -248,9 +229,11 @@ std::optional<TrainingPosition> resume_training(const CheckpointOptions& options
       }
     }
     if (leader) {
-      std::printf("Resuming from %s at epoch %lld, batch %lld (step %lld)\n", resume->path.c_str(),
-                  static_cast<long long>(position->epoch + 1), static_cast<long long>(position->epoch_step),
-                  static_cast<long long>(position->step));
+      static const nn::TrainingState kNone;  // a plain state_dict file
+      const nn::TrainingState& state = checkpoint.training ? *checkpoint.training : kNone;
+      std::printf("%s\n", resume_line(resume->path, state, world).c_str());
+      if (const std::string note = global_batch_note(state, world, global_batch_size); !note.empty())
+        std::printf("%s\n", note.c_str());
       report_resume_to_launcher(str("step ", position->step, " (epoch ", position->epoch + 1, ", batch ",
                                     position->epoch_step, ") from ", resume->path.string()));
     }

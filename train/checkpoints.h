@@ -61,13 +61,13 @@ struct ResumePoint {
 };
 
 // The checkpoint to resume from: none for resume "none" (or auto with no
-// checkpoint of this world size in the directory), the file resume() names
-// (an error if it cannot be read), or for auto the valid checkpoint with the
-// most steps among directory/{world}GPU_*.checkpoint. A newer one that is
-// truncated or corrupt is reported on `log` with the reason and skipped.
-// `log` is null on ranks that print nothing.
-std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, int world, Device device,
-                                             std::FILE* log);
+// checkpoint in the directory), the file resume() names (an error if it
+// cannot be read), or for auto the valid checkpoint that got furthest (epoch,
+// then the epoch's samples consumed, then steps: CheckpointProgress) among
+// directory/{N}GPU_*.checkpoint of every world size N. A further one that is
+// truncated or corrupt is reported on `log` with the reason and skipped; one
+// of a newer format version is an error. `log` is null on ranks that print nothing.
+std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, Device device, std::FILE* log);
 
 // Every rank must resume from the same step: an all-reduce of the step each
 // loaded (-1 for none); throws when they differ. Without a group, nothing.
@@ -112,13 +112,18 @@ struct TrainingPosition {
   int64_t epoch = 0;
   int64_t epoch_step = 0;
   int64_t step = 0;
+  // The epoch's samples consumed by all ranks (train/resume.h); a version-1
+  // checkpoint's position has none.
+  std::optional<int64_t> epoch_samples;
+  std::optional<int64_t> world_size;  // the processes that got there; none in a version-1 checkpoint
 };
 
-// Rank 0's checkpoint at `position`: the model, the optimizer (and the masters
-// and loss scale of mixed precision), the schedule (null for none), the
-// sampler's epoch, the default generator and the run's `settings`.
+// Rank 0's checkpoint at `position` of a run of `world` processes: the model,
+// the optimizer (and the masters and loss scale of mixed precision), the
+// schedule (null for none), the sampler's epoch, the global batch, the default
+// generator and the run's `settings`.
 nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
-                                   const optim::LRScheduler* scheduler, data::DataLoader& loader,
+                                   const optim::LRScheduler* scheduler, data::DataLoader& loader, int world,
                                    TrainingPosition position, nn::Metadata settings);
 
 // Resumes as options.resume() says (find_resume_point): loads the model and
@@ -126,10 +131,12 @@ nn::Checkpoint training_checkpoint(nn::Module& model, amp::MixedPrecisionOptimiz
 // (optimizer, mixed-precision state, schedule, generator) and returns where to
 // go on from; nullopt to start from the beginning. Rank 0 (`leader`) prints
 // "note: the checkpoint was written with KEY OLD; this run uses NEW" for each
-// of `settings` that differs, then "Resuming from PATH at epoch E, batch B
-// (step S)", and tells the launcher. Then checks, collectively over `group`
-// (may be null), that every rank resumed from the same step.
-std::optional<TrainingPosition> resume_training(const CheckpointOptions& options, int world, Device device,
+// of `settings` that differs, then resume_line() (train/resume.h), a note
+// when the global batch changed (`global_batch_size` is this run's), and
+// tells the launcher. Then checks, collectively over `group` (may be null),
+// that every rank resumed from the same step.
+std::optional<TrainingPosition> resume_training(const CheckpointOptions& options, int world,
+                                                int64_t global_batch_size, Device device,
                                                 bool leader, dist::ProcessGroup* group, nn::Module& model,
                                                 amp::MixedPrecisionOptimizer& optimizer,
                                                 optim::LRScheduler* scheduler, const nn::Metadata& settings);

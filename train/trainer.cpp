@@ -9,6 +9,7 @@
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/train/monitor.h>
+#include <loom/train/resume.h>
 #include <loom/train/stop.h>
 #include <loom/train/trace.h>
 
@@ -140,11 +141,12 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   const int64_t epochs = options_.epochs();
 
   // Resume: the model and everything an uninterrupted run would have had
-  // after the checkpoint's step, mid-epoch too (the loader starts that epoch
-  // at the checkpoint's batch).
-  const TrainingPosition resumed = resume_training(options_.checkpoints(), world_, device, leader, group, *model_,
-                                                   optimizer, scheduler_.get(), options_.settings())
-                                       .value_or(TrainingPosition{});
+  // after the checkpoint's step, mid-epoch too (EpochStart continues that
+  // epoch after its samples consumed, on any number of processes).
+  const TrainingPosition resumed =
+      resume_training(options_.checkpoints(), world_, train_data.options().batch_size() * world_, device, leader, group,
+                      *model_, optimizer, scheduler_.get(), options_.settings())
+          .value_or(TrainingPosition{});
   // DDP checks that every rank holds the same parameters, broadcasts rank 0's,
   // and averages the gradients during backward.
   if (group && !ddp_) ddp_ = std::make_shared<dist::DistributedDataParallel>(model_, options_.process_group(), options_.ddp());
@@ -155,9 +157,9 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   // epoch's last step what is left (the hooks, lines and records count steps).
   const int64_t accumulate = options_.accumulate_steps();
   const int64_t batches = train_data.num_batches();
-  const int64_t steps_per_epoch =
+  const int64_t steps_per_full_epoch =
       options_.max_steps_per_epoch() > 0 ? std::min(batches, options_.max_steps_per_epoch() * accumulate) : batches;
-  const int64_t updates_per_epoch = (steps_per_epoch + accumulate - 1) / accumulate;
+  const int64_t updates_per_epoch = (steps_per_full_epoch + accumulate - 1) / accumulate;
   const bool per_step_schedule = scheduler_ && options_.scheduler_interval() == SchedulerInterval::step;
   if (leader && resumed.epoch >= epochs && epochs > 0) {
     std::printf("The checkpoint has %lld of %lld epochs done: nothing left to train\n",
@@ -167,10 +169,10 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   std::optional<CheckpointWriter> writer;
   if (leader) writer.emplace(options_.checkpoints(), world_);
   int64_t steps = resumed.step;
-  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them in epoch `epoch` (0-based).
-  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step) {
-    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, {epoch, epoch_step, steps},
-                               options_.settings());
+  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them (`epoch_samples` samples) in epoch `epoch` (0-based).
+  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step, int64_t epoch_samples) {
+    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
+                               {epoch, epoch_step, steps, epoch_samples, world_}, options_.settings());
   };
 
   // Rank 0's progress display, --metrics and --tensorboard.
@@ -196,8 +198,12 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   int64_t images = 0;
   const auto start = Clock::now();
   for (int64_t epoch = resumed.epoch; epoch < epochs && steps_left() && result.stop_signal == 0; ++epoch) {
-    int64_t step = epoch == resumed.epoch ? std::min(resumed.epoch_step, steps_per_epoch) : 0;
-    train_data.start_epoch(epoch, step);
+    // A resumed epoch continues its global sample order on this world's ranks (train/resume.h).
+    const EpochStart epoch_start(train_data, epoch, epoch == resumed.epoch ? &resumed : nullptr, world_,
+                                 options_.max_steps_per_epoch() * accumulate);
+    const int64_t steps_per_epoch = epoch_start.steps();
+    const int64_t epoch_updates = (steps_per_epoch + accumulate - 1) / accumulate;  // this epoch's, after a resume too
+    int64_t step = epoch_start.first_step();
     monitor.start_epoch(epoch, (step + accumulate - 1) / accumulate);
     // This epoch's rates before warm-up: the schedule's (its step() and a
     // resume set them), or the optimizer's first rates without one (the
@@ -236,7 +242,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       const StepInfo info{.epoch = epoch,
                           .epochs = epochs,
                           .epoch_step = update,
-                          .steps_per_epoch = updates_per_epoch,
+                          .steps_per_epoch = epoch_updates,
                           .step = steps,
                           .batch = batch,
                           .loss = &loss,
@@ -251,7 +257,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
         } else {
           std::printf("Epoch [%lld/%lld], Step [%lld/%lld], Loss: %.4f\n", static_cast<long long>(epoch + 1),
                       static_cast<long long>(epochs), static_cast<long long>(update),
-                      static_cast<long long>(updates_per_epoch), loss_value);
+                      static_cast<long long>(epoch_updates), loss_value);
         }
         std::fflush(stdout);
         monitor.set_loss(loss_value);
@@ -268,7 +274,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       bool saved_now = false;
       if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
         monitor.before_output();
-        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step)).has_value();
+        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step, epoch_start.samples_after(step)))
+                        .has_value();
       }
       // SIGTERM / the stop signal / SIGINT on any rank: every rank stops after the same step.
       if ((result.stop_signal = stop_agreement.poll()) != 0) {
@@ -276,7 +283,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
         std::optional<fs::path> saved;
         if (writer && writer->enabled()) {
           saved = saved_now ? writer->path(CheckpointKind::step, steps)
-                            : writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step));
+                            : writer->write(CheckpointKind::step, steps,
+                                            make_checkpoint(epoch, step, epoch_start.samples_after(step)));
         }
         print_preempted(rank_, result.stop_signal, steps, saved);
         break;
@@ -286,7 +294,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     monitor.end_epoch_steps();
     if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
     if (scheduler_ && !per_step_schedule) scheduler_->step();
-    if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0));
+    if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0, 0));
     // The test accuracy of every epoch (--metrics / --tensorboard, or
     // evaluate_each_epoch); the last one's is the final evaluation's.
     std::optional<dist::AccuracyCounts> accuracy;

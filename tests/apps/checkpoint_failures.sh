@@ -92,7 +92,7 @@ train after_kill --resume auto --max-steps 10 --checkpoint-dir "$dir"
 [[ $status == 0 ]] || fail "the run after the kill failed: $(cat "$work/after_kill.err")"
 grep -q "^Removed $partial, left by a checkpoint write that was interrupted" "$work/after_kill.out" ||
   fail "the temporary file was not reported removed: $(head -5 "$work/after_kill.out")"
-grep -q "^Resuming from $dir/1GPU_step5.checkpoint at epoch 1, batch 5 (step 5)" "$work/after_kill.out" || fail "did not resume from step 5"
+grep -q "^Resuming from $dir/1GPU_step5.checkpoint (written by 1 process) at epoch 1, sample [0-9]*, on 1 process, batch 5 (step 5)" "$work/after_kill.out" || fail "did not resume from step 5"
 [[ -z $(find "$dir" -name '.*.tmp-*') && -f $dir/1GPU_step10.checkpoint ]] || fail "after the kill: $(ls -a "$dir")"
 echo "ok: SIGKILL during a write"
 
@@ -126,7 +126,7 @@ for damage in truncated corrupt; do
   [[ $status == 0 ]] || fail "$damage: --resume auto failed: $(cat "$work/fallback_$damage.err")"
   grep -q "^Skipping checkpoint $dir/1GPU_step10.checkpoint, it is truncated or corrupt: .*; trying the previous one" "$work/fallback_$damage.out" ||
     fail "$damage: the damaged checkpoint was not reported: $(head -5 "$work/fallback_$damage.out")"
-  grep -q "^Resuming from $dir/1GPU_step5.checkpoint at epoch 1, batch 5 (step 5)" "$work/fallback_$damage.out" || fail "$damage: did not fall back to step 5"
+  grep -q "^Resuming from $dir/1GPU_step5.checkpoint (written by 1 process) at epoch 1, sample [0-9]*, on 1 process, batch 5 (step 5)" "$work/fallback_$damage.out" || fail "$damage: did not fall back to step 5"
   cp "$work/good10" "$dir/1GPU_step10.checkpoint"
 done
 grep -q "CRC-32" "$work/fallback_corrupt.out" || fail "the corrupt checkpoint's report does not name the checksum"

@@ -45,7 +45,7 @@ for config in 1 2 1-O2; do
   [[ -f $b/${world}GPU_step21.checkpoint && ! -e $b/${world}GPU_step28.checkpoint ]] || fail "$config: expected step 21 as the newest checkpoint: $(ls "$b")"
   [[ -f $b/${world}GPU_1epoch.checkpoint ]] || fail "$config: no epoch checkpoint with the tutorial's name: $(ls "$b")"
   run $world w$config-second "${amp[@]}" --checkpoint-dir "$b" --resume auto --save "$b.safetensors"
-  grep -q "^Resuming from $b/${world}GPU_step21.checkpoint at epoch 2, batch 1 (step 21)" "$work/w$config-second.out" ||
+  grep -q "^Resuming from $b/${world}GPU_step21.checkpoint (written by $world process[es]*) at epoch 2, sample 32, on $world process[es]*, batch 1 (step 21)" "$work/w$config-second.out" ||
     fail "$config: no 'Resuming from ... step 21' line: $(head -5 "$work/w$config-second.out")"
   diff <(losses_after "$work/w$config-full.out" 21) <(grep '^Epoch \[' "$work/w$config-second.out") ||
     fail "$config: the loss lines after the resume differ from the uninterrupted run's"
@@ -93,7 +93,7 @@ srun_pair resumed --checkpoint-dir "$work/term" --resume auto --max-steps $end -
 wait "$pid0" && wait "$pid1" || { cat "$work"/resumed.*.err; fail "the resumed run failed"; }
 srun_pair reference --checkpoint-dir '' --max-steps $end --save "$work/reference.safetensors"
 wait "$pid0" && wait "$pid1" || { cat "$work"/reference.*.err; fail "the uninterrupted run failed"; }
-grep -q "^Resuming from $work/term/2GPU_step$step.checkpoint at epoch 1, batch $step (step $step)" "$work/resumed.0.out" ||
+grep -q "^Resuming from $work/term/2GPU_step$step.checkpoint (written by 2 processes) at epoch 1, sample $((16 * step)), on 2 processes, batch $step (step $step)" "$work/resumed.0.out" ||
   fail "no 'Resuming from' line: $(head -5 "$work/resumed.0.out")"
 diff <(grep '^Epoch \[' "$work/reference.0.out" | tail -n 20) <(grep '^Epoch \[' "$work/resumed.0.out") ||
   fail "the resumed run's loss lines differ from the uninterrupted run's"

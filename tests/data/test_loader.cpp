@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include <loom/core/cuda/runtime.h>
@@ -291,4 +292,42 @@ TEST_CASE("an epoch started at batch k delivers the full epoch's batches k, k+1,
   auto sampler = std::make_shared<SequentialSampler>(dataset.size());
   DataLoader loader(dataset, cifar_training_transforms(), DataLoaderOptions().batch_size(100), sampler);
   CHECK_THROWS_WITH_AS(loader.start_epoch(0, 4), doctest::Contains("has 3 batches"), loom::Error);
+}
+
+TEST_CASE("a sample's augmentation depends on (seed, epoch, dataset index) only, not on the world size or a resume") {
+  const ImageDataset dataset = synthetic_cifar10(60, 4);
+  // Each dataset index's augmented pixels as one process trains the epoch whole.
+  std::map<int64_t, std::vector<uint8_t>> whole;
+  auto record = [&](DataLoader& loader, std::map<int64_t, std::vector<uint8_t>>& into, int64_t epoch) {
+    for (Batch& batch : loader.epoch(epoch)) {
+      const Tensor images = batch.images.contiguous();
+      const auto* bytes = static_cast<const uint8_t*>(images.raw_data());
+      const size_t per_sample = images.nbytes() / static_cast<size_t>(batch.size());
+      REQUIRE(static_cast<int64_t>(batch.samples.size()) == batch.size());
+      const std::vector<int64_t> labels = batch.labels.to_vector<int64_t>();
+      for (size_t s = 0; s < batch.samples.size(); ++s) {
+        CHECK(labels[s] == dataset.label(batch.samples[s]));  // samples names the batch's dataset indices
+        into[batch.samples[s]].assign(bytes + s * per_sample, bytes + (s + 1) * per_sample);
+      }
+    }
+  };
+  DataLoader one(dataset, cifar_training_transforms(), DataLoaderOptions().batch_size(8).seed(5),
+                 std::make_shared<DistributedSampler>(dataset.size(), 1, 0, true, 7));
+  record(one, whole, 2);
+  REQUIRE(whole.size() == 60);
+  // Three ranks continuing the epoch after 24 samples (as after a resume from another world size).
+  std::map<int64_t, std::vector<uint8_t>> rest;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    auto sampler = std::make_shared<DistributedSampler>(dataset.size(), 3, rank, true, 7);
+    sampler->set_epoch(2);
+    sampler->set_start(24);
+    DataLoader loader(dataset, cifar_training_transforms(), DataLoaderOptions().batch_size(5).num_workers(1).seed(5),
+                      sampler);
+    record(loader, rest, 2);
+  }
+  CHECK(rest.size() == 36);
+  for (const auto& [index, pixels] : rest) {
+    CAPTURE(index);
+    CHECK(pixels == whole.at(index));
+  }
 }

@@ -141,6 +141,71 @@ TEST_CASE("DistributedSampler ranks cover the dataset with equal counts and resh
   }
 }
 
+TEST_CASE("set_start continues an epoch on another world: the rest of the global list, each sample once") {
+  // The epoch's global list is the world-1 order (the permutation); N ranks
+  // taking batches of b consume a prefix of it, and M ranks continue after it.
+  for (int64_t n : {12, 13, 36, 101})
+    for (int64_t from_world : {1, 2, 4})
+      for (int64_t to_world : {1, 2, 3, 5})
+        for (int64_t batches : {0, 1, 2}) {
+          CAPTURE(n);
+          CAPTURE(from_world);
+          CAPTURE(to_world);
+          CAPTURE(batches);
+          const int64_t batch = 3;
+          DistributedSampler whole(n, 1, 0, true, 9);
+          whole.set_epoch(2);
+          const std::vector<int64_t> order = whole.indices();
+          // What the N ranks took: the first batches * batch of each rank's indices.
+          std::multiset<int64_t> taken;
+          int64_t consumed = 0;
+          for (int64_t rank = 0; rank < from_world; ++rank) {
+            DistributedSampler sampler(n, from_world, rank, true, 9);
+            sampler.set_epoch(2);
+            const std::vector<int64_t> mine = sampler.indices();
+            const int64_t count = std::min<int64_t>(batches * batch, static_cast<int64_t>(mine.size()));
+            taken.insert(mine.begin(), mine.begin() + count);
+            consumed = sampler.consumed_after(batches * batch);
+          }
+          REQUIRE(consumed == std::min(batches * batch * from_world, ((n + from_world - 1) / from_world) * from_world));
+          if (consumed > n) continue;  // the epoch is over (its padding included)
+          CHECK(taken == std::multiset<int64_t>(order.begin(), order.begin() + consumed));  // a prefix of the list
+          // The M ranks: every rank the same count, together the rest of the list
+          // once, then padding from the list's start (PyTorch's rule).
+          std::multiset<int64_t> rest;
+          const int64_t per_rank = (n - consumed + to_world - 1) / to_world;
+          for (int64_t rank = 0; rank < to_world; ++rank) {
+            DistributedSampler sampler(n, to_world, rank, true, 9);
+            sampler.set_epoch(2);
+            sampler.set_start(consumed);
+            sampler.set_epoch(2);  // the same epoch keeps the start (DataLoader::start_epoch sets it again)
+            const std::vector<int64_t> mine = sampler.indices();
+            REQUIRE(static_cast<int64_t>(mine.size()) == per_rank);
+            for (int64_t i = 0; i < per_rank; ++i) CHECK(mine[i] == order[(consumed + rank + i * to_world) % n]);
+            rest.insert(mine.begin(), mine.end());
+            CHECK(sampler.consumed_after(per_rank) == consumed + per_rank * to_world);
+          }
+          std::multiset<int64_t> expected(order.begin() + consumed, order.end());
+          for (int64_t p = 0; p < per_rank * to_world - (n - consumed); ++p) expected.insert(order[p % n]);
+          CHECK(rest == expected);
+          if (consumed == 0) {
+            DistributedSampler fresh(n, to_world, 0, true, 9);
+            fresh.set_epoch(2);
+            DistributedSampler restarted(n, to_world, 0, true, 9);
+            restarted.set_epoch(2);
+            restarted.set_start(0);
+            CHECK(fresh.indices() == restarted.indices());
+          }
+        }
+  // Another epoch clears the start.
+  DistributedSampler sampler(10, 2, 0, false);
+  sampler.set_start(6);
+  CHECK(sampler.indices() == std::vector<int64_t>{6, 8});
+  sampler.set_epoch(1);
+  CHECK(sampler.start() == 0);
+  CHECK(sampler.size() == 5);
+}
+
 TEST_CASE("DistributedSampler rejects bad ranks and worlds") {
   CHECK(error_message([] { DistributedSampler(10, 4, 4); }).find("rank 4 is out of range for world size 4") !=
         std::string::npos);

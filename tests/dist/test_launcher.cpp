@@ -13,10 +13,13 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <future>
 #include <tuple>
 
 #include <loom/core/error.h>
+#include <loom/dist/elastic_rendezvous.h>
 #include <loom/dist/launcher.h>
+#include "tests/dist/multiprocess.h"
 
 using namespace loom;
 using namespace loom::dist;
@@ -337,5 +340,41 @@ TEST_SUITE("launcher") {
     CHECK_THROWS_WITH_AS(run_worker_group(spec), doctest::Contains("needs a log directory"), Error);
     spec.log_dir = "/proc/loom-no-such-directory";
     CHECK_THROWS_WITH_AS(run_worker_group(spec), doctest::Contains("cannot create the log directory /proc/"), Error);
+  }
+
+  TEST_CASE("elastic rendezvous: rounds close at MAX nodes or after the last call; a later node waits for the next") {
+    const int port = testing::free_port();
+    auto options = ElasticRendezvousOptions().min_nodes(1).max_nodes(2).last_call(std::chrono::seconds(20));
+    ElasticRendezvous host("127.0.0.1", port, options);  // binds the endpoint: hosts the store
+    ElasticRendezvous other("127.0.0.1", port, options);  // the endpoint is taken: joins as a client
+    // Two nodes: the round closes as soon as MAX joined, long before the last call.
+    auto first = std::async(std::launch::async, [&] { return host.join(); });
+    const RendezvousRound second = other.join();
+    const RendezvousRound round0 = first.get();
+    CHECK(round0.round == 0);
+    CHECK(second.round == 0);
+    CHECK(round0.nodes == 2);
+    CHECK(second.nodes == 2);
+    CHECK(round0.node_rank + second.node_rank == 1);  // ranks 0 and 1 in join order
+    CHECK_FALSE(host.node_waiting(0));
+    // A node that comes while round 0 runs joins round 1 and is seen waiting;
+    // alone past the last call (short here), round 1 closes with it only.
+    ElasticRendezvous late("127.0.0.1", port, ElasticRendezvousOptions().min_nodes(1).max_nodes(2).last_call(
+                                                   std::chrono::seconds(1)));
+    auto joining = std::async(std::launch::async, [&] { return late.join(); });
+    bool seen_waiting = false;
+    for (int i = 0; i < 2000 && !seen_waiting; ++i) {
+      seen_waiting = host.node_waiting(0);  // until round 1 closes
+      if (!seen_waiting) std::this_thread::sleep_for(1ms);
+    }
+    CHECK(seen_waiting);
+    const RendezvousRound round1 = joining.get();
+    CHECK_FALSE(host.node_waiting(0));  // round 1 closed: nobody waits any more
+    CHECK(round1.round == 1);
+    CHECK(round1.nodes == 1);
+    CHECK(round1.node_rank == 0);
+    // MIN above MAX is refused naming --nnodes.
+    CHECK_THROWS_WITH_AS(ElasticRendezvous("127.0.0.1", port, ElasticRendezvousOptions().min_nodes(3).max_nodes(2)),
+                         doctest::Contains("--nnodes=3:2"), loom::Error);
   }
 }

@@ -14,6 +14,7 @@
 #include <loom/data/sampler.h>
 #include <loom/dist/ddp.h>
 #include "tests/dist/multiprocess.h"
+#include "tests/dist/rows_dataset.h"
 #include "tests/dist/tiny_mlp.h"
 
 using namespace loom;
@@ -24,35 +25,14 @@ namespace {
 
 constexpr int64_t kRows = 16;
 
-// Feature `column` of row `row`, as f32 (what the dataset writes).
-float feature(int64_t row, int64_t column) { return static_cast<float>(std::sin(0.7 * row + 1.3 * column)); }
-
-// A user-defined dataset: row i is 6 features laid out as a (1, 2, 3) sample;
-// its label is i itself, so a test can see which rows a batch holds.
-class RowsDataset : public data::Dataset {
- public:
-  int64_t size() const override { return kRows; }
-  data::SampleShape sample_shape() const override { return {1, 2, 3}; }
-  int64_t get(int64_t index, data::SampleSlot& slot) const override {
-    for (int64_t column = 0; column < 6; ++column) slot.pixels[column] = feature(index, column);
-    return index;
-  }
-  std::string name() const override { return "rows"; }
-};
-
 Tensor inputs_of(const std::vector<int64_t>& rows) {
   std::vector<double> values;
   for (int64_t row : rows)
-    for (int64_t column = 0; column < 6; ++column) values.push_back(feature(row, column));
+    for (int64_t column = 0; column < 6; ++column) values.push_back(row_feature(row, column));
   return Tensor::from_vector_as(values, {static_cast<int64_t>(rows.size()), 6}, DType::f64);
 }
 
-Tensor targets_of(const std::vector<int64_t>& rows) {
-  std::vector<double> values;
-  for (int64_t row : rows)
-    for (int64_t column = 0; column < 3; ++column) values.push_back(std::cos(0.3 * static_cast<double>(row) - column));
-  return Tensor::from_vector_as(values, {static_cast<int64_t>(rows.size()), 3}, DType::f64);
-}
+Tensor targets_of(const std::vector<int64_t>& rows) { return row_targets(rows, DType::f64); }
 
 }  // namespace
 
@@ -61,7 +41,7 @@ LOOM_DIST_SCENARIO("ddp_user_dataset") {
   const int rank = group->rank(), world = group->size();
   constexpr int64_t batch = 4, epochs = 2;
   auto sampler = std::make_shared<data::DistributedSampler>(kRows, world, rank, /*shuffle=*/true, /*seed=*/5);
-  data::DataLoader loader(std::make_shared<RowsDataset>(),
+  data::DataLoader loader(std::make_shared<RowsDataset>(kRows),
                           data::DataLoaderOptions().batch_size(batch).num_workers(2).dtype(DType::f64), sampler);
   auto model = tiny_model(300 + rank);
   DistributedDataParallel ddp(model, group, {});

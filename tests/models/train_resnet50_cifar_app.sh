@@ -45,7 +45,7 @@ resumed=$(cat "$work/b/out.txt")
 if [[ $status -ne 0 ]]; then
   fail "resumed run: exit status $status: $(cat "$work/b/err.txt")"
 else
-  [[ "$resumed" == *"Resuming from $work/a/checkpoint/1GPU_1epoch.checkpoint at epoch 2"* ]] || fail "resumed run: no 'Resuming from' line"
+  [[ "$resumed" == *"Resuming from $work/a/checkpoint/1GPU_1epoch.checkpoint (written by 1 process) at epoch 2, sample 0, on 1 process"* ]] || fail "resumed run: no 'Resuming from' line"
   [[ "$resumed" != *"Epoch[1/2]"* ]] || fail "resumed run repeated epoch 1"
   [[ "$resumed" == *"Epoch[2/2], Step[4/5]"* ]] || fail "resumed run: no epoch-2 loss line"
   [[ ! -e "$work/b/checkpoint/1GPU_1epoch.checkpoint" ]] || fail "resumed run rewrote the epoch-1 checkpoint"
@@ -68,7 +68,7 @@ failures_before=$failures
   fail "run with --checkpoint-every 3: $(cat "$work/c/err.txt")"
 (cd "$work/d" && timeout 120 "$bin" "${common[@]}" -e 2 --checkpoint-every 3 --resume "$work/c/checkpoint/1GPU_step3.checkpoint" \
   >out.txt 2>err.txt) || fail "resume from step 3: $(cat "$work/d/err.txt")"
-grep -q "^Resuming from $work/c/checkpoint/1GPU_step3.checkpoint at epoch 1, batch 3 (step 3)" "$work/d/out.txt" ||
+grep -q "^Resuming from $work/c/checkpoint/1GPU_step3.checkpoint (written by 1 process) at epoch 1, sample [0-9]*, on 1 process, batch 3 (step 3)" "$work/d/out.txt" ||
   fail "resume from step 3: no 'Resuming from' line: $(head -3 "$work/d/out.txt")"
 for file in 1GPU_step6.checkpoint 1GPU_step9.checkpoint 1GPU_1epoch.checkpoint 1GPU_2epoch.checkpoint; do
   cmp -s "$work/c/checkpoint/$file" "$work/d/checkpoint/$file" || fail "resume from step 3: $file differs"
@@ -149,6 +149,25 @@ elif [[ "$rank0" != *">>> Training on 2 "* || "$rank0" != *"Step[2/2]"* || ! -f 
   fail "2-process run: expected 'Training on 2', 2 steps of 8 per rank and checkpoint/2GPU_1epoch.checkpoint: $rank0"
 else
   echo "ok   2-process run: $(grep 'Test accuracy' <<<"$rank0")"
+fi
+
+# 4b. Elastic resume (issue 49): the one-process step-3 checkpoint of 2b on two
+# processes. -b is the global batch (8 per process now), so the step count
+# goes on (epoch 1 ends at step 5 of 5) and there is no global-batch note.
+if [[ -f "$work/c/checkpoint/1GPU_step3.checkpoint" ]]; then
+  run_two_ranks "$work/elastic" "${common[@]}" -e 2 --threads 1 --log-interval 1 \
+    --resume "$work/c/checkpoint/1GPU_step3.checkpoint"
+  rank0=$(cat "$work/elastic/rank0.txt")
+  if [[ $ddp_status -ne 0 ]]; then
+    fail "1 -> 2 processes: exit status $ddp_status: $rank0 / $(cat "$work/elastic/rank1.txt")"
+  elif [[ "$rank0" != *"Resuming from $work/c/checkpoint/1GPU_step3.checkpoint (written by 1 process) at epoch 1, sample 48, on 2 processes, batch 3 (step 3)"* ||
+          "$rank0" == *"note: the global batch"* || "$rank0" != *"Epoch[1/2], Step[5/5]"* || "$rank0" != *"Epoch[2/2], Step[5/5]"* ]]; then
+    fail "1 -> 2 processes: expected the resume line, no global-batch note and 5 steps in each epoch: $rank0"
+  else
+    echo "ok   1 -> 2 processes from the step-3 checkpoint: $(grep 'Test accuracy' <<<"$rank0")"
+  fi
+else
+  fail "2b wrote no checkpoint/1GPU_step3.checkpoint"
 fi
 
 # 5. Two processes with --sync-bn on the CIFAR files: SyncBatchNorm under DDP,

@@ -5,6 +5,7 @@
 
 #include <loom/core/error.h>
 #include <loom/train/checkpoints.h>
+#include <loom/train/resume.h>
 #include <loom/train/stop.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -79,7 +80,7 @@ TEST_SUITE("train.checkpoints") {
     flags.resume("auto");
     {
       loom::testing::MemoryStream log;  // what find_resume_point prints
-      auto point = loom::train::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
+      auto point = loom::train::find_resume_point(flags, loom::Device::cpu(), log.file);
       REQUIRE(point.has_value());
       CHECK(point->path.filename() == "2GPU_step30.checkpoint");
       CHECK(point->checkpoint.training->step == 30);
@@ -88,7 +89,7 @@ TEST_SUITE("train.checkpoints") {
     fs::resize_file(dir / "2GPU_step30.checkpoint", fs::file_size(dir / "2GPU_step30.checkpoint") - 4);
     {
       loom::testing::MemoryStream log;
-      auto point = loom::train::find_resume_point(flags, 2, loom::Device::cpu(), log.file);
+      auto point = loom::train::find_resume_point(flags, loom::Device::cpu(), log.file);
       REQUIRE(point.has_value());
       CHECK(point->path.filename() == "2GPU_1epoch.checkpoint");  // step 25
       const std::string text = log.str();
@@ -97,10 +98,39 @@ TEST_SUITE("train.checkpoints") {
                     text);
       CHECK_MESSAGE(text.find("trying the previous one") != std::string::npos, text);
     }
-    // Another world size's checkpoints are not this run's.
-    CHECK_FALSE(loom::train::find_resume_point(flags, 4, loom::Device::cpu(), nullptr).has_value());
+    // Another world size's checkpoints are this run's too (elastic resume): the furthest one is taken.
+    loom::train::CheckpointWriter(flags, 4).write(loom::train::CheckpointKind::step, 26, checkpoint_at(26));
+    CHECK(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr)->path.filename() ==
+          "4GPU_step26.checkpoint");
     flags.resume("none");
-    CHECK_FALSE(loom::train::find_resume_point(flags, 2, loom::Device::cpu(), nullptr).has_value());
+    CHECK_FALSE(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr).has_value());
+  }
+
+  TEST_CASE("--resume auto reads checkpoint names of every world size and refuses a newer format version") {
+    CHECK(loom::train::is_checkpoint_name("4GPU_step12.checkpoint"));
+    CHECK(loom::train::is_checkpoint_name("12GPU_3epoch.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("GPU_step1.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("2GPU_step.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("x2GPU_1epoch.checkpoint"));
+    CHECK_FALSE(loom::train::is_checkpoint_name(".2GPU_step1.checkpoint.tmp-abc123"));
+    CHECK_FALSE(loom::train::is_checkpoint_name("2GPU_1epoch.checkpoint.bak"));
+
+    loom::testing::TempDir dir;
+    loom::train::CheckpointOptions flags = loom::train::CheckpointOptions().directory(dir.path().string()).resume("auto");
+    loom::train::CheckpointWriter(flags, 2).write(loom::train::CheckpointKind::step, 5, checkpoint_at(5));
+    // What a later loom might write: version 3, with a field this one does not know.
+    const fs::path newer = dir / "1GPU_step6.checkpoint";
+    loom::nn::save_safetensors(newer, {{"w", loom::Tensor::full({4}, 6.0)}},
+                               {{"__training__.format_version", "3"},
+                                {"__training__.epoch", "0"},
+                                {"__training__.step", "6"},
+                                {"__training__.something_new", "1"}});
+    const std::string expected = "checkpoint " + newer.string() + " has format version 3, newer than this loom reads (2)";
+    CHECK_THROWS_WITH_AS(loom::nn::load_checkpoint(newer), doctest::Contains(expected.c_str()), loom::Error);
+    CHECK_THROWS_WITH_AS(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr), doctest::Contains(expected.c_str()),
+                         loom::Error);
+    fs::remove(newer);
+    CHECK(loom::train::find_resume_point(flags, loom::Device::cpu(), nullptr)->path.filename() == "2GPU_step5.checkpoint");
   }
 
   TEST_CASE("a checkpoint whose position lies beyond its own schedule is refused, or skipped by --resume auto (#50)") {
@@ -120,7 +150,7 @@ TEST_SUITE("train.checkpoints") {
     const fs::path beyond = dir / "1GPU_7epoch.checkpoint";
     const std::string message = [&] {
       try {
-        loom::train::find_resume_point(loom::train::CheckpointOptions(flags).resume(beyond.string()), 1,
+        loom::train::find_resume_point(loom::train::CheckpointOptions(flags).resume(beyond.string()),
                                        loom::Device::cpu(), nullptr);
       } catch (const loom::Error& error) {
         return std::string(error.what());
@@ -131,7 +161,7 @@ TEST_SUITE("train.checkpoints") {
                                "schedule of 2 epochs") != std::string::npos,
                   message);
     loom::testing::MemoryStream log;
-    auto point = loom::train::find_resume_point(loom::train::CheckpointOptions(flags).resume("auto"), 1,
+    auto point = loom::train::find_resume_point(loom::train::CheckpointOptions(flags).resume("auto"),
                                                 loom::Device::cpu(), log.file);
     REQUIRE(point.has_value());
     CHECK(point->path.filename() == "1GPU_2epoch.checkpoint");

@@ -1,0 +1,44 @@
+// A user-defined Dataset the dist tests train on through a DataLoader: row i
+// is 6 features laid out as a (1, 2, 3) sample, and its label is i itself, so
+// a test can see which rows a batch holds; with the targets each row is fit to.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/core/tensor.h>
+#include <loom/data/dataset.h>
+
+namespace loom::dist::testing {
+
+// Feature `column` of row `row`, as f32 (what the dataset writes).
+inline float row_feature(int64_t row, int64_t column) {
+  return static_cast<float>(std::sin(0.7 * static_cast<double>(row) + 1.3 * static_cast<double>(column)));
+}
+
+class RowsDataset : public data::Dataset {
+ public:
+  explicit RowsDataset(int64_t rows) : rows_(rows) {}
+  int64_t size() const override { return rows_; }
+  data::SampleShape sample_shape() const override { return {1, 2, 3}; }
+  int64_t get(int64_t index, data::SampleSlot& slot) const override {
+    for (int64_t column = 0; column < 6; ++column) slot.pixels[column] = row_feature(index, column);
+    return index;
+  }
+  std::string name() const override { return "rows"; }
+
+ private:
+  int64_t rows_;
+};
+
+// The (rows, 3) targets of `rows`, in `dtype`.
+inline Tensor row_targets(const std::vector<int64_t>& rows, DType dtype) {
+  std::vector<double> values;
+  for (int64_t row : rows)
+    for (int64_t column = 0; column < 3; ++column) values.push_back(std::cos(0.3 * static_cast<double>(row) - column));
+  return Tensor::from_vector_as(values, {static_cast<int64_t>(rows.size()), 3}, dtype);
+}
+
+}  // namespace loom::dist::testing
