@@ -9,7 +9,7 @@
 # a step that would start with too little time left is skipped and recorded):
 #   configure, data, build   the CMake configuration (reused when its stamp matches), the
 #                    ConvNet's IDX files when it is measured, and only the benchmarks run
-#   loom.W.A.V, peer.W.A     per workload W and precision A, interleaved: loom's first variant,
+#   loom.W.A.V, peer.W.A     per precision A, per workload W, interleaved: loom's first variant,
 #                    the peer (every mode), loom's other variants. loom: the benchmark binary
 #                    with --repeats R --steps S --warmup N, CUDA-event timing, median / min /
 #                    max ms per step, launches and host syncs per step (loom's counters),
@@ -304,12 +304,13 @@ main() {
 
   local binary loom_args peer_kind peer_args loom_cap peer_cap loom_amp peer_amp i key
   local timing="--repeats $repeats --steps $steps --warmup $warmup" kernel_steps=()
-  for w in ${workloads//,/ }; do
-    workload_spec "$w"
-    local path=$build/benchmarks/$binary q_path
-    q_path=$(printf '%q' "$path")
-    for a in ${amps//,/ }; do
+  # Precision by precision (the mixed ones first by default), each workload in turn.
+  for a in ${amps//,/ }; do
+    for w in ${workloads//,/ }; do
+      workload_spec "$w"
       precision_spec "$peer_kind" "$a" || continue
+      local path=$build/benchmarks/$binary q_path
+      q_path=$(printf '%q' "$path")
       for i in "${!variant_names[@]}"; do
         key="$w.$a.${variant_names[$i]}"
         add_step "loom.$key" "$loom_cap" "$path" \

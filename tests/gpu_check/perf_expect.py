@@ -47,24 +47,24 @@ for name, words in (("--workloads", "resnet9"), ("--amps", "fp8"), ("--deadline"
     expect(len(text) == 2 and text[-1] == "2" and words in text[0], "usage",
            f"{name}: one line naming '{words}' and exit status 2, not {text}")
 
-# P: a fresh machine; the deadline cuts the hanging CIFAR O2 run.
+# P: a fresh machine; the deadline cuts the hanging ImageNet O0 run.
 s, st, sampler, rc, wall, d = load("P")
 deadline = 16
 statuses(st, {"configure": "ok", "data": "ok", "build": "ok", f"loom.{CIFAR}.O0.default": "ok",
               f"peer.{CIFAR}.O0": "ok", f"loom.{CIFAR}.O0.channels_last": "skipped",
-              f"loom.{CIFAR}.O2.default": "timed_out", f"peer.{CIFAR}.O2": "skipped",
-              f"loom.{IMAGENET}.O2.default": "skipped", f"loom.{CONVNET}.O0.default": "skipped",
+              f"loom.{IMAGENET}.O0.default": "timed_out", f"peer.{IMAGENET}.O0": "skipped",
+              f"loom.{CONVNET}.O0.default": "skipped", f"loom.{CIFAR}.O2.default": "skipped",
               f"kernels.{CIFAR}.O0.default": "skipped"}, "P")
 note = st.get(f"loom.{CIFAR}.O0.channels_last", {}).get("note", "")
 expect("resnet50_throughput does not know --channels-last" in note, "P", f"the unknown variant's note: {note!r}")
-expect(st.get(f"peer.{CIFAR}.O2", {}).get("note", "").startswith("deadline"), "P", "later steps skipped by the deadline")
+expect(st.get(f"peer.{IMAGENET}.O0", {}).get("note", "").startswith("deadline"), "P", "later steps skipped by the deadline")
 expect("LOOM_PERF_PROFILER=none" in st.get(f"kernels.{CIFAR}.O0.default", {}).get("note", ""), "P",
        "per-kernel times recorded as not available")
 expect(rc == 1 and s.get("ok") is False and s.get("finished") is True, "P",
        f"exit status 1, finished, not ok: {rc}, {s.get('finished')}, {s.get('ok')}")
 expect(wall <= deadline + 2 and s.get("elapsed_s", 99) <= deadline, "P",
        f"within its deadline of {deadline} s (+2): {wall:.1f} s, summary {s.get('elapsed_s')} s")
-cut = st.get(f"loom.{CIFAR}.O2.default", {})
+cut = st.get(f"loom.{IMAGENET}.O0.default", {})
 expect(cut.get("limit_s") is not None and cut["limit_s"] < cut.get("cap_s", 0), "P",
        f"the hanging run cut at the time left, under its cap: {cut}")
 compiles = lines(os.path.join(d, "state", "compiles"))
@@ -82,12 +82,15 @@ expect(set(row.get("peer_modes", {})) == {"eager", "channels_last", "cuda_graph"
 expect("does not know" in str(row.get("variants", {}).get("channels_last", {}).get("skipped")), "P",
        f"the skipped variant in the row: {row.get('variants')}")
 expect(str(row.get("kernels", "")).startswith("not available"), "P", f"kernels not available: {row.get('kernels')}")
-row = row_is(rows, (CIFAR, "O2"), {"loom_median_ms": None, "ratio_vs_peer_best": None}, "P")
-expect("fake perf.cifar.O2: running" in str(row.get("variants", {}).get("default", {}).get("error")), "P",
+row = row_is(rows, (IMAGENET, "O0"), {"loom_median_ms": None, "ratio_vs_peer_best": None}, "P")
+expect("fake perf.imagenet.O0: running" in str(row.get("variants", {}).get("default", {}).get("error")), "P",
        f"the cut run's last words in its row: {row.get('variants')}")
 ran = lines(os.path.join(d, "state", "ran.log"))
 runs = [r.split(" ")[0] for r in ran]
-expect(runs[:3] == ["perf.cifar.O0", "peer.resnet", "perf.cifar.O2"], "P", f"loom and the peer interleaved: {runs[:4]}")
+expect(runs[:3] == ["perf.cifar.O0", "peer.resnet", "perf.imagenet.O0"], "P",
+       f"loom and the peer interleaved, precision by precision: {runs[:4]}")
+expect(any(r.startswith("perf.imagenet.O0 --device cuda --stem imagenet --size 224 --batch 256 --amp O0") for r in ran),
+       "P", "loom's ImageNet run at 224 px, batch 256")
 expect(f"perf.cifar.O0 --device cuda --stem cifar --size 32 --batch 128 --amp O0 --repeats 3 --steps 100 --warmup 20"
        in ran, "P", f"loom's CIFAR O0 run: {ran[:1]}")
 peer = [r for r in ran if r.startswith("peer.resnet")]
@@ -106,7 +109,7 @@ log = lines(os.path.join(d, "out", "gpu-perf.log"))
 table = [i for i, l in enumerate(log) if l.startswith("gpu-perf: loom against the peer's best mode")]
 expect(bool(table) and any(l.startswith(CIFAR) and " 1.025 " in l for l in log[table[-1]:]) and
        len(log) - table[-1] <= 3 + len(rows), "P", f"the table printed last: {log[-8:]}")
-expect("fake perf.cifar.O2: running" in packed(d, f"loom.{CIFAR}.O2.default.log"), "P",
+expect("fake perf.imagenet.O0: running" in packed(d, f"loom.{IMAGENET}.O0.default.log"), "P",
        "the cut run's log in results.tar.gz")
 
 # Q: a warm rerun on P's build.

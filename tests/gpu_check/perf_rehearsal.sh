@@ -3,10 +3,10 @@
 # itself with gpu-check's fakes (scenarios.sh: nvidia-smi, nvcc, the tiny CMake
 # project whose binaries print the benchmarks' JSON, the peers through
 # fakes/python) and a fake ncu. Two calls, as on the device machine:
-#   P  a fresh machine: every workload, precisions O0 first, the default
+#   P  a fresh machine: every workload, precision O0 first, the default
 #      variants (the ResNet binary does not know --channels-last: that variant
-#      is skipped), no profiler; loom's CIFAR O2 run hangs, the deadline cuts
-#      it and skips the rest
+#      is skipped), no profiler; loom's ImageNet O0 run hangs, the deadline
+#      cuts it and skips the rest
 #   Q  a warm rerun on P's build: ResNet-50 CIFAR and the ConvNet at O2, a
 #      variant the binary does not know, --channels-last known, compile mode
 #      given its time, per-kernel times under ncu
@@ -37,7 +37,7 @@ PATH=$search_path LOOM_PERF_VARIANTS="nocolon" "$repo/scripts/gpu-perf.sh" "$tmp
 echo $? >> "$tmp/bad.variants.txt"
 
 start_scenario P "${machine[@]}" LOOM_PERF_DEADLINE=16 LOOM_PERF_AMPS=O0,O2,bf16 LOOM_PERF_PROFILER=none \
-  FAKE_HANG=perf.cifar.O2
+  FAKE_HANG=perf.imagenet.O0
 finish_scenario P
 touch "$tmp/P/build/marker-from-the-first-call"
 EXTRA_PATH=$tmp/Qbin BUILD=$tmp/P/build start_scenario Q "${machine[@]}" LOOM_PERF_DEADLINE=120 \
