@@ -201,8 +201,10 @@ internal_kernels() {
   case $tool_name in
     ncu)
       echo "kernels: $profiler ... ${cmd[*]}"
-      "$profiler" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
-        --print-units base --log-file "$csv" "${cmd[@]}" ;;
+      # Clocks and caches as the step leaves them (ncu's defaults lock the clocks
+      # to base and flush the caches before every kernel).
+      "$profiler" --profile-from-start off --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --print-units base --log-file "$csv" "${cmd[@]}" ;;
     nsys)
       local report=${csv%.csv}
       "$profiler" profile --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true \
