@@ -49,7 +49,6 @@ source "$repo/scripts/gpu-steps.sh"
 
 # The figures of summary.json, read from the step logs.
 figures_command() { timeout 30 python3 "$repo/scripts/gpu-check-summary.py" "$work" "${names[@]}"; }
-publish_extra() { :; }
 
 # ---- internal steps (run as `gpu-check.sh --internal NAME ...` under timeout) -------------------
 

@@ -14,8 +14,8 @@
 #                    with --repeats R --steps S --warmup N, CUDA-event timing, median / min /
 #                    max ms per step, launches and host syncs per step (loom's counters),
 #                    peak GPU memory. Peer: ../shared/peers/torch_resnet_gpu.py, unchanged,
-#                    its modes interleaved per repeat inside it (ConvNet:
-#                    benchmarks/torch_convnet_gpu.py)
+#                    its modes one after the other, each mode's runs back to back
+#                    (ConvNet: benchmarks/torch_convnet_gpu.py, one run per mode)
 #   kernels.W.A.V    per-kernel times of one training step of each variant, under ncu
 #                    (--profile-from-start off; the binaries' --cuda-profile-step) or nsys when
 #                    one is on the machine; else recorded as not available
@@ -74,7 +74,6 @@ skip_rc=77
 # summary.json's figures from the step logs; perf.json and kernels.json
 # written into OUT as they are read.
 figures_command() { timeout 30 python3 "$repo/scripts/gpu-perf-summary.py" "$work" "$out" "$gpu_name" "${names[@]}"; }
-publish_extra() { :; }
 print_last() { python3 "$repo/scripts/gpu-perf-summary.py" --table "$out/perf.json"; }
 
 all_workloads="resnet50_cifar_b128,resnet50_imagenet224_b256,convnet_b100"

@@ -10,10 +10,10 @@
 #
 # The sourcing script sets `tool` (its name in messages and its log's name),
 # `self` and `repo`, and defines figures_command (prints the figures JSON,
-# read from the step logs in $work) and publish_extra (writes its own files
-# into OUT after the figures were read; may do nothing). It may set skip_rc: a
-# step that exits with it is recorded as skipped, its note taken from the last
-# "skipped: " line it printed.
+# read from the step logs in $work; it may also write the script's own files
+# into OUT). It may set skip_rc: a step that exits with it is recorded as
+# skipped and counts as passed, its note taken from the last "skipped: " line
+# it printed; and define before_step and print_last (see run_steps, finish_run).
 #
 # Settings, for both scripts (environment):
 #   LOOM_GPU_MARGIN    seconds kept back from every step's limit for the kill, packing and
@@ -177,8 +177,8 @@ step_passed() { [[ ${status[$1]} == ok || ( ${status[$1]} == skipped && ${passes
 
 # publish [figures]: summary.json (the step table, written here, and the
 # figures figures_command last read from the logs: read again when "figures"
-# is given, i.e. after a step that ran, then publish_extra) and, after a step
-# that ran, results.tar.gz; each replaced atomically (a rename within OUT).
+# is given, i.e. after a step that ran) and, after a step that ran,
+# results.tar.gz; each replaced atomically (a rename within OUT).
 publish() {
   now_ms
   local i sep="" ok=$finished tmp=$out/.summary.json.tmp
@@ -187,7 +187,6 @@ publish() {
   if [[ ${1:-} == figures ]]; then
     figures_command > "$work/.figures.json" 2>> "$work/summary-errors.txt" &&
       mv -f "$work/.figures.json" "$work/figures.json" && figures=$(< "$work/figures.json")
-    publish_extra
   fi
   local e g c a n b
   json_string "$error"; e=$J
