@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
     }
     std::string gpu_memory;
     if (device.is_cuda()) {
-      const cuda::MemoryStats m = cuda::memory_stats(device.index);
+      const cuda::MemoryStats m = bench::memory_since_start(timing, device.index);
       gpu_memory = str(", \"device\": \"", cuda::device_name(device.index), "\", \"channels_last\": ",
                        channels_last ? "true" : "false", ", \"tf32\": ", tf32 ? "true" : "false", ", \"autocast\": \"", autocast.empty() ? "none" : autocast,
                        "\", \"peak_allocated_mb\": ",

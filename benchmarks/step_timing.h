@@ -36,6 +36,7 @@ struct StepTiming {
   int64_t timed_steps = 0;
   double total_ms = 0;  // of every run
   std::string clock;  // "cuda_events" or "steady_clock"
+  cuda::MemoryStats before_runs;  // GPU: the allocator's counters (its peaks: the warm-up's) before the first run
 
   double median_ms() const { return median(ms_per_step); }
   double min_ms() const { return ms_per_step.empty() ? 0 : *std::min_element(ms_per_step.begin(), ms_per_step.end()); }
@@ -48,7 +49,12 @@ inline StepTiming time_steps(const Device& device, int64_t repeats, int64_t step
   LOOM_CHECK(repeats > 0 && steps > 0, "time_steps: repeats and steps must be positive, not ", repeats, " and ", steps);
   StepTiming timing;
   timing.clock = device.is_cuda() ? "cuda_events" : "steady_clock";
-  if (device.is_cuda()) cuda::synchronize(device.index);
+  if (device.is_cuda()) {
+    cuda::synchronize(device.index);
+    // The peak since the start is kept here; the allocator's own then covers the runs alone.
+    timing.before_runs = cuda::memory_stats(device.index);
+    cuda::reset_peak_memory_stats(device.index);
+  }
   for (int64_t run = 0; run < repeats; ++run) {
     if (device.is_cuda()) {
       const cuda::StreamView stream = cuda::current_stream(device.index);
@@ -87,10 +93,21 @@ inline void profiled_step(const Device& device, const std::function<void()>& ste
   cuda::profiler_stop();
 }
 
+// The allocator's counters of `device` now, with its peaks since the start
+// (time_steps resets them before the first run).
+inline cuda::MemoryStats memory_since_start(const StepTiming& t, int device) {
+  cuda::MemoryStats m = cuda::memory_stats(device);
+  m.peak_allocated_bytes = std::max(m.peak_allocated_bytes, t.before_runs.peak_allocated_bytes);
+  m.peak_reserved_bytes = std::max(m.peak_reserved_bytes, t.before_runs.peak_reserved_bytes);
+  return m;
+}
+
 // The fields every throughput benchmark adds to its JSON line (a leading
 // ", "): the runs, median / min / max ms per step, launches and host waits
 // per timed step (loom's own: core/cuda/counters.h), and on a GPU the
-// allocator's peaks since the start and the device's name.
+// allocator's peaks since the start (warm-up and cuDNN's algorithm search
+// included, as PyTorch's max_memory_allocated after a reset at the start)
+// and during the runs alone, and the device's name.
 inline std::string step_timing_json(const StepTiming& t, const Device& device) {
   std::string runs;
   for (double ms : t.ms_per_step) runs += str(runs.empty() ? "" : ", ", ms);
@@ -106,9 +123,11 @@ inline std::string step_timing_json(const StepTiming& t, const Device& device) {
           ", \"device_to_host_copy\": ", t.per_step(c.device_to_host_copies),
           ", \"blocking_copy\": ", t.per_step(c.blocking_copies), "}");
   if (device.is_cuda()) {
-    const cuda::MemoryStats m = cuda::memory_stats(device.index);
-    json += str(", \"peak_allocated_bytes\": ", m.peak_allocated_bytes, ", \"peak_reserved_bytes\": ",
-                m.peak_reserved_bytes, ", \"gpu\": \"", cuda::device_name(device.index), "\"");
+    const cuda::MemoryStats runs = cuda::memory_stats(device.index), all = memory_since_start(t, device.index);
+    json += str(", \"peak_allocated_bytes\": ", all.peak_allocated_bytes, ", \"peak_reserved_bytes\": ",
+                all.peak_reserved_bytes, ", \"peak_allocated_bytes_runs\": ", runs.peak_allocated_bytes,
+                ", \"peak_reserved_bytes_runs\": ", runs.peak_reserved_bytes, ", \"gpu\": \"",
+                cuda::device_name(device.index), "\"");
   }
   return json;
 }

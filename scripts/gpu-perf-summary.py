@@ -83,6 +83,7 @@ def loom_figures(text):
         keep = ("median_ms", "min_ms", "max_ms", "ms_per_step", "repeats", "steps", "warmup", "timing",
                 "launches_per_step", "kernel_launches_per_step", "library_calls_per_step", "device_copies_per_step",
                 "syncs_per_step", "sync_kinds_per_step", "peak_allocated_bytes", "peak_reserved_bytes",
+                "peak_allocated_bytes_runs", "peak_reserved_bytes_runs",
                 "images_per_s", "skipped_steps", "gpu")
         return {k: r[k] for k in keep if k in r}
     skipped = re.findall(r"skipped: (.*)", text)
