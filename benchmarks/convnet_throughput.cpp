@@ -1,15 +1,16 @@
 // ConvNet training throughput on the CPU or a GPU: batch 100 SGD steps on
 // Fashion-MNIST, images/s after warm-up and peak memory (RSS; the CUDA
-// allocator's peaks on a GPU), as one JSON line. Validates that the loss is
+// allocator's peaks on a GPU), as one JSON line, with the ms per step of
+// --repeats runs (median, min, max; CUDA events on a GPU) and launches and
+// host waits per step (benchmarks/step_timing.h). Validates that the loss is
 // finite and falling before it reports. On a GPU the batches are copied from
 // the loader to the device every step and losses are read after the timed
 // steps, so the host never waits for the device inside the timing.
 //   convnet_throughput --steps 200 --threads 2
-//   convnet_throughput --device cuda --steps 500 [--channels-last] [--autocast f16] [--tf32]
+//   convnet_throughput --device cuda --steps 500 [--repeats 3] [--channels-last] [--autocast f16] [--tf32]
 // f32 on a GPU computes without TF32 unless --tf32 is given.
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <loom/core/generator.h>
 #include <loom/core/parallel.h>
 #include "benchmarks/gemm_peak.h"
+#include "benchmarks/step_timing.h"
 #include <loom/core/profiler.h>
 #include <loom/data/idx.h>
 #include <loom/data/loader.h>
@@ -32,7 +34,8 @@ using namespace loom;
 
 int main(int argc, char** argv) {
   CLI::App app{"loom ConvNet training throughput"};
-  int64_t steps = 200, warmup = 10, batch_size = 100;
+  int64_t steps = 200, warmup = 10, batch_size = 100, repeats = 1;
+  bool profile_one_step = false;
   int threads = 1;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool profile = false;
@@ -42,6 +45,11 @@ int main(int argc, char** argv) {
   std::string autocast;
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before timing")->check(CLI::NonNegativeNumber);
+  app.add_option("--repeats", repeats, "timed runs of --steps steps each (median, min and max reported)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--cuda-profile-step", profile_one_step,
+               "on a GPU, after the timed runs, one more step between cudaProfilerStart and cudaProfilerStop "
+               "(for ncu --profile-from-start off)");
   app.add_option("--batch-size", batch_size)->check(CLI::PositiveNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_option("--data", data_dir);
@@ -74,30 +82,32 @@ int main(int argc, char** argv) {
     data::DataLoader loader(split.train, data::Compose({data::ToTensor{}}),
                             data::DataLoaderOptions().batch_size(batch_size).num_workers(1),
                             std::make_shared<data::RandomSampler>(split.train.size(), 0));
-    std::vector<Tensor> loss_tensors;  // read after the timed steps
-    int64_t done = 0, epoch = 0;
-    std::chrono::steady_clock::time_point start;
+    int64_t epoch = 0;
     loader.start_epoch(epoch);
-    while (done < warmup + steps) {
-      auto batch = loader.next();
-      if (!batch) {
+    const auto next_batch = [&] {
+      for (auto batch = loader.next();; batch = loader.next()) {
+        if (batch) return std::move(*batch);
         loader.start_epoch(++epoch);
-        continue;
       }
-      if (done == warmup) start = std::chrono::steady_clock::now();
+    };
+    std::vector<Tensor> loss_tensors;  // read after the timed steps
+    const auto train_step = [&] {
+      auto batch = next_batch();
       Tensor loss;
       {
         ops::AutocastGuard autocast_guard(!autocast.empty(), autocast.empty() ? DType::f16 : parse_dtype(autocast));
-        loss = cross_entropy(model(to_device(batch->images)), batch->labels.to(device));
+        loss = cross_entropy(model(to_device(batch.images)), batch.labels.to(device));
       }
       optimizer.zero_grad();
       loss.backward();
       optimizer.step();
-      loss_tensors.push_back(loss.detach());
-      ++done;
-    }
-    if (device.is_cuda()) cuda::synchronize(device.index);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return loss.detach();
+    };
+    for (int64_t step = 0; step < warmup; ++step) loss_tensors.push_back(train_step());
+    const bench::StepTiming timing =
+        bench::time_steps(device, repeats, steps, [&] { loss_tensors.push_back(train_step()); });
+    const double seconds = timing.total_ms / 1000;
+    if (profile_one_step) bench::profiled_step(device, [&] { train_step(); });
     std::vector<double> losses;
     for (const Tensor& loss : loss_tensors) losses.push_back(loss.item());
     // Validate before reporting: finite, and the last tenth lower than the first.
@@ -114,16 +124,12 @@ int main(int argc, char** argv) {
     if (profile) {
       profiler::set_enabled(true);
       for (int i = 0; i < 20; ++i) {
-        auto batch = loader.next();
-        if (!batch) {
-          loader.start_epoch(++epoch);
-          batch = loader.next();
-        }
+        auto batch = next_batch();
         profiler::Scope step_scope("training step (all)");
         Tensor loss;
         {
           profiler::Scope forward_scope("forward + loss (all)");
-          loss = cross_entropy(model(to_device(batch->images)), batch->labels.to(device));
+          loss = cross_entropy(model(to_device(batch.images)), batch.labels.to(device));
         }
         optimizer.zero_grad();
         {
@@ -140,19 +146,20 @@ int main(int argc, char** argv) {
     }
     std::string gpu_memory;
     if (device.is_cuda()) {
-      const cuda::MemoryStats m = cuda::memory_stats(device.index);
+      const cuda::MemoryStats m = bench::memory_since_start(timing, device.index);
       gpu_memory = str(", \"device\": \"", cuda::device_name(device.index), "\", \"channels_last\": ",
                        channels_last ? "true" : "false", ", \"tf32\": ", tf32 ? "true" : "false", ", \"autocast\": \"", autocast.empty() ? "none" : autocast,
                        "\", \"peak_allocated_mb\": ",
                        static_cast<double>(m.peak_allocated_bytes) / (1 << 20), ", \"peak_reserved_mb\": ",
                        static_cast<double>(m.peak_reserved_bytes) / (1 << 20));
     }
+    gpu_memory += bench::step_timing_json(timing, device);
     std::printf(
         "{\"bench\": \"loom convnet train\", \"on\": \"%s\", \"threads\": %d, \"batch\": %lld, \"steps\": %lld, "
         "\"train_s\": %.3f, \"images_per_s\": %.1f, \"step_ms\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f, "
         "\"peak_rss_mb\": %.1f%s}\n",
         device.str().c_str(), threads, static_cast<long long>(batch_size), static_cast<long long>(steps), seconds,
-        static_cast<double>(steps * batch_size) / seconds, 1000.0 * seconds / static_cast<double>(steps),
+        static_cast<double>(batch_size) * 1000.0 / timing.median_ms(), timing.median_ms(),
         first / tenth, last / tenth, static_cast<double>(train::peak_rss_bytes()) / (1 << 20), gpu_memory.c_str());
     return 0;
   } catch (const std::exception& e) {

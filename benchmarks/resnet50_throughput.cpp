@@ -1,13 +1,14 @@
 // ResNet-50 training throughput on the CPU or a GPU, the shape of
-// benchmarks/peers/torch_resnet50_cifar.py: torchvision's ResNet-50 (ImageNet
-// stem, or the CIFAR stem with --stem cifar; 10 classes) on one fixed batch of CIFAR-shaped random images, SGD with
-// momentum, in f32 or one of apex's opt levels (--amp, as the apps). Validates that every loss is finite and that
-// the loss on the repeated batch fell, then prints images/s, step ms and peak RSS as one JSON line. On a GPU the
-// timed steps run between two device synchronisations; the losses are read afterwards.
-//   resnet50_throughput --batch 32 --steps 10 --threads 2 [--stem cifar] [--device cuda --amp O2]
+// benchmarks/peers/torch_resnet50_cifar.py (and, on a GPU, of
+// ../shared/peers/torch_resnet_gpu.py): torchvision's ResNet-50 (ImageNet stem, or the CIFAR stem with --stem
+// cifar; 10 classes) on one fixed batch of random images (--size, 32 by default), SGD with momentum, in f32 or one
+// of apex's opt levels (--amp, as the apps). Validates that every loss is finite and that the loss on the repeated
+// batch fell, then prints one JSON line: images/s, ms per step over --repeats runs of --steps (median, min, max;
+// benchmarks/step_timing.h: CUDA events on a GPU), launches and host waits per step, peak RSS and GPU memory. The
+// losses are read after the timed steps.
+//   resnet50_throughput --batch 32 --steps 10 --threads 2 [--stem cifar] [--device cuda --amp O2 --repeats 3]
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -15,6 +16,7 @@
 #include <loom/train/monitor.h>
 #include <loom/core/generator.h>
 #include "benchmarks/gemm_peak.h"
+#include "benchmarks/step_timing.h"
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/profiler.h>
 #include <loom/core/parallel.h>
@@ -27,7 +29,8 @@ using namespace loom;
 
 int main(int argc, char** argv) {
   CLI::App app{"loom ResNet-50 training throughput (CIFAR-shaped input)"};
-  int64_t steps = 10, warmup = 2, batch = 32;
+  int64_t steps = 10, warmup = 2, batch = 32, size = 32, repeats = 1;
+  bool profile_one_step = false;
   int threads = 2;
   std::string arch = "resnet50", stem = "imagenet", device_name = "cpu", amp_name = "O0";
   int64_t profile_steps = 0;
@@ -37,6 +40,13 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "measured steps")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before timing")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--size", size, "image height and width (224: ImageNet's)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "timed runs of --steps steps each (median, min and max reported)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--cuda-profile-step", profile_one_step,
+               "on a GPU, after the timed runs, one more step between cudaProfilerStart and cudaProfilerStop "
+               "(for ncu --profile-from-start off)");
   app.add_option("--threads", threads, "CPU threads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--arch", arch, "resnet18 .. resnet152")->capture_default_str();
   app.add_option("--stem", stem, "imagenet (7x7/2 conv + maxpool) or cifar (3x3/1 conv, no maxpool)")
@@ -68,17 +78,14 @@ int main(int argc, char** argv) {
           return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(lr).momentum(0.9));
         },
         amp_level);
-    // (batch, 3, 32, 32) standard-normal images and uniform labels, as the peer's randn / randint.
+    // (batch, 3, size, size) standard-normal images and uniform labels, as the peer's randn / randint.
     Generator gen(1);
-    Tensor images = Tensor::empty({batch, 3, 32, 32});
+    Tensor images = Tensor::empty({batch, 3, size, size});
     gen.normal_(images, 0.0, 1.0);
     std::vector<int64_t> label_values(batch);
     for (auto& label : label_values) label = static_cast<int64_t>(gen.below(10));
     const Tensor labels = Tensor::from_vector(label_values, {batch}).to(device);
     images = images.to(amp::input_dtype(amp_level)).to(device);
-    const auto synchronize = [device] {
-      if (device.is_cuda()) cuda::synchronize(device.index);
-    };
     // One step: the forward pass and loss under the level's autocast, the
     // scaled loss backward, the step (skipped on inf / NaN gradients at O2).
     const auto train_step = [&] {
@@ -99,16 +106,11 @@ int main(int argc, char** argv) {
     };
 
     std::vector<Tensor> loss_tensors;
-    std::chrono::steady_clock::time_point start;
-    for (int64_t step = 0; step < warmup + steps; ++step) {
-      if (step == warmup) {
-        synchronize();
-        start = std::chrono::steady_clock::now();
-      }
-      loss_tensors.push_back(train_step());
-    }
-    synchronize();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (int64_t step = 0; step < warmup; ++step) loss_tensors.push_back(train_step());
+    const bench::StepTiming timing =
+        bench::time_steps(device, repeats, steps, [&] { loss_tensors.push_back(train_step()); });
+    const double seconds = timing.total_ms / 1000;
+    if (profile_one_step) bench::profiled_step(device, [&] { train_step(); });
     std::vector<double> losses;
     for (const Tensor& loss : loss_tensors) losses.push_back(loss.item());
     for (double l : losses) {
@@ -135,14 +137,15 @@ int main(int argc, char** argv) {
                    bench::to_json(bench::measure_gemm_peak(threads)).c_str());
     }
     std::printf(
-        "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"device\": \"%s\", \"amp\": \"%s\", \"threads\": %d, "
-        "\"batch\": %lld, \"steps\": %lld, \"train_s\": %.3f, \"images_per_s\": %.1f, \"step_ms\": %.1f, \"lr\": %g, "
-        "\"loss_first\": %.4f, \"loss_last\": %.4f, \"skipped_steps\": %lld, \"peak_rss_mb\": %.1f}\n",
-        arch.c_str(), stem.c_str(), device.str().c_str(), amp_name.c_str(), threads, static_cast<long long>(batch),
-        static_cast<long long>(steps), seconds, static_cast<double>(steps * batch) / seconds,
-        1000.0 * seconds / static_cast<double>(steps), lr, losses.front(), losses.back(),
-        static_cast<long long>(optimizer->scaler().skipped_steps()),
-        static_cast<double>(train::peak_rss_bytes()) / (1 << 20));
+        "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"size\": %lld, \"device\": \"%s\", \"amp\": \"%s\", "
+        "\"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"warmup\": %lld, \"train_s\": %.3f, "
+        "\"images_per_s\": %.1f, \"step_ms\": %.3f, \"lr\": %g, \"loss_first\": %.4f, \"loss_last\": %.4f, "
+        "\"skipped_steps\": %lld, \"peak_rss_mb\": %.1f%s}\n",
+        arch.c_str(), stem.c_str(), static_cast<long long>(size), device.str().c_str(), amp_name.c_str(), threads,
+        static_cast<long long>(batch), static_cast<long long>(steps), static_cast<long long>(warmup), seconds,
+        static_cast<double>(batch) * 1000.0 / timing.median_ms(), timing.median_ms(), lr, losses.front(),
+        losses.back(), static_cast<long long>(optimizer->scaler().skipped_steps()),
+        static_cast<double>(train::peak_rss_bytes()) / (1 << 20), bench::step_timing_json(timing, device).c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "resnet50_throughput: %s\n", e.what());

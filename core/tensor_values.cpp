@@ -149,10 +149,8 @@ void copy_cuda(const Tensor& dst, const Tensor& source) {
       cuda::copy_bytes_async(dst.raw_data(), true, staging.get(), false, nbytes, stream);
       cuda::record_pinned_use(staging.get(), stream);
     }
-  } else {
-    const cuda::StreamView stream = cuda::current_stream(from.index);
-    cuda::copy_bytes_async(dst.raw_data(), false, src.raw_data(), true, nbytes, stream);
-    stream.synchronize();
+  } else {  // after the work queued on the source's current stream; the host waits for it
+    cuda::copy_bytes(dst.raw_data(), false, src.raw_data(), true, nbytes, from.index);
   }
 }
 }  // namespace

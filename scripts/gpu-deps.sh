@@ -3,7 +3,10 @@
 # (Eigen, doctest, CLI11, nlohmann-json, Gloo with its runtime libraries,
 # zlib) unpacked into one prefix, for a GPU machine without network access.
 # Run it on a Debian 12 machine with apt; then carry .deps with the working
-# tree: scripts/gpu-check.sh uses it for whatever the GPU machine lacks.
+# tree: scripts/gpu-check.sh uses it for whatever the GPU machine lacks. It
+# also copies the PyTorch peer ../shared/peers/torch_resnet_gpu.py, unchanged,
+# into .deps/peers for scripts/gpu-perf.sh (the ../shared beside the checkout
+# does not travel with it).
 #   scripts/gpu-deps.sh        (writes .deps/root/usr/...; about 10 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +25,11 @@ done < <(find .deps/root -type l -lname '/*')
 # Gloo's exported targets name /usr/lib/libgloo.so.0.5.0: make them relative
 # to the prefix the config file sits in.
 sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' .deps/root/usr/share/cmake/Gloo/GlooTargets-*.cmake
+if [[ -f ../shared/peers/torch_resnet_gpu.py ]]; then
+  mkdir -p .deps/peers && cp ../shared/peers/torch_resnet_gpu.py .deps/peers/
+else
+  echo "gpu-deps: no ../shared/peers/torch_resnet_gpu.py: gpu-perf.sh will need LOOM_PERF_PEER" >&2
+fi
 # Keep the unpacked tree out of git (it travels as an ignored, carried path);
 # git-path finds the exclude file in a worktree too, where .git is a file.
 if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then

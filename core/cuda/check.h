@@ -6,6 +6,8 @@
 // header (cuda_runtime.h, cublas_v2.h, cudnn.h, nccl.h) is included.
 #pragma once
 
+#include <loom/core/cuda/counters.h>
+
 namespace loom::cuda::detail {
 // Throws the loom::Error described above. `code` is the library's status value.
 [[noreturn]] void throw_library_error(const char* library, const char* call, const char* file, int line, long long code,
@@ -41,8 +43,13 @@ bool work_finished(int status, const char* call, const char* file, int line);
 #define LOOM_CUDA_FINISHED(call) \
   (::loom::cuda::detail::work_finished(static_cast<int>(call), #call, __FILE__, __LINE__))
 
-// After a kernel launch: reports a bad launch configuration at once.
-#define LOOM_CHECK_LAUNCH() LOOM_CHECK_CUDA(cudaGetLastError())
+// After a kernel launch, once per launch: counts it (cuda::counters(),
+// core/cuda/counters.h) and reports a bad launch configuration at once.
+#define LOOM_CHECK_LAUNCH()                      \
+  do {                                           \
+    ::loom::cuda::detail::count_kernel_launch(); \
+    LOOM_CHECK_CUDA(cudaGetLastError());         \
+  } while (0)
 
 #define LOOM_CHECK_CUBLAS(call)                                                              \
   LOOM_CHECK_LIBRARY_STATUS("cuBLAS", cublasStatus_t, CUBLAS_STATUS_SUCCESS, call, #call, \

@@ -54,7 +54,10 @@ class CudaAllocatorBackend final : public AllocatorBackend {
   bool event_completed(void* event) override {
     return LOOM_CUDA_FINISHED(cudaEventQuery(static_cast<cudaEvent_t>(event)));
   }
-  void synchronize_event(void* event) override { LOOM_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+  void synchronize_event(void* event) override {
+    detail::count_host_sync(HostSync::event_synchronize);
+    LOOM_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  }
   void destroy_event(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
   std::string describe_device_memory() override {
     DeviceGuard guard(device_);
@@ -289,21 +292,32 @@ cudaMemcpyKind copy_kind(bool dst_on_device, bool src_on_device) {
   return dst_on_device ? (src_on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                        : (src_on_device ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
 }
+
+void enqueue_copy(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t nbytes,
+                  StreamView stream) {
+  DeviceGuard guard(stream.device());
+  detail::count_device_copy();
+  LOOM_CHECK_CUDA(cudaMemcpyAsync(dst, src, nbytes, copy_kind(dst_on_device, src_on_device), stream.handle()));
+}
 }  // namespace
 
 void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t nbytes, int device) {
   if (nbytes == 0) return;
   require_device(device);
   const StreamView stream = current_stream(device);
-  copy_bytes_async(dst, dst_on_device, src, src_on_device, nbytes, stream);
-  stream.synchronize();
+  enqueue_copy(dst, dst_on_device, src, src_on_device, nbytes, stream);
+  // One wait of the host, counted once by what it waits for.
+  detail::count_host_sync(src_on_device && !dst_on_device ? HostSync::device_to_host_copy : HostSync::blocking_copy);
+  DeviceGuard guard(device);
+  LOOM_CHECK_CUDA(cudaStreamSynchronize(stream.handle()));
 }
 
 void copy_bytes_async(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t nbytes,
                       StreamView stream) {
   if (nbytes == 0) return;
-  DeviceGuard guard(stream.device());
-  LOOM_CHECK_CUDA(cudaMemcpyAsync(dst, src, nbytes, copy_kind(dst_on_device, src_on_device), stream.handle()));
+  enqueue_copy(dst, dst_on_device, src, src_on_device, nbytes, stream);
+  // The runtime returns from a copy into pageable host memory only once it is done.
+  if (src_on_device && !dst_on_device && !is_pinned(dst)) detail::count_host_sync(HostSync::device_to_host_copy);
 }
 
 void copy_between_devices(void* dst, int dst_device, const void* src, int src_device, size_t nbytes,
@@ -318,6 +332,7 @@ void copy_between_devices(void* dst, int dst_device, const void* src, int src_de
   stream.wait(source_ready);
   {
     DeviceGuard guard(dst_device);
+    detail::count_device_copy();
     LOOM_CHECK_CUDA(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, stream.handle()));
   }
   Event copied(dst_device);

@@ -3,6 +3,7 @@
 // Works on a machine without a GPU: device_count() is 0 there.
 #include <loom/core/cuda/runtime.h>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -158,8 +159,12 @@ DeviceMemory device_memory(int index) {
 void synchronize(int device) {
   require_device(device);
   DeviceGuard guard(device);
+  detail::count_host_sync(HostSync::device_synchronize);
   LOOM_CHECK_CUDA(cudaDeviceSynchronize());
 }
+
+void profiler_start() { LOOM_CHECK_CUDA(cudaProfilerStart()); }
+void profiler_stop() { LOOM_CHECK_CUDA(cudaProfilerStop()); }
 
 // ---- streams, events, guards ----
 
@@ -220,6 +225,7 @@ DeviceGuard::~DeviceGuard() {
 
 void StreamView::synchronize() const {
   DeviceGuard guard(device_);
+  detail::count_host_sync(HostSync::stream_synchronize);
   LOOM_CHECK_CUDA(cudaStreamSynchronize(handle_));
 }
 
@@ -267,7 +273,9 @@ bool Event::query() const {
 }
 
 void Event::synchronize() const {
-  if (handle_ != nullptr) LOOM_CHECK_CUDA(cudaEventSynchronize(handle_));
+  if (handle_ == nullptr) return;
+  detail::count_host_sync(HostSync::event_synchronize);
+  LOOM_CHECK_CUDA(cudaEventSynchronize(handle_));
 }
 
 float Event::elapsed_ms(const Event& later) const {

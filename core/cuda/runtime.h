@@ -53,6 +53,11 @@ DeviceMemory device_memory(int index);
 // Blocks the host until all work on the device is done. Tests and benchmarks
 // only: never on a training step's path.
 void synchronize(int device);
+// Bracket the work that an attached CUDA profiler records when told to wait
+// for them (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi);
+// without a profiler they do nothing. Benchmarks only.
+void profiler_start();
+void profiler_stop();
 
 // ---- device memory (the caching allocator, core/cuda/caching_allocator.h) ----
 

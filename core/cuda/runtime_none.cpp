@@ -22,6 +22,8 @@ void set_device(int) { no_cuda(); }
 int local_rank_device() { no_cuda(); }
 DeviceMemory device_memory(int) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
+void profiler_start() { no_cuda(); }
+void profiler_stop() { no_cuda(); }
 
 void StreamView::synchronize() const { no_cuda(); }
 bool StreamView::query() const { no_cuda(); }

@@ -175,6 +175,7 @@ void copy_strided(void* dst, DType dst_dtype, const std::vector<int64_t>& dst_st
     const bool both_contiguous = g.ndim == 0 || (g.ndim == 1 && g.dst_strides[0] == 1 && g.src_strides[0] == 1);
     if (both_contiguous) {
       if (dst != src) {
+        detail::count_device_copy();
         LOOM_CHECK_CUDA(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * element_size(dst_dtype),
                                         cudaMemcpyDeviceToDevice, stream.handle()));
       }

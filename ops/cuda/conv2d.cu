@@ -208,6 +208,7 @@ struct PassCalls {
   static void run(cudnnHandle_t h, const Problem& p, const Buffers& b, int algorithm, const void* one,
                   const void* zero, lc::DeviceBuffer& workspace) {
     const auto [first, second, out] = descriptors(p);
+    lc::detail::count_library_call();
     LOOM_CHECK_CUDNN(execute(h, one, first, b.first, second, b.second, p.conv.get(),
                              static_cast<decltype(Perf::algo)>(algorithm), workspace.data(), workspace.size(), zero,
                              out, b.out));

@@ -75,6 +75,7 @@ void gemm(const Tensor& like, cublasOperation_t op_a, cublasOperation_t op_b, in
   const void* alpha = f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = f64 ? static_cast<const void*>(&beta_d) : &beta_f;
   cublasHandle_t handle = ::loom::cuda::cublas_handle(::loom::cuda::current_stream(like.device().index));
+  ::loom::cuda::detail::count_library_call();
   LOOM_CHECK_CUBLAS(cublasGemmEx(handle, op_a, op_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                  alpha, a, types.data, static_cast<int>(lda), b, types.data, static_cast<int>(ldb),
                                  beta, c, types.data, static_cast<int>(ldc), types.compute, CUBLAS_GEMM_DEFAULT));

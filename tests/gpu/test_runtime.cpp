@@ -1,14 +1,16 @@
 // The CUDA runtime on a real device: copies and casts between and on devices
 // (checked against the CPU's conversions, bit for bit), fill_ / add_ / mul_,
-// pinned memory, streams and events, and the caching allocator (reuse, the
-// out-of-memory retry and error, stream safety).
+// pinned memory, streams and events, the caching allocator (reuse, the
+// out-of-memory retry and error, stream safety) and the layer's counters.
 #include <doctest/doctest.h>
 
 #include <cstring>
 
+#include <loom/core/cuda/counters.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/stream.h>
 #include <loom/ops/elementwise.h>
+#include <loom/ops/linear.h>
 #include "tests/gpu/compare.h"
 
 using namespace loom;
@@ -228,6 +230,40 @@ TEST_CASE("library errors name the call, the file and line, and the device") {
     (void)untimed.elapsed_ms(untimed);
   });
   check_mentions(message, {"cudaEventElapsedTime", "core/cuda/runtime.cpp:", "on cuda:0", "CUDA error"});
+}
+
+TEST_CASE("the CUDA layer counts its launches, library calls, copies and host waits, each once") {
+  // What one call adds to cuda::counters(), the other fields unchanged.
+  const auto delta = [](auto&& call) {
+    const cuda::Counters before = cuda::counters();
+    call();
+    return cuda::counters() - before;
+  };
+  const auto only = [](int64_t cuda::Counters::*field, int64_t n) {
+    cuda::Counters c;
+    c.*field = n;
+    return c;
+  };
+  Tensor a = random_cpu({256}, 11, DType::f32).to(kCuda);
+  cuda::synchronize(0);
+  CHECK(delta([&] { a.fill_(3.0); }) == only(&cuda::Counters::kernel_launches, 1));
+  Tensor b = Tensor::empty({256}, DType::f32, kCuda);
+  CHECK(delta([&] { b.copy_(a); }) == only(&cuda::Counters::device_copies, 1));  // a cudaMemcpyAsync, no kernel
+  cuda::Counters to_host;
+  to_host.device_copies = 1;
+  to_host.device_to_host_copies = 1;
+  Tensor host;
+  CHECK(delta([&] { host = b.to(Device::cpu()); }) == to_host);
+  CHECK(host.data<float>()[255] == 3.0f);
+  CHECK(delta([] { cuda::synchronize(0); }) == only(&cuda::Counters::device_synchronizes, 1));
+  CHECK(delta([] { cuda::current_stream(0).synchronize(); }) == only(&cuda::Counters::stream_synchronizes, 1));
+  cuda::Event done(0);
+  done.record(cuda::current_stream(0));
+  CHECK(delta([&] { done.synchronize(); }) == only(&cuda::Counters::event_synchronizes, 1));
+  const Tensor x = random_cpu({4, 8}, 12, DType::f32).to(kCuda), w = random_cpu({3, 8}, 13, DType::f32).to(kCuda);
+  CHECK(delta([&] { (void)linear(x, w); }) == only(&cuda::Counters::library_calls, 1));  // one cublasGemmEx
+  cuda::reset_counters();
+  CHECK(cuda::counters() == cuda::Counters{});
 }
 
 TEST_CASE("local_rank_device follows LOCAL_RANK") {

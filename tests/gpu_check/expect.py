@@ -1,62 +1,13 @@
 """What each scenario of rehearsal.sh must show; prints every failed
 expectation and exits 1 if there was one.
   python3 expect.py TMP"""
-import json
 import os
 import sys
-import tarfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scenario_checks import expect, lines, load, packed, report, statuses  # noqa: E402
 
 tmp = sys.argv[1]
-failures = []
-
-
-def expect(condition, scenario, what):
-    if not condition:
-        failures.append(f"{scenario}: {what}")
-
-
-def load(scenario):
-    d = os.path.join(tmp, scenario)
-    out = os.path.join(d, "out")
-    try:
-        with open(os.path.join(out, "summary.json")) as f:
-            summary = json.load(f)
-    except (OSError, ValueError) as e:
-        failures.append(f"{scenario}: summary.json is missing or not valid JSON: {e}")
-        summary = {"steps": []}
-    with open(os.path.join(d, "sampler.json")) as f:
-        sampler = json.load(f)
-    files = [os.path.join(r, n) for r, _, names in os.walk(out) for n in names]
-    expect(sampler["most_files"] <= 8 and len(files) <= 8, scenario,
-           f"at most 8 files under OUT (most seen while it ran: {sampler['most_files']}, at the end {len(files)})")
-    expect(not sampler["invalid"], scenario, f"summary.json valid whenever read, not {sampler['invalid'][:2]}")
-    rc = int(open(os.path.join(d, "rc")).read())
-    wall = int(open(os.path.join(d, "wall_ms")).read()) / 1000
-    status = {s["name"]: s for s in summary["steps"]}
-    return summary, status, sampler, rc, wall, d
-
-
-def lines(path):
-    try:
-        with open(path) as f:
-            return f.read().splitlines()
-    except OSError:
-        return []
-
-
-def packed(d, name):
-    try:
-        with tarfile.open(os.path.join(d, "out", "results.tar.gz")) as t:
-            return t.extractfile("./" + name).read().decode(errors="replace")
-    except (OSError, KeyError, tarfile.TarError, AttributeError) as e:
-        return f"<{name} not in results.tar.gz: {e}>"
-
-
-def statuses(status, expected, scenario):
-    for name, want in expected.items():
-        got = status.get(name, {}).get("status")
-        expect(got == want, scenario, f"step {name} {want}, not {got} ({status.get(name, {}).get('note', '')})")
-
 
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
        "gpu.data_loader", "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
@@ -176,7 +127,4 @@ for mode, want in (("eager_f32", False), ("eager_tf32", True), ("channels_last_a
     expect(fake.backends.cudnn.allow_tf32 is want and fake.backends.cuda.matmul.allow_tf32 is want, "peer",
            f"torch_convnet_gpu.py {mode}: TF32 {'on' if want else 'off'} in cuDNN and cuBLAS")
 
-for f in failures:
-    print("FAILED:", f)
-print(f"gpu-check rehearsal: {len(failures)} failed expectations")
-sys.exit(1 if failures else 0)
+report("gpu-check rehearsal")

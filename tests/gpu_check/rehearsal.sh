@@ -17,73 +17,9 @@
 set -uo pipefail
 repo=$(cd "${1:?usage: rehearsal.sh REPO}" && pwd)
 here=$repo/tests/gpu_check
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-rehearsal.XXXXXX")
-cleanup() {
-  local f pid
-  for f in "$tmp"/*/state/pids/*.pid; do
-    [[ -f $f ]] && pid=$(cat "$f") && kill "$pid" 2>/dev/null
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-real_python=$(python3 -c 'import sys; print(sys.executable)')
-
-# PATH without any nvcc or nvidia-smi: a directory that holds them is replaced
-# by a copy of its other entries (symbolic links); the fakes come first.
-fakebin=$tmp/fakebin
-mkdir -p "$fakebin"
-ln -s "$here/fakes/nvidia-smi" "$fakebin/nvidia-smi"
-ln -s "$real_python" "$fakebin/python3"
-search_path=$fakebin
-IFS=: read -ra path_dirs <<< "$PATH"
-for d in "${path_dirs[@]}"; do
-  [[ -d $d ]] || continue
-  if [[ -e $d/nvcc || -e $d/nvidia-smi ]]; then
-    filtered=$tmp/path/$(printf '%s' "$d" | tr / _)
-    mkdir -p "$filtered"
-    find "$d" -mindepth 1 -maxdepth 1 ! -name nvcc ! -name nvidia-smi -print0 | xargs -0 -r ln -s -t "$filtered"
-    search_path+=":$filtered"
-  else
-    search_path+=":$d"
-  fi
-done
-
-# scenario NAME: its directories; the rest of the arguments are its environment.
-start_scenario() {
-  local name=$1
-  shift
-  local dir=$tmp/$name
-  mkdir -p "$dir/state/pids" "$dir/out"
-  : > "$dir/state/compiles"
-  python3 "$here/sampler.py" "$dir/out" "$dir/stop" "$dir/sampler.json" &
-  echo $! > "$dir/sampler.pid"
-  local started
-  started=$(date +%s%N)
-  ( env -u PYTHONUNBUFFERED -u LOOM_GPU_NVCC -u LOOM_GPU_ARCH -u LOOM_GPU_STEPS -u LOOM_GPU_DEADLINE \
-      PATH="$search_path" PYTHONPATH="$here/fakes/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" \
-      FAKE_STATE="$dir/state" FAKE_DIR="$here/fakes" FAKE_REAL_PYTHON="$real_python" \
-      LOOM_GPU_PYTHON="$here/fakes/python" LOOM_GPU_CHECK_SOURCE="$here/fake_project" \
-      LOOM_GPU_BUILD="${BUILD:-$dir/build}" LOOM_GPU_MARGIN=3 LOOM_GPU_MIN_STEP=3 LOOM_GPU_KILL_GRACE=1 \
-      LOOM_GPU_TEST_TIMEOUT=2 LOOM_GPU_JOBS=2 TMPDIR="$dir" "$@" \
-      "$repo/scripts/gpu-check.sh" "$dir/out" > "$dir/console.txt" 2>&1 &
-    echo $! > "$dir/pid"
-    wait $!
-    rc=$?
-    echo $(( ($(date +%s%N) - started) / 1000000 )) > "$dir/wall_ms"
-    echo "$rc" > "$dir/rc"
-    touch "$dir/stop" ) 2> "$dir/runner.err" &
-  echo $! > "$dir/runner.pid"
-  until [[ -s $dir/pid ]]; do sleep 0.01; done
-}
-
-# finish NAME: waits for the check (its rc and milliseconds are recorded as it
-# ends) and its sampler.
-finish_scenario() {
-  local dir=$tmp/$1
-  wait "$(cat "$dir/runner.pid")"
-  wait "$(cat "$dir/sampler.pid")"
-}
+script=gpu-check.sh
+# shellcheck source=tests/gpu_check/scenarios.sh
+source "$here/scenarios.sh"
 
 # A nvcc in two /usr/local/cuda-* directories under a fake root (the newer
 # must win); for C only in a fake site-packages' nvidia/cuda_nvcc/bin.

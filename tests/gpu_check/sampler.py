@@ -1,6 +1,7 @@
-"""Watches gpu-check's OUT while it runs: every 10 ms counts the files under
-it and parses summary.json; at STOP's appearance writes RESULT (JSON): the
-most files seen at once, every summary read that was not valid JSON, and how
+"""Watches gpu-check's (or gpu-perf's) OUT while it runs: every 10 ms counts
+the files under it and parses summary.json and every other *.json there
+(perf.json, kernels.json); at STOP's appearance writes RESULT (JSON): the most
+files seen at once, every read of a JSON file that was not valid JSON, and how
 many distinct summaries were seen.
   python3 sampler.py OUT STOP RESULT"""
 import json
@@ -24,7 +25,17 @@ while True:
         try:
             versions.add(json.dumps(json.loads(text), sort_keys=True))
         except ValueError as e:
-            invalid.append(f"{e}: {text[:200]!r}")
+            invalid.append(f"summary.json: {e}: {text[:200]!r}")
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        if name.endswith(".json") and name != "summary.json" and not name.startswith("."):
+            try:
+                with open(os.path.join(out, name)) as f:
+                    other = f.read()
+                json.loads(other)
+            except OSError:
+                pass  # replaced between the listing and the read
+            except ValueError as e:
+                invalid.append(f"{name}: {e}: {other[:200]!r}")
     if done:
         break
     time.sleep(0.01)

@@ -1,10 +1,13 @@
 // Every binary of the fake build (test_gpu, convnet_throughput, ...). Its key
 // is the gpu-check step that runs it (gpu.<suite>, bench.loom_convnet_*,
-// bench.resnet50_cifar, train_mnist); it records its arguments in $FAKE_STATE/ran.log, prints a
-// line WITHOUT flushing (only line-buffered output, as `stdbuf -oL` gives,
-// shows it before a kill), then fails when the key is in FAKE_FAIL, hangs
-// when it is in FAKE_HANG (its pid in $FAKE_STATE/pids/KEY.pid), or prints
-// what the real binary prints on success.
+// bench.resnet50_cifar, train_mnist), or for gpu-perf's runs (--repeats given)
+// perf.<stem or convnet>.<amp: O0, O2, bf16, autocast_f16>; it records its arguments in
+// $FAKE_STATE/ran.log, prints a line WITHOUT flushing (only line-buffered
+// output, as `stdbuf -oL` gives, shows it before a kill), then fails when the
+// key is in FAKE_FAIL, hangs when it is in FAKE_HANG (its pid in
+// $FAKE_STATE/pids/KEY.pid), or prints what the real binary prints on success.
+// --help lists the benchmarks' flags (resnet50_throughput's --channels-last only
+// when FAKE_EXTRA_FLAGS names it), as gpu-perf's variant check reads them.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,12 +35,54 @@ static const char* value_of(int argc, char** argv, const char* flag) {
   return "";
 }
 
+// gpu-perf's figures: ms per step by stem and precision, 0.8 times that with
+// --channels-last; launches and host syncs per step, peak bytes.
+static void print_perf_line(int argc, char** argv, const char* name, const char* key) {
+  const int convnet = strcmp(name, "convnet_throughput") == 0;
+  const char* amp = strchr(strchr(key, '.') + 1, '.') + 1;
+  const int f32 = strcmp(amp, "O0") == 0;
+  double ms = convnet ? (f32 ? 1.0 : 0.8) : strstr(key, ".imagenet.") ? (f32 ? 300.0 : 100.0) : (f32 ? 40.0 : 10.0);
+  if (has(argc, argv, "--channels-last")) ms *= 0.8;
+  printf("{\"bench\": \"loom %s train\", \"amp\": \"%s\", \"images_per_s\": %.1f, \"step_ms\": %.3f, "
+         "\"timing\": \"cuda_events\", \"repeats\": 3, \"ms_per_step\": [%.4f, %.4f, %.4f], \"median_ms\": %.4f, "
+         "\"min_ms\": %.4f, \"max_ms\": %.4f, \"launches_per_step\": %d, \"kernel_launches_per_step\": %d, "
+         "\"library_calls_per_step\": 161, \"device_copies_per_step\": 0, \"syncs_per_step\": %s, "
+         "\"sync_kinds_per_step\": {\"stream\": 0, \"event\": 0, \"device\": 0, \"device_to_host_copy\": %s, "
+         "\"blocking_copy\": 0}, \"peak_allocated_bytes\": %d, \"peak_reserved_bytes\": %d, \"gpu\": \"NVIDIA H200 (fake)\"}\n",
+         convnet ? "convnet" : "resnet50", amp, 1000.0 / ms, ms, ms * 1.02, ms, ms * 0.99, ms, ms * 0.99, ms * 1.02,
+         f32 ? 1000 : 1400, f32 ? 839 : 1239, f32 ? "0" : "1", f32 ? "0" : "1", f32 ? 2000000000 : 1000000000,
+         f32 ? 2100000000 : 1100000000);
+}
+
+static void print_help(const char* name) {
+  printf("loom benchmark (fake)\nOptions:\n  -h,--help  Print this help message and exit\n");
+  printf("  --steps INT\n  --warmup INT\n  --repeats INT\n  --device TEXT\n  --cuda-profile-step\n");
+  if (strcmp(name, "convnet_throughput") == 0) {
+    printf("  --batch-size INT\n  --data TEXT\n  --channels-last  on a GPU, feed NHWC images\n  --autocast TEXT\n");
+  } else {
+    printf("  --batch INT\n  --size INT\n  --stem TEXT\n  --amp TEXT:{O0,O1,O2,O3,bf16}=O0\n");
+    const char* extra = getenv("FAKE_EXTRA_FLAGS");
+    if (extra && listed(extra, "--channels-last")) printf("  --channels-last  store and run NHWC\n");
+  }
+}
+
 int main(int argc, char** argv) {
   const char* name = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
   const char* state = getenv("FAKE_STATE");
   const char* gpus = getenv("FAKE_GPUS") ? getenv("FAKE_GPUS") : "1";
+  const int perf = has(argc, argv, "--repeats");
+  if (has(argc, argv, "--help")) {
+    print_help(name);
+    return 0;
+  }
   char key[256];
-  if (strcmp(name, "test_gpu") == 0 && argc > 1 && strncmp(argv[1], "--test-suite=", 13) == 0)
+  if (perf) {
+    const char* amp = value_of(argc, argv, "--amp");
+    const char* autocast = value_of(argc, argv, "--autocast");
+    if (strcmp(name, "convnet_throughput") == 0) amp = strcmp(autocast, "f16") == 0 ? "autocast_f16" : "O0";
+    snprintf(key, sizeof key, "perf.%s.%s", strcmp(name, "convnet_throughput") == 0 ? "convnet" : value_of(argc, argv, "--stem"),
+             amp);
+  } else if (strcmp(name, "test_gpu") == 0 && argc > 1 && strncmp(argv[1], "--test-suite=", 13) == 0)
     snprintf(key, sizeof key, "gpu.%s", argv[1] + 13);
   else if (strcmp(name, "test_gpu_nccl") == 0)
     snprintf(key, sizeof key, "gpu.nccl");
@@ -76,7 +121,9 @@ int main(int argc, char** argv) {
     }
     for (;;) sleep(1000);
   }
-  if (strncmp(key, "gpu.", 4) == 0) {
+  if (perf) {
+    print_perf_line(argc, argv, name, key);
+  } else if (strncmp(key, "gpu.", 4) == 0) {
     printf("CUDA devices: %s (NVIDIA H200)\n", gpus);
     printf("[doctest] test cases: 3 | 3 passed | 0 failed | 0 skipped\n");
     printf("[doctest] assertions: 42 | 42 passed | 0 failed |\n[doctest] Status: SUCCESS!\n");
