@@ -115,15 +115,11 @@ Tensor BatchNorm2d::normalize(const Tensor& input, Activation activation) {
 
 Tensor ReLU::forward(const Tensor& input) { return relu(input); }
 
-Tensor ReLU6::forward(const Tensor& input) { return relu6(input); }
-
-Tensor SiLU::forward(const Tensor& input) { return silu(input); }
-
-Tensor Sigmoid::forward(const Tensor& input) { return sigmoid(input); }
-
-Tensor Hardswish::forward(const Tensor& input) { return hardswish(input); }
-
-Tensor Hardsigmoid::forward(const Tensor& input) { return hardsigmoid(input); }
+ReLU6::ReLU6() : ElementwiseModule(relu6, "ReLU6") {}
+SiLU::SiLU() : ElementwiseModule(silu, "SiLU") {}
+Sigmoid::Sigmoid() : ElementwiseModule(sigmoid, "Sigmoid") {}
+Hardswish::Hardswish() : ElementwiseModule(hardswish, "Hardswish") {}
+Hardsigmoid::Hardsigmoid() : ElementwiseModule(hardsigmoid, "Hardsigmoid") {}
 
 MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
     : kernel_size_(kernel_size), stride_(stride == 0 ? kernel_size : stride), padding_(padding) {}

@@ -7,6 +7,8 @@
 
 #include <array>
 #include <initializer_list>
+#include <string>
+#include <utility>
 
 #include <loom/core/options.h>
 #include <loom/nn/module.h>
@@ -119,36 +121,40 @@ class ReLU : public Module {
   std::string type_name() const override { return "ReLU"; }
 };
 
-// The activations of MobileNet, EfficientNet and RegNet (ops/elementwise.h).
-// PyTorch's `inplace` flag has no counterpart: loom's ops write new tensors.
-class ReLU6 : public Module {
+// A module that applies one elementwise function: the activations of
+// MobileNet, EfficientNet and RegNet below (ops/elementwise.h). PyTorch's
+// `inplace` flag has no counterpart: loom's ops write new tensors.
+class ElementwiseModule : public Module {
  public:
-  Tensor forward(const Tensor& input) override;
-  std::string type_name() const override { return "ReLU6"; }
+  using Function = Tensor (*)(const Tensor&);
+  ElementwiseModule(Function function, std::string name) : function_(function), name_(std::move(name)) {}
+  Tensor forward(const Tensor& input) override { return function_(input); }
+  std::string type_name() const override { return name_; }
+
+ private:
+  Function function_;
+  std::string name_;
 };
 
-class SiLU : public Module {
+class ReLU6 : public ElementwiseModule {
  public:
-  Tensor forward(const Tensor& input) override;
-  std::string type_name() const override { return "SiLU"; }
+  ReLU6();
 };
-
-class Sigmoid : public Module {
+class SiLU : public ElementwiseModule {
  public:
-  Tensor forward(const Tensor& input) override;
-  std::string type_name() const override { return "Sigmoid"; }
+  SiLU();
 };
-
-class Hardswish : public Module {
+class Sigmoid : public ElementwiseModule {
  public:
-  Tensor forward(const Tensor& input) override;
-  std::string type_name() const override { return "Hardswish"; }
+  Sigmoid();
 };
-
-class Hardsigmoid : public Module {
+class Hardswish : public ElementwiseModule {
  public:
-  Tensor forward(const Tensor& input) override;
-  std::string type_name() const override { return "Hardsigmoid"; }
+  Hardswish();
+};
+class Hardsigmoid : public ElementwiseModule {
+ public:
+  Hardsigmoid();
 };
 
 class MaxPool2d : public Module {

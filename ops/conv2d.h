@@ -48,35 +48,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // when the window does not fit.
 Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params);
 
-// The kernels, twins with one signature per backend (ops/dispatch.h). With
-// params.groups == 1 the CPU runs its dense kernels; otherwise a direct
-// depthwise kernel when groups == C (ops/cpu/conv2d_grouped.cpp), else the
-// dense kernels once per group. cuDNN takes the groups itself on CUDA.
+// The kernels, CPU and CUDA twins declared once (ops/conv2d_kernels.def).
 namespace ops::cpu {
-// All tensors of one dtype (f32, f64; f16 / bf16 computed in f32), which the
-// results keep. `bias` may be undefined.
-Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
-// `grad_input_sum`, when defined and fitting (input_sizes, grad_output's
-// dtype, f32 or f64, contiguous), is the input's gradient summed so far
-// (Node::gradient_sum): the input gradient is added into it and it is
-// returned, except where conv2d runs Winograd, which returns a fresh one.
-Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
-                             const Conv2dParams& params, const Tensor& grad_input_sum = Tensor());
-// `out`, when defined and fitting (weight_sizes, grad_output's dtype and
-// device, contiguous), receives the weight gradient and is returned (a
-// gradient destination, Node::gradient_destination); otherwise it is allocated.
-Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
-                              const Conv2dParams& params, const Tensor& out = Tensor());
-// Both gradients at once: {grad_input, grad_weight}, the weight's into `out`
-// and the input's into `grad_input_sum` as above. On the CPU, where conv2d
-// uses Winograd (f32) the output gradient's tiles are transformed once for
-// the two; elsewhere the two functions above run. On CUDA the output gradient is put into the input's
-// memory order once for cuDNN's two passes.
-std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
-                                                       const Tensor& weight, const Conv2dParams& params,
-                                                       const Tensor& out = Tensor(),
-                                                       const Tensor& grad_input_sum = Tensor());
-Tensor conv2d_backward_bias(const Tensor& grad_output);  // (O)
+#include <loom/ops/conv2d_kernels.def>
 
 // The grouped paths (params.groups > 1), with the entry points' contracts;
 // they never add into a gradient sum and return fresh tensors, except the
@@ -88,20 +62,8 @@ Tensor conv2d_grouped_backward_weight(const Tensor& grad_output, const Tensor& i
                                       const Conv2dParams& params, const Tensor& out);
 }  // namespace ops::cpu
 
-// The CUDA twins. Their input gradient is always a fresh tensor:
-// `grad_input_sum` is not added into (cuDNN's beta could), and the engine
-// adds the two.
 namespace ops::cuda {
-Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
-Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
-                             const Conv2dParams& params, const Tensor& grad_input_sum = Tensor());
-Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
-                              const Conv2dParams& params, const Tensor& out = Tensor());
-std::pair<Tensor, Tensor> conv2d_backward_input_weight(const Tensor& grad_output, const Tensor& input,
-                                                       const Tensor& weight, const Conv2dParams& params,
-                                                       const Tensor& out = Tensor(),
-                                                       const Tensor& grad_input_sum = Tensor());
-Tensor conv2d_backward_bias(const Tensor& grad_output);
+#include <loom/ops/conv2d_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

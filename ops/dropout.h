@@ -29,16 +29,13 @@ StochasticDepthMode parse_stochastic_depth_mode(const std::string& mode);
 // p in [0, 1]. Not training, or p = 0: returns x itself.
 Tensor stochastic_depth(const Tensor& x, double p, StochasticDepthMode mode, bool training);
 
-// The kernels, twins with one signature per backend (ops/dispatch.h).
+// The kernels, CPU and CUDA twins declared once (ops/dropout_kernels.def).
 namespace ops::cpu {
-// Fills `out` (contiguous, floating) with an inverted-dropout mask: element i
-// is 1 / (1 - p) when dropout_keep(seed, i, p) (ops/dropout_math.h), else 0;
-// p = 1 gives zeros.
-void dropout_mask(const Tensor& out, double p, uint64_t seed);
+#include <loom/ops/dropout_kernels.def>
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-void dropout_mask(const Tensor& out, double p, uint64_t seed);
+#include <loom/ops/dropout_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

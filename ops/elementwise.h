@@ -54,35 +54,13 @@ namespace ops {
 enum class Binary { add, sub, mul };
 }  // namespace ops
 
-// The kernels, twins with one signature per backend (ops/dispatch.h).
+// The kernels, CPU and CUDA twins declared once (ops/elementwise_kernels.def).
 namespace ops::cpu {
-Tensor binary(Binary op, const Tensor& a, const Tensor& b);
-// y = x * factor + offset
-Tensor affine(const Tensor& x, double factor, double offset);
-// y = op(x) (ops/elementwise_math.h); backward takes the output gradient and
-// what the op saves (unary_saved(op)): its input or its output.
-Tensor unary_forward(Unary op, const Tensor& x);
-Tensor unary_backward(Unary op, const Tensor& grad, const Tensor& saved);
-Tensor sum_all(const Tensor& x);  // 0-d, f64 accumulation
-Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
-// x viewed as (rows, x.numel() / rows) with rows = scale.numel():
-// out[r, i] = x[r, i] * scale[r]. Same dtype; the output has x's shape.
-Tensor mul_rows(const Tensor& x, const Tensor& scale);
-// The scale's gradient of mul_rows: out[r] = sum_i grad[r, i] * x[r, i],
-// shaped scale_sizes, in grad's dtype (accumulated in f64 on the CPU, in the
-// accumulation type on CUDA).
-Tensor mul_rows_backward_scale(const Tensor& grad, const Tensor& x, const Shape& scale_sizes);
+#include <loom/ops/elementwise_kernels.def>
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor binary(Binary op, const Tensor& a, const Tensor& b);
-Tensor affine(const Tensor& x, double factor, double offset);
-Tensor unary_forward(Unary op, const Tensor& x);
-Tensor unary_backward(Unary op, const Tensor& grad, const Tensor& saved);
-Tensor sum_all(const Tensor& x);
-Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor);
-Tensor mul_rows(const Tensor& x, const Tensor& scale);
-Tensor mul_rows_backward_scale(const Tensor& grad, const Tensor& x, const Shape& scale_sizes);
+#include <loom/ops/elementwise_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

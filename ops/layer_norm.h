@@ -33,21 +33,13 @@ struct LayerNormGradients {
 };
 }  // namespace ops
 
-// The kernels, twins with one signature per backend (ops/dispatch.h). The
-// input is viewed as (rows, D), D = weight's size or the last dimension.
+// The kernels, CPU and CUDA twins declared once (ops/layer_norm_kernels.def).
 namespace ops::cpu {
-Tensor layer_norm_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps,
-                          LayerNormStatistics& statistics);
-// The gradients of the input, weight and bias, each only where `needs` says.
-LayerNormGradients layer_norm_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight,
-                                       const LayerNormStatistics& statistics, std::array<bool, 3> needs);
+#include <loom/ops/layer_norm_kernels.def>
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor layer_norm_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps,
-                          LayerNormStatistics& statistics);
-LayerNormGradients layer_norm_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight,
-                                       const LayerNormStatistics& statistics, std::array<bool, 3> needs);
+#include <loom/ops/layer_norm_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

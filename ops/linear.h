@@ -10,19 +10,13 @@ namespace loom {
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
 
+// The kernels, CPU and CUDA twins declared once (ops/linear_kernels.def).
 namespace ops::cpu {
-Tensor linear_forward(const Tensor& input, const Tensor& weight, const Tensor& bias);
-// Any of the outputs may be skipped (want_* false → undefined). A grad_weight
-// or grad_bias defined on entry that fits (the weight's dtype, contiguous) is
-// written into and returned (a gradient destination); otherwise allocated.
-void linear_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight, bool want_input,
-                     bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias);
+#include <loom/ops/linear_kernels.def>
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor linear_forward(const Tensor& input, const Tensor& weight, const Tensor& bias);
-void linear_backward(const Tensor& grad_output, const Tensor& input, const Tensor& weight, bool want_input,
-                     bool want_weight, bool want_bias, Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias);
+#include <loom/ops/linear_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

@@ -40,30 +40,13 @@ Tensor argmax(const Tensor& x);  // over dim 1 of (N, C) → i64 (N)
 // Number of rows whose argmax equals the target.
 int64_t count_correct(const Tensor& logits, const Tensor& targets);
 
+// The kernels, CPU and CUDA twins declared once (ops/loss_kernels.def).
 namespace ops::cpu {
-Tensor log_softmax_forward(const Tensor& logits);
-Tensor log_softmax_backward(const Tensor& grad, const Tensor& output);
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& targets);
-Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& targets);
-// Returns the 0-d loss; writes for backward the softmax probabilities (N, C)
-// and `counted`, the number of rows not ignored (0-d f64 on the scores' device).
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options,
-                             Tensor& probabilities, Tensor& counted);
-Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets,
-                              const CrossEntropyOptions& options, const Tensor& counted);
-Tensor argmax(const Tensor& x);
+#include <loom/ops/loss_kernels.def>
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor log_softmax_forward(const Tensor& logits);
-Tensor log_softmax_backward(const Tensor& grad, const Tensor& output);
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& targets);
-Tensor nll_loss_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& targets);
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options,
-                             Tensor& probabilities, Tensor& counted);
-Tensor cross_entropy_backward(const Tensor& grad, const Tensor& probabilities, const Tensor& targets,
-                              const CrossEntropyOptions& options, const Tensor& counted);
-Tensor argmax(const Tensor& x);
+#include <loom/ops/loss_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

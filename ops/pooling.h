@@ -52,23 +52,13 @@ Tensor avg_pool2d(const Tensor& input, const AvgPool2dParams& params);
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size);
 
+// The kernels, CPU and CUDA twins declared once (ops/pooling_kernels.def).
 namespace ops::cpu {
-// Writes the argmax positions into `indices` (a new i64 tensor) and returns the output.
-Tensor max_pool2d_forward(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices);
-Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes);
-Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size);
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
-Tensor avg_pool2d_forward(const Tensor& input, const AvgPool2dParams& params);
-Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params);
+#include <loom/ops/pooling_kernels.def>
 }  // namespace ops::cpu
 
 namespace ops::cuda {
-Tensor max_pool2d_forward(const Tensor& input, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices);
-Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes);
-Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size);
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
-Tensor avg_pool2d_forward(const Tensor& input, const AvgPool2dParams& params);
-Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params);
+#include <loom/ops/pooling_kernels.def>
 }  // namespace ops::cuda
 
 }  // namespace loom

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+from gpu_summary_common import json_lines, read as read_file
 
 ROWS = {  # benchmark row -> (loom's flags, PyTorch's mode)
     "convnet f32 (TF32 off)": ((False, False, "none"), "eager_f32"),
@@ -31,23 +32,7 @@ ROWS = {  # benchmark row -> (loom's flags, PyTorch's mode)
 
 
 def read(work, name):
-    try:
-        with open(os.path.join(work, name), errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def json_lines(text):
-    rows = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
-    return rows
+    return read_file(os.path.join(work, name))
 
 
 def env_figures(text):

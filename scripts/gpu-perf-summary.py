@@ -24,28 +24,9 @@ import json
 import os
 import re
 import sys
+from gpu_summary_common import json_lines, read
 
 KERNEL_TOP = 20  # kernels listed per profiled step, by total time
-
-
-def read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def json_lines(text):
-    rows = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
-    return rows
 
 
 def last_words(text):
