@@ -77,9 +77,19 @@ fi
 # 4. train_mnist on 1x28x28 images: the channel repeated to 3 and the images padded to 32x32.
 if make_mnist_subset "$work/mnist" 8 4 >/dev/null 2>&1 || [[ -f "$work/mnist/train-images-idx3-ubyte" ]]; then
   for model in vgg11_bn mobilenet_v2; do
+    save=()
+    [[ $model == mobilenet_v2 ]] && save=(--save "$work/mnist_$model/model.safetensors")
     run_app "train_mnist --model $model" "$work/mnist_$model" "Test accuracy: " "$mnist_bin" --data "$work/mnist" \
-      --model "$model" --batch-size 4 --epochs 1 --threads 2 --log-interval 1 --checkpoint-dir ""
+      --model "$model" --batch-size 4 --epochs 1 --threads 2 --log-interval 1 --checkpoint-dir "" "${save[@]}"
   done
+  # The channel-repeating wrapper keeps torchvision's state_dict: mobilenet_v2's 314 keys, features.* and classifier.*.
+  python3 - "$work/mnist_mobilenet_v2/model.safetensors" <<'PY' || fail "train_mnist --model mobilenet_v2 --save: not torchvision's keys"
+import json, struct, sys
+blob = open(sys.argv[1], "rb").read()
+keys = [k for k in json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]) if k != "__metadata__"]
+assert len(keys) == 314 and all(k.startswith(("features.", "classifier.")) for k in keys), keys[:5]
+assert "features.0.0.weight" in keys and "classifier.1.weight" in keys
+PY
 else
   echo "SKIP train_mnist part: /usr/share/datasets/fashion-mnist is missing (apt-get install dataset-fashion-mnist)"
 fi
