@@ -60,9 +60,10 @@ int run(const Flags& flags, int argc, char** argv) {
       amp::parse_opt_level(common.amp));
   apps::print_launch_banner(rank);
   if (rank.leader) {
-    std::printf("%s%s: %" PRId64 " training, %" PRId64 " test images; %s (%s stem), global batch %" PRId64
+    std::printf("%s%s: %" PRId64 " training, %" PRId64 " test images; %s%s, global batch %" PRId64
                 " (%" PRId64 " per process)\n", loaded.description.c_str(), synthetic_note, loaded.train_size(),
-                loaded.test_size(), flags.model.c_str(), flags.stem.c_str(), flags.batch_size, batch_per_rank);
+                loaded.test_size(), flags.model.c_str(),
+                nn::is_resnet_name(flags.model) ? str(" (", flags.stem, " stem)").c_str() : "", flags.batch_size, batch_per_rank);
     if (!loaded.split.empty()) std::printf("%s\n", loaded.split.c_str());
     if (rank.world > 1) {
       std::printf("Distributed: %d processes (%s), backend %s%s\n", rank.world, dist::launcher_name(rank.launch.launcher),
