@@ -18,8 +18,6 @@
 #include <loom/core/generator.h>
 #include <loom/dist/launcher.h>
 #include <loom/dist/sync_batch_norm.h>
-#include <loom/nn/convnet.h>
-#include <loom/nn/resnet.h>
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -64,11 +62,8 @@ int run(const Flags& flags, int argc, char** argv) {
              loaded.kind == data::DatasetKind::imagefolder ? " or --image-size 28" : "");
 
   manual_seed(common.seed);
-  // The ResNets take 1-channel images with the ImageNet stem (the ResNet-101 tutorial).
-  std::shared_ptr<nn::Module> model =
-      flags.model == "convnet"
-          ? std::shared_ptr<nn::Module>(std::make_shared<nn::ConvNet>(loaded.num_classes))
-          : nn::make_resnet(flags.model, nn::ResNetOptions().num_classes(loaded.num_classes).in_channels(shape.channels));
+  // The ResNets take 1-channel images with the ImageNet stem (the ResNet-101 tutorial); the others repeat the channel.
+  std::shared_ptr<nn::Module> model = apps::make_model(flags.model, loaded.num_classes, shape.channels);
   model->to(rank.device);  // before DDP and the optimizer take the parameters
   std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, rank.backend, rank.device, rank.world);
   if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);
@@ -98,8 +93,9 @@ int run(const Flags& flags, int argc, char** argv) {
   if (rank.leader && !spawned && launcher != dist::Launcher::none && (flags.nodes * flags.gpus != 1 || flags.node_rank))
     std::printf("note: started by a launcher (%s), so -n / -g / -nr are ignored\n", dist::launcher_name(launcher));
   std::fflush(stdout);
-  const data::Compose transforms(
-      {data::ToTensor{}, loaded.kind == data::DatasetKind::cifar10 ? data::cifar10_normalize() : data::mnist_normalize()});
+  const bool cifar = loaded.kind == data::DatasetKind::cifar10;  // 28x28 -> 32x32 but for the ConvNet and ResNets:
+  const data::Compose transforms = apps::with_model_crop(
+      flags.model, shape, {data::ToTensor{}, cifar ? data::cifar10_normalize() : data::mnist_normalize()});
   apps::Loaders loaders = apps::make_loaders(loaded, transforms, transforms, common, rank, flags.batch_size, 500);
   trainer.after_training([&](const train::FitResult& result) {
     if (flags.verbose && rank.device.is_cuda())
@@ -128,8 +124,11 @@ int main(int argc, char** argv) {
   apps::add_count(app, "--batch-size", flags.batch_size, "images per step", 1);
   app.add_option("--lr", flags.lr, "learning rate")->capture_default_str()->check(apps::at_least(0));
   app.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  apps::add_choice(app, "--model", flags.model, "convnet, resnet18, resnet50 or resnet101",
-                   {"convnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
+  std::vector<std::string> models = apps::model_names();
+  models.insert(models.begin(), "convnet");
+  apps::add_choice(app, "--model", flags.model,
+                   apps::join_names(models) + " (the ResNets take 1 channel; the others repeat it to 3, 28x28 padded "
+                   "to 32x32)", models);
   apps::add_choice(app, "--optimizer", flags.optimizer, "sgd or adam", {"sgd", "adam"});
   apps::add_mnist_data_flags(app, flags.data);
   app.add_flag("--verbose", flags.verbose, "print the CUDA allocator's memory counters after training");

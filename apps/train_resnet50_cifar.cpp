@@ -17,7 +17,6 @@
 #include <loom/core/generator.h>
 #include <loom/dist/launcher.h>
 #include <loom/dist/sync_batch_norm.h>
-#include <loom/nn/resnet.h>
 
 using namespace loom;
 
@@ -46,11 +45,10 @@ int run(const Flags& flags, int argc, char** argv) {
   const char* synthetic_note = flags.data.synthetic ? " (synthetic data)" : "";
   std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, rank.backend, rank.device, rank.world);
   manual_seed(common.seed);
-  std::shared_ptr<nn::ResNet> model = nn::make_resnet(
-      flags.model,
-      nn::ResNetOptions().num_classes(loaded.num_classes).in_channels(loaded.sample_shape().channels).stem(nn::parse_resnet_stem(flags.stem)));
+  std::shared_ptr<nn::Module> model = apps::make_model(flags.model, loaded.num_classes, loaded.sample_shape().channels,
+                                                      nn::parse_resnet_stem(flags.stem));
   model->to(rank.device);  // before the optimizer and DDP take the parameters
-  if (common.sync_bn) dist::convert_sync_batchnorm(model, group);  // same tensors: checkpoints are unchanged
+  if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);  // same tensors: checkpoints unchanged
   // apex's amp.initialize: the model in the level's dtypes, SGD over what it steps (f32 masters at O2 / O3 / bf16).
   const double lr = flags.learning_rate();
   std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
@@ -62,9 +60,10 @@ int run(const Flags& flags, int argc, char** argv) {
       amp::parse_opt_level(common.amp));
   apps::print_launch_banner(rank);
   if (rank.leader) {
-    std::printf("%s%s: %" PRId64 " training, %" PRId64 " test images; %s (%s stem), global batch %" PRId64
+    std::printf("%s%s: %" PRId64 " training, %" PRId64 " test images; %s%s, global batch %" PRId64
                 " (%" PRId64 " per process)\n", loaded.description.c_str(), synthetic_note, loaded.train_size(),
-                loaded.test_size(), flags.model.c_str(), flags.stem.c_str(), flags.batch_size, batch_per_rank);
+                loaded.test_size(), flags.model.c_str(),
+                nn::is_resnet_name(flags.model) ? str(" (", flags.stem, " stem)").c_str() : "", flags.batch_size, batch_per_rank);
     if (!loaded.split.empty()) std::printf("%s\n", loaded.split.c_str());
     if (rank.world > 1) {
       std::printf("Distributed: %d processes (%s), backend %s%s\n", rank.world, dist::launcher_name(rank.launch.launcher),
@@ -76,7 +75,7 @@ int run(const Flags& flags, int argc, char** argv) {
   // In-memory data (CIFAR-10, MNIST) is augmented here; image folders bring their own (--image-size).
   const bool cifar = loaded.kind == data::DatasetKind::cifar10;
   const data::Normalize normalize = cifar ? data::cifar10_normalize() : data::mnist_normalize();
-  const data::Compose augment({data::RandomCrop(loaded.sample_shape().height, cifar ? 4 : 0),
+  const data::Compose augment({apps::model_input_crop(flags.model, loaded.sample_shape(), cifar ? 4 : 0),
                                data::RandomHorizontalFlip{cifar ? 0.5 : 0.0}, data::ToTensor{}, normalize});
   apps::Loaders loaders = apps::make_loaders(loaded, augment, data::Compose({data::ToTensor{}, normalize}), common,
                                              rank, batch_per_rank, batch_per_rank);
@@ -125,9 +124,9 @@ int main(int argc, char** argv) {
   apps::add_count(app, "-e,--epochs", flags.epochs, "total epochs to run", 0);
   apps::add_checkpoint_flags(app, flags.checkpoints);
   apps::add_cifar_data_flags(app, flags.data);
-  apps::add_choice(app, "--model", flags.model, "resnet18, resnet34, resnet50, resnet101 or resnet152",
-                   {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
-  apps::add_choice(app, "--stem", flags.stem, "imagenet (7x7/2 conv + maxpool, torchvision) or cifar (3x3/1 conv)",
+  apps::add_choice(app, "--model", flags.model, apps::join_names(apps::model_names()) + " (torchvision's)",
+                   apps::model_names());
+  apps::add_choice(app, "--stem", flags.stem, "the ResNets' imagenet (7x7/2 conv + maxpool) or cifar (3x3/1 conv)",
                    {"imagenet", "cifar"});
   app.add_option("--lr", flags.lr,
                  "SGD learning rate [default: 0.1 x batch-size / 128, the linear scaling rule; 0.1 at -b 128] "

@@ -15,12 +15,95 @@
 #include <loom/dist/host_staging.h>
 #include <loom/dist/launcher.h>
 #include <loom/dist/process_group_nccl.h>
+#include <loom/nn/convnet.h>
+#include <loom/nn/efficientnet.h>
+#include <loom/nn/mobilenet.h>
+#include <loom/nn/vgg.h>
+#include <loom/ops/cat.h>
 #include <loom/ops/cpu/gemm.h>
 #include <loom/train/monitor.h>
 #include <loom/train/stop.h>
 #include <loom/ops/loss.h>
 
 namespace loom::apps {
+
+namespace {
+
+// A torchvision CNN fed 1-channel images: forward repeats the channel three
+// times. It registers the model's own children under their names, so its
+// state_dict (and a checkpoint) is the model's, torchvision's names included.
+class RepeatChannels : public nn::Module {
+ public:
+  template <class M>
+  explicit RepeatChannels(std::shared_ptr<M> model) : model_(model) {
+    register_module("features", model->features);
+    if constexpr (requires { model->avgpool; }) register_module("avgpool", model->avgpool);
+    register_module("classifier", model->classifier);
+  }
+  Tensor forward(const Tensor& input) override { return model_->forward(cat({input, input, input}, 1)); }
+  std::string type_name() const override { return model_->type_name(); }
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+};
+
+template <class M>
+std::shared_ptr<nn::Module> for_channels(const std::string& name, std::shared_ptr<M> model, int64_t in_channels) {
+  LOOM_CHECK(in_channels == 1 || in_channels == 3, "--model ", name, " takes 3-channel (or 1-channel) images, not ",
+             in_channels, "-channel ones");
+  if (in_channels == 3) return model;
+  return std::make_shared<RepeatChannels>(model);
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = {
+      "resnet18", "resnet34",     "resnet50",           "resnet101",          "resnet152",      "vgg11_bn",
+      "vgg16_bn", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0"};
+  return names;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
+std::shared_ptr<nn::Module> make_model(const std::string& name, int64_t num_classes, int64_t in_channels,
+                                       nn::ResNetStem stem) {
+  if (name == "convnet") return std::make_shared<nn::ConvNet>(num_classes);  // train_mnist's 1x28x28 only
+  if (nn::is_resnet_name(name))
+    return nn::make_resnet(name, nn::ResNetOptions().num_classes(num_classes).in_channels(in_channels).stem(stem));
+  LOOM_CHECK(std::find(model_names().begin(), model_names().end(), name) != model_names().end(), "--model: '", name,
+             "' is not one of ", join_names(model_names()));
+  LOOM_CHECK(stem == nn::ResNetStem::imagenet, "--stem cifar applies to the ResNets only; --model ", name,
+             " keeps torchvision's first layers");
+  if (name == "vgg11_bn") return for_channels(name, nn::vgg11_bn(nn::VGGOptions().num_classes(num_classes)), in_channels);
+  if (name == "vgg16_bn") return for_channels(name, nn::vgg16_bn(nn::VGGOptions().num_classes(num_classes)), in_channels);
+  if (name == "mobilenet_v2")
+    return for_channels(name, nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(num_classes)), in_channels);
+  if (name == "mobilenet_v3_small")
+    return for_channels(name, nn::mobilenet_v3_small(nn::MobileNetV3Options().num_classes(num_classes)), in_channels);
+  if (name == "mobilenet_v3_large")
+    return for_channels(name, nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(num_classes)), in_channels);
+  return for_channels(name, nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(num_classes)), in_channels);
+}
+
+data::RandomCrop model_input_crop(const std::string& model, const data::SampleShape& shape, int64_t padding) {
+  if (model == "convnet" || nn::is_resnet_name(model)) return data::RandomCrop(shape.height, shape.width, padding);
+  const int64_t height = std::max<int64_t>(32, shape.height), width = std::max<int64_t>(32, shape.width);
+  const int64_t needed = (std::max(height - shape.height, width - shape.width) + 1) / 2;
+  return data::RandomCrop(height, width, std::max(padding, needed));
+}
+
+data::Compose with_model_crop(const std::string& model, const data::SampleShape& shape,
+                              std::vector<data::Transform> transforms) {
+  const data::RandomCrop crop = model_input_crop(model, shape, 0);
+  if (crop.height != shape.height || crop.width != shape.width) transforms.insert(transforms.begin(), crop);
+  return data::Compose(std::move(transforms));
+}
 
 void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--device", flags.device, "cpu, cuda, cuda:N or auto")->capture_default_str();

@@ -17,6 +17,8 @@
 
 #include "apps/app_common.h"
 #include <loom/data/loader.h>
+#include <loom/data/transforms.h>
+#include <loom/nn/resnet.h>
 #include <loom/data/selection.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group.h>
@@ -130,6 +132,29 @@ train::TrainerOptions trainer_options(const char* program, int argc, char** argv
 // "Mixed precision --amp LEVEL: loss scale S, N steps skipped for inf / NaN
 // gradients" when `optimizer` scaled the loss (`amp` is the --amp flag).
 void print_loss_scaling(const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp);
+
+// --model in both apps: the ResNets and torchvision's other CNNs in nn/ (VGG,
+// MobileNet V2 / V3, EfficientNet-B0), under torchvision's names.
+const std::vector<std::string>& model_names();
+// "a, b, ... or z", for --help and the unknown-name error.
+std::string join_names(const std::vector<std::string>& names);
+
+// --model NAME (or train_mnist's "convnet") with `num_classes` outputs for `in_channels`-channel images.
+// The ResNets take in_channels (1 or 3) and `stem`; the other models keep
+// torchvision's 3-channel first convolution, and 1-channel images (MNIST)
+// reach it with the channel repeated three times (the state_dict keeps
+// torchvision's names). An unknown name is one error naming them all.
+std::shared_ptr<nn::Module> make_model(const std::string& name, int64_t num_classes, int64_t in_channels,
+                                       nn::ResNetStem stem = nn::ResNetStem::imagenet);
+
+// The crop the transforms start with: a random height x width window of the
+// images padded by `padding`, except that the non-ResNet models get images of
+// at least 32x32 (VGG's five 2x2 pools need them): MNIST's 28x28 is padded by
+// 2 and cropped to 32x32.
+data::RandomCrop model_input_crop(const std::string& model, const data::SampleShape& shape, int64_t padding);
+// `transforms` after model_input_crop(model, shape, 0) when that crop changes the size.
+data::Compose with_model_crop(const std::string& model, const data::SampleShape& shape,
+                              std::vector<data::Transform> transforms);
 
 // main() of a training app: parses `arguments` into `app` (--help and
 // --version print and exit 0; a bad command line is report_usage_error's

@@ -1,14 +1,17 @@
-// Shared by the model tests: a temporary directory removed on scope exit, and
-// raw file helpers for hand-made (often broken) safetensors files.
+// Shared by the model tests: a temporary directory removed on scope exit,
+// raw file helpers for hand-made (often broken) safetensors files, and the
+// Python with PyTorch that the interop and parity tests compare against.
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "tests/support/temp_dir.h"  // TempDir, in this namespace
 
@@ -34,5 +37,35 @@ inline std::string safetensors_bytes(const std::string& header, const std::strin
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((length >> (8 * i)) & 0xff);
   return out + header + data;
 }
+
+// The first Python that imports torch, torchvision and numpy: $LOOM_TORCH_PYTHON, the repository's
+// .venv (scripts/setup.sh --peers), Debian's /usr/bin/python3; "" when none does (the tests then skip).
+inline std::string torch_python() {
+  static const std::string found = [] {
+    std::vector<std::string> candidates;
+    if (const char* given = std::getenv("LOOM_TORCH_PYTHON")) candidates.push_back(given);
+    candidates.push_back(std::string(LOOM_MODELS_TEST_DIR) + "/../../.venv/bin/python");
+    candidates.push_back("/usr/bin/python3");
+    for (const std::string& python : candidates) {
+      if (std::filesystem::exists(python) &&
+          std::system(("'" + python + "' -c 'import torch, torchvision, numpy' >/dev/null 2>&1").c_str()) == 0)
+        return python;
+    }
+    return std::string();
+  }();
+  return found;
+}
+
+// Runs `python script arguments` with its output in `log`; the exit status.
+inline int run_python(const std::string& python, const std::string& script, const std::string& arguments,
+                      const std::filesystem::path& log) {
+  return std::system(("'" + python + "' " + std::string(LOOM_MODELS_TEST_DIR) + "/" + script + " " + arguments + " >'" +
+                      log.string() + "' 2>&1")
+                         .c_str());
+}
+
+inline constexpr const char* kNoTorchMessage =
+    "skipped: no Python with torch + torchvision + numpy ($LOOM_TORCH_PYTHON, .venv/bin/python from "
+    "scripts/setup.sh --peers, or /usr/bin/python3 with python3-torch python3-torchvision python3-numpy)";
 
 }  // namespace loom::testing

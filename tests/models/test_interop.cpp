@@ -1,15 +1,21 @@
-// Interoperability with PyTorch: loom's ResNet-50 checkpoint loads into
-// torchvision.models.resnet50(num_classes=10) with load_state_dict and gives
-// loom's logits; a torchvision state_dict saved as safetensors loads into loom
-// and gives torch's logits. Runs tests/models/torch_interop.py with Debian's
-// /usr/bin/python3; skipped when python3-torch is not installed.
+// Interoperability with PyTorch: loom's checkpoints of ResNet-50, VGG,
+// MobileNet V2 / V3 and EfficientNet-B0 load into torchvision's model of the
+// same name (num_classes=10) with load_state_dict(strict=True) and give loom's
+// logits in eval mode; a torchvision state_dict saved as safetensors loads into
+// loom and gives torch's logits. Runs tests/models/torch_interop.py with the
+// first Python that has torch + torchvision (torch_python()); skipped without.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 #include <loom/core/autograd.h>
 #include <loom/nn/checkpoint.h>
+#include <loom/nn/efficientnet.h>
+#include <loom/nn/mobilenet.h>
 #include <loom/nn/resnet.h>
+#include <loom/nn/vgg.h>
 #include "tests/models/helpers.h"
 #include "tests/support/gradcheck.h"
 
@@ -17,10 +23,6 @@ using namespace loom;
 using loom::testing::TempDir;
 
 namespace {
-bool torch_available() {
-  return std::system("/usr/bin/python3 -c 'import torch, torchvision, numpy' >/dev/null 2>&1") == 0;
-}
-
 Tensor tensor_named(const nn::SafetensorsFile& file, const std::string& name) {
   for (auto& [key, t] : file.tensors) {
     if (key == name) return t;
@@ -28,55 +30,95 @@ Tensor tensor_named(const nn::SafetensorsFile& file, const std::string& name) {
   FAIL("no tensor '", name, "'");
   return Tensor();
 }
+
+using Factory = std::function<std::shared_ptr<nn::Module>()>;
+
+// loom -> torch: writes DIR/loom_NAME.checkpoint (a model whose batch-norm statistics moved) and
+// DIR/loom_NAME_io.safetensors (an input and loom's eval-mode logits) for torch_interop.py.
+void write_loom_side(const TempDir& dir, const std::string& name, const Factory& make) {
+  manual_seed(11);
+  std::shared_ptr<nn::Module> model = make();
+  {
+    // Move the batch-norm statistics off their initial values, so eval mode uses real ones.
+    NoGradGuard no_grad;
+    for (uint64_t seed = 0; seed < 2; ++seed) (*model)(loom::testing::random_tensor({4, 3, 32, 32}, seed, -2, 2, DType::f32));
+  }
+  model->eval();
+  Tensor input = loom::testing::random_tensor({2, 3, 32, 32}, 21, -2, 2, DType::f32);
+  Tensor logits;
+  {
+    NoGradGuard no_grad;
+    logits = (*model)(input);
+  }
+  nn::TrainingState state;
+  state.epoch = 1;
+  state.step = 2;
+  state.optimizer = {{"0.0.momentum_buffer", Tensor::zeros(model->parameters()[0].sizes())}};
+  nn::save_checkpoint(dir / ("loom_" + name + ".checkpoint"), {model->state_dict(), state});
+  nn::save_safetensors(dir / ("loom_" + name + "_io.safetensors"), {{"input", input}, {"logits", logits}});
+}
+
+// torch -> loom: torchvision's state_dict in a freshly initialised loom model gives torch's logits.
+void check_torch_side(const TempDir& dir, const std::string& name, const Factory& make) {
+  INFO("model ", name);
+  manual_seed(12);
+  std::shared_ptr<nn::Module> from_torch = make();
+  const std::string file = "torch_" + name + ".safetensors";
+  nn::Checkpoint checkpoint = nn::load_checkpoint(dir / file);
+  CHECK_FALSE(checkpoint.training.has_value());
+  nn::load_model_state(*from_torch, checkpoint.model, file);
+  from_torch->eval();
+  nn::SafetensorsFile io = nn::load_safetensors(dir / ("torch_" + name + "_io.safetensors"));
+  NoGradGuard no_grad;
+  Tensor expected = tensor_named(io, "logits");
+  Tensor loom_logits = (*from_torch)(tensor_named(io, "input"));
+  const double difference = loom::testing::max_abs_diff(loom_logits, expected);
+  const double tolerance = 1e-4 * std::max(1.0, loom::testing::max_abs_diff(expected, Tensor::zeros(expected.sizes())));
+  MESSAGE(name, ": torch -> loom: max |logits difference| = ", difference);
+  CHECK(difference <= tolerance);
+}
+
+// Both directions for each (name, factory); one Python run for all of them.
+void check_interop(const std::vector<std::pair<std::string, Factory>>& models) {
+  const std::string python = loom::testing::torch_python();
+  if (python.empty()) {
+    MESSAGE(std::string(loom::testing::kNoTorchMessage));
+    return;
+  }
+  TempDir dir;
+  std::string names;
+  for (const auto& [name, make] : models) {
+    write_loom_side(dir, name, make);
+    names += " " + name;
+  }
+  const std::filesystem::path log = dir / "python.log";
+  const int status = loom::testing::run_python(python, "torch_interop.py", dir.path().string() + names, log);
+  const std::string output = loom::testing::read_bytes(log);
+  MESSAGE(output);
+  REQUIRE_MESSAGE(status == 0, "torch_interop.py failed:\n", output);
+  for (const auto& [name, make] : models) check_torch_side(dir, name, make);
+}
 }  // namespace
 
 TEST_SUITE("interop") {
   TEST_CASE("ResNet-50 checkpoints move between loom and torchvision with the same logits") {
-    if (!torch_available()) {
-      MESSAGE("skipped: python3-torch not installed (apt-get install python3-torch python3-torchvision python3-numpy)");
-      return;
-    }
-    TempDir dir;
-    manual_seed(11);
-    auto model = nn::resnet50(10);
-    {
-      // Move the batch-norm statistics off their initial values, so eval mode uses real ones.
-      NoGradGuard no_grad;
-      for (uint64_t seed = 0; seed < 2; ++seed) (*model)(loom::testing::random_tensor({4, 3, 32, 32}, seed, -2, 2, DType::f32));
-    }
-    model->eval();
-    Tensor input = loom::testing::random_tensor({2, 3, 32, 32}, 21, -2, 2, DType::f32);
-    Tensor logits;
-    {
-      NoGradGuard no_grad;
-      logits = (*model)(input);
-    }
-    nn::TrainingState state;
-    state.epoch = 1;
-    state.step = 2;
-    state.optimizer = {{"0.0.momentum_buffer", Tensor::zeros(model->conv1->weight.sizes())}};
-    nn::save_checkpoint(dir / "loom_resnet50.checkpoint", {model->state_dict(), state});
-    nn::save_safetensors(dir / "loom_io.safetensors", {{"input", input}, {"logits", logits}});
+    check_interop({{"resnet50", [] { return nn::resnet50(10); }}});
+  }
 
-    const std::string script = std::string(LOOM_MODELS_TEST_DIR) + "/torch_interop.py";
-    const std::string log = (dir / "python.log").string();
-    const int status = std::system(("/usr/bin/python3 " + script + " " + dir.path().string() + " >" + log + " 2>&1").c_str());
-    const std::string output = loom::testing::read_bytes(log);
-    MESSAGE(output);
-    REQUIRE_MESSAGE(status == 0, "torch_interop.py failed:\n", output);
+  TEST_CASE("MobileNet V2 / V3 and EfficientNet-B0 checkpoints move between loom and torchvision") {
+    check_interop({{"mobilenet_v2", [] { return nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(10)); }},
+                   {"mobilenet_v3_small",
+                    [] { return nn::mobilenet_v3_small(nn::MobileNetV3Options().num_classes(10)); }},
+                   {"mobilenet_v3_large",
+                    [] { return nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(10)); }},
+                   {"efficientnet_b0", [] { return nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10)); }}});
+  }
+}
 
-    // torch -> loom: torchvision's state_dict in a freshly initialised loom model.
-    manual_seed(12);
-    auto from_torch = nn::resnet50(10);
-    nn::Checkpoint checkpoint = nn::load_checkpoint(dir / "torch_resnet50.safetensors");
-    CHECK_FALSE(checkpoint.training.has_value());
-    nn::load_model_state(*from_torch, checkpoint.model, "torch_resnet50.safetensors");
-    from_torch->eval();
-    nn::SafetensorsFile io = nn::load_safetensors(dir / "torch_io.safetensors");
-    NoGradGuard no_grad;
-    Tensor loom_logits = (*from_torch)(tensor_named(io, "input"));
-    const double difference = loom::testing::max_abs_diff(loom_logits, tensor_named(io, "logits"));
-    MESSAGE("torch -> loom: max |logits difference| = ", difference);
-    CHECK(difference <= 1e-4);
+// VGG (132M / 138M parameters, half a gigabyte per checkpoint): a suite of its own, left out of the sanitized run.
+TEST_SUITE("interop_vgg") {
+  TEST_CASE("VGG-11 / VGG-16 with batch norm checkpoints move between loom and torchvision") {
+    check_interop({{"vgg11_bn", [] { return nn::vgg11_bn(nn::VGGOptions().num_classes(10)); }},
+                   {"vgg16_bn", [] { return nn::vgg16_bn(nn::VGGOptions().num_classes(10)); }}});
   }
 }
