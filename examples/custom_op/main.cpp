@@ -1,6 +1,7 @@
 // A differentiable op of one's own: SiLU (x * sigmoid(x)) with its forward
 // and backward written by hand, registered with loom's autograd by
 // loom::record, and checked against finite differences by loom::gradcheck.
+// (loom has SiLU built in, loom::silu; this one shows how an op is added.)
 //   custom_op
 #include <cmath>
 #include <cstdio>
@@ -11,8 +12,8 @@
 // y = x * s with s = sigmoid(x); dy/dx = s + x * s * (1 - s).
 // `derivative_is_right` = false drops the second term: a wrong backward that
 // gradcheck must reject.
-loom::Tensor silu(const loom::Tensor& input, bool derivative_is_right = true) {
-  LOOM_CHECK(input.dtype() == loom::DType::f64 && input.device().is_cpu(), "silu: this example takes f64 CPU tensors, got ",
+loom::Tensor hand_silu(const loom::Tensor& input, bool derivative_is_right = true) {
+  LOOM_CHECK(input.dtype() == loom::DType::f64 && input.device().is_cpu(), "hand_silu: this example takes f64 CPU tensors, got ",
              input.str());
   const loom::Tensor x = input.contiguous().detach();
   loom::Tensor y = loom::Tensor::empty(x.sizes(), x.dtype());
@@ -21,7 +22,7 @@ loom::Tensor silu(const loom::Tensor& input, bool derivative_is_right = true) {
     y.data<double>()[i] = v / (1 + std::exp(-v));
   }
   // The backward closure keeps what it needs (x) and returns one gradient per input.
-  loom::record("silu", {input}, {&y}, [x, derivative_is_right](const loom::TensorList& grads, const loom::Node&) {
+  loom::record("hand_silu", {input}, {&y}, [x, derivative_is_right](const loom::TensorList& grads, const loom::Node&) {
     const loom::Tensor g = grads[0].contiguous();
     loom::Tensor dx = loom::Tensor::empty(x.sizes(), x.dtype());
     for (int64_t i = 0; i < x.numel(); ++i) {
@@ -39,11 +40,11 @@ int main() try {
   x.set_requires_grad(true);
 
   // silu inside a larger expression: gradcheck differentiates all of it.
-  auto f = [](const loom::TensorList& in) { return loom::mul(silu(in[0]), in[0]); };
+  auto f = [](const loom::TensorList& in) { return loom::mul(hand_silu(in[0]), in[0]); };
   loom::gradcheck(f, {x});
   std::printf("gradcheck passed: silu's backward agrees with finite differences\n");
 
-  auto wrong = [](const loom::TensorList& in) { return silu(in[0], /*derivative_is_right=*/false); };
+  auto wrong = [](const loom::TensorList& in) { return hand_silu(in[0], /*derivative_is_right=*/false); };
   try {
     loom::gradcheck(wrong, {x});
     std::printf("gradcheck missed a wrong backward\n");
