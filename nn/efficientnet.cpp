@@ -42,7 +42,7 @@ Tensor MBConv::forward(const Tensor& input) {
   return add(stochastic_depth->forward(out), input);
 }
 
-EfficientNet::EfficientNet(const EfficientNetOptions& options) : options_(options) {
+EfficientNet::EfficientNet(const EfficientNetOptions& options) : PooledClassifier(options) {
   LOOM_CHECK(options.num_classes() > 0, "EfficientNet: num_classes must be positive, got ", options.num_classes());
   auto body = std::make_shared<Sequential>();
   body->push_back(std::make_shared<Conv2dNormActivation>(
@@ -72,10 +72,6 @@ EfficientNet::EfficientNet(const EfficientNetOptions& options) : options_(option
   NoGradGuard no_grad;
   const double range = 1.0 / std::sqrt(static_cast<double>(options.num_classes()));
   init::uniform_(linear->weight, -range, range);
-}
-
-Tensor EfficientNet::forward(const Tensor& input) {
-  return classify_pooled_features("EfficientNet", *features, *classifier, input);
 }
 
 std::shared_ptr<EfficientNet> efficientnet_b0(const EfficientNetOptions& options) {

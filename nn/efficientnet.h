@@ -51,18 +51,10 @@ class EfficientNetOptions {
   LOOM_OPTION(double, stochastic_depth_prob) = 0.2;
 };
 
-class EfficientNet : public Module {
+class EfficientNet : public PooledClassifier<EfficientNetOptions> {
  public:
   explicit EfficientNet(const EfficientNetOptions& options = {});
-  // (N, 3, H, W) -> (N, num_classes) logits; 32x32 (CIFAR) and larger work.
-  Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "EfficientNet"; }
-  const EfficientNetOptions& options() const { return options_; }
-
-  std::shared_ptr<Sequential> features, classifier;
-
- private:
-  EfficientNetOptions options_;
 };
 
 std::shared_ptr<EfficientNet> efficientnet_b0(const EfficientNetOptions& options = {});

@@ -79,7 +79,7 @@ void initialize_torchvision_cnn(Module& model, double linear_std) {
   }
 }
 
-MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : options_(options) {
+MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : PooledClassifier(options) {
   LOOM_CHECK(options.num_classes() > 0, "MobileNetV2: num_classes must be positive, got ", options.num_classes());
   LOOM_CHECK(options.width_mult() > 0, "MobileNetV2: width_mult must be positive, got ", options.width_mult());
   constexpr int64_t kRound = 8;
@@ -115,10 +115,6 @@ MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : options_(options) 
 Tensor classify_pooled_features(const char* model, Module& features, Module& classifier, const Tensor& input) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == 3, model, " expects (N, 3, H, W) images, got ", input.str());
   return classifier.forward(adaptive_avg_pool2d(features.forward(input), {1, 1}).flatten(1));
-}
-
-Tensor MobileNetV2::forward(const Tensor& input) {
-  return classify_pooled_features("MobileNetV2", *features, *classifier, input);
 }
 
 std::shared_ptr<MobileNetV2> mobilenet_v2(const MobileNetV2Options& options) {
@@ -179,7 +175,7 @@ Tensor InvertedResidualV3::forward(const Tensor& input) {
   return use_residual_ ? add(input, out) : out;
 }
 
-MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options) : options_(options) {
+MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options) : PooledClassifier(options) {
   LOOM_CHECK(options.num_classes() > 0, "MobileNetV3: num_classes must be positive, got ", options.num_classes());
   LOOM_CHECK(options.width_mult() > 0, "MobileNetV3: width_mult must be positive, got ", options.width_mult());
   const double width = options.width_mult();
@@ -200,10 +196,6 @@ MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options
                       std::make_shared<Dropout>(options.dropout()),
                       std::make_shared<Linear>(hidden, options.num_classes())}));
   initialize_torchvision_cnn(*this, 0.01);
-}
-
-Tensor MobileNetV3::forward(const Tensor& input) {
-  return classify_pooled_features("MobileNetV3", *features, *classifier, input);
 }
 
 std::shared_ptr<MobileNetV3> mobilenet_v3_small(const MobileNetV3Options& options) {

@@ -26,6 +26,30 @@
 
 namespace loom::nn {
 
+// classifier(flatten(adaptive_avg_pool2d(features(input), 1))): the head of
+// torchvision's MobileNets and EfficientNet; `model` names the model in the
+// error for an input that is not (N, 3, H, W).
+Tensor classify_pooled_features(const char* model, Module& features, Module& classifier, const Tensor& input);
+
+// The shape of torchvision's MobileNets and EfficientNet: `features` (the
+// blocks), a global average pool, `classifier` (ending in the linear layer);
+// (N, 3, H, W) -> (N, num_classes) logits, 32x32 (CIFAR) and larger. A model
+// builds and registers features and classifier in its constructor.
+template <class Options>
+class PooledClassifier : public Module {
+ public:
+  Tensor forward(const Tensor& input) override {
+    return classify_pooled_features(type_name().c_str(), *features, *classifier, input);
+  }
+  const Options& options() const { return options_; }
+
+  std::shared_ptr<Sequential> features, classifier;
+
+ protected:
+  explicit PooledClassifier(const Options& options) : options_(options) {}
+  Options options_;
+};
+
 // Conv2dNormActivationOptions(16, 64, 3).stride(2).groups(16).norm_eps(1e-3)
 class Conv2dNormActivationOptions {
  public:
@@ -97,18 +121,10 @@ class MobileNetV2Options {
   LOOM_OPTION(double, dropout) = 0.2;
 };
 
-class MobileNetV2 : public Module {
+class MobileNetV2 : public PooledClassifier<MobileNetV2Options> {
  public:
   explicit MobileNetV2(const MobileNetV2Options& options = {});
-  // (N, 3, H, W) -> (N, num_classes) logits; 32x32 (CIFAR) and larger work.
-  Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "MobileNetV2"; }
-  const MobileNetV2Options& options() const { return options_; }
-
-  std::shared_ptr<Sequential> features, classifier;
-
- private:
-  MobileNetV2Options options_;
 };
 
 std::shared_ptr<MobileNetV2> mobilenet_v2(const MobileNetV2Options& options = {});
@@ -147,27 +163,14 @@ class MobileNetV3Options {
   LOOM_OPTION(double, dropout) = 0.2;
 };
 
-class MobileNetV3 : public Module {
+class MobileNetV3 : public PooledClassifier<MobileNetV3Options> {
  public:
   MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options = {});
-  // (N, 3, H, W) -> (N, num_classes) logits; 32x32 (CIFAR) and larger work.
-  Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "MobileNetV3"; }
-  const MobileNetV3Options& options() const { return options_; }
-
-  std::shared_ptr<Sequential> features, classifier;
-
- private:
-  MobileNetV3Options options_;
 };
 
 std::shared_ptr<MobileNetV3> mobilenet_v3_small(const MobileNetV3Options& options = {});
 std::shared_ptr<MobileNetV3> mobilenet_v3_large(const MobileNetV3Options& options = {});
-
-// classifier(flatten(adaptive_avg_pool2d(features(input), 1))): the head of
-// torchvision's MobileNets and EfficientNet; `model` names the model in the
-// error for an input that is not (N, 3, H, W).
-Tensor classify_pooled_features(const char* model, Module& features, Module& classifier, const Tensor& input);
 
 // torchvision's initialisation of MobileNet, EfficientNet and VGG-style
 // models: convolutions kaiming_normal_(fan_out), their biases zero, batch
