@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <thread>
 #include <utility>
@@ -320,10 +321,21 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
   bool resume_reported = restart_count == 0 || resume_report.empty();
   int forwarded = 0;  // g_signal_count when a signal was last forwarded
   Clock::time_point next_membership_check = Clock::now();
+  // Elastic: whether a node waits to join is asked of the rendezvous store. A
+  // store that went away (its host's job finished first, or the host died)
+  // ends the checks for this attempt: the processes finish, or fail on their
+  // own collectives, as without membership checks.
+  bool check_membership = static_cast<bool>(spec.node_waiting);
   while (running > 0) {
-    if (spec.node_waiting && !ending && Clock::now() >= next_membership_check) {
+    if (check_membership && !ending && Clock::now() >= next_membership_check) {
       next_membership_check = Clock::now() + std::chrono::milliseconds(200);
-      if (spec.node_waiting(restart_count)) {
+      bool waiting = false;
+      try {
+        waiting = spec.node_waiting(restart_count);
+      } catch (const std::exception&) {
+        check_membership = false;
+      }
+      if (waiting) {
         result.node_waiting = true;
         std::fprintf(stderr, "%s: a node waits to join; ending the local processes (SIGTERM) for rendezvous round %d\n",
                      spec.name.c_str(), restart_count + 1);
