@@ -26,6 +26,13 @@ LOOM_HOST_DEVICE inline AvgPoolSpan avg_pool_span(int64_t o, int64_t size, int64
   return {begin, end, padded_count};
 }
 
+// adaptive_avg_pool2d's window of output o of `outputs` along an axis of
+// `size`: [floor(o * size / outputs), ceil((o + 1) * size / outputs)), no padding.
+LOOM_HOST_DEVICE inline AvgPoolSpan adaptive_pool_span(int64_t o, int64_t size, int64_t outputs) {
+  const int64_t begin = o * size / outputs, end = ((o + 1) * size + outputs - 1) / outputs;
+  return {begin, end, end - begin};
+}
+
 // The divisor of a window: every position (count_include_pad) or the input's only.
 LOOM_HOST_DEVICE inline int64_t avg_pool_divisor(const AvgPoolSpan& rows, const AvgPoolSpan& cols,
                                                  bool count_include_pad) {

@@ -32,8 +32,65 @@ int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t paddi
 }
 
 // Adaptive pooling window of output i of `outputs` over `inputs`: [start, end).
-int64_t window_start(int64_t i, int64_t inputs, int64_t outputs) { return i * inputs / outputs; }
-int64_t window_end(int64_t i, int64_t inputs, int64_t outputs) { return ((i + 1) * inputs + outputs - 1) / outputs; }
+// The mean of every output's window of each (N, C) plane, the window's rows
+// rows_of(oh) and columns cols_of(ow) (AvgPoolSpan, ops/pooling_math.h):
+// adaptive_avg_pool2d and avg_pool2d.
+template <class RowsOf, class ColsOf>
+Tensor average_windows(const char* op, const Tensor& input_in, int64_t out_h, int64_t out_w, RowsOf rows_of,
+                       ColsOf cols_of, bool count_include_pad) {
+  const Tensor input = cpu_compute_input(input_in);
+  const int64_t height = input.size(2), width = input.size(3);
+  Tensor out = Tensor::empty({input.size(0), input.size(1), out_h, out_w}, input.dtype());
+  visit_compute_dtype(input.dtype(), op, [&]<class T>() {
+    const T* x = input.data<T>();
+    T* y = out.data<T>();
+    for_each_plane(input.sizes(), [&](int64_t p) {
+      const T* plane = x + p * height * width;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const AvgPoolSpan rows = rows_of(oh);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const AvgPoolSpan cols = cols_of(ow);
+          T total = 0;
+          for (int64_t h = rows.begin; h < rows.end; ++h) {
+            for (int64_t w = cols.begin; w < cols.end; ++w) total += plane[h * width + w];
+          }
+          y[(p * out_h + oh) * out_w + ow] = total / static_cast<T>(avg_pool_divisor(rows, cols, count_include_pad));
+        }
+      }
+    });
+  });
+  return out.to(input_in.dtype());
+}
+
+// average_windows' backward: each output's gradient shared evenly over its window.
+template <class RowsOf, class ColsOf>
+Tensor spread_over_windows(const char* op, const Tensor& grad_output_in, const Shape& input_sizes, RowsOf rows_of,
+                           ColsOf cols_of, bool count_include_pad) {
+  const Tensor grad_output = cpu_compute_input(grad_output_in);
+  const int64_t height = input_sizes[2], width = input_sizes[3];
+  const int64_t out_h = grad_output.size(2), out_w = grad_output.size(3);
+  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
+  visit_compute_dtype(grad_output.dtype(), op, [&]<class T>() {
+    const T* dy = grad_output.data<T>();
+    T* dx = grad_input.data<T>();
+    for_each_plane(input_sizes, [&](int64_t p) {
+      T* plane = dx + p * height * width;
+      std::fill(plane, plane + height * width, T(0));
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const AvgPoolSpan rows = rows_of(oh);
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const AvgPoolSpan cols = cols_of(ow);
+          const T share =
+              dy[(p * out_h + oh) * out_w + ow] / static_cast<T>(avg_pool_divisor(rows, cols, count_include_pad));
+          for (int64_t h = rows.begin; h < rows.end; ++h) {
+            for (int64_t w = cols.begin; w < cols.end; ++w) plane[h * width + w] += share;
+          }
+        }
+      }
+    });
+  });
+  return grad_input.to(grad_output_in.dtype());
+}
 }  // namespace
 
 Tensor max_pool2d_forward(const Tensor& input_in, Size2 kernel, Size2 stride, Size2 padding, Tensor& indices) {
@@ -122,113 +179,41 @@ Tensor max_pool2d_backward(const Tensor& grad_output_in, const Tensor& indices, 
   return grad_input.to(grad_output_in.dtype());
 }
 
-Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
-  const Tensor input = cpu_compute_input(input_in);
+Tensor adaptive_avg_pool2d_forward(const Tensor& input, Size2 output_size) {
   const int64_t height = input.size(2), width = input.size(3);
   // Not a structured binding: clang before 16 (the fuzz build's) cannot capture one in a lambda.
   const int64_t out_h = output_size[0], out_w = output_size[1];
-  Tensor out = Tensor::empty({input.size(0), input.size(1), out_h, out_w}, input.dtype());
-  visit_compute_dtype(input.dtype(), "adaptive_avg_pool2d", [&]<class T>() {
-    const T* x = input.data<T>();
-    T* y = out.data<T>();
-    for_each_plane(input.sizes(), [&](int64_t p) {
-      const T* plane = x + p * height * width;
-      for (int64_t oh = 0; oh < out_h; ++oh) {
-        const int64_t h0 = window_start(oh, height, out_h), h1 = window_end(oh, height, out_h);
-        for (int64_t ow = 0; ow < out_w; ++ow) {
-          const int64_t w0 = window_start(ow, width, out_w), w1 = window_end(ow, width, out_w);
-          T total = 0;
-          for (int64_t h = h0; h < h1; ++h) {
-            for (int64_t w = w0; w < w1; ++w) total += plane[h * width + w];
-          }
-          y[(p * out_h + oh) * out_w + ow] = total / static_cast<T>((h1 - h0) * (w1 - w0));
-        }
-      }
-    });
-  });
-  return out.to(input_in.dtype());
+  return average_windows(
+      "adaptive_avg_pool2d", input, out_h, out_w, [&](int64_t oh) { return adaptive_pool_span(oh, height, out_h); },
+      [&](int64_t ow) { return adaptive_pool_span(ow, width, out_w); }, false);
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output_in, const Shape& input_sizes) {
-  const Tensor grad_output = cpu_compute_input(grad_output_in);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
   const int64_t height = input_sizes[2], width = input_sizes[3];
   const int64_t out_h = grad_output.size(2), out_w = grad_output.size(3);
-  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
-  visit_compute_dtype(grad_output.dtype(), "adaptive_avg_pool2d backward", [&]<class T>() {
-    const T* dy = grad_output.data<T>();
-    T* dx = grad_input.data<T>();
-    for_each_plane(input_sizes, [&](int64_t p) {
-      T* plane = dx + p * height * width;
-      std::fill(plane, plane + height * width, T(0));
-      for (int64_t oh = 0; oh < out_h; ++oh) {
-        const int64_t h0 = window_start(oh, height, out_h), h1 = window_end(oh, height, out_h);
-        for (int64_t ow = 0; ow < out_w; ++ow) {
-          const int64_t w0 = window_start(ow, width, out_w), w1 = window_end(ow, width, out_w);
-          const T share = dy[(p * out_h + oh) * out_w + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
-          for (int64_t h = h0; h < h1; ++h) {
-            for (int64_t w = w0; w < w1; ++w) plane[h * width + w] += share;
-          }
-        }
-      }
-    });
-  });
-  return grad_input.to(grad_output_in.dtype());
+  return spread_over_windows(
+      "adaptive_avg_pool2d backward", grad_output, input_sizes,
+      [&](int64_t oh) { return adaptive_pool_span(oh, height, out_h); },
+      [&](int64_t ow) { return adaptive_pool_span(ow, width, out_w); }, false);
 }
 
-Tensor avg_pool2d_forward(const Tensor& input_in, const AvgPool2dParams& params) {
-  const Tensor input = cpu_compute_input(input_in);
+Tensor avg_pool2d_forward(const Tensor& input, const AvgPool2dParams& params) {
   const int64_t height = input.size(2), width = input.size(3);
   const Size2 kernel = params.kernel, stride = params.stride, padding = params.padding;
-  const int64_t out_h = pooled_size(height, kernel[0], stride[0], padding[0]);
-  const int64_t out_w = pooled_size(width, kernel[1], stride[1], padding[1]);
-  Tensor out = Tensor::empty({input.size(0), input.size(1), out_h, out_w}, input.dtype());
-  visit_compute_dtype(input.dtype(), "avg_pool2d", [&]<class T>() {
-    const T* x = input.data<T>();
-    T* y = out.data<T>();
-    for_each_plane(input.sizes(), [&](int64_t p) {
-      const T* plane = x + p * height * width;
-      for (int64_t oh = 0; oh < out_h; ++oh) {
-        const AvgPoolSpan rows = avg_pool_span(oh, height, kernel[0], stride[0], padding[0]);
-        for (int64_t ow = 0; ow < out_w; ++ow) {
-          const AvgPoolSpan cols = avg_pool_span(ow, width, kernel[1], stride[1], padding[1]);
-          T total = 0;
-          for (int64_t h = rows.begin; h < rows.end; ++h) {
-            for (int64_t w = cols.begin; w < cols.end; ++w) total += plane[h * width + w];
-          }
-          y[(p * out_h + oh) * out_w + ow] = total / static_cast<T>(avg_pool_divisor(rows, cols, params.count_include_pad));
-        }
-      }
-    });
-  });
-  return out.to(input_in.dtype());
+  return average_windows(
+      "avg_pool2d", input, pooled_size(height, kernel[0], stride[0], padding[0]),
+      pooled_size(width, kernel[1], stride[1], padding[1]),
+      [&](int64_t oh) { return avg_pool_span(oh, height, kernel[0], stride[0], padding[0]); },
+      [&](int64_t ow) { return avg_pool_span(ow, width, kernel[1], stride[1], padding[1]); }, params.count_include_pad);
 }
 
-Tensor avg_pool2d_backward(const Tensor& grad_output_in, const Shape& input_sizes, const AvgPool2dParams& params) {
-  const Tensor grad_output = cpu_compute_input(grad_output_in);
+Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params) {
   const int64_t height = input_sizes[2], width = input_sizes[3];
-  const int64_t out_h = grad_output.size(2), out_w = grad_output.size(3);
   const Size2 kernel = params.kernel, stride = params.stride, padding = params.padding;
-  Tensor grad_input = Tensor::empty(input_sizes, grad_output.dtype());
-  visit_compute_dtype(grad_output.dtype(), "avg_pool2d backward", [&]<class T>() {
-    const T* dy = grad_output.data<T>();
-    T* dx = grad_input.data<T>();
-    for_each_plane(input_sizes, [&](int64_t p) {
-      T* plane = dx + p * height * width;
-      std::fill(plane, plane + height * width, T(0));
-      for (int64_t oh = 0; oh < out_h; ++oh) {
-        const AvgPoolSpan rows = avg_pool_span(oh, height, kernel[0], stride[0], padding[0]);
-        for (int64_t ow = 0; ow < out_w; ++ow) {
-          const AvgPoolSpan cols = avg_pool_span(ow, width, kernel[1], stride[1], padding[1]);
-          const T share = dy[(p * out_h + oh) * out_w + ow] /
-                          static_cast<T>(avg_pool_divisor(rows, cols, params.count_include_pad));
-          for (int64_t h = rows.begin; h < rows.end; ++h) {
-            for (int64_t w = cols.begin; w < cols.end; ++w) plane[h * width + w] += share;
-          }
-        }
-      }
-    });
-  });
-  return grad_input.to(grad_output_in.dtype());
+  return spread_over_windows(
+      "avg_pool2d backward", grad_output, input_sizes,
+      [&](int64_t oh) { return avg_pool_span(oh, height, kernel[0], stride[0], padding[0]); },
+      [&](int64_t ow) { return avg_pool_span(ow, width, kernel[1], stride[1], padding[1]); }, params.count_include_pad);
 }
 
 }  // namespace loom::ops::cpu

@@ -92,27 +92,21 @@ static __global__ void max_pool_backward_kernel(const T* dy, const int64_t* indi
   }
 }
 
-// Adaptive windows: output i of `outputs` averages inputs [start, end).
-__device__ __forceinline__ int64_t window_start(int64_t i, int64_t inputs, int64_t outputs) {
-  return i * inputs / outputs;
-}
-__device__ __forceinline__ int64_t window_end(int64_t i, int64_t inputs, int64_t outputs) {
-  return ((i + 1) * inputs + outputs - 1) / outputs;
-}
-
+// Adaptive windows: adaptive_pool_span (ops/pooling_math.h).
 template <class T, bool ChannelsLast>
 static __global__ void adaptive_avg_forward_kernel(const T* x, T* y, PoolShape s) {
   const int64_t total = s.n * s.c * s.out_h * s.out_w;
   for (int64_t i = first_index(); i < total; i += grid_stride()) {
     int64_t n, c, oh, ow;
     position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
-    const int64_t h0 = window_start(oh, s.h, s.out_h), h1 = window_end(oh, s.h, s.out_h);
-    const int64_t w0 = window_start(ow, s.w, s.out_w), w1 = window_end(ow, s.w, s.out_w);
+    const AvgPoolSpan rows = adaptive_pool_span(oh, s.h, s.out_h), cols = adaptive_pool_span(ow, s.w, s.out_w);
     acc_t<T> sum = 0;
-    for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t w = w0; w < w1; ++w) sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+    for (int64_t h = rows.begin; h < rows.end; ++h) {
+      for (int64_t w = cols.begin; w < cols.end; ++w) {
+        sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+      }
     }
-    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>((h1 - h0) * (w1 - w0)));
+    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, false)));
   }
 }
 
@@ -124,15 +118,14 @@ static __global__ void adaptive_avg_backward_kernel(const T* dy, T* dx, PoolShap
   for (int64_t i = first_index(); i < total; i += grid_stride()) {
     int64_t n, c, h, w;
     position<ChannelsLast>(i, s.c, s.h, s.w, n, c, h, w);
-    const int64_t oh0 = window_start(h, s.out_h, s.h), oh1 = window_end(h, s.out_h, s.h);
-    const int64_t ow0 = window_start(w, s.out_w, s.w), ow1 = window_end(w, s.out_w, s.w);
+    const AvgPoolSpan out_rows = adaptive_pool_span(h, s.out_h, s.h), out_cols = adaptive_pool_span(w, s.out_w, s.w);
     acc_t<T> sum = 0;
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      const int64_t rows = window_end(oh, s.h, s.out_h) - window_start(oh, s.h, s.out_h);
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t cols = window_end(ow, s.w, s.out_w) - window_start(ow, s.w, s.out_w);
+    for (int64_t oh = out_rows.begin; oh < out_rows.end; ++oh) {
+      const AvgPoolSpan rows = adaptive_pool_span(oh, s.h, s.out_h);
+      for (int64_t ow = out_cols.begin; ow < out_cols.end; ++ow) {
+        const AvgPoolSpan cols = adaptive_pool_span(ow, s.w, s.out_w);
         sum += to_acc(dy[offset_of<ChannelsLast>(n, c, oh, ow, s.c, s.out_h, s.out_w)]) /
-               static_cast<acc_t<T>>(rows * cols);
+               static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, false));
       }
     }
     dx[i] = from_acc<T>(sum);
@@ -150,7 +143,9 @@ static __global__ void avg_pool_forward_kernel(const T* x, T* y, PoolShape s, Wi
     const AvgPoolSpan cols = avg_pool_span(ow, s.w, k.kernel_w, k.stride_w, k.pad_w);
     acc_t<T> sum = 0;
     for (int64_t h = rows.begin; h < rows.end; ++h) {
-      for (int64_t w = cols.begin; w < cols.end; ++w) sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+      for (int64_t w = cols.begin; w < cols.end; ++w) {
+        sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+      }
     }
     y[i] = from_acc<T>(sum / static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, count_include_pad)));
   }
