@@ -77,8 +77,8 @@ int run(const Flags& flags, int argc, char** argv) {
   const data::Normalize normalize = cifar ? data::cifar10_normalize() : data::mnist_normalize();
   const data::Compose augment({apps::model_input_crop(flags.model, loaded.sample_shape(), cifar ? 4 : 0),
                                data::RandomHorizontalFlip{cifar ? 0.5 : 0.0}, data::ToTensor{}, normalize});
-  apps::Loaders loaders = apps::make_loaders(loaded, augment, data::Compose({data::ToTensor{}, normalize}), common,
-                                             rank, batch_per_rank, batch_per_rank);
+  const data::Compose test = apps::with_model_crop(flags.model, loaded.sample_shape(), {data::ToTensor{}, normalize});
+  apps::Loaders loaders = apps::make_loaders(loaded, augment, test, common, rank, batch_per_rank, batch_per_rank);
   const int64_t batches = loaders.train.num_batches(),
                 steps_per_epoch = flags.max_steps > 0 ? std::min(batches, flags.max_steps) : batches;
   // Counted in steps of the run, so a resumed run warms up exactly as an uninterrupted one.

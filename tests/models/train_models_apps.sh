@@ -4,9 +4,10 @@
 # efficientnet_b0 for 2 steps on synthetic 32x32 images (efficientnet_b0 under
 # --amp O2); mobilenet_v3_small resumes from its epoch-1 checkpoint to the
 # same epoch-2 checkpoint byte for byte and runs at world 2 with DDP and
-# --sync-bn; train_mnist trains vgg11_bn (the one VGG run: 132M parameters) and
-# mobilenet_v2 on 1x28x28 Fashion-MNIST (the channel repeated, padded to
-# 32x32). Bad --model / --stem give one line. vgg16_bn shares vgg11_bn's code
+# --sync-bn; train_mnist trains vgg11_bn and mobilenet_v2 on 1x28x28
+# Fashion-MNIST (the channel repeated, padded to 32x32), and
+# train_resnet50_cifar --dataset mnist vgg11_bn for one step (the two VGG runs:
+# 132M parameters; its test set must be padded like its training set). Bad --model / --stem give one line. vgg16_bn shares vgg11_bn's code
 # path and is left out (138M parameters).
 # Usage: train_models_apps.sh TRAIN_RESNET50_CIFAR TRAIN_MNIST
 set -u
@@ -82,6 +83,11 @@ if make_mnist_subset "$work/mnist" 8 4 >/dev/null 2>&1 || [[ -f "$work/mnist/tra
     run_app "train_mnist --model $model" "$work/mnist_$model" "Test accuracy: " "$mnist_bin" --data "$work/mnist" \
       --model "$model" --batch-size 4 --epochs 1 --threads 2 --log-interval 1 --checkpoint-dir "" "${save[@]}"
   done
+  # train_resnet50_cifar on the same 28x28 images: training and test both padded to 32x32 (VGG's five pools
+  # need it; a 28x28 test set ended at the first evaluation).
+  run_app "train_resnet50_cifar --dataset mnist --model vgg11_bn" "$work/cifar_app_mnist_vgg" "Test accuracy" \
+    "$cifar_bin" --dataset mnist --data "$work/mnist" --model vgg11_bn -b 4 -e 1 --max-steps 1 --threads 2 \
+    --log-interval 1
   # The channel-repeating wrapper keeps torchvision's state_dict: mobilenet_v2's 314 keys, features.* and classifier.*.
   python3 - "$work/mnist_mobilenet_v2/model.safetensors" <<'PY' || fail "train_mnist --model mobilenet_v2 --save: not torchvision's keys"
 import json, struct, sys
