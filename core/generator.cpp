@@ -2,21 +2,15 @@
 
 #include <cmath>
 
+#include <loom/core/splitmix.h>
+
 namespace loom {
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 uint64_t Generator::mix(uint64_t a, uint64_t b) { return splitmix64(splitmix64(a) ^ (b + 0x632be59bd9b4e019ull)); }
 
 uint64_t Generator::next_u64() { return splitmix64(seed_ * 0xd1342543de82ef95ull + splitmix64(counter_++)); }
 
-double Generator::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Generator::uniform() { return uniform_from_bits(next_u64()); }
 
 double Generator::normal() {
   double u1 = uniform();

@@ -3,6 +3,7 @@
 #include <loom/core/generator.h>
 #include <loom/core/profiler.h>
 #include <loom/ops/dispatch.h>
+#include <loom/ops/dropout_math.h>
 #include <loom/ops/elementwise.h>
 
 namespace loom {
@@ -54,12 +55,15 @@ Tensor stochastic_depth(const Tensor& x, double p, StochasticDepthMode mode, boo
   profiler::Scope profile("stochastic_depth", x);
   // torchvision: noise of shape (N, 1, ..., 1) ("row") or (1, ..., 1)
   // ("batch"), bernoulli(1 - p), divided by 1 - p when that is positive.
-  Shape noise_sizes(x.dim(), 1);
-  if (mode == StochasticDepthMode::row) noise_sizes[0] = x.size(0);
-  const Tensor noise = draw_mask(x, noise_sizes, p);
-  if (mode == StochasticDepthMode::row) return mul(x, noise);  // the row broadcast
-  // One draw: scale by its value on the host (0 or 1 / (1 - p)).
-  return scale(x, noise.item());
+  if (mode == StochasticDepthMode::row) {
+    Shape noise_sizes(x.dim(), 1);
+    noise_sizes[0] = x.size(0);
+    return mul(x, draw_mask(x, noise_sizes, p));  // the row broadcast
+  }
+  // One draw, made on the host as the mask kernels make element 0 of theirs
+  // (ops/dropout_math.h): 0 or 1 / (1 - p), with no wait for the device.
+  const uint64_t seed = default_generator().next_u64();
+  return scale(x, ops::dropout_keep(seed, 0, p) ? ops::dropout_scale(p) : 0.0);
 }
 
 }  // namespace loom

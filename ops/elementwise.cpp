@@ -61,10 +61,10 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 namespace {
 // Whether `small` broadcasts over `big`'s rows: the same rank, equal sizes up
-// to some dim and ones from there on ((N, C, 1, 1) over (N, C, H, W)), and
-// fewer elements.
+// to some dim and ones from there on ((N, C, 1, 1) over (N, C, H, W)); an
+// empty batch broadcasts too.
 bool broadcasts_over_rows(const Shape& small, const Shape& big) {
-  if (small.size() != big.size() || shape_numel(small) >= shape_numel(big)) return false;
+  if (small.size() != big.size()) return false;
   size_t d = 0;
   while (d < small.size() && small[d] == big[d]) ++d;
   for (; d < small.size(); ++d) {

@@ -4,6 +4,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/profiler.h>
+#include <loom/ops/dropout.h>
 #include <loom/ops/elementwise.h>
 #include "tests/support/gradcheck.h"
 
@@ -230,4 +231,8 @@ TEST_CASE("mul broadcasts (N, C, 1, 1) and (N, 1, 1, 1) over (N, C, H, W): value
   CHECK(mul(a.to(DType::f32), channels.to(DType::f32)).dtype() == DType::f32);
   // (2, 1, 4, 5) is not the other's shape with a trailing run of ones.
   CHECK_THROWS_WITH_AS(mul(a, random_tensor({2, 1, 4, 5}, 24)), doctest::Contains("broadcast over rows"), Error);
+  // An empty batch broadcasts as a full one does (stochastic depth on no rows).
+  const Tensor empty = Tensor::zeros({0, 3, 4, 5}, DType::f64);
+  CHECK(mul(empty, Tensor::zeros({0, 3, 1, 1}, DType::f64)).sizes() == Shape{0, 3, 4, 5});
+  CHECK(stochastic_depth(empty, 0.5, StochasticDepthMode::row, true).sizes() == Shape{0, 3, 4, 5});
 }
