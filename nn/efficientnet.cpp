@@ -1,10 +1,7 @@
 #include <loom/nn/efficientnet.h>
 
 #include <algorithm>
-#include <cmath>
 
-#include <loom/core/autograd.h>
-#include <loom/nn/init.h>
 #include <loom/ops/elementwise.h>
 
 namespace loom::nn {
@@ -63,15 +60,12 @@ EfficientNet::EfficientNet(const EfficientNetOptions& options) : PooledClassifie
   body->push_back(std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(last_in, last_out, 1),
                                                          std::make_shared<SiLU>()));
   register_module("features", features, std::move(body));
-  auto linear = std::make_shared<Linear>(last_out, options.num_classes());
   register_module("classifier", classifier,
                   std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-                      std::make_shared<Dropout>(options.dropout()), linear}));
-  initialize_torchvision_cnn(*this, 0.01);
+                      std::make_shared<Dropout>(options.dropout()),
+                      std::make_shared<Linear>(last_out, options.num_classes())}));
   // torchvision's EfficientNet draws the classifier's weight uniform in +-1 / sqrt(out_features).
-  NoGradGuard no_grad;
-  const double range = 1.0 / std::sqrt(static_cast<double>(options.num_classes()));
-  init::uniform_(linear->weight, -range, range);
+  initialize_torchvision_cnn(*this, 0.0);
 }
 
 std::shared_ptr<EfficientNet> efficientnet_b0(const EfficientNetOptions& options) {

@@ -71,8 +71,11 @@ void initialize_torchvision_cnn(Module& model, double linear_std) {
     // norms' 1-D weights keep their ones.
     if (parameter.dim() == 4) {
       init::kaiming_normal_fan_out_(parameter);
-    } else if (parameter.dim() == 2) {
+    } else if (parameter.dim() == 2 && linear_std > 0) {
       init::normal_(parameter, 0.0, linear_std);
+    } else if (parameter.dim() == 2) {
+      const double range = 1.0 / std::sqrt(static_cast<double>(parameter.size(0)));
+      init::uniform_(parameter, -range, range);
     } else if (name == "bias" || name.ends_with(".bias")) {
       parameter.zero_();
     }
@@ -189,7 +192,7 @@ MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options
   const int64_t last_in = v3_channels(blocks[count - 1].out_channels, width), last_out = 6 * last_in;
   body->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(last_in, last_out, 1), std::make_shared<Hardswish>()));
   register_module("features", features, std::move(body));
-  const int64_t hidden = make_divisible(large ? 1280 : 1024, 8);
+  const int64_t hidden = v3_channels(large ? 1280 : 1024, width);  // torchvision: adjust_channels(last_channel)
   register_module("classifier", classifier,
                   std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
                       std::make_shared<Linear>(last_out, hidden), std::make_shared<Hardswish>(),

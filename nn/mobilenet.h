@@ -174,8 +174,9 @@ std::shared_ptr<MobileNetV3> mobilenet_v3_large(const MobileNetV3Options& option
 
 // torchvision's initialisation of MobileNet, EfficientNet and VGG-style
 // models: convolutions kaiming_normal_(fan_out), their biases zero, batch
-// norms ones and zeros (their defaults), linear weights normal(0, `linear_std`)
-// and biases zero.
+// norms ones and zeros (their defaults), linear weights normal(0,
+// `linear_std`) or, for EfficientNet (`linear_std` 0), uniform in
+// +-1 / sqrt(out_features), and biases zero.
 void initialize_torchvision_cnn(Module& model, double linear_std);
 
 }  // namespace loom::nn

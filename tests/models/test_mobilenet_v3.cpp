@@ -315,6 +315,12 @@ TEST_CASE("mobilenet_v3_large and mobilenet_v3_small have torchvision's keys, sh
   loom::testing::check_torchvision_keys(*small, kSmallKeys);
   // torchvision's 2,542,856 less 1025 * 990.
   CHECK(nn::count_parameters(*small) == 1528106);
+  // width_mult scales every layer, the classifier's hidden one too (torchvision
+  // 0.29's mobilenet_v3_small / _large(width_mult=0.5): 917,264 and 1,734,576,
+  // hidden widths 512 and 640).
+  const auto half = nn::MobileNetV3Options().width_mult(0.5);
+  CHECK(nn::count_parameters(*nn::mobilenet_v3_small(half)) == 917264);
+  CHECK(nn::count_parameters(*nn::mobilenet_v3_large(half)) == 1734576);
   // Batch norms: eps 0.001, momentum 0.01.
   for (auto& [name, module] : small->named_modules()) {
     if (auto* bn = module->batch_norm_to_synchronize()) {
