@@ -51,15 +51,6 @@ Size2 conv2d_output_size(Size2 input, Size2 kernel, const Conv2dParams& params);
 // The kernels, CPU and CUDA twins declared once (ops/conv2d_kernels.def).
 namespace ops::cpu {
 #include <loom/ops/conv2d_kernels.def>
-
-// The grouped paths (params.groups > 1), with the entry points' contracts;
-// they never add into a gradient sum and return fresh tensors, except the
-// weight gradient, written into `out` when it fits.
-Tensor conv2d_grouped_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
-Tensor conv2d_grouped_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
-                                     const Conv2dParams& params);
-Tensor conv2d_grouped_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
-                                      const Conv2dParams& params, const Tensor& out);
 }  // namespace ops::cpu
 
 namespace ops::cuda {

@@ -11,6 +11,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/parallel.h>
+#include <loom/ops/cpu/conv2d_internal.h>
 #include <loom/ops/dispatch.h>
 
 namespace loom::ops::cpu {

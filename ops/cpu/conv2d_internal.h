@@ -253,3 +253,14 @@ void backward_weight_by_class(const T* grad_output, const T* input, const Geomet
                               const std::vector<PositionClass>& classes, T* grad_weight);
 
 }  // namespace loom::ops::cpu::conv2d_detail
+
+namespace loom::ops::cpu {
+// The grouped paths (params.groups > 1, ops/cpu/conv2d_grouped.cpp), with the
+// entry points' contracts; they never add into a gradient sum and return fresh
+// tensors, except the weight gradient, written into `out` when it fits.
+Tensor conv2d_grouped_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+Tensor conv2d_grouped_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_sizes,
+                                     const Conv2dParams& params);
+Tensor conv2d_grouped_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_sizes,
+                                      const Conv2dParams& params, const Tensor& out);
+}  // namespace loom::ops::cpu

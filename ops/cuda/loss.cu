@@ -220,7 +220,9 @@ Tensor mean_row_loss(const char* op, const Tensor& x, int64_t rows, LaunchRows&&
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   const size_t bytes = std::max<int64_t>(rows, 1) * sizeof(double);
   ::loom::cuda::DeviceBuffer row_loss(bytes, x.device().index);
-  ::loom::cuda::DeviceBuffer row_counted(bytes, x.device().index);
+  // The row counts only for a loss that ignores targets (cross_entropy), not nll_loss.
+  ::loom::cuda::DeviceBuffer row_counted = counted ? ::loom::cuda::DeviceBuffer(bytes, x.device().index)
+                                                   : ::loom::cuda::DeviceBuffer();
   if (counted) *counted = Tensor::empty({}, DType::f64, x.device());
   double* counts = counted && rows > 0 ? static_cast<double*>(row_counted.data()) : nullptr;
   visit_float(x.dtype(), op, [&]<class T>() {
