@@ -1,5 +1,7 @@
 #include <loom/optim/amp.h>
 
+#include <limits>
+
 #include <loom/core/autograd.h>
 #include <loom/core/enum_names.h>
 #include <loom/optim/clip_grad.h>
@@ -94,9 +96,10 @@ bool MixedPrecisionOptimizer::unscale_gradients() {
 }
 
 double MixedPrecisionOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  const bool found_inf = unscale_gradients();
+  // An overflowed step is skipped: its norm is not finite, and nothing is clipped.
+  if (unscale_gradients()) return std::numeric_limits<double>::infinity();
   const double total_norm = optim::get_total_norm(stepped_parameters(), norm_type);
-  if (!found_inf) optim::clip_grads_with_norm_(stepped_parameters(), max_norm, total_norm);
+  optim::clip_grads_with_norm_(stepped_parameters(), max_norm, total_norm);
   return total_norm;
 }
 

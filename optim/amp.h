@@ -95,8 +95,8 @@ class MixedPrecisionOptimizer {
   // optim::clip_grad_norm_ between backward (DDP's wait included) and step():
   // unscales first (unscale_gradients), then clips the unscaled gradients the
   // optimizer steps (the f32 masters at O2 / O3 / bf16) and returns their
-  // total norm. After an overflow it returns the (non-finite) norm and leaves
-  // the gradients as they are: step() skips that step.
+  // total norm. After an overflow it returns infinity without computing the
+  // norm and leaves the gradients as they are: step() skips that step.
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
   // The tensors the wrapped optimizer steps: the masters, or the model's
   // trainable parameters at O0 / O1.

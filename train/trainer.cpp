@@ -85,11 +85,11 @@ MicroBatches run_micro_batches(nn::Module& trained, data::DataLoader& data, int6
       auto autocast = optimizer.autocast();  // the loss in f32; O1: f16 convolutions
       loss = step_function ? step_function(trained, *batch) : cross_entropy(trained(batch->images), batch->labels);
     }
+    const Tensor part = count > 1 ? scale(loss, 1.0 / static_cast<double>(count)) : loss;
     // With DDP and no no_sync, the gradients are averaged when backward returns.
-    optimizer.scale_loss(count > 1 ? scale(loss, 1.0 / static_cast<double>(count)) : loss).backward();
+    optimizer.scale_loss(part).backward();
     NoGradGuard no_grad;
-    const Tensor part = count == 1 ? loss : scale(loss.detach(), 1.0 / static_cast<double>(count));
-    micro.loss = micro.loss.defined() ? add(micro.loss, part) : part;
+    micro.loss = micro.loss.defined() ? add(micro.loss, part.detach()) : part.detach();
     micro.images += batch->size();
     micro.last = std::move(*batch);
   }

@@ -352,18 +352,27 @@ double norm_terms(const std::vector<Tensor>& gradients, double norm_type) {
     check_cuda("clip_grad_norm_", g);
     LOOM_CHECK(g.is_contiguous(), "clip_grad_norm_: gradient ", g.str(), " is not contiguous");
   }
-  double total = 0;
+  // Every batch's kernel is queued before the first partial sums are read
+  // back, so the host waits for the device once, not once per batch.
+  struct Partials {
+    ::loom::cuda::DeviceBuffer sums;
+    unsigned blocks;
+    int device;
+  };
+  std::vector<Partials> partials;
   for_each_batch<GradientList>(
       "clip_grad_norm_", gradients, [&](GradientList& list, size_t k, size_t i) { list.grad[k] = gradients[i].raw_data(); },
       [&]<class T>(const GradientList& list, unsigned blocks, cudaStream_t stream) {
         const int device = ::loom::cuda::current_device();
-        ::loom::cuda::DeviceBuffer partials(blocks * sizeof(double), device);
-        norm_terms_kernel<T><<<blocks, kThreads, 0, stream>>>(list, terms, static_cast<double*>(partials.data()));
-        LOOM_CHECK_LAUNCH();
-        std::vector<double> host(blocks);
-        ::loom::cuda::copy_bytes(host.data(), false, partials.data(), true, blocks * sizeof(double), device);
-        for (double v : host) total = terms.combine(total, v);
+        partials.push_back({::loom::cuda::DeviceBuffer(blocks * sizeof(double), device), blocks, device});
+        norm_terms_kernel<T><<<blocks, kThreads, 0, stream>>>(list, terms, static_cast<double*>(partials.back().sums.data()));
       });
+  double total = 0;
+  for (const Partials& part : partials) {
+    std::vector<double> host(part.blocks);
+    ::loom::cuda::copy_bytes(host.data(), false, part.sums.data(), true, part.blocks * sizeof(double), part.device);
+    for (double v : host) total = terms.combine(total, v);
+  }
   return total;
 }
 
