@@ -39,20 +39,25 @@ std::string version_text(const std::string& program) {
 
 namespace loom::apps {
 
-CLI::Validator at_least(double minimum) {
+CLI::Validator number_where(std::function<bool(double)> accepts, const std::string& requirement,
+                            const std::string& description) {
   return CLI::Validator(
-      [minimum](std::string& text) -> std::string {
+      [accepts = std::move(accepts), requirement](std::string& text) -> std::string {
         char* end = nullptr;
         const double value = std::strtod(text.c_str(), &end);
         if (text.empty() || end == nullptr || *end != '\0') return "'" + text + "' is not a number";
-        if (!(value >= minimum)) {  // NaN too
-          std::ostringstream out;
-          out << "must be a number >= " << minimum << ", got '" << text << "'";
-          return out.str();
-        }
+        if (!accepts(value)) return "must be " + requirement + ", got '" + text + "'";
         return "";
       },
-      ">= " + std::to_string(minimum));
+      description);
+}
+
+CLI::Validator at_least(double minimum) {
+  std::ostringstream requirement;
+  requirement << "a number >= " << minimum;
+  // NaN fails the comparison, so it is refused too.
+  return number_where([minimum](double value) { return value >= minimum; }, requirement.str(),
+                      ">= " + std::to_string(minimum));
 }
 
 CLI::Validator whole_at_least(long long minimum) {

@@ -37,12 +37,19 @@ std::string version_text(const std::string& program);
 
 }  // namespace loom::apps
 
+#include <functional>
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace loom::apps {
 
 // Flag validators whose messages a user can act on, e.g.
 // "--epochs: must be a number >= 0, got '-1'".
+// A number that `accepts` takes; else "must be <requirement>, got '<text>'".
+// `description` is what --help shows.
+CLI::Validator number_where(std::function<bool(double)> accepts, const std::string& requirement,
+                            const std::string& description);
 CLI::Validator at_least(double minimum);
 // The same for whole numbers.
 CLI::Validator whole_at_least(long long minimum);

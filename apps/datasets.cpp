@@ -88,26 +88,13 @@ data::LoadedData synthetic_cifar_data(int64_t train_size, uint64_t seed) {
 
 namespace {
 
-// A number strictly between 0 and 1, e.g. "--val-fraction: must be a number above 0 and below 1, got '1.5'".
-CLI::Validator open_unit_interval() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double value = std::strtod(text.c_str(), &end);
-        if (text.empty() || end == nullptr || *end != '\0') return "'" + text + "' is not a number";
-        if (!(value > 0.0 && value < 1.0)) return "must be a number above 0 and below 1, got '" + text + "'";
-        return "";
-      },
-      "0 < f < 1");
-}
-
 // --val-fraction and --val-data, the same in both apps.
 void add_validation_flags(CLI::App& app, DataFlags& flags) {
   app.add_option("--val-fraction", flags.val_fraction,
                  "image folders with class folders directly under --data (torchvision's ImageFolder(root)): the share "
                  "of each class held out for validation, seeded by --seed")
       ->capture_default_str()
-      ->check(open_unit_interval())
+      ->check(number_where([](double f) { return f > 0.0 && f < 1.0; }, "a number above 0 and below 1", "0 < f < 1"))
       ->each([&flags](const std::string&) { flags.val_fraction_given = true; });
   app.add_option("--val-data", flags.val_data,
                  "image folders: a separate validation folder (<class>/ sub-directories) instead of DIR/val/ or the "

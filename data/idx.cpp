@@ -184,7 +184,8 @@ std::vector<uint8_t> read_payload(GzFile& file, const fs::path& path, size_t hea
     if (held != expected) fail_payload_size(path, what, expected, held);
     file.rewind();
     std::vector<uint8_t> skipped(header_bytes);
-    file.read(skipped.data(), skipped.size());
+    LOOM_CHECK(file.read(skipped.data(), skipped.size()) == header_bytes, "IDX file ", path.string(),
+               ": could not read its header again after counting its data");
   }
   std::vector<uint8_t> out;
   try {

@@ -128,6 +128,11 @@ DataLoader LoadedData::loader(bool train, const Compose& in_memory, DataLoaderOp
 
 LoadedData load_dataset(DatasetKind kind, const fs::path& directory, const ImageFolderOptions& train_folder_options,
                         const ImageFolderOptions& test_folder_options, const ImageFolderSplitOptions& split_options) {
+  if (kind != DatasetKind::imagefolder && (split_options.val_fraction() || !split_options.val_directory().empty())) {
+    LOOM_FAIL("a validation split (the apps' --val-fraction / --val-data) applies to image folders only: ",
+              directory.string(), " holds ", kind == DatasetKind::mnist ? "MNIST" : "CIFAR-10",
+              ", whose test files are the validation set");
+  }
   LoadedData out;
   out.kind = kind;
   switch (kind) {

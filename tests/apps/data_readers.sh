@@ -139,6 +139,9 @@ done
 expect_one_line_error "test images of another size" \
   "$work/sizes/train-images-idx3-ubyte holds images of 28x28 pixels but $work/sizes/t10k-images-idx3-ubyte holds images of 32x32" \
   "$mnist" --data "$work/sizes"
+# A validation split asked of MNIST, which brings its own test files, is refused, not ignored.
+expect_one_line_error "--val-fraction with MNIST" "applies to image folders only: $work/bomb holds MNIST" \
+  "$mnist" --data "$work/bomb" --val-fraction 0.2
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures case(s) failed"
