@@ -21,16 +21,13 @@
 #include <loom/nn/resnet.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/optimizer.h>
+#include "benchmarks/stats.h"
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+using bench::median;
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = a.contiguous(), y = b.contiguous();

@@ -19,16 +19,9 @@
 #include <loom/core/cuda/stream.h>
 #include <loom/core/device.h>
 #include <loom/core/error.h>
+#include "benchmarks/stats.h"
 
 namespace loom::bench {
-
-// The middle value (the mean of the two middle ones for an even count); 0 for none.
-inline double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 struct StepTiming {
   std::vector<double> ms_per_step;  // one per run: its time / its steps

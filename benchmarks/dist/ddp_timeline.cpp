@@ -21,19 +21,16 @@
 #include <loom/dist/process_group.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/optimizer.h>
+#include "benchmarks/stats.h"
 #include "benchmarks/benchmark_model.h"
 
 using namespace loom;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+using bench::median;
 
 double ms(Clock::time_point from, Clock::time_point to) { return std::chrono::duration<double, std::milli>(to - from).count(); }
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
-}
 
 // Sum of every gradient, reduced with max and min over ranks: equal when
 // every rank holds the same averaged gradients.
