@@ -321,13 +321,14 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
   bool resume_reported = restart_count == 0 || resume_report.empty();
   int forwarded = 0;  // g_signal_count when a signal was last forwarded
   Clock::time_point next_membership_check = Clock::now();
-  // Elastic: whether a node waits to join is asked of the rendezvous store. A
-  // store that went away (its host's job finished first, or the host died)
-  // ends the checks for this attempt: the processes finish, or fail on their
-  // own collectives, as without membership checks.
+  // Elastic: whether a node waits to join is asked of the rendezvous store,
+  // also while the processes stop (the rendezvous takes each poll as this
+  // node's heartbeat). A store that went away (its host's job finished
+  // first, or the host died) ends the checks for this attempt: the processes
+  // finish, or fail on their own collectives, as without membership checks.
   bool check_membership = static_cast<bool>(spec.node_waiting);
   while (running > 0) {
-    if (check_membership && !ending && Clock::now() >= next_membership_check) {
+    if (check_membership && Clock::now() >= next_membership_check) {
       next_membership_check = Clock::now() + std::chrono::milliseconds(200);
       bool waiting = false;
       try {
@@ -335,7 +336,7 @@ AttemptResult run_attempt(const WorkerGroupSpec& spec, const std::string& path, 
       } catch (const std::exception&) {
         check_membership = false;
       }
-      if (waiting) {
+      if (waiting && !ending) {
         result.node_waiting = true;
         std::fprintf(stderr, "%s: a node waits to join; ending the local processes (SIGTERM) for rendezvous round %d\n",
                      spec.name.c_str(), restart_count + 1);
@@ -575,6 +576,23 @@ WorkerGroupResult run_worker_group(const WorkerGroupSpec& spec) {
     result.first_failure = attempt.first_failure;
     result.received_signal = attempt.received_signal;
     if (attempt.node_waiting && !attempt.first_failure && attempt.received_signal == 0) continue;  // not a restart
+    // A failure while a node waits is the membership change too: another
+    // node's launcher saw it first and stopped its processes, which stops
+    // every rank (here: exit 143, or a collective error). Not a restart.
+    if (attempt.first_failure && attempt.received_signal == 0 && spec.node_waiting) {
+      bool waiting = false;
+      try {
+        waiting = spec.node_waiting(round);
+      } catch (const std::exception&) {
+        // The store went away: a plain failure.
+      }
+      if (waiting) {
+        std::fprintf(stderr, "%s: %s while a node waits to join; starting rendezvous round %d (not a restart)\n",
+                     spec.name.c_str(), attempt.first_failure->describe().c_str(), round + 1);
+        std::fflush(stderr);
+        continue;
+      }
+    }
     result.succeeded = !attempt.first_failure && attempt.received_signal == 0;
     if (result.succeeded || attempt.received_signal != 0 || result.restarts >= spec.max_restarts) return result;
     ++result.restarts;

@@ -71,9 +71,12 @@ struct WorkerGroupSpec {
   // before each attempt `rendezvous` joins the round after `after_round` (-1
   // at first), sets nnodes and node_rank for it and returns the round, which
   // is the workers' TORCHELASTIC_RESTART_COUNT. While the group runs,
-  // `node_waiting(round)` (polled every 200 ms) saying true ends it with
-  // SIGTERM (the programs stop with a checkpoint) and starts a new round
-  // without counting a restart. Null: the static group.
+  // `node_waiting(round)` (polled every 200 ms while the processes run or
+  // stop, which the rendezvous takes as this node's heartbeat) saying true
+  // ends it with SIGTERM (the programs stop with a checkpoint) and starts a
+  // new round without counting a restart. So does a failure after which
+  // node_waiting(round) says true (another node's launcher stopped the
+  // round first, which stops every rank). Null: the static group.
   std::function<int(WorkerGroupSpec& spec, int after_round)> rendezvous{};
   std::function<bool(int round)> node_waiting{};
 };

@@ -42,8 +42,9 @@ void WatchedWork::wait() {
 Watchdog::Watchdog(std::shared_ptr<Communicator> communicator, WatchdogOptions options)
     : communicator_(std::move(communicator)), options_(std::move(options)) {
   LOOM_CHECK(communicator_ != nullptr, options_.prefix(), "the communicator is null");
-  LOOM_CHECK(options_.poll_interval().count() > 0 && options_.check_interval().count() > 0, options_.prefix(),
-             "the watchdog's poll and check intervals must be positive");
+  LOOM_CHECK(options_.poll_interval().count() > 0 && options_.check_interval().count() > 0 &&
+                 options_.progress_interval().count() > 0,
+             options_.prefix(), "the watchdog's poll, check and progress intervals must be positive");
   // Joined: 0 collectives enqueued. Written here, before initialisation can
   // block, so that a peer's init timeout knows this rank arrived.
   publish_progress();
@@ -106,7 +107,7 @@ std::string Watchdog::missing_ranks(uint64_t sequence) const {
   std::string list;
   for (const std::string& r : behind) list += (list.empty() ? "" : ", ") + r;
   return str("; ", behind.size() == 1 ? "the rank that did not reach it: " : "the ranks that did not reach it: ",
-             list, " (", details, ", as recorded in the store at most ", seconds(options_.check_interval()),
+             list, " (", details, ", as recorded in the store at most ", seconds(options_.progress_interval()),
              " s ago)");
 }
 
@@ -266,6 +267,7 @@ void Watchdog::run_thread() {
     log_warn(options_.prefix(), "the watchdog thread could not select the device: ", error.what());
   }
   auto last_check = Work::Clock::now();
+  Work::Clock::time_point last_publish{};  // long ago: the first move is written at once
   uint64_t published = 0;
   bool store_usable = options_.store() != nullptr;
   while (true) {
@@ -291,11 +293,12 @@ void Watchdog::run_thread() {
         failure = str(options_.prefix(), "NCCL reported an asynchronous error while running ", running, ": ", reason,
                       kUnusable);
       }
-      const uint64_t enqueued = enqueued_count_.load();
-      if (store_usable && enqueued != published) {
-        store_usable = publish_progress();
-        published = enqueued;
-      }
+    }
+    const uint64_t enqueued = enqueued_count_.load();
+    if (failure.empty() && store_usable && enqueued != published && now - last_publish >= options_.progress_interval()) {
+      last_publish = now;
+      store_usable = publish_progress();
+      published = enqueued;
     }
     if (!failure.empty()) fail(failure);
   }

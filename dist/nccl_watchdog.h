@@ -5,8 +5,10 @@
 //
 // Lock discipline (the hang of pytorch#46874 cannot happen): the watchdog's
 // state mutex is never held across a call into the communicator that can
-// block, and the mutex that serialises enqueuing threads is never taken by
-// the watchdog thread or by abort(). A collective stuck in its enqueue call,
+// block, the mutex that serialises enqueuing threads is never taken by the
+// watchdog thread or by abort(), and the communicator's handle is guarded by
+// a mutex held only to read or take it (AbortableHandle), never across a
+// call, so state() and abort() never wait behind a blocked enqueue. A collective stuck in its enqueue call,
 // in NCCL's asynchronous group completion or on the device is always timed
 // out: every waiting collective fails with an error naming itself, its
 // sequence number and the ranks that did not reach the one that timed out
@@ -23,7 +25,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include <loom/core/error.h>
 #include <loom/core/options.h>
 #include <loom/dist/process_group.h>
 #include <loom/dist/store.h>
@@ -54,6 +58,51 @@ class Communicator {
   virtual void bind_watchdog_thread() {}
 };
 
+// The handle of a communicator shared by enqueuing threads and the watchdog,
+// with PyTorch's NCCLComm locking: the mutex is held only to read, query or
+// take the handle, never across a call into it that can block, so abort()
+// (from the watchdog) and state() never wait behind a blocked enqueue. NCCL
+// allows ncclCommAbort while another thread's call on the same communicator
+// blocks: that call returns. `T` is what the handle points to (ncclComm for
+// ncclComm_t; the CPU tests use a fake).
+template <typename T>
+class AbortableHandle {
+ public:
+  // Once initialised (null: not yet, or aborted).
+  void set(T* handle) {
+    std::lock_guard lock(mutex_);
+    handle_ = handle;
+  }
+  // Runs `calls(handle)` without the mutex; throws loom::Error once aborted.
+  template <typename Calls>
+  void call(Calls&& calls) {
+    T* handle = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      handle = handle_;
+    }
+    LOOM_CHECK(handle != nullptr, "the NCCL communicator was aborted");
+    calls(handle);
+  }
+  // Runs `query(handle)` (null once aborted) under the mutex, so that abort
+  // cannot free the handle meanwhile; `query` must never block.
+  template <typename Query>
+  auto query(Query&& query) {
+    std::lock_guard lock(mutex_);
+    return query(handle_);
+  }
+  // The handle for its abort, which the caller makes without the mutex; null
+  // for every later caller.
+  T* take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(handle_, nullptr);
+  }
+
+ private:
+  std::mutex mutex_;  // held only for the few instructions above
+  T* handle_ = nullptr;
+};
+
 class WatchdogOptions {
   // This rank and the group's size.
   LOOM_OPTION(int, rank) = 0;
@@ -65,10 +114,14 @@ class WatchdogOptions {
   LOOM_OPTION(std::shared_ptr<Store>, store);
   // How often the watchdog looks at the oldest pending collective.
   LOOM_OPTION(Milliseconds, poll_interval) = Milliseconds(1);
-  // How often it asks the communicator for an asynchronous error, and writes
-  // this rank's progress to the store when it moved (one store write at most
-  // per interval, off the enqueuing thread).
+  // How often it asks the communicator for an asynchronous error.
   LOOM_OPTION(Milliseconds, check_interval) = Milliseconds(100);
+  // How often at most it writes this rank's progress to the store, when it
+  // moved (one store write per interval, off the enqueuing thread; the first
+  // move at once). A timeout names the ranks behind from these records, so
+  // the interval must be well below the collectives' timeout:
+  // ProcessGroupNCCL takes max(1 s, timeout / 10).
+  LOOM_OPTION(Milliseconds, progress_interval) = Milliseconds(1000);
 };
 
 // One collective run by a Watchdog.

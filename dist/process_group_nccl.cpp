@@ -69,9 +69,10 @@ std::function<void(ncclComm_t, cudaStream_t)> reduce_scatter_launch(Tensor sourc
 
 // A non-blocking NCCL communicator (ncclCommInitRankConfig with blocking =
 // 0): every call returns at once, ncclInProgress while NCCL completes it in
-// the background, so the mutex that keeps the handle alive during a call is
-// never held while anything waits, and abort() (from the watchdog) takes it
-// only for as long as such a call lasts.
+// the background. The handle's mutex (AbortableHandle) is never held across
+// an NCCL call that can block: abort() from the watchdog takes the handle and
+// calls ncclCommAbort while an enqueuing thread may still be inside a call on
+// it (which then returns), and state() never waits behind such a call.
 class NcclCommunicator final : public nccl::Communicator {
  public:
   explicit NcclCommunicator(int device) : device_(device) {}
@@ -82,37 +83,37 @@ class NcclCommunicator final : public nccl::Communicator {
     cuda::DeviceGuard guard(device_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    std::lock_guard lock(mutex_);
-    LOOM_CHECK_NCCL(ncclCommInitRankConfig(&comm_, size, id, rank, &config));
+    ncclComm_t comm = nullptr;
+    LOOM_CHECK_NCCL(ncclCommInitRankConfig(&comm, size, id, rank, &config));
+    handle_.set(comm);
   }
 
   State state(std::string& reason) override {
-    std::lock_guard lock(mutex_);
-    if (comm_ == nullptr) {
-      reason = "the NCCL communicator was aborted";
+    // ncclCommGetAsyncError and ncclGetLastError never block: under the
+    // handle's mutex, so that abort() cannot free the communicator meanwhile.
+    return handle_.query([&](ncclComm_t comm) {
+      if (comm == nullptr) {
+        reason = "the NCCL communicator was aborted";
+        return State::failed;
+      }
+      ncclResult_t result = ncclSuccess;
+      const ncclResult_t query = ncclCommGetAsyncError(comm, &result);
+      if (query != ncclSuccess) {
+        reason = str("ncclCommGetAsyncError failed: ", ncclGetErrorString(query));
+        return State::failed;
+      }
+      if (result == ncclSuccess) return State::ready;
+      if (result == ncclInProgress) return State::in_progress;
+      const char* detail = ncclGetLastError(comm);
+      reason = str(ncclGetErrorString(result), detail != nullptr && *detail != '\0' ? str(" (", detail, ")") : "");
       return State::failed;
-    }
-    ncclResult_t result = ncclSuccess;
-    const ncclResult_t query = ncclCommGetAsyncError(comm_, &result);
-    if (query != ncclSuccess) {
-      reason = str("ncclCommGetAsyncError failed: ", ncclGetErrorString(query));
-      return State::failed;
-    }
-    if (result == ncclSuccess) return State::ready;
-    if (result == ncclInProgress) return State::in_progress;
-    const char* detail = ncclGetLastError(comm_);
-    reason = str(ncclGetErrorString(result), detail != nullptr && *detail != '\0' ? str(" (", detail, ")") : "");
-    return State::failed;
+    });
   }
 
   void abort() noexcept override {
-    ncclComm_t comm = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      comm = std::exchange(comm_, nullptr);
-    }
+    ncclComm_t comm = handle_.take();
     if (comm == nullptr) return;
-    // Outside the mutex: other threads' calls see the communicator gone.
+    // Without the mutex: a call blocked in the communicator returns.
     const ncclResult_t result = ncclCommAbort(comm);
     if (result != ncclSuccess && result != ncclInProgress)
       log_warn("cuda:", device_, ": aborting the NCCL communicator failed: ", ncclGetErrorString(result));
@@ -120,17 +121,13 @@ class NcclCommunicator final : public nccl::Communicator {
 
   void bind_watchdog_thread() override { cuda::set_device(device_); }
 
-  // Makes non-blocking NCCL calls on the communicator; throws once it was aborted.
-  void call(const std::function<void(ncclComm_t)>& calls) {
-    std::lock_guard lock(mutex_);
-    LOOM_CHECK(comm_ != nullptr, "the NCCL communicator was aborted");
-    calls(comm_);
-  }
+  // Makes non-blocking NCCL calls on the communicator; throws once it was
+  // aborted. Enqueuing threads are serialised by the Watchdog.
+  void call(const std::function<void(ncclComm_t)>& calls) { handle_.call(calls); }
 
  private:
   int device_;
-  std::mutex mutex_;
-  ncclComm_t comm_ = nullptr;  // null until initialised and once aborted
+  nccl::AbortableHandle<ncclComm> handle_;  // null until initialised and once aborted
 };
 
 }  // namespace
@@ -173,7 +170,12 @@ class ProcessGroupNCCL final : public ProcessGroup {
                 " ranks): ", error.what());
     }
     watchdog_ = std::make_unique<nccl::Watchdog>(
-        communicator_, nccl::WatchdogOptions().rank(rank).size(size).prefix(prefix()).store(store));
+        communicator_, nccl::WatchdogOptions()
+                       .rank(rank)
+                       .size(size)
+                       .prefix(prefix())
+                       .store(store)
+                       .progress_interval(std::max<Milliseconds>(std::chrono::seconds(1), options.timeout() / 10)));
     watchdog_->wait_until_initialized(options.timeout());
   }
 

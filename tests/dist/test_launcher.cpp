@@ -326,6 +326,35 @@ TEST_SUITE("launcher") {
     CHECK(directory.read("1") == "1\n");
   }
 
+  TEST_CASE("elastic: a failure while a node waits starts a new round, not a restart") {
+    // Another node's launcher saw the newcomer first and stopped its
+    // processes, which stops this node's too (exit 143): with max_restarts 0
+    // this launcher must go on to the next round rather than give up.
+    TemporaryDirectory directory;
+    const std::string stopped = directory.path.string() + "/stopped";
+    auto spec = shell_group(2, "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then touch " + stopped +
+                                   "; exit 143; fi; exit 0");
+    std::vector<int> rounds;
+    spec.rendezvous = [&](WorkerGroupSpec&, int after_round) {
+      rounds.push_back(after_round + 1);
+      return after_round + 1;
+    };
+    spec.node_waiting = [&](int round) { return round == 0 && fs::exists(stopped); };
+    WorkerGroupResult result = run_worker_group(spec);
+    CHECK(result.succeeded);
+    CHECK(result.restarts == 0);
+    CHECK(rounds == std::vector<int>{0, 1});
+    // Without a waiting node the same failure is one, as before.
+    fs::remove(stopped);
+    spec.node_waiting = [](int) { return false; };
+    rounds.clear();
+    result = run_worker_group(spec);
+    CHECK_FALSE(result.succeeded);
+    REQUIRE(result.first_failure);
+    CHECK(result.first_failure->exit_code == 143);
+    CHECK(rounds == std::vector<int>{0});
+  }
+
   TEST_CASE("a missing program and a bad spec are errors") {
     WorkerGroupSpec spec;
     spec.command = {"loom-no-such-program"};
@@ -357,22 +386,51 @@ TEST_SUITE("launcher") {
     CHECK(second.nodes == 2);
     CHECK(round0.node_rank + second.node_rank == 1);  // ranks 0 and 1 in join order
     CHECK_FALSE(host.node_waiting(0));
-    // A node that comes while round 0 runs joins round 1 and is seen waiting;
-    // alone past the last call (short here), round 1 closes with it only.
+    // A node that comes while round 0 runs with MAX nodes is parked in round
+    // 1: nobody is told it waits (round 0 goes on), and round 1 does not
+    // close while round 0's launchers are in it, however short its last call.
     ElasticRendezvous late("127.0.0.1", port, ElasticRendezvousOptions().min_nodes(1).max_nodes(2).last_call(
                                                    std::chrono::seconds(1)));
     auto joining = std::async(std::launch::async, [&] { return late.join(); });
     bool seen_waiting = false;
-    for (int i = 0; i < 2000 && !seen_waiting; ++i) {
-      seen_waiting = host.node_waiting(0);  // until round 1 closes
-      if (!seen_waiting) std::this_thread::sleep_for(1ms);
+    for (int i = 0; i < 20; ++i) {  // 2 s: past late's last call; the polls are host's and other's heartbeats
+      seen_waiting = seen_waiting || host.node_waiting(0) || other.node_waiting(0);
+      std::this_thread::sleep_for(100ms);
     }
-    CHECK(seen_waiting);
+    CHECK_FALSE(seen_waiting);
+    CHECK(joining.wait_for(0ms) == std::future_status::timeout);
+    // Round 0's launchers leave it (their processes ended): round 1 closes
+    // after the last call, with the parked node only.
+    host.leave();
+    other.leave();
     const RendezvousRound round1 = joining.get();
-    CHECK_FALSE(host.node_waiting(0));  // round 1 closed: nobody waits any more
     CHECK(round1.round == 1);
     CHECK(round1.nodes == 1);
     CHECK(round1.node_rank == 0);
+    // A node that comes while round 1 runs with 1 of 2 nodes is seen waiting;
+    // round 2 closes once round 1's launcher joined it (MAX: no last call).
+    auto newcomer = std::async(std::launch::async, [&] { return host.join(1); });
+    seen_waiting = false;
+    for (int i = 0; i < 2000 && !seen_waiting; ++i) {
+      seen_waiting = late.node_waiting(1);
+      if (!seen_waiting) std::this_thread::sleep_for(1ms);
+    }
+    CHECK(seen_waiting);
+    CHECK(newcomer.wait_for(1500ms) == std::future_status::timeout);  // round 1's launcher is still in it
+    const RendezvousRound round2 = late.join(1);
+    const RendezvousRound newcomer_round = newcomer.get();
+    CHECK(round2.round == 2);
+    CHECK(newcomer_round.round == 2);
+    CHECK(round2.nodes == 2);
+    CHECK(round2.node_rank + newcomer_round.node_rank == 1);
+    CHECK_FALSE(late.node_waiting(2));  // round 3: nobody
+    // Round 2's launchers fall silent (dead, say): a node parked in round 3
+    // stops waiting for them after the heartbeat timeout.
+    ElasticRendezvous fourth("127.0.0.1", port, ElasticRendezvousOptions().min_nodes(1).max_nodes(2).last_call(
+                                                    100ms).heartbeat_timeout(300ms));
+    const RendezvousRound round3 = fourth.join(2);
+    CHECK(round3.round == 3);
+    CHECK(round3.nodes == 1);
     // MIN above MAX is refused naming --nnodes.
     CHECK_THROWS_WITH_AS(ElasticRendezvous("127.0.0.1", port, ElasticRendezvousOptions().min_nodes(3).max_nodes(2)),
                          doctest::Contains("--nnodes=3:2"), loom::Error);

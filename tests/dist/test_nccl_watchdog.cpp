@@ -35,48 +35,65 @@ constexpr Milliseconds kLongTimeout = 60s;
 
 // What a test controls of a communicator: its state, and whether it was
 // aborted; enqueue calls may block until the abort, as an NCCL call on a dead
-// peer does.
+// peer does. The handle is the real one's AbortableHandle with the same
+// calls (state() queries through it, abort() takes it, enqueues call through
+// it), so a change to its locking that lets a blocked enqueue hold up the
+// watchdog hangs these tests, as it would hang the NCCL group.
 class FakeCommunicator final : public Communicator {
  public:
-  explicit FakeCommunicator(State initial = State::ready) : state_(initial) {}
+  explicit FakeCommunicator(State initial = State::ready) : comm_(std::make_shared<FakeComm>()) {
+    comm_->state = initial;
+    handle_.set(comm_.get());
+  }
 
   State state(std::string& reason) override {
-    std::lock_guard lock(mutex_);
-    if (aborted_) {
-      reason = "communicator aborted";
-      return State::failed;
-    }
-    if (state_ == State::failed) reason = "unhandled system error (a peer's connection was reset)";
-    return state_;
+    return handle_.query([&](FakeComm* comm) {
+      if (comm == nullptr) {
+        reason = "communicator aborted";
+        return State::failed;
+      }
+      std::lock_guard lock(comm->mutex);
+      if (comm->state == State::failed) reason = "unhandled system error (a peer's connection was reset)";
+      return comm->state;
+    });
   }
   void abort() noexcept override {
-    {
-      std::lock_guard lock(mutex_);
-      aborted_ = true;
+    FakeComm* comm = handle_.take();
+    if (comm == nullptr) return;
+    {  // the fake ncclCommAbort: a call blocked in the communicator returns
+      std::lock_guard lock(comm->mutex);
+      comm->aborted = true;
     }
-    aborted_changed_.notify_all();
+    comm->aborted_changed.notify_all();
   }
 
   void set_state(State state) {
-    std::lock_guard lock(mutex_);
-    state_ = state;
+    std::lock_guard lock(comm_->mutex);
+    comm_->state = state;
   }
   bool aborted() {
-    std::lock_guard lock(mutex_);
-    return aborted_;
+    std::lock_guard lock(comm_->mutex);
+    return comm_->aborted;
   }
   // An enqueue call that returns only when the communicator is aborted, then fails.
   void block_until_aborted() {
-    std::unique_lock lock(mutex_);
-    aborted_changed_.wait(lock, [&] { return aborted_; });
-    throw Error("ncclAllReduce: the communicator was aborted");
+    handle_.call([](FakeComm* comm) {
+      std::unique_lock lock(comm->mutex);
+      comm->aborted_changed.wait(lock, [&] { return comm->aborted; });
+      throw Error("ncclAllReduce: the communicator was aborted");
+    });
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable aborted_changed_;
-  State state_;
-  bool aborted_ = false;
+  // What the handle points to (the real one: NCCL's ncclComm).
+  struct FakeComm {
+    std::mutex mutex;
+    std::condition_variable aborted_changed;
+    State state = State::ready;
+    bool aborted = false;
+  };
+  std::shared_ptr<FakeComm> comm_;  // outlives every call through the handle
+  AbortableHandle<FakeComm> handle_;
 };
 
 std::shared_ptr<Store> fresh_store() {
@@ -93,7 +110,8 @@ WatchdogOptions options_for(int rank, int size, const std::shared_ptr<Store>& st
       .size(size)
       .prefix("ProcessGroupNCCL rank " + std::to_string(rank) + " of " + std::to_string(size) + ": ")
       .store(store)
-      .check_interval(10ms);
+      .check_interval(10ms)
+      .progress_interval(10ms);
 }
 
 // Ranks 0 and 1 of a group of 2, each with its own fake communicator.
@@ -247,6 +265,17 @@ TEST_SUITE("nccl_watchdog") {
     CHECK(contains(error, "NCCL reported an asynchronous error while running all_gather #0 (f32[4], sum): unhandled "
                           "system error"));
     CHECK(fake->aborted());
+  }
+
+  TEST_CASE("progress is written to the store at most once per progress interval") {
+    auto store = fresh_store();
+    Watchdog rank0(std::make_shared<FakeCommunicator>(), options_for(0, 1, store).progress_interval(60s));
+    run_collective(rank0, "all_reduce", kLongTimeout, [] {}, finished_hooks)->synchronize();
+    wait_for_progress(*store, 0, 1);  // the first move at once
+    for (int i = 0; i < 3; ++i) run_collective(rank0, "all_reduce", kLongTimeout, [] {}, finished_hooks)->synchronize();
+    std::this_thread::sleep_for(200ms);  // 20 check intervals
+    CHECK(store->get_string("nccl_progress/0") == "1");
+    CHECK(rank0.collectives_enqueued() == 4);
   }
 
   TEST_CASE("destroying the watchdog lets finished collectives complete and aborts the communicator") {
