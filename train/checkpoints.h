@@ -37,7 +37,7 @@ class CheckpointOptions {
   // Step checkpoints kept, the newest (epoch checkpoints are all kept); 0 keeps all.
   LOOM_OPTION(int64_t, keep) = 3;
   // "auto" (the newest valid checkpoint in directory()), "none", or a
-  // checkpoint file; '' is auto after a launcher's restart, else none.
+  // checkpoint file; '' is auto after a launcher's restart (of any rank's), else none.
   LOOM_OPTION(std::string, resume);
   // What a failed write does.
   LOOM_OPTION(CheckpointErrorPolicy, on_error) = CheckpointErrorPolicy::stop;
@@ -50,6 +50,12 @@ int launcher_restart_count();
 
 // resume() as given, or '' resolved: "auto" after a launcher's restart, else "none".
 std::string effective_resume(const CheckpointOptions& options);
+
+// Whether the launcher restarted any rank's job (launcher_restart_count() > 0
+// on some rank; collective over `group`, which may be null). A node that
+// joins a torchrun elastic job gets TORCHELASTIC_RESTART_COUNT 0 from its own
+// agent while the running nodes' count their restarts.
+bool any_rank_restarted(dist::ProcessGroup* group);
 
 // "{world}GPU_{epoch}epoch.checkpoint" (the tutorial's) and "{world}GPU_step{step}.checkpoint".
 std::string epoch_checkpoint_name(int world, int64_t epoch);
