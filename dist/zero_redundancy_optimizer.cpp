@@ -43,6 +43,7 @@ std::string broadcast_text(ProcessGroup& group, const std::string& text, int roo
   Tensor length = Tensor::full({1}, sender ? static_cast<double>(text.size()) : 0.0, DType::i64, device);
   group.broadcast(length, root)->wait();
   const auto size = static_cast<size_t>(length.to(Device::cpu()).to_vector<int64_t>()[0]);
+  if (size == 0) return "";
   const auto words = static_cast<int64_t>((size + 7) / 8);
   Tensor packed = Tensor::zeros({words}, DType::i64);
   if (sender) std::memcpy(packed.raw_data(), text.data(), size);

@@ -126,6 +126,8 @@ void zero_equals_unsharded() {
   std::unique_ptr<optim::Optimizer> reference = make_optimizer(kind, reference_model->parameters());
 
   for (int r = 0; r < world; ++r) expect(zero->shard(r) == kMlpShards.at(world)[r], "rank ", r, "'s shard");
+  zero->consolidate_state_dict(0);  // before any step: every rank's part is empty
+  if (rank == 0) expect(zero->state().empty() && reference->state().empty(), "a state before the first step");
   // "4.bias" (rank 1's at world 2, rank 2's at world 3) has no gradient in the
   // first two steps, so no state either; "0.bias" none in step 3.
   for (int step = 0; step < 2; ++step) {
