@@ -360,7 +360,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   std::vector<Tensor> state;
   for (auto& [name, tensor] : module_->named_parameters()) state.push_back(tensor);
   for (auto& [name, tensor] : module_->named_buffers()) state.push_back(tensor);
-  broadcast_from_rank_zero(state);
+  broadcast_coalesced(*group_, state, 0);
 
   reducer_ = std::make_shared<Reducer>();
   Reducer& reducer = *reducer_;
@@ -460,43 +460,12 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() {
   }
 }
 
-void DistributedDataParallel::broadcast_from_rank_zero(const std::vector<Tensor>& tensors) {
-  if (group_->size() == 1 || tensors.empty()) return;
-  // One flat broadcast per (dtype, device).
-  std::vector<std::pair<DType, Device>> kinds;
-  for (const auto& t : tensors) {
-    std::pair<DType, Device> kind{t.dtype(), t.device()};
-    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
-  }
-  for (auto [dtype, device] : kinds) {
-    std::vector<Tensor> group;
-    int64_t total = 0;
-    for (const auto& t : tensors) {
-      if (t.dtype() != dtype || t.device() != device) continue;
-      group.push_back(t);
-      total += t.numel();
-    }
-    Tensor flat = Tensor::empty({total}, dtype, device);
-    int64_t offset = 0;
-    for (const auto& t : group) {
-      make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset).copy_(t);
-      offset += t.numel();
-    }
-    group_->broadcast(flat, 0)->wait();
-    offset = 0;
-    for (auto t : group) {
-      t.copy_(make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset));
-      offset += t.numel();
-    }
-  }
-}
-
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   if (options_.broadcast_buffers() && group_->size() > 1) {
     NoGradGuard no_grad;
     std::vector<Tensor> buffers;
     for (auto& [name, tensor] : module_->named_buffers()) buffers.push_back(tensor);
-    broadcast_from_rank_zero(buffers);
+    broadcast_coalesced(*group_, buffers, 0);
   }
   Tensor output = module_->forward(input);
   reducer_->prepare(synchronize_gradients_ && grad_mode_enabled(), output);

@@ -152,7 +152,6 @@ class DistributedDataParallel final : public nn::Module {
  private:
   struct Reducer;
   void check_same_parameters_on_every_rank();
-  void broadcast_from_rank_zero(const std::vector<Tensor>& tensors);
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;

@@ -141,6 +141,12 @@ void report_resume_to_launcher(const std::string& line) {
   std::fclose(file);
 }
 
+bool checkpoints_enabled(const CheckpointOptions& options) { return !options.directory().empty(); }
+
+bool step_checkpoint_due(const CheckpointOptions& options, int64_t step) {
+  return checkpoints_enabled(options) && options.every_steps() > 0 && step % options.every_steps() == 0;
+}
+
 CheckpointWriter::CheckpointWriter(const CheckpointOptions& options, int world) : options_(options), world_(world) {
   if (!enabled()) return;
   std::error_code ec;

@@ -85,6 +85,12 @@ void report_resume_to_launcher(const std::string& line);
 
 enum class CheckpointKind { step, epoch };
 
+// Whether checkpoints are written at all (a directory is set), and whether a
+// step checkpoint is due after `step` steps in all: what every rank decides
+// alike (rank 0's CheckpointWriter asks the same).
+bool checkpoints_enabled(const CheckpointOptions& options);
+bool step_checkpoint_due(const CheckpointOptions& options, int64_t step);
+
 // Rank 0's checkpoint writer: directory/{world}GPU_step{N}.checkpoint every
 // every_steps() steps (keeping the newest keep() of them) and
 // directory/{world}GPU_{E}epoch.checkpoint at epoch ends (all kept). Creates
@@ -92,11 +98,9 @@ enum class CheckpointKind { step, epoch };
 class CheckpointWriter {
  public:
   CheckpointWriter(const CheckpointOptions& options, int world);
-  bool enabled() const { return !options_.directory().empty(); }
+  bool enabled() const { return checkpoints_enabled(options_); }
   // Whether a step checkpoint is due after `step` steps in all.
-  bool step_due(int64_t step) const {
-    return enabled() && options_.every_steps() > 0 && step % options_.every_steps() == 0;
-  }
+  bool step_due(int64_t step) const { return step_checkpoint_due(options_, step); }
   // The file a checkpoint of `kind` numbered `number` goes to.
   std::filesystem::path path(CheckpointKind kind, int64_t number) const;
   // Writes the checkpoint and prints "Saved PATH". On a failed write: with

@@ -6,6 +6,7 @@
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
+#include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/train/monitor.h>
@@ -166,13 +167,24 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                 static_cast<long long>(resumed.epoch), static_cast<long long>(epochs));
     std::fflush(stdout);
   }
+  const CheckpointOptions& checkpoints = options_.checkpoints();
   std::optional<CheckpointWriter> writer;
-  if (leader) writer.emplace(options_.checkpoints(), world_);
+  if (leader) writer.emplace(checkpoints, world_);
+  // A sharded optimizer (ZeRO) holds a part of its state on each rank.
+  auto* sharded = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&inner);
   int64_t steps = resumed.step;
-  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them (`epoch_samples` samples) in epoch `epoch` (0-based).
-  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step, int64_t epoch_samples) {
-    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
-                               {epoch, epoch_step, steps, epoch_samples, world_}, options_.settings());
+  // Rank 0 writes the checkpoint after `steps` steps, `epoch_step` of them
+  // (`epoch_samples` samples) in epoch `epoch` (0-based), and returns where
+  // (nullopt elsewhere, or when a write failed under on_error continue). Every
+  // rank calls it: a sharded optimizer's parts are gathered on rank 0 first, a
+  // collective, which a second call after the same step skips on every rank.
+  auto save_checkpoint = [&](CheckpointKind kind, int64_t number, int64_t epoch, int64_t epoch_step,
+                             int64_t epoch_samples) -> std::optional<fs::path> {
+    if (sharded) sharded->consolidate_state_dict(0);
+    if (!writer) return std::nullopt;
+    return writer->write(kind, number,
+                         training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
+                                             {epoch, epoch_step, steps, epoch_samples, world_}, options_.settings()));
   };
 
   // Rank 0's progress display, --metrics and --tensorboard.
@@ -271,20 +283,18 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                     .ddp = ddp_.get(),
                     .scaler = &optimizer.scaler()});
       if (on_step_) on_step_(info);
-      bool saved_now = false;
-      if (writer && step < steps_per_epoch && writer->step_due(steps)) {  // an epoch checkpoint follows the last step
+      bool saved_now = false;  // rank 0 wrote this step's checkpoint
+      if (step < steps_per_epoch && step_checkpoint_due(checkpoints, steps)) {  // an epoch checkpoint follows the last step
         monitor.before_output();
-        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step, epoch_start.samples_after(step)))
-                        .has_value();
+        saved_now = save_checkpoint(CheckpointKind::step, steps, epoch, step, epoch_start.samples_after(step)).has_value();
       }
       // SIGTERM / the stop signal / SIGINT on any rank: every rank stops after the same step.
       if ((result.stop_signal = stop_agreement.poll()) != 0) {
         monitor.before_output();
         std::optional<fs::path> saved;
-        if (writer && writer->enabled()) {
+        if (checkpoints_enabled(checkpoints)) {
           saved = saved_now ? writer->path(CheckpointKind::step, steps)
-                            : writer->write(CheckpointKind::step, steps,
-                                            make_checkpoint(epoch, step, epoch_start.samples_after(step)));
+                            : save_checkpoint(CheckpointKind::step, steps, epoch, step, epoch_start.samples_after(step));
         }
         print_preempted(rank_, result.stop_signal, steps, saved);
         break;
@@ -294,7 +304,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     monitor.end_epoch_steps();
     if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
     if (scheduler_ && !per_step_schedule) scheduler_->step();
-    if (writer && writer->enabled()) writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0, 0));
+    if (checkpoints_enabled(checkpoints)) save_checkpoint(CheckpointKind::epoch, epoch + 1, epoch + 1, 0, 0);
     // The test accuracy of every epoch (--metrics / --tensorboard, or
     // evaluate_each_epoch); the last one's is the final evaluation's.
     std::optional<dist::AccuracyCounts> accuracy;
