@@ -71,6 +71,8 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   // CPU) for state() until the next step() or load_state(). Collective; called
   // again before either, it returns at once on every rank (nothing changed).
   void consolidate_state_dict(int to = 0);
+  // consolidate_state_dict(to): what the Trainer calls before a checkpoint.
+  void gather_state(int to) override { consolidate_state_dict(to); }
   // On the rank the state was consolidated to: the state the unsharded
   // optimizer would give, with its names ("<group>.<index>.<kind>", the index
   // into the full parameter list), order and values. Elsewhere, or after a

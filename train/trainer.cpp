@@ -6,7 +6,6 @@
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
-#include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/train/monitor.h>
@@ -170,8 +169,6 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   const CheckpointOptions& checkpoints = options_.checkpoints();
   std::optional<CheckpointWriter> writer;
   if (leader) writer.emplace(checkpoints, world_);
-  // A sharded optimizer (ZeRO) holds a part of its state on each rank.
-  auto* sharded = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&inner);
   int64_t steps = resumed.step;
   // Rank 0 writes the checkpoint after `steps` steps, `epoch_step` of them
   // (`epoch_samples` samples) in epoch `epoch` (0-based), and returns where
@@ -180,7 +177,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   // collective, which a second call after the same step skips on every rank.
   auto save_checkpoint = [&](CheckpointKind kind, int64_t number, int64_t epoch, int64_t epoch_step,
                              int64_t epoch_samples) -> std::optional<fs::path> {
-    if (sharded) sharded->consolidate_state_dict(0);
+    inner.gather_state(0);  // a sharded optimizer (ZeRO) holds a part of its state on each rank
     if (!writer) return std::nullopt;
     return writer->write(kind, number,
                          training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
