@@ -64,7 +64,7 @@ Tensor CNBlock::forward(const Tensor& input) {
 }
 
 ConvNeXt::ConvNeXt(const std::vector<CNBlockConfig>& block_setting, const ConvNeXtOptions& options)
-    : options_(options) {
+    : PooledClassifier(options) {
   LOOM_CHECK(!block_setting.empty(), "ConvNeXt: the block setting is empty");
   LOOM_CHECK(options.num_classes() > 0, "ConvNeXt: num_classes must be positive, got ", options.num_classes());
   int64_t total_blocks = 0;

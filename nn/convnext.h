@@ -24,7 +24,7 @@
 #include <memory>
 
 #include <loom/core/options.h>
-#include <loom/nn/layers.h>
+#include <loom/nn/mobilenet.h>
 
 namespace loom::nn {
 
@@ -57,20 +57,17 @@ class ConvNeXtOptions {
   LOOM_OPTION(double, layer_scale) = 1e-6;
 };
 
-class ConvNeXt : public Module {
+// The MobileNets' shape (features, pool, classifier), but the classifier
+// takes the pooled (N, C, 1, 1) features: its LayerNorm2d comes before its
+// Flatten, as in torchvision.
+class ConvNeXt : public PooledClassifier<ConvNeXtOptions> {
  public:
   ConvNeXt(const std::vector<CNBlockConfig>& block_setting, const ConvNeXtOptions& options = {});
   // (N, 3, H, W) -> (N, num_classes) logits; 32x32 and larger.
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "ConvNeXt"; }
-  const ConvNeXtOptions& options() const { return options_; }
 
-  std::shared_ptr<Sequential> features;
   std::shared_ptr<AdaptiveAvgPool2d> avgpool;
-  std::shared_ptr<Sequential> classifier;
-
- private:
-  ConvNeXtOptions options_;
 };
 
 // torchvision's convnext_tiny: stages of 3, 3, 9, 3 blocks at 96, 192, 384, 768
