@@ -32,11 +32,13 @@
 #include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/nn/checkpoint.h>
 #include <loom/nn/convnet.h>
+#include <loom/nn/convnext.h>
 #include <loom/nn/efficientnet.h>
 #include <loom/nn/init.h>
 #include <loom/nn/layers.h>
 #include <loom/nn/mobilenet.h>
 #include <loom/nn/module.h>
+#include <loom/nn/regnet.h>
 #include <loom/nn/resnet.h>
 #include <loom/nn/vgg.h>
 #include <loom/ops/autocast.h>

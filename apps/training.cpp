@@ -17,8 +17,10 @@
 #include <loom/dist/process_group_nccl.h>
 #include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/nn/convnet.h>
+#include <loom/nn/convnext.h>
 #include <loom/nn/efficientnet.h>
 #include <loom/nn/mobilenet.h>
+#include <loom/nn/regnet.h>
 #include <loom/nn/vgg.h>
 #include <loom/ops/cat.h>
 #include <loom/ops/cpu/gemm.h>
@@ -35,11 +37,10 @@ namespace {
 // state_dict (and a checkpoint) is the model's, torchvision's names included.
 class RepeatChannels : public nn::Module {
  public:
-  template <class M>
-  explicit RepeatChannels(std::shared_ptr<M> model) : model_(model) {
-    register_module("features", model->features);
-    if constexpr (requires { model->avgpool; }) register_module("avgpool", model->avgpool);
-    register_module("classifier", model->classifier);
+  explicit RepeatChannels(std::shared_ptr<nn::Module> model) : model_(std::move(model)) {
+    // Each child shared through the model's ownership (aliasing pointers).
+    for (const auto& [name, child] : model_->named_children())
+      register_module(name, std::shared_ptr<nn::Module>(model_, child));
   }
   Tensor forward(const Tensor& input) override { return model_->forward(cat({input, input, input}, 1)); }
   std::string type_name() const override { return model_->type_name(); }
@@ -60,8 +61,9 @@ std::shared_ptr<nn::Module> for_channels(const std::string& name, std::shared_pt
 
 const std::vector<std::string>& model_names() {
   static const std::vector<std::string> names = {
-      "resnet18", "resnet34",     "resnet50",           "resnet101",          "resnet152",      "vgg11_bn",
-      "vgg16_bn", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0"};
+      "resnet18",           "resnet34",           "resnet50",        "resnet101",      "resnet152",
+      "vgg11_bn",           "vgg16_bn",           "mobilenet_v2",    "mobilenet_v3_small",
+      "mobilenet_v3_large", "efficientnet_b0",    "regnet_y_400mf",  "convnext_tiny"};
   return names;
 }
 
@@ -89,7 +91,11 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, int64_t num_clas
     return for_channels(name, nn::mobilenet_v3_small(nn::MobileNetV3Options().num_classes(num_classes)), in_channels);
   if (name == "mobilenet_v3_large")
     return for_channels(name, nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(num_classes)), in_channels);
-  return for_channels(name, nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(num_classes)), in_channels);
+  if (name == "efficientnet_b0")
+    return for_channels(name, nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(num_classes)), in_channels);
+  if (name == "regnet_y_400mf")
+    return for_channels(name, nn::regnet_y_400mf(nn::RegNetOptions().num_classes(num_classes)), in_channels);
+  return for_channels(name, nn::convnext_tiny(nn::ConvNeXtOptions().num_classes(num_classes)), in_channels);
 }
 
 data::RandomCrop model_input_crop(const std::string& model, const data::SampleShape& shape, int64_t padding) {

@@ -145,7 +145,8 @@ train::TrainerOptions trainer_options(const char* program, int argc, char** argv
 void print_loss_scaling(const amp::MixedPrecisionOptimizer& optimizer, const std::string& amp);
 
 // --model in both apps: the ResNets and torchvision's other CNNs in nn/ (VGG,
-// MobileNet V2 / V3, EfficientNet-B0), under torchvision's names.
+// MobileNet V2 / V3, EfficientNet-B0, RegNetY-400MF, ConvNeXt-Tiny), under
+// torchvision's names.
 const std::vector<std::string>& model_names();
 // "a, b, ... or z", for --help and the unknown-name error.
 std::string join_names(const std::vector<std::string>& names);
@@ -160,8 +161,8 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, int64_t num_clas
 
 // The crop the transforms start with: a random height x width window of the
 // images padded by `padding`, except that the non-ResNet models get images of
-// at least 32x32 (VGG's five 2x2 pools need them): MNIST's 28x28 is padded by
-// 2 and cropped to 32x32.
+// at least 32x32 (VGG's five 2x2 pools and ConvNeXt's stride of 32 need them):
+// MNIST's 28x28 is padded by 2 and cropped to 32x32.
 data::RandomCrop model_input_crop(const std::string& model, const data::SampleShape& shape, int64_t padding);
 // `transforms` after model_input_crop(model, shape, 0) when that crop changes the size.
 data::Compose with_model_crop(const std::string& model, const data::SampleShape& shape,

@@ -18,5 +18,13 @@ void normal_(Tensor& t, double mean, double stddev, Generator& gen = default_gen
 void kaiming_uniform_(Tensor& t, double a, Generator& gen = default_generator());
 // kaiming_normal_(mode fan_out, relu), torchvision's ResNet conv init.
 void kaiming_normal_fan_out_(Tensor& t, Generator& gen = default_generator());
+// PyTorch's trunc_normal_: normal(mean, stddev) values restricted to [low,
+// high] (absolute bounds, PyTorch's a and b: -2 and 2 by default), each drawn
+// again until it falls inside; the interval must hold at least a thousandth
+// of the normal's mass. ConvNeXt's conv and linear weights (stddev 0.02).
+// Takes one number from `gen` and fills in parallel from counter-based draws
+// (the same values on any thread count).
+void trunc_normal_(Tensor& t, double mean, double stddev, double low = -2.0, double high = 2.0,
+                   Generator& gen = default_generator());
 
 }  // namespace loom::nn::init

@@ -118,6 +118,7 @@ Tensor ReLU::forward(const Tensor& input) { return relu(input); }
 ReLU6::ReLU6() : ElementwiseModule(relu6, "ReLU6") {}
 SiLU::SiLU() : ElementwiseModule(silu, "SiLU") {}
 Sigmoid::Sigmoid() : ElementwiseModule(sigmoid, "Sigmoid") {}
+GELU::GELU() : ElementwiseModule(gelu, "GELU") {}
 Hardswish::Hardswish() : ElementwiseModule(hardswish, "Hardswish") {}
 Hardsigmoid::Hardsigmoid() : ElementwiseModule(hardsigmoid, "Hardsigmoid") {}
 
@@ -150,7 +151,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
   }
 }
 
-Tensor Linear::forward(const Tensor& input) { return linear(input, weight, bias); }
+Tensor Linear::forward(const Tensor& input) {
+  if (input.dim() <= 2) return linear(input, weight, bias);
+  // PyTorch's (*, in_features) -> (*, out_features): the leading dims as rows.
+  LOOM_CHECK(input.size(input.dim() - 1) == weight.size(1), "Linear(", weight.size(1), ", ", weight.size(0),
+             "): the last dim of ", input.str(), " is not ", weight.size(1));
+  Shape out_sizes = input.sizes();
+  out_sizes.back() = weight.size(0);
+  return linear(input.reshape({-1, weight.size(1)}), weight, bias).view(out_sizes);
+}
 
 Dropout::Dropout(const DropoutOptions& options) : options_(options) {
   LOOM_CHECK(options.p() >= 0.0 && options.p() <= 1.0, "Dropout: p must be between 0 and 1, got ", options.p());
@@ -197,6 +206,10 @@ Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
 
 void Sequential::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(named_children().size()), std::move(module));
+}
+
+void Sequential::push_back(const std::string& name, std::shared_ptr<Module> module) {
+  register_module(name, std::move(module));
 }
 
 Tensor Sequential::forward(const Tensor& input) {

@@ -1,14 +1,15 @@
 // The layers of the tutorials' and torchvision's networks, with PyTorch's
 // names, options and default initialisation: Conv2d (grouped and depthwise
-// too), BatchNorm2d, ReLU, ReLU6, SiLU, Sigmoid, Hardswish, Hardsigmoid, MaxPool2d,
-// AvgPool2d, AdaptiveAvgPool2d, Linear, Flatten, Dropout, StochasticDepth,
-// LayerNorm, LayerNorm2d, Sequential.
+// too), BatchNorm2d, ReLU, ReLU6, SiLU, Sigmoid, GELU, Hardswish, Hardsigmoid,
+// MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Linear, Permute, Flatten, Dropout,
+// StochasticDepth, LayerNorm, LayerNorm2d, Sequential.
 #pragma once
 
 #include <array>
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <loom/core/options.h>
 #include <loom/nn/module.h>
@@ -148,6 +149,11 @@ class Sigmoid : public ElementwiseModule {
  public:
   Sigmoid();
 };
+// PyTorch's GELU with approximate 'none' (ConvNeXt).
+class GELU : public ElementwiseModule {
+ public:
+  GELU();
+};
 class Hardswish : public ElementwiseModule {
  public:
   Hardswish();
@@ -205,6 +211,7 @@ class AdaptiveAvgPool2d : public Module {
   int64_t output_h_, output_w_;
 };
 
+// y = x W^T + b over the last dim of x: (N, in) or (*, in) -> (*, out).
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
@@ -213,6 +220,18 @@ class Linear : public Module {
 
   Tensor weight;  // (out, in)
   Tensor bias;    // (out) or undefined
+};
+
+// torchvision.ops.misc.Permute: input.permute(dims), here made contiguous
+// (ConvNeXt's NCHW <-> NHWC); no parameters.
+class Permute : public Module {
+ public:
+  explicit Permute(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+  Tensor forward(const Tensor& input) override { return input.permute(dims_).contiguous(); }
+  std::string type_name() const override { return "Permute"; }
+
+ private:
+  std::vector<int64_t> dims_;
 };
 
 class Flatten : public Module {
@@ -306,14 +325,18 @@ class LayerNorm2d : public LayerNorm {
   std::string type_name() const override { return "LayerNorm2d"; }
 };
 
-// Children named "0", "1", ..., applied in order. A module that fuses() a
-// tail followed by the modules it stands for runs as one fused op (same
-// result): BatchNorm2d + ReLU (+ MaxPool2d(2)).
+// Children named "0", "1", ..., applied in order; or named by the caller, as
+// PyTorch's Sequential(OrderedDict) (RegNet's "a", "b", "se", "c"). A module
+// that fuses() a tail followed by the modules it stands for runs as one fused
+// op (same result): BatchNorm2d + ReLU (+ MaxPool2d(2)).
 class Sequential : public Module {
  public:
   Sequential() = default;
   Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  // Appends `module` named by its position ("0", "1", ...).
   void push_back(std::shared_ptr<Module> module);
+  // Appends `module` named `name`.
+  void push_back(const std::string& name, std::shared_ptr<Module> module);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Sequential"; }
   size_t size() const { return named_children().size(); }

@@ -34,7 +34,8 @@ Tensor classify_pooled_features(const char* model, Module& features, Module& cla
 // The shape of torchvision's MobileNets and EfficientNet: `features` (the
 // blocks), a global average pool, `classifier` (ending in the linear layer);
 // (N, 3, H, W) -> (N, num_classes) logits, 32x32 (CIFAR) and larger. A model
-// builds and registers features and classifier in its constructor.
+// builds and registers features and classifier in its constructor. (ConvNeXt
+// shares it with a forward of its own: its classifier takes the unflattened pool.)
 template <class Options>
 class PooledClassifier : public Module {
  public:

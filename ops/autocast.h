@@ -1,7 +1,7 @@
 // Autocast: a per-thread mode (PyTorch's torch.autocast, what amp O1 uses) in
 // which the matrix ops, conv2d and linear, compute in a lower precision (f16 or
 // bf16) whatever the dtype of their inputs, and the losses, cross_entropy and
-// log_softmax, compute in f32. The casts are ordinary autograd ops, so
+// log_softmax, and layer_norm compute in f32. The casts are ordinary autograd ops, so
 // gradients flow back to the f32 weights in their own dtype. Ops not listed
 // here run in the dtype they are given.
 #pragma once
@@ -35,7 +35,7 @@ class AutocastGuard {
 bool autocast_lowers(const TensorList& inputs);
 // `t` cast to autocast_dtype() when autocast_lowers({t}); else `t` itself.
 Tensor autocast_lower(const Tensor& t);
-// What the losses ask: true when autocast is on and `t` is f16 or bf16.
+// What the losses and layer_norm ask: true when autocast is on and `t` is f16 or bf16.
 bool autocast_raises(const Tensor& t);
 
 }  // namespace loom::ops

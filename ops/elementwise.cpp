@@ -60,44 +60,71 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 namespace {
-// Whether `small` broadcasts over `big`'s rows: the same rank, equal sizes up
-// to some dim and ones from there on ((N, C, 1, 1) over (N, C, H, W)); an
-// empty batch broadcasts too.
-bool broadcasts_over_rows(const Shape& small, const Shape& big) {
-  if (small.size() != big.size()) return false;
-  size_t d = 0;
-  while (d < small.size() && small[d] == big[d]) ++d;
-  for (; d < small.size(); ++d) {
-    if (small[d] != 1) return false;
+// How `small` broadcasts over `big` (see mul): aligned to big's last dims, its
+// dims are ones (or left out) before and after one run equal to big's. `big`
+// is then viewed as (outer, rows, row_size), rows = small.numel(). An empty
+// batch broadcasts too ((0, C, 1, 1) over (0, C, H, W)).
+struct Broadcast {
+  bool ok = false;
+  int64_t row_size = 1;
+};
+
+Broadcast broadcast_over(const Shape& small, const Shape& big) {
+  if (small.size() > big.size()) return {};
+  const size_t lead = big.size() - small.size();
+  auto size_of = [&](size_t d) { return d < lead ? int64_t{1} : small[d - lead]; };
+  // The run of dims that are not 1: [first, last).
+  size_t first = big.size(), last = 0;
+  for (size_t d = 0; d < big.size(); ++d) {
+    if (size_of(d) != 1) {
+      first = std::min(first, d);
+      last = d + 1;
+    }
   }
-  return true;
+  if (first >= last) return {true, shape_numel(big)};  // all ones: one scale for everything
+  for (size_t d = 0; d < big.size(); ++d) {
+    const bool inside = d >= first && d < last;
+    if (inside ? size_of(d) != big[d] : size_of(d) != 1) return {};
+  }
+  int64_t row_size = 1;
+  for (size_t d = last; d < big.size(); ++d) row_size *= big[d];
+  return {true, row_size};
 }
 
-// x * scale, scale broadcast over x's rows (see mul), with its backward.
-Tensor mul_rows(const Tensor& x, const Tensor& scale) {
+// x * scale, scale broadcast over x (see mul), with its backward.
+Tensor mul_rows(const Tensor& x, const Tensor& scale, int64_t row_size) {
   profiler::Scope profile("mul", x);
   ops::check_same_device_and_dtype("mul", {x, scale});
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = LOOM_DISPATCH(x, mul_rows, x, scale);
+    out = LOOM_DISPATCH(x, mul_rows, x, scale, row_size);
   }
-  record("mul", {x, scale}, {&out}, [x = x.detach(), scale = scale.detach()](const TensorList& g, const Node& node) {
-    const Tensor dy = g[0].to(x.dtype());
-    return TensorList{node.needs_input_grad(0) ? LOOM_DISPATCH(dy, mul_rows, dy, scale) : Tensor(),
-                      node.needs_input_grad(1) ? LOOM_DISPATCH(dy, mul_rows_backward_scale, dy, x, scale.sizes())
-                                               : Tensor()};
-  });
+  record("mul", {x, scale}, {&out},
+         [x = x.detach(), scale = scale.detach(), row_size](const TensorList& g, const Node& node) {
+           const Tensor dy = g[0].to(x.dtype());
+           return TensorList{
+               node.needs_input_grad(0) ? LOOM_DISPATCH(dy, mul_rows, dy, scale, row_size) : Tensor(),
+               node.needs_input_grad(1) ? LOOM_DISPATCH(dy, mul_rows_backward_scale, dy, x, scale.sizes(), row_size)
+                                        : Tensor()};
+         });
   return out;
 }
 }  // namespace
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   if (a.defined() && b.defined() && a.sizes() != b.sizes()) {
-    if (broadcasts_over_rows(b.sizes(), a.sizes())) return mul_rows(a, b);
-    if (broadcasts_over_rows(a.sizes(), b.sizes())) return mul_rows(b, a);
+    // The operand of fewer dims (or elements) is tried as the one broadcast first.
+    const bool b_first = b.dim() < a.dim() || (b.dim() == a.dim() && b.numel() <= a.numel());
+    for (const bool b_small : {b_first, !b_first}) {
+      const Tensor& big = b_small ? a : b;
+      const Tensor& small = b_small ? b : a;
+      const Broadcast broadcast = broadcast_over(small.sizes(), big.sizes());
+      if (broadcast.ok) return mul_rows(big, small, broadcast.row_size);
+    }
     LOOM_FAIL("mul: shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()),
-              " neither match nor broadcast over rows (one shape the other's with trailing dims set to 1)");
+              " neither match nor broadcast (one shape, aligned to the other's last dims, the other's with the dims "
+              "before and after one run set to 1)");
   }
   Tensor out = dispatch_binary(Binary::mul, a, b);
   record("mul", {a, b}, {&out}, [a = a.detach(), b = b.detach()](const TensorList& g, const Node& node) {

@@ -5,9 +5,11 @@
 // Backward rules:
 //   add:  da = g, db = g           sub: da = g, db = -g
 //   mul:  da = g * b, db = g * a   scale(x, s): dx = s * g     add_scalar: dx = g
-//   mul with b broadcast over rows (b's shape is a's with trailing dims set
-//   to 1, e.g. (N, C, 1, 1) over (N, C, H, W), squeeze-and-excitation):
-//         da = g * b broadcast,  db[r] = sum over row r of g * a
+//   mul with b broadcast (b's shape, aligned to a's last dims, is a's with the
+//   dims before and after one run set to 1 or left out: (N, C, 1, 1) over
+//   (N, C, H, W), squeeze-and-excitation; (C, 1, 1) over it, ConvNeXt's layer
+//   scale): a viewed as (outer, rows, inner), b as (rows):
+//         da = g * b broadcast,  db[r] = sum over o, i of (g * a)[o, r, i]
 //   relu: dx = g * (y > 0)
 //   gelu: y = x * Phi(x) (PyTorch's approximate='none', Phi the standard normal CDF),
 //         dx = g * (Phi(x) + x * phi(x))
@@ -27,9 +29,10 @@ namespace loom {
 
 Tensor add(const Tensor& a, const Tensor& b);  // same shape
 Tensor sub(const Tensor& a, const Tensor& b);
-// Same shape, or one operand broadcast over the other's rows: its shape is the
-// other's with a trailing run of dims set to 1 ((N, C, 1, 1) or (N, 1, 1, 1)
-// against (N, C, H, W)).
+// Same shape, or one operand broadcast over the other: its shape, aligned to
+// the other's last dims, is the other's with the dims before and after one run
+// set to 1 or left out ((N, C, 1, 1), (N, 1, 1, 1), (C, 1, 1) or (1, C, 1, 1)
+// against (N, C, H, W); (C) against (N, H, W, C)).
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, double factor);
 Tensor add_scalar(const Tensor& x, double value);

@@ -1,6 +1,7 @@
 #include <loom/ops/layer_norm.h>
 
 #include <loom/core/profiler.h>
+#include <loom/ops/autocast.h>
 #include <loom/ops/dispatch.h>
 
 namespace loom {
@@ -8,6 +9,12 @@ namespace loom {
 Tensor layer_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps) {
   LOOM_CHECK(input.defined() && input.dim() >= 1, "layer_norm: expected an input with at least one dimension, got ",
              input.defined() ? input.str() : "an undefined tensor");
+  // Under autocast (amp O1) it computes in f32, as PyTorch's autocast does (its f32 list): a lower-precision
+  // input (a convolution's output) meets the f32 weights of LayerNorm2d.
+  if (ops::autocast_raises(input) || ops::autocast_raises(weight) || ops::autocast_raises(bias)) {
+    const auto raise = [](const Tensor& t) { return ops::autocast_raises(t) ? t.to(DType::f32) : t; };
+    return layer_norm(raise(input), raise(weight), raise(bias), eps);
+  }
   profiler::Scope profile("layer_norm", input);
   LOOM_CHECK(is_floating(input.dtype()), "layer_norm: expected a floating-point input, got ", dtype_name(input.dtype()));
   const int64_t features = input.size(input.dim() - 1);

@@ -19,7 +19,8 @@
 
 namespace loom {
 
-// input (..., D); weight, bias (D) or undefined; all of one dtype and device.
+// input (..., D); weight, bias (D) or undefined; all of one dtype and device
+// (under autocast, f16 / bf16 ones are computed in f32: ops/autocast.h).
 Tensor layer_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 
 namespace ops {

@@ -85,34 +85,43 @@ Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor) {
   return Tensor::full(sizes, g.item() * factor, g.dtype());
 }
 
-Tensor mul_rows(const Tensor& x_in, const Tensor& scale_in) {
+Tensor mul_rows(const Tensor& x_in, const Tensor& scale_in, int64_t row_size) {
   Tensor x = cpu_compute_input(x_in), scale = cpu_compute_input(scale_in);
-  const int64_t rows = scale.numel(), row_size = x.numel() / std::max<int64_t>(rows, 1);
+  const int64_t rows = scale.numel();
+  row_size = std::max<int64_t>(row_size, 1);
+  // (outer, rows) pairs, each a row of row_size elements scaled by scale[r].
+  const int64_t pairs = x.numel() / row_size;
   return unary_map(x_in, [&]<class T>(T* out, int64_t) {
     const T* in = x.data<T>();
     const T* factor = scale.data<T>();
-    parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(row_size, 1)), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const T f = factor[r];
-        for (int64_t i = r * row_size; i < (r + 1) * row_size; ++i) out[i] = in[i] * f;
+    parallel_for(0, pairs, std::max<int64_t>(1, kGrain / row_size), [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const T f = factor[p % rows];
+        for (int64_t i = p * row_size; i < (p + 1) * row_size; ++i) out[i] = in[i] * f;
       }
     });
   });
 }
 
-Tensor mul_rows_backward_scale(const Tensor& grad_in, const Tensor& x_in, const Shape& scale_sizes) {
+Tensor mul_rows_backward_scale(const Tensor& grad_in, const Tensor& x_in, const Shape& scale_sizes, int64_t row_size) {
   Tensor g = cpu_compute_input(grad_in), x = cpu_compute_input(x_in);
-  const int64_t rows = shape_numel(scale_sizes), row_size = x.numel() / std::max<int64_t>(rows, 1);
+  const int64_t rows = shape_numel(scale_sizes);
+  row_size = std::max<int64_t>(row_size, 1);
+  const int64_t outer = rows == 0 ? 0 : x.numel() / (rows * row_size);
   const DType compute = g.dtype();
   Tensor out = Tensor::empty(scale_sizes, compute);
   visit_compute_dtype(compute, "mul backward", [&]<class T>() {
     const T* gp = g.data<T>();
     const T* xp = x.data<T>();
     T* o = out.data<T>();
-    parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(row_size, 1)), [&](int64_t begin, int64_t end) {
+    const int64_t per_row = std::max<int64_t>(outer * row_size, 1);
+    parallel_for(0, rows, std::max<int64_t>(1, kGrain / per_row), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         double total = 0;
-        for (int64_t i = r * row_size; i < (r + 1) * row_size; ++i) total += static_cast<double>(gp[i]) * xp[i];
+        for (int64_t b = 0; b < outer; ++b) {
+          const int64_t first = (b * rows + r) * row_size;
+          for (int64_t i = first; i < first + row_size; ++i) total += static_cast<double>(gp[i]) * xp[i];
+        }
         o[r] = static_cast<T>(total);
       }
     });

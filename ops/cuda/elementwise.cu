@@ -71,24 +71,26 @@ static __global__ void broadcast_scalar_kernel(const T* g, double factor, T* out
   for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = value;
 }
 
-// out[r * row_size + i] = x[r * row_size + i] * scale[r] (mul broadcast over rows).
+// out[(o * rows + r) * row_size + i] = x[...] * scale[r] (mul broadcast).
 template <class T>
-static __global__ void mul_rows_kernel(const T* x, const T* scale, T* out, int64_t n, int64_t row_size) {
+static __global__ void mul_rows_kernel(const T* x, const T* scale, T* out, int64_t n, int64_t rows, int64_t row_size) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    out[i] = from_acc<T>(to_acc(x[i]) * to_acc(scale[i / row_size]));
+    out[i] = from_acc<T>(to_acc(x[i]) * to_acc(scale[(i / row_size) % rows]));
   }
 }
 
-// out[r] = sum_i grad[r, i] * x[r, i], one block per row (grid-stride over
-// rows), summed in f64 in a fixed order.
+// out[r] = sum over o, i of grad[o, r, i] * x[o, r, i], one block per r
+// (grid-stride over rows), summed in f64 in a fixed order.
 template <class T>
-static __global__ void mul_rows_backward_scale_kernel(const T* grad, const T* x, T* out, int64_t rows,
+static __global__ void mul_rows_backward_scale_kernel(const T* grad, const T* x, T* out, int64_t outer, int64_t rows,
                                                       int64_t row_size) {
   __shared__ double scratch[32];
+  const int64_t per_row = outer * row_size;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     double total = 0;
-    for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) {
-      total += static_cast<double>(to_acc(grad[r * row_size + i])) * static_cast<double>(to_acc(x[r * row_size + i]));
+    for (int64_t j = threadIdx.x; j < per_row; j += blockDim.x) {
+      const int64_t index = ((j / row_size) * rows + r) * row_size + j % row_size;
+      total += static_cast<double>(to_acc(grad[index])) * static_cast<double>(to_acc(x[index]));
     }
     total = block_sum(total, scratch);
     if (threadIdx.x == 0) out[r] = from_acc<T>(static_cast<acc_t<T>>(total));
@@ -205,30 +207,35 @@ Tensor broadcast_scalar(const Tensor& g, const Shape& sizes, double factor) {
   return out;
 }
 
-Tensor mul_rows(const Tensor& x_in, const Tensor& scale_in) {
+Tensor mul_rows(const Tensor& x_in, const Tensor& scale_in, int64_t row_size) {
   const auto device_guard = on_device_of("mul", x_in);
   check_cuda("mul", scale_in);
   const Tensor x = contiguous_input(x_in), scale = contiguous_input(scale_in);
   Tensor out = Tensor::empty(x.sizes(), x.dtype(), x.device());
-  const int64_t row_size = x.numel() / std::max<int64_t>(scale.numel(), 1);
+  if (x.numel() == 0) return out;
+  const int64_t rows = std::max<int64_t>(scale.numel(), 1);
+  row_size = std::max<int64_t>(row_size, 1);
   visit_float(x.dtype(), "mul", [&]<class T>() {
     mul_rows_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(x.data<T>(), scale.data<T>(),
-                                                                             out.data<T>(), x.numel(), row_size);
+                                                                             out.data<T>(), x.numel(), rows, row_size);
     LOOM_CHECK_LAUNCH();
   });
   return out;
 }
 
-Tensor mul_rows_backward_scale(const Tensor& grad_in, const Tensor& x_in, const Shape& scale_sizes) {
+Tensor mul_rows_backward_scale(const Tensor& grad_in, const Tensor& x_in, const Shape& scale_sizes, int64_t row_size) {
   const auto device_guard = on_device_of("mul backward", grad_in);
   check_cuda("mul backward", x_in);
   const Tensor grad = contiguous_input(grad_in), x = contiguous_input(x_in.to(grad_in.dtype()));
   Tensor out = Tensor::empty(scale_sizes, grad.dtype(), grad.device());
-  const int64_t rows = out.numel(), row_size = grad.numel() / std::max<int64_t>(rows, 1);
+  const int64_t rows = out.numel();
+  if (rows == 0) return out;
+  row_size = std::max<int64_t>(row_size, 1);
+  const int64_t outer = grad.numel() / (rows * row_size);
   visit_float(grad.dtype(), "mul backward", [&]<class T>() {
     const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 1 << 16));
     mul_rows_backward_scale_kernel<T><<<blocks, kThreads, 0, stream_of(grad)>>>(grad.data<T>(), x.data<T>(),
-                                                                                out.data<T>(), rows, row_size);
+                                                                                out.data<T>(), outer, rows, row_size);
     LOOM_CHECK_LAUNCH();
   });
   return out;

@@ -460,7 +460,7 @@ TEST_CASE("an out-of-range target makes the CUDA loss NaN instead of reading out
   CHECK(std::isnan(cross_entropy(x, targets).item()));
 }
 
-TEST_CASE("mul broadcast over rows, dropout, stochastic depth, cat") {
+TEST_CASE("mul broadcast, dropout, stochastic depth, cat") {
   for (DType dtype : kFloatTypes) {
     const Tolerance tol = tolerance_for(dtype);
     const Tensor x = leaf({3, 5, 7, 6}, 91, dtype), channels = leaf({3, 5, 1, 1}, 92, dtype);
@@ -469,6 +469,12 @@ TEST_CASE("mul broadcast over rows, dropout, stochastic depth, cat") {
              [](const TensorList& t) { return TensorList{mul(t[0], t[1])}; }, tol);
     check_op(label("mul (N, 1, 1, 1)", dtype, x.sizes()), {x, samples},
              [](const TensorList& t) { return TensorList{mul(t[1], t[0])}; }, tol);
+    // ConvNeXt's layer scale (C, 1, 1) over the batch, and (C) over channels-last rows.
+    const Tensor layer_scale = leaf({5, 1, 1}, 99, dtype), last = leaf({6}, 100, dtype);
+    check_op(label("mul (C, 1, 1)", dtype, x.sizes()), {x, layer_scale},
+             [](const TensorList& t) { return TensorList{mul(t[1], t[0])}; }, tol);
+    check_op(label("mul (C) over the last dim", dtype, x.sizes()), {x, last},
+             [](const TensorList& t) { return TensorList{mul(t[0], t[1])}; }, tol);
     // One seed on both backends gives one mask (ops/dropout_math.h).
     check_op(label("dropout", dtype, x.sizes()), {x}, [](const TensorList& t) {
       manual_seed(17);
@@ -509,6 +515,13 @@ TEST_CASE("avg_pool2d and layer_norm") {
       check_op(label("layer_norm", dtype, shape), {x, w, b},
                [](const TensorList& t) { return TensorList{layer_norm(t[0], t[1], t[2])}; }, tol);
     }
+    // ConvNeXt's LayerNorm2d: over the channels of (N, C, H, W), through NHWC and back.
+    const Tensor x = leaf({2, 24, 5, 3}, 101, dtype, -2.0, 3.0), w = leaf({24}, 102, dtype, 0.5, 1.5);
+    const Tensor b = leaf({24}, 103, dtype);
+    check_op(label("layer_norm over channels (LayerNorm2d)", dtype, x.sizes()), {x, w, b}, [](const TensorList& t) {
+      const Tensor nhwc = t[0].permute({0, 2, 3, 1}).contiguous();
+      return TensorList{layer_norm(nhwc, t[1], t[2], 1e-6).permute({0, 3, 1, 2}).contiguous()};
+    }, tol);
   }
 }
 

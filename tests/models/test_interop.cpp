@@ -1,6 +1,6 @@
 // Interoperability with PyTorch: loom's checkpoints of ResNet-50, VGG,
-// MobileNet V2 / V3 and EfficientNet-B0 load into torchvision's model of the
-// same name (num_classes=10) with load_state_dict(strict=True) and give loom's
+// MobileNet V2 / V3, EfficientNet-B0, RegNetY-400MF and ConvNeXt-Tiny load
+// into torchvision's model of the same name (num_classes=10) with load_state_dict(strict=True) and give loom's
 // logits in eval mode; a torchvision state_dict saved as safetensors loads into
 // loom and gives torch's logits. Runs tests/models/torch_interop.py with the
 // first Python that has torch + torchvision (torch_python()); skipped without.
@@ -12,8 +12,10 @@
 
 #include <loom/core/autograd.h>
 #include <loom/nn/checkpoint.h>
+#include <loom/nn/convnext.h>
 #include <loom/nn/efficientnet.h>
 #include <loom/nn/mobilenet.h>
+#include <loom/nn/regnet.h>
 #include <loom/nn/resnet.h>
 #include <loom/nn/vgg.h>
 #include "tests/models/helpers.h"
@@ -78,6 +80,18 @@ void check_torch_side(const TempDir& dir, const std::string& name, const Factory
   CHECK(difference <= tolerance);
 }
 
+// convnext_tiny with its layer scales drawn from [0.5, 1): at their initial 1e-6 every block would add next to
+// nothing to the logits, and a block's tensors could load wrongly unseen (torch_interop.py draws them too).
+std::shared_ptr<nn::Module> convnext_with_layer_scales() {
+  auto model = nn::convnext_tiny(nn::ConvNeXtOptions().num_classes(10));
+  NoGradGuard no_grad;
+  uint64_t seed = 30;
+  for (auto& [key, p] : model->named_parameters()) {
+    if (key.ends_with("layer_scale")) Tensor(p).copy_(loom::testing::random_tensor(p.sizes(), seed++, 0.5, 1.0));
+  }
+  return model;
+}
+
 // Both directions for each (name, factory); one Python run for all of them.
 void check_interop(const std::vector<std::pair<std::string, Factory>>& models) {
   const std::string python = loom::testing::torch_python();
@@ -112,6 +126,11 @@ TEST_SUITE("interop") {
                    {"mobilenet_v3_large",
                     [] { return nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(10)); }},
                    {"efficientnet_b0", [] { return nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10)); }}});
+  }
+
+  TEST_CASE("RegNetY-400MF and ConvNeXt-Tiny checkpoints move between loom and torchvision") {
+    check_interop({{"regnet_y_400mf", [] { return nn::regnet_y_400mf(nn::RegNetOptions().num_classes(10)); }},
+                   {"convnext_tiny", convnext_with_layer_scales}});
   }
 }
 

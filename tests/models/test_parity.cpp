@@ -1,10 +1,12 @@
 // Parity with PyTorch (issue 52): one f64 training step of each torchvision CNN
 // in loom (mobilenet_v2, mobilenet_v3_small / _large, efficientnet_b0,
-// vgg11_bn, vgg16_bn; num_classes 10, batch 4 at 32x32, batch norm in training
-// mode) gives torchvision's logits, loss, every parameter gradient and every
-// updated parameter and batch-norm buffer within 1e-8 relative. Dropout is
-// built with p = 0 and EfficientNet's stochastic depth with probability 0, so
-// nothing random remains. The parameters come from a counter-based formula
+// regnet_y_400mf, convnext_tiny, vgg11_bn, vgg16_bn; num_classes 10, batch 4 at
+// 32x32 (regnet_y_400mf 2 at 40x40, convnext_tiny 2 at 32x32: torch_parity.py's
+// input_shape), batch norm in training mode)
+// gives torchvision's logits, loss, every parameter gradient and every updated
+// parameter and batch-norm buffer within 1e-8 relative. Dropout is built with
+// p = 0 and EfficientNet's and ConvNeXt's stochastic depth with probability 0,
+// so nothing random remains. The parameters come from a counter-based formula
 // (parity_values below) that tests/models/torch_parity.py computes the same way.
 // The reference's Hardsigmoid (MobileNetV3) is relu6(x + 3) / 6: PyTorch's own
 // f64 backward multiplies by the float 1/6 (3e-8 off), loom's is exact.
@@ -20,8 +22,10 @@
 
 #include <loom/core/autograd.h>
 #include <loom/nn/checkpoint.h>
+#include <loom/nn/convnext.h>
 #include <loom/nn/efficientnet.h>
 #include <loom/nn/mobilenet.h>
+#include <loom/nn/regnet.h>
 #include <loom/nn/vgg.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
@@ -64,6 +68,8 @@ std::shared_ptr<nn::Module> parity_model(const std::string& name) {
   if (name == "mobilenet_v3_large") return nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(10).dropout(0));
   if (name == "efficientnet_b0")
     return nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10).dropout(0).stochastic_depth_prob(0));
+  if (name == "regnet_y_400mf") return nn::regnet_y_400mf(nn::RegNetOptions().num_classes(10));
+  if (name == "convnext_tiny") return nn::convnext_tiny(nn::ConvNeXtOptions().num_classes(10).stochastic_depth_prob(0));
   if (name == "vgg11_bn") return nn::vgg11_bn(nn::VGGOptions().num_classes(10).dropout(0));
   if (name == "vgg16_bn") return nn::vgg16_bn(nn::VGGOptions().num_classes(10).dropout(0));
   FAIL("no parity model ", name);
@@ -85,8 +91,13 @@ StepResult training_step(const std::string& name) {
     for (auto& [key, p] : model->named_parameters()) Tensor(p).copy_(parity_values(key, p.sizes()));
   }
   model->train();
-  Tensor input = parity_values("input", {4, 3, 32, 32}) * 2.0;
-  Tensor targets = Tensor::from_vector(std::vector<int64_t>{3, 7, 1, 5}, {4});
+  // torch_parity.py's input_shape: 4 images at 32x32, regnet_y_400mf 2 at 40x40, convnext_tiny 2 at 32x32.
+  const int64_t batch = name == "regnet_y_400mf" || name == "convnext_tiny" ? 2 : 4;
+  const int64_t size = name == "regnet_y_400mf" ? 40 : 32;
+  Tensor input = parity_values("input", {batch, 3, size, size}) * 2.0;
+  std::vector<int64_t> labels{3, 7, 1, 5};
+  labels.resize(static_cast<size_t>(batch));
+  Tensor targets = Tensor::from_vector(labels, {batch});
   optim::SGD sgd(model->parameters(), optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
   StepResult result;
   result.logits = (*model)(input);
@@ -204,6 +215,12 @@ TEST_SUITE("parity") {
   TEST_CASE("mobilenet_v3_small: one f64 SGD step equals torchvision's") { check_parity("mobilenet_v3_small"); }
   TEST_CASE("mobilenet_v3_large: one f64 SGD step equals torchvision's") { check_parity("mobilenet_v3_large"); }
   TEST_CASE("efficientnet_b0: one f64 SGD step equals torchvision's") { check_parity("efficientnet_b0"); }
+  TEST_CASE("regnet_y_400mf: one f64 SGD step equals torchvision's") { check_parity("regnet_y_400mf"); }
+}
+
+// ConvNeXt-Tiny in f64 (28M parameters: the weights, gradients and momentum 230 MB each): a suite of its own.
+TEST_SUITE("parity_convnext") {
+  TEST_CASE("convnext_tiny: one f64 SGD step equals torchvision's") { check_parity("convnext_tiny"); }
 }
 
 // VGG in f64 (132M / 138M parameters: a gigabyte each for the weights, gradients and momentum): a suite of its

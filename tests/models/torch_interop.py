@@ -9,7 +9,7 @@ loom -> torch: DIR/loom_MODEL.checkpoint (loom's state_dict plus its
   logit when that is over 1).
 torch -> loom: writes DIR/torch_MODEL.safetensors (a freshly initialised
   torchvision model whose batch-norm statistics were moved by a few training
-  forwards) and DIR/torch_MODEL_io.safetensors ("input", "logits" in eval mode)
+  forwards, ConvNeXt's layer scales drawn from [0.5, 1) instead of 1e-6) and DIR/torch_MODEL_io.safetensors ("input", "logits" in eval mode)
   for the C++ side to load and compare.
 
 Files are read with the `safetensors` package when it is installed, and
@@ -81,7 +81,8 @@ def main(directory, name="resnet50"):
     model = build(num_classes=10)
     model.load_state_dict(model_state, strict=True)
     tracked = [v for k, v in model.state_dict().items() if k.endswith("num_batches_tracked")]
-    assert tracked and all(t.dtype == torch.int64 for t in tracked)
+    has_batch_norm = any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())  # not ConvNeXt
+    assert bool(tracked) == has_batch_norm and all(t.dtype == torch.int64 for t in tracked)
     model.eval()
     io, _ = read_safetensors(os.path.join(directory, f"loom_{name}_io.safetensors"))
     with torch.no_grad():
@@ -94,6 +95,10 @@ def main(directory, name="resnet50"):
 
     torch.manual_seed(1)
     reference = build(num_classes=10)
+    with torch.no_grad():
+        for key, parameter in reference.named_parameters():
+            if key.endswith("layer_scale"):  # ConvNeXt's: at 1e-6 the blocks would hardly reach the logits
+                parameter.uniform_(0.5, 1.0)
     reference.train()
     with torch.no_grad():
         for _ in range(2):

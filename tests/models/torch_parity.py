@@ -5,10 +5,13 @@
                                                    (every loom tensor) with PyTorch, exit 1 on a mismatch
 
 The step, the same in tests/models/test_parity.cpp: torchvision.models.MODEL(num_classes=10,
-dropout=0.0) (efficientnet_b0 also stochastic_depth_prob=0.0: nothing random remains) in f64
-and in training mode (batch norm on the batch's statistics); every parameter from
-`generated(name, shape)` below, batch-norm buffers at their initial values (mean 0, var 1);
-input generated("input", (4, 3, 32, 32)) * 2, targets [3, 7, 1, 5]; loss = cross_entropy (mean);
+dropout=0.0) (efficientnet_b0 also stochastic_depth_prob=0.0; regnet_y_400mf has no dropout;
+convnext_tiny only stochastic_depth_prob=0.0: nothing random remains) in f64 and in training mode
+(batch norm on the batch's statistics); every parameter from `generated(name, shape)` below
+(ConvNeXt's (C, 1, 1) layer scales too), batch-norm buffers at their initial values (mean 0, var 1);
+input generated("input", (B, 3, S, S)) * 2 with B = 4, S = 32 (regnet_y_400mf B = 2, S = 40;
+convnext_tiny B = 2, S = 32: input_shape says why), targets the first B of [3, 7, 1, 5];
+loss = cross_entropy (mean);
 backward; SGD(lr=0.1, momentum=0.9, weight_decay=1e-4).step(). torch.nn.Hardsigmoid (MobileNetV3) is swapped for
 relu6(x + 3) / 6, the same function with an exact f64 derivative (ExactHardsigmoid says why). Batch 4, not 2:
 at batch 2 the last batch norms see 2 values per channel and a 1e-15 change of the input moves some gradients by
@@ -21,7 +24,7 @@ scales), 0.1 u for biases. Integer arithmetic only, so both sides make the same 
 
 A fixture holds, per model: the logits, the loss, and for every parameter's gradient, every
 updated parameter and every updated batch-norm buffer: the sum, the sum of |x|, the sum of
-squares and the entries at 4 fixed positions (0, n/3, 2n/3, n-1). 25 to 140 KB a model.
+squares and the entries at 4 fixed positions (0, n/3, 2n/3, n-1). 25 to 155 KB a model.
 """
 import json, os, sys
 
@@ -29,7 +32,8 @@ import numpy as np
 import torch
 import torchvision
 
-MODELS = ["mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "vgg11_bn", "vgg16_bn"]
+MODELS = ["mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
+          "convnext_tiny", "vgg11_bn", "vgg16_bn"]
 MASK = (1 << 64) - 1
 
 
@@ -84,6 +88,10 @@ def build(name):
     kwargs = {"num_classes": 10, "dropout": 0.0}
     if name == "efficientnet_b0":
         kwargs["stochastic_depth_prob"] = 0.0
+    if name == "regnet_y_400mf":
+        del kwargs["dropout"]
+    if name == "convnext_tiny":
+        kwargs = {"num_classes": 10, "stochastic_depth_prob": 0.0}
     model = getattr(torchvision.models, name)(**kwargs).double()
     exact_hardsigmoid(model)  # MobileNetV3's squeeze-excitation scale (no parameters: the state_dict is unchanged)
     with torch.no_grad():
@@ -93,10 +101,20 @@ def build(name):
     return model
 
 
+def input_shape(name):
+    """(batch, 3, size, size): 4 images at 32x32, where the last batch norms (1x1) see 4 values per channel;
+    regnet_y_400mf 2 at 40x40 (2x2 at its last stage: 8 values; at 4 x 32x32 a 1e-15 change of the input moves its
+    gradients by 1e-9 relative, at 2 x 40x40 by 1e-12); convnext_tiny, which has no batch norm, 2 at 32x32."""
+    if name == "regnet_y_400mf":
+        return (2, 3, 40, 40)
+    return (2 if name == "convnext_tiny" else 4, 3, 32, 32)
+
+
 def step(name):
     model = build(name)
-    x = generated("input", (4, 3, 32, 32)) * 2.0  # the "...weight" rule does not apply: 4-d
-    targets = torch.tensor([3, 7, 1, 5])
+    shape = input_shape(name)
+    x = generated("input", shape) * 2.0  # the "...weight" rule does not apply: 4-d
+    targets = torch.tensor([3, 7, 1, 5][:shape[0]])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     logits = model(x)
     loss = torch.nn.functional.cross_entropy(logits, targets)

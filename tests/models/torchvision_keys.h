@@ -1,6 +1,7 @@
 // What the torchvision model tests share: a model's state_dict against
 // torchvision's keys and shapes (which the test files write out, in order, as
-// a TorchvisionKeys list), and one training step on CIFAR-size images.
+// a TorchvisionKeys list), one training step on CIFAR-size images, and a
+// block's gradients against finite differences.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -39,6 +40,20 @@ inline void check_cifar_training_step(nn::Module& model, uint64_t seed) {
     INFO(name);
     CHECK(t.grad().defined());
   }
+}
+
+// A block's backward against finite differences for its f64 input and every
+// parameter, the default generator reseeded before each evaluation so that a
+// block with stochastic depth drops the same samples every time.
+inline void check_block_gradients(nn::Module& block, const Tensor& input, double tolerance = 1e-5) {
+  TensorList inputs{input};
+  for (const Tensor& p : block.parameters()) inputs.push_back(p);
+  check_gradients(
+      [&block](const TensorList& t) {
+        manual_seed(4);
+        return block.forward(t[0]);
+      },
+      inputs, tolerance);
 }
 
 }  // namespace loom::testing

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # --model in both apps for torchvision's CNNs beyond the ResNets (issue 52):
-# train_resnet50_cifar trains mobilenet_v2, mobilenet_v3_small / _large and
-# efficientnet_b0 for 2 steps on synthetic 32x32 images (efficientnet_b0 under
-# --amp O2); mobilenet_v3_small resumes from its epoch-1 checkpoint to the
+# train_resnet50_cifar trains mobilenet_v2, mobilenet_v3_small / _large,
+# efficientnet_b0, regnet_y_400mf and convnext_tiny for 2 steps on synthetic
+# 32x32 images (efficientnet_b0 under --amp O2); mobilenet_v3_small resumes from its epoch-1 checkpoint to the
 # same epoch-2 checkpoint byte for byte and runs at world 2 with DDP and
-# --sync-bn; train_mnist trains vgg11_bn and mobilenet_v2 on 1x28x28
+# --sync-bn; train_mnist trains vgg11_bn, mobilenet_v2 and regnet_y_400mf on 1x28x28
 # Fashion-MNIST (the channel repeated, padded to 32x32), and
 # train_resnet50_cifar --dataset mnist vgg11_bn for one step (the two VGG runs:
 # 132M parameters; its test set must be padded like its training set). Bad --model / --stem give one line. vgg16_bn shares vgg11_bn's code
@@ -36,7 +36,7 @@ run_app() {
 }
 
 # 1. Two steps of each model on synthetic CIFAR-shaped data, one process, with checkpoints.
-for model in mobilenet_v2 mobilenet_v3_large efficientnet_b0; do
+for model in mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf convnext_tiny; do
   amp=()
   [[ $model == efficientnet_b0 ]] && amp=(--amp O2)
   run_app "$model${amp[*]:+ ${amp[*]}}" "$work/$model" "Epoch[1/1], Step[2/2], Loss: " "$cifar_bin" "${synthetic[@]}" \
@@ -77,9 +77,9 @@ fi
 
 # 4. train_mnist on 1x28x28 images: the channel repeated to 3 and the images padded to 32x32.
 if make_mnist_subset "$work/mnist" 8 4 >/dev/null 2>&1 || [[ -f "$work/mnist/train-images-idx3-ubyte" ]]; then
-  for model in vgg11_bn mobilenet_v2; do
+  for model in vgg11_bn mobilenet_v2 regnet_y_400mf; do
     save=()
-    [[ $model == mobilenet_v2 ]] && save=(--save "$work/mnist_$model/model.safetensors")
+    [[ $model != vgg11_bn ]] && save=(--save "$work/mnist_$model/model.safetensors")
     run_app "train_mnist --model $model" "$work/mnist_$model" "Test accuracy: " "$mnist_bin" --data "$work/mnist" \
       --model "$model" --batch-size 4 --epochs 1 --threads 2 --log-interval 1 --checkpoint-dir "" "${save[@]}"
   done
@@ -88,14 +88,20 @@ if make_mnist_subset "$work/mnist" 8 4 >/dev/null 2>&1 || [[ -f "$work/mnist/tra
   run_app "train_resnet50_cifar --dataset mnist --model vgg11_bn" "$work/cifar_app_mnist_vgg" "Test accuracy" \
     "$cifar_bin" --dataset mnist --data "$work/mnist" --model vgg11_bn -b 4 -e 1 --max-steps 1 --threads 2 \
     --log-interval 1
-  # The channel-repeating wrapper keeps torchvision's state_dict: mobilenet_v2's 314 keys, features.* and classifier.*.
-  python3 - "$work/mnist_mobilenet_v2/model.safetensors" <<'PY' || fail "train_mnist --model mobilenet_v2 --save: not torchvision's keys"
+  # The channel-repeating wrapper keeps torchvision's state_dict: mobilenet_v2's 314 keys, features.* and
+  # classifier.*; regnet_y_400mf's 384, stem.*, trunk_output.* and fc.*.
+  python3 - "$work/mnist_mobilenet_v2/model.safetensors" "$work/mnist_regnet_y_400mf/model.safetensors" <<'PY' ||
 import json, struct, sys
-blob = open(sys.argv[1], "rb").read()
-keys = [k for k in json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]) if k != "__metadata__"]
-assert len(keys) == 314 and all(k.startswith(("features.", "classifier.")) for k in keys), keys[:5]
-assert "features.0.0.weight" in keys and "classifier.1.weight" in keys
+def keys(path):
+    blob = open(path, "rb").read()
+    return [k for k in json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]) if k != "__metadata__"]
+mobilenet, regnet = keys(sys.argv[1]), keys(sys.argv[2])
+assert len(mobilenet) == 314 and all(k.startswith(("features.", "classifier.")) for k in mobilenet), mobilenet[:5]
+assert "features.0.0.weight" in mobilenet and "classifier.1.weight" in mobilenet
+assert len(regnet) == 384 and all(k.startswith(("stem.", "trunk_output.", "fc.")) for k in regnet), regnet[:5]
+assert "trunk_output.block1.block1-0.f.se.fc1.bias" in regnet and "fc.weight" in regnet
 PY
+    fail "train_mnist --model mobilenet_v2 / regnet_y_400mf --save: not torchvision's keys"
 else
   echo "SKIP train_mnist part: /usr/share/datasets/fashion-mnist is missing (apt-get install dataset-fashion-mnist)"
 fi
@@ -106,7 +112,8 @@ expect_one_line_error "train_mnist unknown --model" "efficientnet_b0" "$mnist_bi
 expect_one_line_error "--stem cifar with --model mobilenet_v2" "--stem cifar applies to the ResNets only" \
   "$cifar_bin" --synthetic --synthetic-size 8 --model mobilenet_v2 --stem cifar --checkpoint-dir ""
 help=$("$cifar_bin" --help)
-[[ "$help" == *"efficientnet_b0"* && "$help" == *"vgg16_bn"* ]] || fail "--help does not list the models"
+[[ "$help" == *"efficientnet_b0"* && "$help" == *"vgg16_bn"* && "$help" == *"regnet_y_400mf"* &&
+   "$help" == *"convnext_tiny"* ]] || fail "--help does not list the models"
 
 ((failures == 0)) || { echo "$failures failure(s)"; exit 1; }
 echo "all passed"

@@ -1,12 +1,15 @@
 // The layers torchvision's CNN families add to the tutorials' ones: grouped
 // Conv2d's weight shape and initialisation bounds, the activation and pooling
 // modules, Dropout and StochasticDepth in training and evaluation, LayerNorm
-// and ConvNeXt's LayerNorm2d (hand values and finite differences).
+// and ConvNeXt's LayerNorm2d (hand values and finite differences), Linear over
+// (*, in), GELU, Permute, named Sequential children, trunc_normal_.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <loom/core/generator.h>
+#include <loom/nn/init.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
 #include "tests/support/gradcheck.h"
@@ -95,4 +98,68 @@ TEST_CASE("LayerNorm and LayerNorm2d: parameters, hand values, finite difference
   Generator(10).uniform_(module.bias, -1.0, 1.0);
   Tensor input = random_tensor({2, 3, 2, 3}, 81).set_requires_grad(true);
   check_gradients([&module](const TensorList& t) { return module.forward(t[0]); }, {input, module.weight, module.bias});
+}
+
+TEST_CASE("Linear over the last dim of (*, in), GELU, Permute and a Sequential of named children") {
+  nn::Linear linear(3, 2);
+  linear.to(DType::f64);
+  Tensor x = random_tensor({2, 4, 5, 3}, 82).set_requires_grad(true);
+  const Tensor y = linear.forward(x);
+  CHECK(y.sizes() == Shape{2, 4, 5, 2});
+  // Each position's row is what the 2-d linear gives it.
+  const Tensor rows = linear.forward(x.detach().reshape({-1, 3}));
+  CHECK(loom::testing::max_abs_diff(y.reshape({-1, 2}), rows) == 0.0);
+  check_gradients([&linear](const TensorList& t) { return linear.forward(t[0]); }, {x, linear.weight, linear.bias});
+  CHECK_THROWS_WITH_AS(linear.forward(Tensor::ones({2, 4, 2}, DType::f64)), doctest::Contains("is not 3"), Error);
+
+  const Tensor v = Tensor::from_vector<double>({-1.0, 0.0, 2.0}, {3});
+  CHECK(nn::GELU().forward(v).to_vector<double>() == gelu(v).to_vector<double>());
+  CHECK(nn::GELU().type_name() == "GELU");
+
+  // NCHW -> NHWC -> NCHW: the same tensor back, contiguous in between.
+  nn::Permute to_last({0, 2, 3, 1}), to_first({0, 3, 1, 2});
+  const Tensor image = random_tensor({2, 3, 4, 5}, 83);
+  const Tensor last = to_last.forward(image);
+  CHECK(last.sizes() == Shape{2, 4, 5, 3});
+  CHECK(last.is_contiguous());
+  CHECK(to_first.forward(last).to_vector<double>() == image.to_vector<double>());
+
+  // PyTorch's Sequential(OrderedDict): the names are the caller's, applied in order.
+  nn::Sequential named;
+  named.push_back("a", std::make_shared<nn::ReLU>());
+  named.push_back("b", std::make_shared<nn::Linear>(3, 1));
+  const auto children = named.named_children();
+  REQUIRE(children.size() == 2);
+  CHECK(children[0].first == "a");
+  CHECK(children[1].first == "b");
+  CHECK(named.state_dict()[0].first == "b.weight");
+  CHECK(named.forward(Tensor::ones({4, 3})).sizes() == Shape{4, 1});
+  CHECK_THROWS_WITH_AS(named.push_back("a", std::make_shared<nn::ReLU>()), doctest::Contains("registered twice"), Error);
+}
+
+TEST_CASE("trunc_normal_: normal values within the bounds, PyTorch's truncated moments") {
+  // normal(0, 1) within [-1, 2]: mean (phi(-1) - phi(2)) / Z, Z = Phi(2) - Phi(-1).
+  Tensor t = Tensor::empty({200000}, DType::f64);
+  nn::init::trunc_normal_(t, 0.0, 1.0, -1.0, 2.0);
+  const std::vector<double> v = t.to_vector<double>();
+  double sum = 0, lowest = 0, highest = 0;
+  for (double x : v) {
+    sum += x;
+    lowest = std::min(lowest, x);
+    highest = std::max(highest, x);
+  }
+  const auto phi = [](double x) { return std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); };
+  const auto cdf = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+  const double expected_mean = (phi(-1.0) - phi(2.0)) / (cdf(2.0) - cdf(-1.0));
+  CHECK(sum / static_cast<double>(v.size()) == doctest::Approx(expected_mean).epsilon(0.02));
+  CHECK(lowest >= -1.0);
+  CHECK(highest <= 2.0);
+  CHECK(lowest < -0.99);
+  CHECK(highest > 1.9);
+  // ConvNeXt's std 0.02 within the default +-2: a plain normal(0, 0.02) in f32.
+  Tensor weight = Tensor::empty({64, 64});
+  nn::init::trunc_normal_(weight, 0.0, 0.02);
+  CHECK(loom::testing::max_abs(weight) < 0.02 * 6);
+  CHECK_THROWS_WITH_AS(nn::init::trunc_normal_(weight, 0.0, 1.0, 5.0, 6.0), doctest::Contains("at least 0.001"), Error);
+  CHECK_THROWS_WITH_AS(nn::init::trunc_normal_(weight, 0.0, 1.0, 1.0, -1.0), doctest::Contains("low < high"), Error);
 }

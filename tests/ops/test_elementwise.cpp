@@ -229,10 +229,51 @@ TEST_CASE("mul broadcasts (N, C, 1, 1) and (N, 1, 1, 1) over (N, C, H, W): value
   check_gradients([](const TensorList& t) { return mul(t[0], t[1]); }, {a, channels});
   check_gradients([](const TensorList& t) { return mul(t[1], t[0]); }, {a, samples});
   CHECK(mul(a.to(DType::f32), channels.to(DType::f32)).dtype() == DType::f32);
-  // (2, 1, 4, 5) is not the other's shape with a trailing run of ones.
-  CHECK_THROWS_WITH_AS(mul(a, random_tensor({2, 1, 4, 5}, 24)), doctest::Contains("broadcast over rows"), Error);
+  // (2, 1, 4, 5): the dims that are not 1 are not one run of the other's.
+  CHECK_THROWS_WITH_AS(mul(a, random_tensor({2, 1, 4, 5}, 24)), doctest::Contains("neither match nor broadcast"),
+                       Error);
+  CHECK_THROWS_WITH_AS(mul(a, random_tensor({3, 1, 5}, 25)), doctest::Contains("neither match nor broadcast"), Error);
   // An empty batch broadcasts as a full one does (stochastic depth on no rows).
   const Tensor empty = Tensor::zeros({0, 3, 4, 5}, DType::f64);
   CHECK(mul(empty, Tensor::zeros({0, 3, 1, 1}, DType::f64)).sizes() == Shape{0, 3, 4, 5});
   CHECK(stochastic_depth(empty, 0.5, StochasticDepthMode::row, true).sizes() == Shape{0, 3, 4, 5});
+}
+
+TEST_CASE("mul broadcasts (C, 1, 1), (1, C, 1, 1) and (C) over the batch too: values and finite differences") {
+  // ConvNeXt's layer scale: (C, 1, 1) over (N, C, H, W); x[n, c, i] = 100 n + 10 c + i, scale[c] = c + 2.
+  std::vector<double> x_values, expected;
+  for (int n = 0; n < 2; ++n) {
+    for (int c = 0; c < 3; ++c) {
+      for (int i = 0; i < 4; ++i) {
+        x_values.push_back(100 * n + 10 * c + i);
+        expected.push_back((100 * n + 10 * c + i) * (c + 2.0));
+      }
+    }
+  }
+  const Tensor x = Tensor::from_vector<double>(x_values, {2, 3, 2, 2});
+  const Tensor s = Tensor::from_vector<double>({2, 3, 4}, {3, 1, 1});
+  CHECK(mul(x, s).to_vector<double>() == expected);
+  CHECK(mul(s, x).to_vector<double>() == expected);
+  CHECK(mul(x, s.reshape({1, 3, 1, 1})).to_vector<double>() == expected);
+  CHECK(mul(s, x).sizes() == Shape{2, 3, 2, 2});
+  // d/ds[c] of sum(x * s): the sum of channel c over the batch and the plane.
+  Tensor s_leaf = s.clone().set_requires_grad(true);
+  sum(mul(s_leaf, x)).backward();
+  CHECK(s_leaf.grad().to_vector<double>() == std::vector<double>{(0 + 1 + 2 + 3) * 2 + 400, (40 + 6) * 2 + 400,
+                                                                 (80 + 6) * 2 + 400});
+  CHECK(s_leaf.grad().sizes() == Shape{3, 1, 1});
+
+  Tensor a = random_tensor({2, 3, 4, 5}, 31).set_requires_grad(true);
+  Tensor layer_scale = random_tensor({3, 1, 1}, 32).set_requires_grad(true);
+  Tensor middle = random_tensor({1, 3, 4, 1}, 33).set_requires_grad(true);
+  Tensor last = random_tensor({5}, 34).set_requires_grad(true);  // (C) over channels-last (N, H, W, C)
+  check_gradients([](const TensorList& t) { return mul(t[0], t[1]); }, {a, layer_scale});
+  check_gradients([](const TensorList& t) { return mul(t[1], t[0]); }, {a, middle});
+  check_gradients([](const TensorList& t) { return mul(t[0], t[1]); }, {a, last});
+  CHECK(mul(a.to(DType::f32), layer_scale.to(DType::f32)).dtype() == DType::f32);
+  // A scale of ones everywhere multiplies everything; an empty batch still broadcasts.
+  CHECK(mul(x, Tensor::full({1, 1}, 2.0, DType::f64)).to_vector<double>() == scale(x, 2.0).to_vector<double>());
+  const Tensor empty = Tensor::zeros({0, 3, 4, 5}, DType::f64);
+  CHECK(mul(Tensor::zeros({3, 1, 1}, DType::f64), empty).sizes() == Shape{0, 3, 4, 5});
+  CHECK(mul(Tensor::zeros({0, 3, 1, 1}, DType::f64), empty).sizes() == Shape{0, 3, 4, 5});
 }
