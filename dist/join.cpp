@@ -71,6 +71,7 @@ Join::~Join() {
 }
 
 void Join::detach() noexcept {
+  if (!options_.enable()) return;  // never attached (a joinable may be gone: it could not tell this Join)
   for (Joinable* joinable : joinables_) {
     if (joinable->join_ != this) continue;
     joinable->join_ = nullptr;
