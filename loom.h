@@ -30,6 +30,7 @@
 #include <loom/dist/process_group.h>
 #include <loom/dist/store.h>
 #include <loom/dist/sync_batch_norm.h>
+#include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/nn/checkpoint.h>
 #include <loom/nn/convnet.h>
 #include <loom/nn/efficientnet.h>

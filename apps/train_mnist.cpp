@@ -67,15 +67,13 @@ int run(const Flags& flags, int argc, char** argv) {
   model->to(rank.device);  // before DDP and the optimizer take the parameters
   std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, rank.backend, rank.device, rank.world);
   if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);
-  // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but
-  // batch norm), the optimizer over what it steps (f32 masters at O2 / O3 / bf16).
-  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
-      *model,
-      [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+  // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but batch norm), the
+  // optimizer over what it steps (f32 masters at O2 / O3 / bf16), with --zero over this rank's shard.
+  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = apps::initialize_optimizer(
+      *model, common, group, [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
         if (flags.optimizer == "adam") return std::make_unique<optim::Adam>(std::move(parameters), optim::AdamOptions(flags.lr));
         return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(flags.lr).momentum(flags.momentum));
-      },
-      amp::parse_opt_level(common.amp));
+      });
   train::Trainer trainer(model, optimizer,
                          apps::trainer_options("train_mnist", argc, argv, common, flags.checkpoints, group)
                              .epochs(flags.epochs)

@@ -49,15 +49,14 @@ int run(const Flags& flags, int argc, char** argv) {
                                                       nn::parse_resnet_stem(flags.stem));
   model->to(rank.device);  // before the optimizer and DDP take the parameters
   if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);  // same tensors: checkpoints unchanged
-  // apex's amp.initialize: the model in the level's dtypes, SGD over what it steps (f32 masters at O2 / O3 / bf16).
+  // apex's amp.initialize: the model in the level's dtypes, SGD over what it steps (f32 masters at O2 / O3 /
+  // bf16), with --zero over this rank's shard.
   const double lr = flags.learning_rate();
-  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
-      *model,
-      [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = apps::initialize_optimizer(
+      *model, common, group, [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
         return std::make_unique<optim::SGD>(
             std::move(parameters), optim::SGDOptions(lr).momentum(flags.momentum).weight_decay(flags.weight_decay));
-      },
-      amp::parse_opt_level(common.amp));
+      });
   apps::print_launch_banner(rank);
   if (rank.leader) {
     std::printf("%s%s: %" PRId64 " training, %" PRId64 " test images; %s%s, global batch %" PRId64

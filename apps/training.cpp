@@ -15,6 +15,7 @@
 #include <loom/dist/host_staging.h>
 #include <loom/dist/launcher.h>
 #include <loom/dist/process_group_nccl.h>
+#include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/nn/convnet.h>
 #include <loom/nn/efficientnet.h>
 #include <loom/nn/mobilenet.h>
@@ -144,6 +145,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
             "batches per optimizer step (gradient accumulation: the all-reduce on the last, each loss divided by "
             "their number; an epoch's leftover batches make one step)",
             1);
+  app.add_flag("--zero", flags.zero,
+               "shard the optimizer state (momentum, Adam moments) over the processes, ZeRO stage 1 as PyTorch's "
+               "ZeroRedundancyOptimizer: each keeps about 1/world of it; the same updates, and checkpoints as "
+               "without it (they resume with or without --zero); needs several processes");
   app.add_flag("--no-pad-last", flags.no_pad_last,
                "train on each sample once per epoch: no DistributedSampler padding (which repeats up to N-1 samples "
                "for N processes), so ranks may run one batch fewer, and the uneven end of each epoch runs inside "
@@ -165,6 +170,9 @@ RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoi
   context.rank = context.launch.rank;
   context.world = context.launch.world_size;
   context.leader = context.rank == 0;
+  LOOM_CHECK(!flags.zero || context.world > 1,
+             "--zero shards the optimizer state over several processes, but this run has one; start several "
+             "(loomrun --nproc_per_node=2, srun -n 2, train_mnist -g 2) or leave --zero out");
   set_threads(flags, context.world);
   context.device = resolve_training_device(flags.device, context.launch.local_rank);
   context.backend = choose_backend(flags.backend, context.device);
@@ -264,6 +272,34 @@ std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags,
   group->set_timeout(timeout);
   // --device cuda --backend gloo|shm: CUDA tensors staged through host memory.
   return dist::stage_through_host(group, device);
+}
+
+std::shared_ptr<amp::MixedPrecisionOptimizer> initialize_optimizer(nn::Module& model, const CommonFlags& flags,
+                                                                   const std::shared_ptr<dist::ProcessGroup>& group,
+                                                                   const amp::OptimizerFactory& make_optimizer) {
+  const amp::OptLevel level = amp::parse_opt_level(flags.amp);
+  if (!flags.zero) return amp::initialize(model, make_optimizer, level);
+  LOOM_CHECK(group != nullptr, "--zero needs a process group (several processes)");
+  const dist::ZeroRedundancyOptimizer* sharded = nullptr;
+  std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
+      model,
+      [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+        auto zero = std::make_unique<dist::ZeroRedundancyOptimizer>(std::move(parameters), group, make_optimizer);
+        sharded = zero.get();
+        return zero;
+      },
+      level);
+  if (group->rank() == 0) {
+    const std::vector<Tensor>& all = sharded->group_params(0);
+    int64_t total = 0, mine = 0;
+    for (const Tensor& p : all) total += p.numel();
+    for (size_t index : sharded->shard(0)) mine += all[index].numel();
+    std::printf("--zero: the optimizer state is sharded over %d processes; rank 0 steps %zu of the %zu parameter "
+                "tensors (%lld of %lld values)\n",
+                group->size(), sharded->shard(0).size(), all.size(), static_cast<long long>(mine),
+                static_cast<long long>(total));
+  }
+  return optimizer;
 }
 
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device) {

@@ -47,12 +47,13 @@ struct CommonFlags {
   std::string trace;              // Chrome trace file; '' = none
   double clip_grad_norm = 0;      // max total gradient 2-norm; 0 = no clipping
   int64_t accumulate_steps = 1;   // batches per optimizer step
+  bool zero = false;              // the optimizer state sharded over the processes (ZeRO stage 1)
   bool no_pad_last = false;       // no DistributedSampler padding; uneven epoch ends inside dist::Join
 };
 
 // Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
 // --log-interval, --timeout, --progress, --metrics, --tensorboard, --trace,
-// --clip-grad-norm, --accumulate-steps and --no-pad-last, and rejects at
+// --clip-grad-norm, --accumulate-steps, --zero and --no-pad-last, and rejects at
 // parse time the flags that exclude each other (app's parse_complete_callback). Every
 // flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);
@@ -68,7 +69,8 @@ struct RankContext {
 
 // The start of every app's run: the stop signals' handlers (SIGTERM, SIGINT
 // and --checkpoint-signal), the launch environment, --threads, the training
-// device (made current) and the backend, checked before any rendezvous.
+// device (made current) and the backend, checked before any rendezvous
+// (--zero needs several processes).
 RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoints);
 
 // The training loader, this rank's share of each epoch's shuffle
@@ -120,6 +122,15 @@ std::string choose_backend(const std::string& flag, Device device);
 // training device.
 std::shared_ptr<dist::ProcessGroup> make_process_group(const CommonFlags& flags, const std::string& backend,
                                                        Device device, int world);
+
+// apex's amp.initialize at --amp's level with the optimizer `make_optimizer`
+// builds over what amp steps (the f32 masters at O2 / O3 / bf16); with
+// --zero that optimizer is built over this process's shard only, inside a
+// dist::ZeroRedundancyOptimizer over `group`, and rank 0 says how the state
+// is split.
+std::shared_ptr<amp::MixedPrecisionOptimizer> initialize_optimizer(nn::Module& model, const CommonFlags& flags,
+                                                                   const std::shared_ptr<dist::ProcessGroup>& group,
+                                                                   const amp::OptimizerFactory& make_optimizer);
 
 // The loaders' options: `batch_size` images, --workers threads, --seed, the
 // input dtype of --amp, batches delivered on `device` (CUDA: pinned staging,

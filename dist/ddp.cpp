@@ -398,7 +398,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   std::vector<Tensor> state;
   for (auto& [name, tensor] : module_->named_parameters()) state.push_back(tensor);
   for (auto& [name, tensor] : module_->named_buffers()) state.push_back(tensor);
-  broadcast_from(0, state);
+  broadcast_coalesced(*group_, state, 0);
 
   reducer_ = std::make_shared<Reducer>();
   Reducer& reducer = *reducer_;
@@ -498,37 +498,6 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() {
   }
 }
 
-void DistributedDataParallel::broadcast_from(int root, const std::vector<Tensor>& tensors) {
-  if (group_->size() == 1 || tensors.empty()) return;
-  // One flat broadcast per (dtype, device).
-  std::vector<std::pair<DType, Device>> kinds;
-  for (const auto& t : tensors) {
-    std::pair<DType, Device> kind{t.dtype(), t.device()};
-    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
-  }
-  for (auto [dtype, device] : kinds) {
-    std::vector<Tensor> group;
-    int64_t total = 0;
-    for (const auto& t : tensors) {
-      if (t.dtype() != dtype || t.device() != device) continue;
-      group.push_back(t);
-      total += t.numel();
-    }
-    Tensor flat = Tensor::empty({total}, dtype, device);
-    int64_t offset = 0;
-    for (const auto& t : group) {
-      make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset).copy_(t);
-      offset += t.numel();
-    }
-    group_->broadcast(flat, root)->wait();
-    offset = 0;
-    for (auto t : group) {
-      t.copy_(make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offset));
-      offset += t.numel();
-    }
-  }
-}
-
 std::vector<Tensor> DistributedDataParallel::buffers() const {
   std::vector<Tensor> tensors;
   for (auto& [name, tensor] : module_->named_buffers()) tensors.push_back(tensor);
@@ -546,7 +515,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
     gradient_scale = static_cast<double>(group_->size()) / iteration->contributing_ranks;
   if (options_.broadcast_buffers() && group_->size() > 1) {
     NoGradGuard no_grad;
-    broadcast_from(iteration ? iteration->first_active_rank : 0, buffers());
+    broadcast_coalesced(*group_, buffers(), iteration ? iteration->first_active_rank : 0);
   }
   Tensor output = module_->forward(input);
   reducer_->prepare(synchronize, output, gradient_scale);
@@ -564,7 +533,7 @@ class DistributedDataParallel::JoinHookImpl final : public JoinHook {
     const int world = ddp_.group_->size();
     if (ddp_.options_.broadcast_buffers() && world > 1) {
       NoGradGuard no_grad;
-      ddp_.broadcast_from(iteration.first_active_rank, ddp_.buffers());
+      broadcast_coalesced(*ddp_.group_, ddp_.buffers(), iteration.first_active_rank);
     }
     if (!iteration.synchronize) return;
     const double scale = options_.divide_by_initial_world_size()
@@ -580,7 +549,7 @@ class DistributedDataParallel::JoinHookImpl final : public JoinHook {
     if (ddp_.options_.broadcast_buffers()) {
       for (const Tensor& buffer : ddp_.buffers()) state.push_back(buffer);
     }
-    ddp_.broadcast_from(authoritative_rank, state);
+    broadcast_coalesced(*ddp_.group_, state, authoritative_rank);
     std::lock_guard lock(ddp_.reducer_->mutex);
     ddp_.reducer_->unreduced_accumulation = false;  // no iteration is left to reduce it: dropped, as without Join
   }

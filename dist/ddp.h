@@ -166,8 +166,6 @@ class DistributedDataParallel final : public nn::Module, public Joinable {
   struct Reducer;
   class JoinHookImpl;
   void check_same_parameters_on_every_rank();
-  // Copies `root`'s tensors to every rank, one flat broadcast per (dtype, device).
-  void broadcast_from(int root, const std::vector<Tensor>& tensors);
   std::vector<Tensor> buffers() const;
 
   std::shared_ptr<nn::Module> module_;

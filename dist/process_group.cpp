@@ -309,6 +309,39 @@ void destroy_process_group() {
   // `group` is released outside the lock: its destructor may wait for a collective.
 }
 
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
+  if (group.size() == 1 || tensors.empty()) return;
+  std::vector<std::pair<DType, Device>> kinds;
+  for (const Tensor& t : tensors) {
+    const std::pair<DType, Device> kind{t.dtype(), t.device()};
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+  }
+  for (auto [dtype, device] : kinds) {
+    std::vector<Tensor> members;
+    int64_t total = 0;
+    for (const Tensor& t : tensors) {
+      if (t.dtype() != dtype || t.device() != device) continue;
+      members.push_back(t);
+      total += t.numel();
+    }
+    Tensor flat = Tensor::empty({total}, dtype, device);
+    int64_t offset = 0;
+    if (group.rank() == root) {
+      for (const Tensor& t : members) {
+        detail::view_into(flat, t.sizes(), offset).copy_(t);
+        offset += t.numel();
+      }
+    }
+    group.broadcast(flat, root)->wait();
+    if (group.rank() == root) continue;
+    offset = 0;
+    for (Tensor t : members) {
+      t.copy_(detail::view_into(flat, t.sizes(), offset));
+      offset += t.numel();
+    }
+  }
+}
+
 namespace detail {
 
 std::string summarize(const std::vector<Tensor>& tensors) {

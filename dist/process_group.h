@@ -202,6 +202,14 @@ bool is_initialized();
 // Forgets the default group (it is destroyed once no one else holds it).
 void destroy_process_group();
 
+// Copies rank `root`'s `tensors` into every rank's (the same shapes, dtypes
+// and devices on every rank, in the same order): one flat broadcast per
+// (dtype, device), packed on the root and unpacked on the others (PyTorch's
+// _broadcast_coalesced). Returns once the tensors hold the root's values
+// (Work::wait: stream-ordered with nccl). Collective; nothing happens in a
+// group of one.
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root);
+
 // For the backends (gloo, nccl).
 namespace detail {
 // "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]" (at most four listed).

@@ -41,6 +41,11 @@ class Optimizer {
   // checkpoint saves and restores.
   virtual nn::NamedTensors state() const = 0;
   virtual void load_state(const nn::NamedTensors& state) = 0;
+  // Makes state() complete on rank `to` of the optimizer's process group
+  // before a checkpoint; collective for an optimizer whose state is spread
+  // over ranks (dist::ZeroRedundancyOptimizer gathers it there), nothing for
+  // one that holds all of it. The Trainer calls it on every rank.
+  virtual void gather_state(int to) { (void)to; }
 
  protected:
   struct Group {

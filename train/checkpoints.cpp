@@ -124,6 +124,14 @@ void check_same_resume_step(dist::ProcessGroup* group, int64_t step) {
              agreed[0], "; -1 is none): every rank must see the same checkpoint directory");
 }
 
+bool any_rank_restarted(dist::ProcessGroup* group) {
+  int64_t restarts = launcher_restart_count();
+  if (group == nullptr) return restarts > 0;
+  Tensor count = Tensor::from_vector<int64_t>({restarts}, {1}).to(group->device());
+  group->all_reduce({count}, dist::ReduceOp::max)->wait();
+  return count.to(Device::cpu()).to_vector<int64_t>()[0] > 0;
+}
+
 void report_resume_to_launcher(const std::string& line) {
   const char* path = std::getenv("LOOM_RESUME_REPORT");
   if (path == nullptr || *path == '\0') return;
@@ -131,6 +139,12 @@ void report_resume_to_launcher(const std::string& line) {
   if (file == nullptr) return;  // the launcher's report is a courtesy; training goes on
   std::fprintf(file, "%s\n", line.c_str());
   std::fclose(file);
+}
+
+bool checkpoints_enabled(const CheckpointOptions& options) { return !options.directory().empty(); }
+
+bool step_checkpoint_due(const CheckpointOptions& options, int64_t step) {
+  return checkpoints_enabled(options) && options.every_steps() > 0 && step % options.every_steps() == 0;
 }
 
 CheckpointWriter::CheckpointWriter(const CheckpointOptions& options, int world) : options_(options), world_(world) {
@@ -203,7 +217,13 @@ std::optional<TrainingPosition> resume_training(const CheckpointOptions& options
                                                 dist::ProcessGroup* group, nn::Module& model,
                                                 amp::MixedPrecisionOptimizer& optimizer,
                                                 optim::LRScheduler* scheduler, const nn::Metadata& settings) {
-  std::optional<ResumePoint> resume = find_resume_point(options, device, leader ? stdout : nullptr);
+  // '' means auto after a launcher's restart of any rank: torchrun's elastic
+  // agents count their own restarts, so a node that joins a running job
+  // starts its workers with TORCHELASTIC_RESTART_COUNT 0 while the others'
+  // are higher, and every rank must take the same decision.
+  CheckpointOptions agreed = options;
+  if (options.resume().empty() && any_rank_restarted(group)) agreed.resume("auto");
+  std::optional<ResumePoint> resume = find_resume_point(agreed, device, leader ? stdout : nullptr);
   std::optional<TrainingPosition> position;
   if (resume) {
     position.emplace();

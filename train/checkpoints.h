@@ -37,7 +37,7 @@ class CheckpointOptions {
   // Step checkpoints kept, the newest (epoch checkpoints are all kept); 0 keeps all.
   LOOM_OPTION(int64_t, keep) = 3;
   // "auto" (the newest valid checkpoint in directory()), "none", or a
-  // checkpoint file; '' is auto after a launcher's restart, else none.
+  // checkpoint file; '' is auto after a launcher's restart (of any rank's), else none.
   LOOM_OPTION(std::string, resume);
   // What a failed write does.
   LOOM_OPTION(CheckpointErrorPolicy, on_error) = CheckpointErrorPolicy::stop;
@@ -50,6 +50,12 @@ int launcher_restart_count();
 
 // resume() as given, or '' resolved: "auto" after a launcher's restart, else "none".
 std::string effective_resume(const CheckpointOptions& options);
+
+// Whether the launcher restarted any rank's job (launcher_restart_count() > 0
+// on some rank; collective over `group`, which may be null). A node that
+// joins a torchrun elastic job gets TORCHELASTIC_RESTART_COUNT 0 from its own
+// agent while the running nodes' count their restarts.
+bool any_rank_restarted(dist::ProcessGroup* group);
 
 // "{world}GPU_{epoch}epoch.checkpoint" (the tutorial's) and "{world}GPU_step{step}.checkpoint".
 std::string epoch_checkpoint_name(int world, int64_t epoch);
@@ -79,6 +85,12 @@ void report_resume_to_launcher(const std::string& line);
 
 enum class CheckpointKind { step, epoch };
 
+// Whether checkpoints are written at all (a directory is set), and whether a
+// step checkpoint is due after `step` steps in all: what every rank decides
+// alike (rank 0's CheckpointWriter asks the same).
+bool checkpoints_enabled(const CheckpointOptions& options);
+bool step_checkpoint_due(const CheckpointOptions& options, int64_t step);
+
 // Rank 0's checkpoint writer: directory/{world}GPU_step{N}.checkpoint every
 // every_steps() steps (keeping the newest keep() of them) and
 // directory/{world}GPU_{E}epoch.checkpoint at epoch ends (all kept). Creates
@@ -86,11 +98,9 @@ enum class CheckpointKind { step, epoch };
 class CheckpointWriter {
  public:
   CheckpointWriter(const CheckpointOptions& options, int world);
-  bool enabled() const { return !options_.directory().empty(); }
+  bool enabled() const { return checkpoints_enabled(options_); }
   // Whether a step checkpoint is due after `step` steps in all.
-  bool step_due(int64_t step) const {
-    return enabled() && options_.every_steps() > 0 && step % options_.every_steps() == 0;
-  }
+  bool step_due(int64_t step) const { return step_checkpoint_due(options_, step); }
   // The file a checkpoint of `kind` numbered `number` goes to.
   std::filesystem::path path(CheckpointKind kind, int64_t number) const;
   // Writes the checkpoint and prints "Saved PATH". On a failed write: with

@@ -193,13 +193,22 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                 static_cast<long long>(resumed.epoch), static_cast<long long>(epochs));
     std::fflush(stdout);
   }
+  const CheckpointOptions& checkpoints = options_.checkpoints();
   std::optional<CheckpointWriter> writer;
-  if (leader) writer.emplace(options_.checkpoints(), world_);
+  if (leader) writer.emplace(checkpoints, world_);
   int64_t steps = resumed.step;
-  // Rank 0's checkpoint after `steps` steps, `epoch_step` of them (`epoch_samples` samples) in epoch `epoch` (0-based).
-  auto make_checkpoint = [&](int64_t epoch, int64_t epoch_step, int64_t epoch_samples) {
-    return training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
-                               {epoch, epoch_step, steps, epoch_samples, world_}, options_.settings());
+  // Rank 0 writes the checkpoint after `steps` steps, `epoch_step` of them
+  // (`epoch_samples` samples) in epoch `epoch` (0-based), and returns where
+  // (nullopt elsewhere, or when a write failed under on_error continue). Every
+  // rank calls it: a sharded optimizer's parts are gathered on rank 0 first, a
+  // collective, which a second call after the same step skips on every rank.
+  auto save_checkpoint = [&](CheckpointKind kind, int64_t number, int64_t epoch, int64_t epoch_step,
+                             int64_t epoch_samples) -> std::optional<fs::path> {
+    inner.gather_state(0);  // a sharded optimizer (ZeRO) holds a part of its state on each rank
+    if (!writer) return std::nullopt;
+    return writer->write(kind, number,
+                         training_checkpoint(*model_, optimizer, scheduler_.get(), train_data, world_,
+                                             {epoch, epoch_step, steps, epoch_samples, world_}, options_.settings()));
   };
 
   // Rank 0's progress display, --metrics and --tensorboard.
@@ -341,12 +350,11 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                     .ddp = ddp_.get(),
                     .scaler = &optimizer.scaler()});
       if (on_step_) on_step_(info);
-      bool saved_now = false;
+      bool saved_now = false;  // rank 0 wrote this step's checkpoint
       // An epoch checkpoint follows the last step; none in the uneven tail.
-      if (writer && every_rank_ran && step < steps_per_epoch && writer->step_due(steps)) {
+      if (every_rank_ran && step < steps_per_epoch && step_checkpoint_due(checkpoints, steps)) {
         monitor.before_output();
-        saved_now = writer->write(CheckpointKind::step, steps, make_checkpoint(epoch, step, epoch_start.samples_after(step)))
-                        .has_value();
+        saved_now = save_checkpoint(CheckpointKind::step, steps, epoch, step, epoch_start.samples_after(step)).has_value();
       }
       if (!every_rank_ran) {
         stop_agreement.finish();  // the all-reduce of the last step every rank ran; a stop waits for the epoch's end
@@ -356,10 +364,9 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       if ((result.stop_signal = stop_agreement.poll()) != 0) {
         monitor.before_output();
         std::optional<fs::path> saved;
-        if (writer && writer->enabled()) {
+        if (checkpoints_enabled(checkpoints)) {
           saved = saved_now ? writer->path(CheckpointKind::step, steps)
-                            : writer->write(CheckpointKind::step, steps,
-                                            make_checkpoint(epoch, step, epoch_start.samples_after(step)));
+                            : save_checkpoint(CheckpointKind::step, steps, epoch, step, epoch_start.samples_after(step));
         }
         print_preempted(rank_, result.stop_signal, steps, saved);
         break;
@@ -381,8 +388,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     if (result.stop_signal != 0 || left_early) break;
     if (scheduler_ && !per_step_schedule) scheduler_->step();
     std::optional<fs::path> epoch_checkpoint;
-    if (writer && writer->enabled())
-      epoch_checkpoint = writer->write(CheckpointKind::epoch, epoch + 1, make_checkpoint(epoch + 1, 0, 0));
+    if (checkpoints_enabled(checkpoints))
+      epoch_checkpoint = save_checkpoint(CheckpointKind::epoch, epoch + 1, epoch + 1, 0, 0);
     if (deferred_stop != 0) {  // the epoch is complete and saved: stop here
       result.stop_signal = deferred_stop;
       monitor.before_output();

@@ -157,8 +157,9 @@ using EpochHook = std::function<void(int64_t epoch, const std::optional<dist::Ac
 
 class Trainer {
  public:
-  // `optimizer` steps `model` (amp::initialize builds both, at any opt level).
-  // Installs the stop signals' handlers.
+  // `optimizer` steps `model` (amp::initialize builds both, at any opt level;
+  // it may wrap a dist::ZeroRedundancyOptimizer, whose state every rank
+  // gathers on rank 0 for each checkpoint). Installs the stop signals' handlers.
   Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer,
           TrainerOptions options = {});
   ~Trainer();

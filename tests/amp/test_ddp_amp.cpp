@@ -5,7 +5,8 @@
 // all-reduced gradients; the replicas stay bit-identical. The same with
 // clip_grad_norm between the all-reduce and the step (the Trainer's order):
 // every rank computes the same norm of the averaged, unscaled gradients and
-// still skips the overflowed steps.
+// still skips the overflowed steps, and with the SGD over the masters
+// sharded by a ZeroRedundancyOptimizer.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <loom/core/generator.h>
 #include <loom/dist/ddp.h>
 #include <loom/dist/process_group.h>
+#include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/amp.h>
@@ -54,14 +56,26 @@ Tensor flat_masters(const amp::MixedPrecisionOptimizer& optimizer) {
 // max_norm for the clipping variant: below the gradients' norm, so it clips.
 constexpr double kMaxNorm = 0.05;
 
-void overflow_skip(bool clip) {
+// `zero`: the SGD over the masters is sharded (ZeroRedundancyOptimizer), so
+// a rank that stepped alone would wait for the others' broadcasts.
+void overflow_skip(bool clip, bool zero) {
   auto group = dist::init_process_group(dist::InitOptions().init_method("env://").timeout(20s));
   const int rank = group->rank(), world = group->size();
   manual_seed(7 + rank);  // different weights until DDP broadcasts rank 0's
   auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4)});
-  auto optimizer = amp::initialize(*model, amp_test::sgd(0.1), amp::OptLevel::O2,
+  const amp::OptimizerFactory sgd = amp_test::sgd(0.1);
+  const amp::OptimizerFactory sharded_sgd = [&](std::vector<Tensor> masters) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<dist::ZeroRedundancyOptimizer>(std::move(masters), group, sgd);
+  };
+  auto optimizer = amp::initialize(*model, zero ? sharded_sgd : sgd, amp::OptLevel::O2,
                                    optim::GradScalerOptions().init_scale(1024));
+  if (zero) {
+    auto& sharded = dynamic_cast<dist::ZeroRedundancyOptimizer&>(optimizer->optimizer());
+    expect(sharded.group_params(0)[0].is_same(optimizer->master_weights()->masters()[0]) &&
+               sharded.shard(0).size() + sharded.shard(1).size() == 4,
+           "ZeRO is not over the 4 f32 masters");
+  }
 
   // Hooks registered before DDP's run before its reduction: they see (and may
   // poison) this rank's own gradient.
@@ -149,8 +163,9 @@ void overflow_skip(bool clip) {
 
 }  // namespace
 
-LOOM_DIST_SCENARIO("amp_overflow_skip") { overflow_skip(false); }
-LOOM_DIST_SCENARIO("amp_clip_overflow_skip") { overflow_skip(true); }
+LOOM_DIST_SCENARIO("amp_overflow_skip") { overflow_skip(false, false); }
+LOOM_DIST_SCENARIO("amp_clip_overflow_skip") { overflow_skip(true, false); }
+LOOM_DIST_SCENARIO("amp_zero_overflow_skip") { overflow_skip(true, true); }
 
 TEST_SUITE("ddp") {
   TEST_CASE("an overflow on one rank makes both ranks skip the same steps") {
@@ -160,6 +175,11 @@ TEST_SUITE("ddp") {
 
   TEST_CASE("with clip_grad_norm too: the same norm on both ranks, the same steps skipped") {
     for (const RankResult& result : spawn_ranks("amp_clip_overflow_skip", 2, {.deadline = std::chrono::seconds(60)}))
+      CHECK_MESSAGE(result.ok(), result.describe());
+  }
+
+  TEST_CASE("with the masters' SGD sharded (ZeRO) and clip_grad_norm: the same steps skipped on both ranks") {
+    for (const RankResult& result : spawn_ranks("amp_zero_overflow_skip", 2, {.deadline = std::chrono::seconds(60)}))
       CHECK_MESSAGE(result.ok(), result.describe());
   }
 }

@@ -17,6 +17,9 @@
 #include <sstream>
 #include <thread>
 
+#include <loom/dist/process_group_gloo.h>
+#include <loom/dist/store.h>
+
 extern char** environ;
 
 namespace loom::dist::testing {
@@ -188,6 +191,12 @@ std::vector<RankResult> spawn_ranks(const std::string& scenario, int world, cons
     ::unlink(children[rank].output_path.c_str());
   }
   return results;
+}
+
+std::shared_ptr<ProcessGroup> world_of_one() {
+  using namespace std::chrono_literals;
+  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
 }
 
 std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout) {

@@ -117,6 +117,10 @@ inline EnvironmentLookup environment_from(std::map<std::string, std::string> val
 int env_int(const char* name);
 std::string env_string(const char* name);
 
+// A gloo group of one rank (its own TCPStore server on a free port), for
+// in-process tests.
+std::shared_ptr<ProcessGroup> world_of_one();
+
 // init_process_group over env:// on LOOM_TEST_BACKEND's backend (gloo when
 // unset); spawning with LOOM_TEST_BACKEND=shm runs a scenario over shm.
 std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout);

@@ -17,7 +17,6 @@
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
 #include <loom/dist/ddp.h>
-#include <loom/dist/process_group_gloo.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
@@ -36,12 +35,6 @@ std::shared_ptr<ProcessGroup> group_from_environment() { return testing::group_f
 // DDP's options with buckets of at most `first` bytes first and `later` bytes after.
 DistributedDataParallelOptions bucket_caps(size_t first, size_t later) {
   return DistributedDataParallelOptions().first_bucket_bytes_cap(first).bucket_bytes_cap(later);
-}
-
-// A ProcessGroupGloo of one rank, for in-process tests.
-std::shared_ptr<ProcessGroup> world_of_one() {
-  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
-  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
 }
 
 // A scenario's group, and tiny_model(seed) under DDP in buckets of 64 bytes

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include <loom/data/dataset.h>
 #include <loom/data/loader.h>
 #include <loom/data/sampler.h>
+#include <loom/dist/zero_redundancy_optimizer.h>
 #include <loom/nn/checkpoint.h>
 #include <loom/optim/amp.h>
 #include <loom/optim/optimizer.h>
@@ -53,7 +55,7 @@ std::string env_or(const char* name, const std::string& fallback) {
 // LOOM_TEST_GLOBAL_BATCH (split over the ranks, train_resnet50_cifar's -b) or
 // LOOM_TEST_BATCH (per process, train_mnist's), LOOM_TEST_MAX_STEPS (0: to
 // the end), LOOM_TEST_STOP_AT (rank 0 raises SIGTERM after this step; 0:
-// never). Rank r appends "epoch row" per trained sample to
+// never), LOOM_TEST_ZERO (1: a ZeroRedundancyOptimizer over SGD at world > 1). Rank r appends "epoch row" per trained sample to
 // LOOM_TEST_DIR/samples.r<rank>.w<world>.log, rank 0 "step world loss" (its
 // own batch's loss) to losses.log.
 LOOM_DIST_SCENARIO("elastic_phase") {
@@ -68,10 +70,13 @@ LOOM_DIST_SCENARIO("elastic_phase") {
                           sampler);
   auto model = tiny_model(300);
   model->to(DType::f32);  // the Trainer's O0 trains f32 weights
+  const optim::SGDOptions sgd = optim::SGDOptions(0.2).momentum(0.9);
+  const bool zero = env_or("LOOM_TEST_ZERO", "0") == "1";  // the momentum sharded (ZeRO), at world > 1
   std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
       *model,
-      [](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
-        return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(0.2).momentum(0.9));
+      [&](std::vector<Tensor> parameters) -> std::unique_ptr<optim::Optimizer> {
+        if (zero && group) return std::make_unique<ZeroRedundancyOptimizer>(std::move(parameters), group, sgd);
+        return std::make_unique<optim::SGD>(std::move(parameters), sgd);
       },
       amp::OptLevel::O0);
   const int64_t max_steps = std::stoll(env_or("LOOM_TEST_MAX_STEPS", "0"));
@@ -113,6 +118,7 @@ namespace {
 struct Phase {
   int world;
   int64_t max_steps = 0, stop_at = 0;
+  bool zero = false;
 };
 
 // Runs the phases one after the other in `dir`, each with a fresh set of
@@ -126,7 +132,8 @@ std::vector<std::string> run_phases(const fs::path& dir, const std::vector<Phase
     options.environment = {{"LOOM_TEST_DIR", dir.string()},
                            {batch_variable, std::to_string(batch)},
                            {"LOOM_TEST_MAX_STEPS", std::to_string(phase.max_steps)},
-                           {"LOOM_TEST_STOP_AT", std::to_string(phase.stop_at)}};
+                           {"LOOM_TEST_STOP_AT", std::to_string(phase.stop_at)},
+                           {"LOOM_TEST_ZERO", phase.zero ? "1" : "0"}};
     const std::vector<RankResult> results = spawn_ranks("elastic_phase", phase.world, options);
     for (const RankResult& result : results) {
       // A SIGTERM stop exits the scenario normally: fit() returns with the signal noted.
@@ -251,6 +258,36 @@ TEST_SUITE("elastic") {
     check_each_epoch_once(same.path());
     CHECK(final_parameters(same.path(), 2) == uninterrupted[2]);
     CHECK(losses_in(same.path()) == uninterrupted_losses[2]);
+  }
+
+  TEST_CASE("ZeRO: sharded at world 2, unsharded at world 1, sharded at world 3, stopped by SIGTERM: as without ZeRO") {
+    // The same phases with the momentum sharded (ZeroRedundancyOptimizer) at
+    // worlds 2 and 3 and without: ZeRO's checkpoints hold the unsharded
+    // optimizer's state, so each resume (world 2 -> 1 unsharded, 1 -> 3
+    // sharded, then a SIGTERM stop at world 3 and 3 -> 3) continues bit for
+    // bit as the unsharded run does.
+    std::map<bool, std::map<int64_t, StepLoss>> losses;
+    std::map<bool, std::vector<double>> parameters;
+    std::map<bool, std::string> last_checkpoint;
+    for (bool zero : {true, false}) {
+      loom::testing::TempDir dir;
+      const std::vector<std::string> outputs =
+          run_phases(dir.path(), {{2, 2, 0, zero}, {1, 0, 4}, {3, 0, 8, zero}, {3, 0, 0, zero}}, "LOOM_TEST_GLOBAL_BATCH", 6);
+      CHECK_MESSAGE(contains(outputs[1], "(written by 2 processes) at epoch 1, sample 12, on 1 process"), outputs[1]);
+      CHECK_MESSAGE(contains(outputs[2], "(written by 1 process) at epoch 1, sample 24, on 3 processes"), outputs[2]);
+      // SIGTERM raised after step 8: the ranks agree on it a step later.
+      CHECK_MESSAGE(contains(outputs[2], "Preempted by SIGTERM after step 9"), outputs[2]);
+      CHECK_MESSAGE(contains(outputs[3], "(written by 3 processes) at epoch 2, sample 18, on 3 processes"), outputs[3]);
+      check_each_epoch_once(dir.path());
+      losses[zero] = losses_in(dir.path());
+      parameters[zero] = final_parameters(dir.path(), 3);
+      std::ifstream file(dir.path() / str(3, "GPU_", kEpochs, "epoch.checkpoint"), std::ios::binary);
+      last_checkpoint[zero] = std::string(std::istreambuf_iterator<char>(file), {});
+    }
+    CHECK(losses[true].size() == 12);
+    CHECK(losses[true] == losses[false]);
+    CHECK(parameters[true] == parameters[false]);
+    CHECK_MESSAGE(last_checkpoint[true] == last_checkpoint[false], "the last checkpoints differ in their bytes");
   }
 
   TEST_CASE("world 2 -> 1 -> 3 with a batch per process (train_mnist's): each epoch once, the new global batch noted") {

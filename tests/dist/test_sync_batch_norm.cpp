@@ -18,7 +18,6 @@
 #include <loom/data/sampler.h>
 #include <loom/dist/ddp.h>
 #include <loom/dist/metrics.h>
-#include <loom/dist/process_group_gloo.h>
 #include <loom/dist/sync_batch_norm.h>
 #include <loom/nn/convnet.h>
 #include <loom/nn/resnet.h>
@@ -89,11 +88,6 @@ std::shared_ptr<BatchNorm> make_batch_norm(Args&&... args) {
   module->bias.copy_(Tensor::from_vector<double>({0.1, 0.2, -0.3}, {3}));
   module->running_mean.copy_(Tensor::from_vector<double>({0.2, -0.1, 0.4}, {3}));
   return module;
-}
-
-std::shared_ptr<ProcessGroup> world_of_one() {
-  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
-  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
 }
 
 // A fixed synthetic MNIST-shaped set: (count, 1, 28, 28) f64 images, labels i % 10.
