@@ -17,7 +17,6 @@
 #include <loom/core/autograd.h>
 #include <loom/dist/ddp.h>
 #include <loom/dist/join.h>
-#include <loom/dist/process_group_gloo.h>
 #include <loom/dist/sync_batch_norm.h>
 #include <loom/nn/layers.h>
 #include <loom/optim/optimizer.h>
@@ -216,11 +215,6 @@ LOOM_DIST_SCENARIO("join_throw_on_early_termination") {
 }
 
 namespace {
-
-std::shared_ptr<ProcessGroup> world_of_one() {
-  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
-  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
-}
 
 SpawnOptions join_run(const std::string& counts, int accumulate, const std::string& divisor, double momentum,
                       const std::string& backend = "gloo") {
