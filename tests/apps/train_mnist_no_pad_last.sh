@@ -4,8 +4,9 @@
 # on 1501 (16 batches of 100), rank 1 on 1500 (15). The run ends, rank 0
 # prints its 16 steps, and the metrics file's epoch records count every image
 # once (3001) where DistributedSampler's default padding counts 3002; also
-# with --accumulate-steps 2 (rank 1's data ends inside a step). With one
-# process the flag changes nothing; beside --sync-bn it is one usage line.
+# with --accumulate-steps 2 (rank 1's data ends inside a step), where --zero
+# changes nothing. With one process the flag changes nothing; beside
+# --sync-bn it is one usage line.
 # Usage: train_mnist_no_pad_last.sh TRAIN_MNIST
 set -u
 train_mnist=$1
@@ -30,6 +31,7 @@ print(" ".join(str(r["images"]) for r in map(json.loads, open(sys.argv[1])) if r
 
 train uneven -g 2 --no-pad-last
 train uneven_accumulate -g 2 --no-pad-last --accumulate-steps 2
+train uneven_zero -g 2 --no-pad-last --accumulate-steps 2 --zero
 train padded -g 2
 train single --no-pad-last
 train single_default
@@ -49,6 +51,9 @@ python3 "$here/check_metrics.py" "$work/uneven.jsonl" --world 2 --epochs 2 >/dev
 [[ $(epoch_images "$work/single.jsonl") == "3001 3001" ]] || fail "one process: $(epoch_images "$work/single.jsonl")"
 grep -q '^Epoch \[2/2\], Step \[16/16\]' "$work/uneven.out" || fail "--no-pad-last: no line for rank 0's step 16"
 grep -q '^Epoch \[2/2\], Step \[8/8\]' "$work/uneven_accumulate.out" || fail "--accumulate-steps 2: no step 8 line"
+# ZeRO: the joined rank's step (the Trainer's ShadowStep) runs the sharded step with the others.
+diff <(result_lines "$work/uneven_accumulate.out") <(result_lines "$work/uneven_zero.out") ||
+  fail "--no-pad-last --zero trains otherwise than without --zero"
 diff <(result_lines "$work/single.out") <(result_lines "$work/single_default.out") ||
   fail "with one process --no-pad-last changed the run"
 echo "ok   -g 2 --no-pad-last: 3001 images an epoch (padded: 3002); one process: no change"
