@@ -25,6 +25,7 @@
 #include <loom/dist/ddp.h>
 #include <loom/dist/debug_process_group.h>
 #include <loom/dist/environment.h>
+#include <loom/dist/join.h>
 #include <loom/dist/metrics.h>
 #include <loom/dist/process_group.h>
 #include <loom/dist/store.h>

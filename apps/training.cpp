@@ -155,6 +155,17 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                "shard the optimizer state (momentum, Adam moments) over the processes, ZeRO stage 1 as PyTorch's "
                "ZeroRedundancyOptimizer: each keeps about 1/world of it; the same updates, and checkpoints as "
                "without it (they resume with or without --zero); needs several processes");
+  app.add_flag("--no-pad-last", flags.no_pad_last,
+               "train on each sample once per epoch: no DistributedSampler padding (which repeats up to N-1 samples "
+               "for N processes), so ranks may run one batch fewer, and the uneven end of each epoch runs inside "
+               "Join (PyTorch's torch.distributed.algorithms.Join; gradients divided by the world size). No effect "
+               "with one process; not with --sync-bn");
+  // Flags that exclude each other: a usage error, before -g spawns any rank.
+  app.parse_complete_callback([&flags] {
+    if (flags.no_pad_last && flags.sync_bn)
+      throw CLI::ValidationError("--no-pad-last", "the uneven end of each epoch runs inside Join, where "
+                                                  "SyncBatchNorm's all-reduces in forward cannot run: drop --sync-bn or --no-pad-last");
+  });
 }
 
 RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoints) {
@@ -178,8 +189,9 @@ Loaders make_loaders(const data::LoadedData& loaded, const data::Compose& train_
                      const data::Compose& test_transforms, const CommonFlags& flags, const RankContext& rank,
                      int64_t train_batch, int64_t test_batch) {
   return {loaded.loader(true, train_transforms, loader_options(flags, train_batch, rank.device),
-                        std::make_shared<data::DistributedSampler>(loaded.train_size(), rank.world, rank.rank,
-                                                                   /*shuffle=*/true, flags.seed)),
+                        std::make_shared<data::DistributedSampler>(
+                            loaded.train_size(), rank.world, rank.rank, /*shuffle=*/true, flags.seed,
+                            flags.no_pad_last ? data::Remainder::uneven : data::Remainder::pad)),
           loaded.loader(false, test_transforms, loader_options(flags, test_batch, rank.device),
                         std::make_shared<data::ShardSampler>(loaded.test_size(), rank.world, rank.rank))};
 }
@@ -318,6 +330,7 @@ train::TrainerOptions trainer_options(const char* program, int argc, char** argv
       .trace_path(flags.trace)
       .clip_grad_norm(flags.clip_grad_norm)
       .accumulate_steps(flags.accumulate_steps)
+      .join(flags.no_pad_last ? std::optional(dist::JoinOptions()) : std::nullopt)
       .checkpoints(checkpoint_options(checkpoints))
       .stop_signal(train::parse_signal_name(checkpoints.signal))
       .process_group(std::move(group));

@@ -48,11 +48,13 @@ struct CommonFlags {
   double clip_grad_norm = 0;      // max total gradient 2-norm; 0 = no clipping
   int64_t accumulate_steps = 1;   // batches per optimizer step
   bool zero = false;              // the optimizer state sharded over the processes (ZeRO stage 1)
+  bool no_pad_last = false;       // no DistributedSampler padding; uneven epoch ends inside dist::Join
 };
 
 // Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
 // --log-interval, --timeout, --progress, --metrics, --tensorboard, --trace,
-// --clip-grad-norm, --accumulate-steps and --zero. Every
+// --clip-grad-norm, --accumulate-steps, --zero and --no-pad-last, and rejects at
+// parse time the flags that exclude each other (app's parse_complete_callback). Every
 // flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);
 
@@ -72,8 +74,10 @@ struct RankContext {
 RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoints);
 
 // The training loader, this rank's share of each epoch's shuffle
-// (DistributedSampler, --seed), and the test loader over its shard of the
-// test set (ShardSampler: every test image once over the ranks).
+// (DistributedSampler, --seed; padded to a multiple of the world, or with
+// --no-pad-last each sample once, Remainder::uneven), and the test loader
+// over its shard of the test set (ShardSampler: every test image once over
+// the ranks).
 struct Loaders {
   data::DataLoader train;
   data::DataLoader test;
@@ -135,7 +139,8 @@ data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_s
 
 // The Trainer's options from the flags both apps take, in one place:
 // --log-interval, --progress, --metrics, --tensorboard, --trace,
-// --clip-grad-norm, --accumulate-steps, the checkpoint flags, the process group, and the metrics header's program and
+// --clip-grad-norm, --accumulate-steps, --no-pad-last (TrainerOptions::join),
+// the checkpoint flags, the process group, and the metrics header's program and
 // command line. The app adds what is its own (epochs, step limits, warm-up, settings).
 train::TrainerOptions trainer_options(const char* program, int argc, char** argv, const CommonFlags& flags,
                                       const CheckpointFlags& checkpoints, std::shared_ptr<dist::ProcessGroup> group);

@@ -39,11 +39,15 @@ std::vector<int64_t> RandomSampler::indices() const { return random_permutation(
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size, int64_t rank, bool shuffle,
                                        uint64_t seed, bool drop_last)
+    : DistributedSampler(dataset_size, world_size, rank, shuffle, seed, drop_last ? Remainder::drop : Remainder::pad) {}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size, int64_t rank, bool shuffle,
+                                       uint64_t seed, Remainder remainder)
     : dataset_size_(dataset_size),
       world_size_(world_size),
       rank_(rank),
       shuffle_(shuffle),
-      drop_last_(drop_last),
+      remainder_(remainder),
       seed_(seed) {
   LOOM_CHECK(dataset_size >= 0, "DistributedSampler: dataset size ", dataset_size, " must be non-negative");
   LOOM_CHECK(world_size >= 1, "DistributedSampler: world size ", world_size, " must be at least 1");
@@ -61,11 +65,22 @@ void DistributedSampler::set_start(int64_t consumed) {
   LOOM_CHECK(consumed >= 0, "DistributedSampler: samples consumed ", consumed, " must be non-negative");
   start_ = consumed;
   const int64_t left = std::max<int64_t>(dataset_size_ - consumed, 0);
-  samples_per_rank_ = drop_last_ ? left / world_size_ : (left + world_size_ - 1) / world_size_;
+  switch (remainder_) {
+    case Remainder::pad: samples_per_rank_ = (left + world_size_ - 1) / world_size_; break;
+    case Remainder::drop: samples_per_rank_ = left / world_size_; break;
+    case Remainder::uneven:  // positions start + rank, start + rank + world, ... below n
+      samples_per_rank_ = left > rank_ ? (left - rank_ + world_size_ - 1) / world_size_ : 0;
+      break;
+  }
+}
+
+int64_t DistributedSampler::total_size() const {
+  if (remainder_ != Remainder::uneven) return samples_per_rank_ * world_size_;
+  return std::max<int64_t>(dataset_size_ - start_, 0);
 }
 
 int64_t DistributedSampler::consumed_after(int64_t taken) const {
-  return start_ + std::min(taken, samples_per_rank_) * world_size_;
+  return start_ + std::min(std::max<int64_t>(taken, 0) * world_size_, total_size());
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {

@@ -1,7 +1,8 @@
 // DistributedDataParallel: parameter verification and broadcast, gradient
 // buckets whose flat buffers back every parameter's .grad, per-parameter
 // ready hooks that launch bucket reductions (through a communication hook) in
-// order, and the end-of-backward callback that waits for them.
+// order, the end-of-backward callback that waits for them, and the join hook
+// that shadows all of it on a rank whose data ran out (dist/join.h).
 #include <loom/dist/ddp.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
 #include <loom/core/profiler.h>
+#include <loom/dist/sync_batch_norm.h>
 
 namespace loom::dist {
 
@@ -138,6 +140,13 @@ struct DistributedDataParallel::Reducer {
   size_t gradients_arrived = 0;  // hooks that fired in this round
   size_t next_bucket_to_launch = 0;
   bool end_of_backward_queued = false;  // in this round
+  // What the reduced buckets are multiplied by in this round: 1, or under a
+  // Join with divide_by_initial_world_size(false) world / contributing ranks
+  // (the hook averaged over the world; this makes it the contributors' mean).
+  double gradient_scale = 1.0;
+  // A backward ran outside a synchronized round (no_sync) since the last
+  // reduction: the buckets hold gradients no all-reduce has seen yet.
+  bool unreduced_accumulation = false;
   IterationTiming timing;               // buckets are kept in Bucket::timing
   Round round = Round::idle;
   std::mutex mutex;
@@ -162,7 +171,10 @@ struct DistributedDataParallel::Reducer {
     std::lock_guard lock(mutex);
     Parameter& parameter = parameters[index];
     keep_grad_in_bucket(parameter);
-    if (round == Round::idle) return;
+    if (round == Round::idle) {
+      unreduced_accumulation = true;
+      return;
+    }
     if (round == Round::reduced || ready[index]) {
       LOOM_FAIL("DistributedDataParallel: parameter '", parameter.name,
                 "' was marked ready twice in one iteration: its gradient arrived again after it had been reduced. "
@@ -217,8 +229,8 @@ struct DistributedDataParallel::Reducer {
   }
 
   // Starts a round at forward. `output` is the forward's result, searched for
-  // unused parameters when asked to.
-  void prepare(bool synchronize, const Tensor& output) {
+  // unused parameters when asked to; `scale` multiplies the reduced buckets.
+  void prepare(bool synchronize, const Tensor& output, double scale) {
     std::lock_guard lock(mutex);
     if (round == Round::collecting) {
       // A forward without backward (evaluation in grad mode) is fine; a
@@ -235,6 +247,7 @@ struct DistributedDataParallel::Reducer {
                   "forward, pass DistributedDataParallelOptions().find_unused_parameters(true)");
     }
     round = synchronize ? Round::collecting : Round::idle;
+    gradient_scale = scale;
     std::fill(ready.begin(), ready.end(), false);
     ready_count = 0;
     gradients_arrived = 0;
@@ -326,10 +339,35 @@ struct DistributedDataParallel::Reducer {
         bucket.timing.done = reduction.work->end_time();
       }
       if (reduction.finish) reduction.finish();
+      if (gradient_scale != 1.0) Tensor(bucket.buffer).mul_(gradient_scale);
       if (!reduction.work) bucket.timing.done = std::chrono::steady_clock::now();
       if (profiler::tracing()) trace_bucket_reduced(bucket.timing, reduction.work);
     }
+    unreduced_accumulation = false;
     timing.reduced = std::chrono::steady_clock::now();
+  }
+
+  // A joined rank's part in a synchronized iteration of the running ranks:
+  // every bucket through the hook, in bucket order as their backward launches
+  // them, holding zeros, or the gradients of a no_sync accumulation this
+  // rank's data ended in (contributed once). Afterwards .grad holds the same
+  // average as on the running ranks.
+  void shadow_reduce(double scale) {
+    std::lock_guard lock(mutex);
+    if (round == Round::collecting) wait_launched();  // a forward whose backward never ran
+    round = Round::idle;
+    for (Parameter& parameter : parameters) keep_grad_in_bucket(parameter);
+    for (Bucket& bucket : buckets) {
+      if (!unreduced_accumulation) bucket.buffer.zero_();
+      bucket.reduction = hook(*group, bucket.buffer);
+    }
+    next_bucket_to_launch = buckets.size();  // the destructor waits for them, should a wait below throw
+    for (Bucket& bucket : buckets) {
+      if (bucket.reduction.work) bucket.reduction.work->wait();
+      if (bucket.reduction.finish) bucket.reduction.finish();
+      if (scale != 1.0) Tensor(bucket.buffer).mul_(scale);
+    }
+    unreduced_accumulation = false;
   }
 };
 
@@ -460,16 +498,80 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() {
   }
 }
 
+std::vector<Tensor> DistributedDataParallel::buffers() const {
+  std::vector<Tensor> tensors;
+  for (auto& [name, tensor] : module_->named_buffers()) tensors.push_back(tensor);
+  return tensors;
+}
+
 Tensor DistributedDataParallel::forward(const Tensor& input) {
+  const bool synchronize = synchronize_gradients_ && grad_mode_enabled();
+  // Inside a Join: this rank announces itself; buffers come from the lowest
+  // running rank (rank 0 may have joined with stale ones), and without
+  // divide_by_initial_world_size the average is over the contributors.
+  const std::optional<JoinIteration> iteration = notify_join_context(synchronize);
+  double gradient_scale = 1.0;
+  if (iteration && synchronize && !join_options()->divide_by_initial_world_size())
+    gradient_scale = static_cast<double>(group_->size()) / iteration->contributing_ranks;
   if (options_.broadcast_buffers() && group_->size() > 1) {
     NoGradGuard no_grad;
-    std::vector<Tensor> buffers;
-    for (auto& [name, tensor] : module_->named_buffers()) buffers.push_back(tensor);
-    broadcast_coalesced(*group_, buffers, 0);
+    broadcast_coalesced(*group_, buffers(), iteration ? iteration->first_active_rank : 0);
   }
   Tensor output = module_->forward(input);
-  reducer_->prepare(synchronize_gradients_ && grad_mode_enabled(), output);
+  reducer_->prepare(synchronize, output, gradient_scale);
   return output;
+}
+
+// DDP's join hook (PyTorch's _DDPJoinHook): per shadowed iteration the
+// buffer broadcast, then, if the running ranks all-reduce in it, every
+// bucket; at the end the authoritative rank's model (PyTorch's _sync_final_model).
+class DistributedDataParallel::JoinHookImpl final : public JoinHook {
+ public:
+  JoinHookImpl(DistributedDataParallel& ddp, const JoinOptions& options) : ddp_(ddp), options_(options) {}
+
+  void main_hook(const JoinIteration& iteration) override {
+    const int world = ddp_.group_->size();
+    if (ddp_.options_.broadcast_buffers() && world > 1) {
+      NoGradGuard no_grad;
+      broadcast_coalesced(*ddp_.group_, ddp_.buffers(), iteration.first_active_rank);
+    }
+    if (!iteration.synchronize) return;
+    const double scale = options_.divide_by_initial_world_size()
+                             ? 1.0
+                             : static_cast<double>(world) / iteration.contributing_ranks;
+    ddp_.reducer_->shadow_reduce(scale);
+  }
+
+  void post_hook(int authoritative_rank) override {
+    NoGradGuard no_grad;
+    std::vector<Tensor> state;
+    for (auto& [name, tensor] : ddp_.module_->named_parameters()) state.push_back(tensor);
+    if (ddp_.options_.broadcast_buffers()) {
+      for (const Tensor& buffer : ddp_.buffers()) state.push_back(buffer);
+    }
+    broadcast_coalesced(*ddp_.group_, state, authoritative_rank);
+    std::lock_guard lock(ddp_.reducer_->mutex);
+    ddp_.reducer_->unreduced_accumulation = false;  // no iteration is left to reduce it: dropped, as without Join
+  }
+
+  bool holds_contribution() const override {
+    std::lock_guard lock(ddp_.reducer_->mutex);
+    return ddp_.reducer_->unreduced_accumulation;
+  }
+
+ private:
+  DistributedDataParallel& ddp_;
+  JoinOptions options_;
+};
+
+std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& options) {
+  for (auto& [name, module] : module_->named_modules()) {
+    LOOM_CHECK(dynamic_cast<SyncBatchNorm*>(module) == nullptr, "Join: the model has a SyncBatchNorm ('", name,
+               "'), whose forward all-reduces batch statistics that a rank whose data ran out cannot shadow ",
+               "(PyTorch's Join does not support it either); train without SyncBatchNorm, or with even inputs ",
+               "(DistributedSampler's padding) instead of Join");
+  }
+  return std::make_unique<JoinHookImpl>(*this, options);
 }
 
 void DistributedDataParallel::wait_for_gradients() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <loom/core/tensor.h>
+#include <loom/dist/join.h>
 #include <loom/dist/process_group.h>
 #include <loom/nn/module.h>
 
@@ -88,7 +89,14 @@ struct IterationTiming {
   std::vector<BucketTiming> buckets;
 };
 
-class DistributedDataParallel final : public nn::Module {
+// A Joinable (dist/join.h): inside a Join its forward announces this rank
+// and takes buffers from the lowest running rank, and once its data ran out
+// its join hook shadows the buffer broadcast and, on synchronized
+// iterations, every bucket's reduction (with zeros, or with the gradients a
+// no_sync accumulation left), then broadcasts the authoritative rank's
+// parameters and buffers. SyncBatchNorm layers are refused: their forward
+// all-reduces statistics a joined rank cannot shadow.
+class DistributedDataParallel final : public nn::Module, public Joinable {
  public:
   // Checks that every rank holds the same parameters (names, shapes, dtypes),
   // copies rank 0's parameters and buffers to every rank, makes each
@@ -103,6 +111,7 @@ class DistributedDataParallel final : public nn::Module {
   ~DistributedDataParallel() override;
 
   // Runs the wrapped module; prepares the reducer for the coming backward.
+  // Inside a Join it first announces this rank (one small all-reduce).
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "DistributedDataParallel"; }
 
@@ -143,6 +152,10 @@ class DistributedDataParallel final : public nn::Module {
 
   nn::Module& module() { return *module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
+
+  // Joinable: the hook Join runs on this rank once its data ran out.
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  const std::shared_ptr<ProcessGroup>& join_process_group() const override { return group_; }
   // Parameter names (of the wrapped module) in each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   std::vector<BucketTiming> bucket_timings() const;
@@ -151,7 +164,9 @@ class DistributedDataParallel final : public nn::Module {
 
  private:
   struct Reducer;
+  class JoinHookImpl;
   void check_same_parameters_on_every_rank();
+  std::vector<Tensor> buffers() const;
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;

@@ -152,6 +152,8 @@ void TrainingMonitor::set_loss(double loss) {
   progress_->set_loss(loss);
 }
 
+void TrainingMonitor::set_epoch_images(int64_t images) { epoch_sums_.images = images; }
+
 double TrainingMonitor::read_loss(const StepReport& report) {
   if (!loss_read_ && report.loss != nullptr) {
     loss_ = report.loss->item();
@@ -264,6 +266,7 @@ void TrainingMonitor::end_epoch(std::optional<dist::AccuracyCounts> accuracy) {
                          {"loss", epoch_sums_.steps > 0 ? loss_ : std::nan("")},
                          {"lr", last_lr_},
                          {"epoch_time_s", wall},
+                         {"images", epoch_sums_.images},
                          {"images_per_s", wall > 0 ? static_cast<double>(epoch_sums_.images) / wall : 0.0},
                          {"data_wait_s", epoch_sums_.data_wait},
                          {"data_wait_share", wall > 0 ? std::min(1.0, epoch_sums_.data_wait / wall) : 0.0},

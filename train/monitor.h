@@ -87,6 +87,10 @@ class TrainingMonitor {
   void before_output();
   // The loss when the app read it anyway (its loss lines), so nothing reads it again.
   void set_loss(double loss);
+  // The epoch's images over all ranks when the steps' count (each step's
+  // images times the world) is not exact: with Join, ranks run different
+  // numbers of batches. Before end_epoch().
+  void set_epoch_images(int64_t images);
   // After the epoch's last step: clears the bar (lines: prints the epoch's
   // last line). The epoch stays open for end_epoch().
   void end_epoch_steps();

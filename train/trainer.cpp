@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/error.h>
+#include <loom/dist/join.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/train/monitor.h>
@@ -94,6 +96,31 @@ MicroBatches run_micro_batches(nn::Module& trained, data::DataLoader& data, int6
     micro.last = std::move(*batch);
   }
   return micro;
+}
+
+// The largest of the ranks' `value` (one all-reduce).
+int64_t largest_over_ranks(dist::ProcessGroup& group, int64_t value) {
+  Tensor values = Tensor::from_vector<int64_t>({value}, {1}).to(group.device());
+  group.all_reduce(values, dist::ReduceOp::max)->wait();
+  return values.to(Device::cpu()).to_vector<int64_t>()[0];
+}
+
+// What every rank agrees on at the end of an epoch run inside a Join: the
+// images all ranks trained on, whether any rank left the epoch before its
+// data ended (max_steps, an agreed stop), and the stop signal any rank has
+// received by now (one sum and one max all-reduce).
+struct EpochEnd {
+  int64_t images = 0;
+  bool left_early = false;
+  int stop_signal = 0;
+};
+EpochEnd agree_epoch_end(dist::ProcessGroup& group, int64_t images, bool left_early, int stop_signal) {
+  Tensor sums = Tensor::from_vector<int64_t>({images}, {1}).to(group.device());
+  Tensor maxima = Tensor::from_vector<int64_t>({left_early ? 1 : 0, stop_signal}, {2}).to(group.device());
+  group.all_reduce(sums, dist::ReduceOp::sum)->wait();
+  group.all_reduce(maxima, dist::ReduceOp::max)->wait();
+  const std::vector<int64_t> agreed = maxima.to(Device::cpu()).to_vector<int64_t>();
+  return {sums.to(Device::cpu()).to_vector<int64_t>()[0], agreed[0] != 0, static_cast<int>(agreed[1])};
 }
 
 }  // namespace
@@ -202,17 +229,26 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                           std::move(description));
   StopAgreement stop_agreement(options_.process_group());
   auto steps_left = [&] { return options_.max_steps() == 0 || steps < options_.max_steps(); };
+  // Uneven inputs (TrainerOptions::join): each epoch inside a dist::Join.
+  const bool uneven = ddp_ != nullptr && options_.join() && options_.join()->enable();
 
   FitResult result;
-  int64_t images = 0;
+  int64_t images = 0;            // this rank's
+  int64_t images_all_ranks = 0;  // with Join: each epoch's, summed over the ranks at its end
   const auto start = Clock::now();
   for (int64_t epoch = resumed.epoch; epoch < epochs && steps_left() && result.stop_signal == 0; ++epoch) {
     // A resumed epoch continues its global sample order on this world's ranks (train/resume.h).
     const EpochStart epoch_start(train_data, epoch, epoch == resumed.epoch ? &resumed : nullptr, world_,
                                  options_.max_steps_per_epoch() * accumulate);
-    const int64_t steps_per_epoch = epoch_start.steps();
-    const int64_t epoch_updates = (steps_per_epoch + accumulate - 1) / accumulate;  // this epoch's, after a resume too
+    const int64_t steps_per_epoch = epoch_start.steps();  // this rank's batches
+    // Optimizer steps group the batches by their index in the epoch up to
+    // the largest rank's count, so that with Join every rank synchronizes the
+    // same iterations (a rank whose data ends inside a group contributes what
+    // it accumulated from join()); without Join every rank has this count.
+    const int64_t epoch_batches = uneven ? largest_over_ranks(*group, steps_per_epoch) : steps_per_epoch;
+    const int64_t epoch_updates = (epoch_batches + accumulate - 1) / accumulate;  // this epoch's, after a resume too
     int64_t step = epoch_start.first_step();
+    int64_t epoch_images = 0;  // this rank's
     monitor.start_epoch(epoch, (step + accumulate - 1) / accumulate);
     // This epoch's rates before warm-up: the schedule's (its step() and a
     // resume set them), or the optimizer's first rates without one (the
@@ -221,7 +257,12 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     if (scheduler_) {
       for (size_t g = 0; g < inner.num_groups(); ++g) epoch_lrs[g] = inner.lr(g);
     }
-    while (step < steps_per_epoch && steps_left()) {
+    // An optimizer step in two halves: the warm-up rate before its batches
+    // (once per step), the update after them. A joined rank runs both from
+    // join() for every step the others take (dist::ShadowStep).
+    bool step_begun = false;
+    auto begin_step = [&] {
+      if (std::exchange(step_begun, true)) return;
       const int64_t warmup = options_.warmup_steps();
       if (warmup > 0 && steps <= warmup) {  // the step after the warm-up restores the full rate
         for (size_t g = 0; g < inner.num_groups(); ++g) {
@@ -229,21 +270,50 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
           inner.set_lr(g, epoch_lrs[g] * warmup_factor(steps, warmup));
         }
       }
+    };
+    struct Update {
+      double grad_norm = 0, lr = 0;
+    };
+    auto finish_step = [&] {  // after DDP averaged the gradients
+      Update update;
+      if (options_.clip_grad_norm() > 0) update.grad_norm = optimizer.clip_grad_norm(options_.clip_grad_norm());
+      optimizer.step();  // unscales the averaged gradients (unless clipping did); skips the step on inf / NaN
+      update.lr = inner.lr(0);
+      if (per_step_schedule) scheduler_->step();
+      ++steps;
+      step_begun = false;
+      return update;
+    };
+    std::optional<dist::ShadowStep> shadow_step;  // outlives the Join that holds it
+    std::optional<dist::Join> join;
+    if (uneven) {
+      shadow_step.emplace(options_.process_group(), [&] {
+        begin_step();
+        finish_step();
+      });
+      join.emplace(std::vector<std::reference_wrapper<dist::Joinable>>{*ddp_, *shadow_step}, *options_.join());
+    }
+    while (step < steps_per_epoch && steps_left()) {
+      begin_step();
       // One optimizer step: `group_size` batches, the all-reduce on the last only.
-      const int64_t group_size = std::min(accumulate, steps_per_epoch - step);
+      const int64_t group_size = std::min(accumulate, epoch_batches - step);
       MicroBatches micro = run_micro_batches(trained, train_data, group_size, optimizer, ddp_.get(), step_function_);
+      images += micro.images;
+      epoch_images += micro.images;
       if (micro.batches == 0) break;  // the loader ended early
+      if (micro.batches < group_size && uneven && step + micro.batches == steps_per_epoch) {
+        step += micro.batches;  // this rank's data ended inside the group: join() takes its step
+        break;
+      }
       LOOM_CHECK(micro.batches == group_size, "Trainer: the loader ended after ", step + micro.batches, " of the ",
                  steps_per_epoch, " batches it announced, in the middle of an accumulation of ", group_size);
       if (ddp_) ddp_->wait_for_gradients();  // the averaged gradients, before they are clipped
-      double grad_norm = 0;
-      if (options_.clip_grad_norm() > 0) grad_norm = optimizer.clip_grad_norm(options_.clip_grad_norm());
-      optimizer.step();  // unscales the averaged gradients (unless clipping did); skips the step on inf / NaN
-      const double step_lr = inner.lr(0);
-      if (per_step_schedule) scheduler_->step();
+      const Update update_done = finish_step();
       step += group_size;
-      ++steps;
-      images += micro.images;
+      // Every rank ran this step (no rank's data had run out): the samples
+      // consumed are a prefix of the epoch's list, so a checkpoint resumes
+      // exactly, and every rank takes part in the stop agreement.
+      const bool every_rank_ran = !join || join->all_ranks_active();
       const data::Batch* batch = &micro.last;
       const Tensor& loss = micro.loss;
       const double data_wait = micro.data_wait_seconds;
@@ -257,7 +327,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                           .loss = &loss,
                           .data_wait_seconds = data_wait,
                           .step_seconds = micro.compute_seconds(),
-                          .grad_norm = grad_norm};
+                          .grad_norm = update_done.grad_norm};
       if (leader && update % options_.log_interval() == 0) {
         monitor.before_output();
         const double loss_value = loss.item();
@@ -276,14 +346,19 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
                     .images = micro.images * world_,
                     .data_wait_seconds = data_wait,
                     .loss = &loss,
-                    .lr = step_lr,
+                    .lr = update_done.lr,
                     .ddp = ddp_.get(),
                     .scaler = &optimizer.scaler()});
       if (on_step_) on_step_(info);
       bool saved_now = false;  // rank 0 wrote this step's checkpoint
-      if (step < steps_per_epoch && step_checkpoint_due(checkpoints, steps)) {  // an epoch checkpoint follows the last step
+      // An epoch checkpoint follows the last step; none in the uneven tail.
+      if (every_rank_ran && step < steps_per_epoch && step_checkpoint_due(checkpoints, steps)) {
         monitor.before_output();
         saved_now = save_checkpoint(CheckpointKind::step, steps, epoch, step, epoch_start.samples_after(step)).has_value();
+      }
+      if (!every_rank_ran) {
+        stop_agreement.finish();  // the all-reduce of the last step every rank ran; a stop waits for the epoch's end
+        continue;
       }
       // SIGTERM / the stop signal / SIGINT on any rank: every rank stops after the same step.
       if ((result.stop_signal = stop_agreement.poll()) != 0) {
@@ -299,9 +374,28 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     }
     train_data.stop();
     monitor.end_epoch_steps();
-    if (result.stop_signal != 0 || step < steps_per_epoch) break;  // stopped, or max_steps reached mid-epoch
+    bool left_early = step < steps_per_epoch;  // stopped, or max_steps reached mid-epoch
+    int deferred_stop = 0;                     // a stop signal the uneven tail kept waiting
+    if (join) {
+      stop_agreement.finish();  // the all-reduce every rank issued at the last step all ran
+      join->join();             // shadows the other ranks' steps until every rank's data ran out
+      const EpochEnd end = agree_epoch_end(*group, epoch_images, left_early, StopSignals::received());
+      images_all_ranks += end.images;
+      monitor.set_epoch_images(end.images);
+      left_early = end.left_early;
+      if (result.stop_signal == 0) deferred_stop = end.stop_signal;
+    }
+    if (result.stop_signal != 0 || left_early) break;
     if (scheduler_ && !per_step_schedule) scheduler_->step();
-    if (checkpoints_enabled(checkpoints)) save_checkpoint(CheckpointKind::epoch, epoch + 1, epoch + 1, 0, 0);
+    std::optional<fs::path> epoch_checkpoint;
+    if (checkpoints_enabled(checkpoints))
+      epoch_checkpoint = save_checkpoint(CheckpointKind::epoch, epoch + 1, epoch + 1, 0, 0);
+    if (deferred_stop != 0) {  // the epoch is complete and saved: stop here
+      result.stop_signal = deferred_stop;
+      monitor.before_output();
+      print_preempted(rank_, result.stop_signal, steps, epoch_checkpoint);
+      break;
+    }
     // The test accuracy of every epoch (--metrics / --tensorboard, or
     // evaluate_each_epoch); the last one's is the final evaluation's.
     std::optional<dist::AccuracyCounts> accuracy;
@@ -315,7 +409,7 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   }
   stop_agreement.finish();
   result.steps = steps;
-  result.images = images * world_;  // every rank trains on as many images per step
+  result.images = uneven ? images_all_ranks : images * world_;  // without Join every rank trains as many per step
   result.data_wait_seconds = train_data.total_wait_seconds();
   if (result.stop_signal != 0) {
     // The last epoch has no accuracy; the ranks meet so that rank 0's

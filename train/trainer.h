@@ -79,6 +79,21 @@ class TrainerOptions {
   LOOM_OPTION(std::shared_ptr<dist::ProcessGroup>, process_group);
   // DistributedDataParallel's bucket sizes and options, with a process group.
   LOOM_OPTION(dist::DistributedDataParallelOptions, ddp);
+  // Uneven inputs: ranks may run different numbers of batches in an epoch
+  // (DistributedSampler with data::Remainder::uneven, or any sampler), and
+  // each epoch runs inside a dist::Join with these options. Optimizer steps
+  // group the batches by their index in the epoch, the same on every rank,
+  // up to the largest rank's count, so all ranks synchronize the same
+  // iterations; a joined rank shadows the others' all-reduces and takes the
+  // same optimizer step with their averaged gradients (dist::ShadowStep), so
+  // model, optimizer state, schedule and step count stay equal everywhere.
+  // From the step in which a rank's data ran out to the epoch's end (the
+  // uneven tail) no step checkpoint is written and a stop request waits for
+  // the epoch's end, which then writes its epoch checkpoint and stops. Costs
+  // one small all-reduce per forward, four per epoch, and a broadcast of the
+  // model at each epoch's end. Refused with SyncBatchNorm. nullopt (default),
+  // one process, or enable(false): off.
+  LOOM_OPTION(std::optional<dist::JoinOptions>, join);
   // Evaluate on the test data at every epoch's end (the run's last epoch: the
   // final evaluation), not only when metrics or TensorBoard records are kept.
   LOOM_OPTION(bool, evaluate_each_epoch) = false;
@@ -111,13 +126,15 @@ struct StepInfo {
   double step_seconds = 0;        // forward, backward and optimizer step, as the host saw them
   double grad_norm = 0;           // the gradients' total norm before clipping, with clip_grad_norm; else 0
 };
+// (With TrainerOptions::join a rank whose data ran out takes its remaining
+// steps inside dist::Join, without batches: no hook runs for those.)
 
 // How fit() ended.
 struct FitResult {
   int stop_signal = 0;  // 0, or the signal every rank stopped for (a checkpoint was written)
   int exit_code() const { return stop_signal != 0 ? 128 + stop_signal : 0; }
   std::chrono::steady_clock::duration elapsed{};  // the training, up to the slowest rank's last step
-  int64_t images = 0;                // trained in this run, on all ranks
+  int64_t images = 0;                // trained in this run, on all ranks (counted per rank with join())
   int64_t steps = 0;                 // optimizer steps in all, a resumed checkpoint's included
   double data_wait_seconds = 0;      // this rank's waits for batches
   std::optional<dist::AccuracyCounts> accuracy;  // the final evaluation, when fit() had test data

@@ -20,7 +20,7 @@ RATES = {"images_per_s": NUMBER, "data_wait_s": NUMBER, "data_wait_share": NUMBE
          "peak_host_rss_bytes": INTEGER, "peak_gpu_bytes": INTEGER, "lr": NUMBER, "loss": NULLABLE_NUMBER,
          "time": NUMBER, "elapsed_s": NUMBER, "type": STRING, "epoch": INTEGER, "step": INTEGER}
 STEP = dict(RATES, epoch_step=INTEGER)
-EPOCH = dict(RATES, epoch_steps=INTEGER, epoch_time_s=NUMBER, test_accuracy=NULLABLE_NUMBER)
+EPOCH = dict(RATES, epoch_steps=INTEGER, epoch_time_s=NUMBER, images=INTEGER, test_accuracy=NULLABLE_NUMBER)
 DDP = {"comm_ms": NUMBER, "comm_hidden_share": NUMBER, "exposed_comm_ms": NUMBER}
 SCALER = {"loss_scale": NUMBER, "skipped_steps": INTEGER}
 TEST_COUNTS = {"test_correct": INTEGER, "test_total": INTEGER}
@@ -65,7 +65,7 @@ def check_ranges(where, record):
         if value is not None and not 0 <= value <= 1:
             raise Failure(f"{where}: '{share}' is {value}, outside 0..1")
     for name in ("images_per_s", "data_wait_s", "step_time_ms", "comm_ms", "exposed_comm_ms", "lr",
-                 "peak_host_rss_bytes", "peak_gpu_bytes", "epoch_time_s", "elapsed_s"):
+                 "peak_host_rss_bytes", "peak_gpu_bytes", "epoch_time_s", "elapsed_s", "images"):
         if name in record and record[name] < 0:
             raise Failure(f"{where}: '{name}' is negative")
     if record["type"] != "header" and record["epoch"] < 1:

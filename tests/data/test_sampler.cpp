@@ -206,6 +206,51 @@ TEST_CASE("set_start continues an epoch on another world: the rest of the global
   CHECK(sampler.size() == 5);
 }
 
+TEST_CASE("Remainder::uneven: every sample once, the first n mod world ranks one more, no padding") {
+  // Hand-computed: 10 over 4 ranks, no shuffle -> {0, 4, 8}, {1, 5, 9}, {2, 6}, {3, 7}.
+  const std::vector<std::vector<int64_t>> expected = {{0, 4, 8}, {1, 5, 9}, {2, 6}, {3, 7}};
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    DistributedSampler sampler(10, 4, rank, /*shuffle=*/false, 0, Remainder::uneven);
+    CHECK(sampler.indices() == expected[rank]);
+    CHECK(sampler.size() == static_cast<int64_t>(expected[rank].size()));
+    CHECK(sampler.total_size() == 10);
+    CHECK(sampler.remainder() == Remainder::uneven);
+  }
+  // The bool constructor keeps PyTorch's two modes.
+  CHECK(DistributedSampler(10, 4, 0, false).remainder() == Remainder::pad);
+  CHECK(DistributedSampler(10, 4, 0, false, 0, true).remainder() == Remainder::drop);
+  CHECK(DistributedSampler(10, 4, 2, false, 0, Remainder::drop).indices() == std::vector<int64_t>{2, 6});
+  // Fewer samples than ranks: the last ranks get none.
+  CHECK(DistributedSampler(2, 4, 3, false, 0, Remainder::uneven).indices().empty());
+
+  for (int64_t world : {1, 2, 3, 4, 8})
+    for (int64_t n : {0, 1, 7, 10, 101})
+      for (int64_t start : {0, 3, 6}) {
+        CAPTURE(world);
+        CAPTURE(n);
+        CAPTURE(start);
+        DistributedSampler whole(n, 1, 0, true, 9);
+        whole.set_epoch(1);
+        const std::vector<int64_t> order = whole.indices();
+        std::multiset<int64_t> seen;
+        for (int64_t rank = 0; rank < world; ++rank) {
+          DistributedSampler sampler(n, world, rank, true, 9, Remainder::uneven);
+          sampler.set_epoch(1);
+          sampler.set_start(start);
+          const std::vector<int64_t> mine = sampler.indices();
+          const int64_t left = std::max<int64_t>(n - start, 0);
+          CHECK(static_cast<int64_t>(mine.size()) == left / world + (rank < left % world ? 1 : 0));
+          for (size_t i = 0; i < mine.size(); ++i) CHECK(mine[i] == order[start + rank + static_cast<int64_t>(i) * world]);
+          seen.insert(mine.begin(), mine.end());
+          CHECK(sampler.total_size() == left);
+          // Full batches on every rank consume a prefix; rank 0's whole share (the largest) ends the list.
+          CHECK(sampler.consumed_after(1) == start + std::min<int64_t>(world, left));
+          if (rank == 0) CHECK(sampler.consumed_after(sampler.size()) == start + left);
+        }
+        CHECK(seen == std::multiset<int64_t>(order.begin() + std::min<int64_t>(start, n), order.end()));
+      }
+}
+
 TEST_CASE("DistributedSampler rejects bad ranks and worlds") {
   CHECK(error_message([] { DistributedSampler(10, 4, 4); }).find("rank 4 is out of range for world size 4") !=
         std::string::npos);

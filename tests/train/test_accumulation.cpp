@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/dist/multiprocess.h"
+#include "tests/train/signs.h"
 #include "tests/support/temp_dir.h"
 #include <loom/core/generator.h>
 #include <loom/data/loader.h>
@@ -31,23 +32,9 @@ namespace {
 
 using namespace loom;
 using namespace std::chrono_literals;
-constexpr int64_t kSamples = 200;
-
-// Three classes by the sign pattern of two noisy coordinates, as 1x2x2 images.
-class Signs : public data::Dataset {
- public:
-  int64_t size() const override { return kSamples; }
-  data::SampleShape sample_shape() const override { return {1, 2, 2}; }
-  int64_t get(int64_t index, data::SampleSlot& slot) const override {
-    Generator random(static_cast<uint64_t>(index) * 7 + 1);
-    const double a = random.normal(), b = random.normal();
-    slot.pixels[0] = static_cast<float>(a);
-    slot.pixels[1] = static_cast<float>(b);
-    slot.pixels[2] = static_cast<float>(a - b);
-    slot.pixels[3] = 1.0f;
-    return a > 0 ? (b > 0 ? 0 : 1) : 2;
-  }
-};
+using train::testing::relative_difference;
+using train::testing::Signs;
+constexpr int64_t kSamples = Signs::kSize;
 
 struct Run {
   std::shared_ptr<nn::Module> model;
@@ -78,15 +65,6 @@ std::vector<double> values_of(nn::Module& model) {
     for (double v : parameter.to_vector<double>()) values.push_back(v);
   }
   return values;
-}
-
-// The largest |a - b| / max(1, |b|); infinity for vectors of different
-// lengths. (No doctest macro: the ranks of a scenario run outside doctest.)
-double relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i])));
-  return worst;
 }
 
 // f32 sums in another order: the runs differ by about 1e-7 after 14 steps
