@@ -13,7 +13,6 @@
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
 #include <loom/core/profiler.h>
-#include <loom/dist/sync_batch_norm.h>
 
 namespace loom::dist {
 
@@ -566,8 +565,9 @@ class DistributedDataParallel::JoinHookImpl final : public JoinHook {
 
 std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& options) {
   for (auto& [name, module] : module_->named_modules()) {
-    LOOM_CHECK(dynamic_cast<SyncBatchNorm*>(module) == nullptr, "Join: the model has a SyncBatchNorm ('", name,
-               "'), whose forward all-reduces batch statistics that a rank whose data ran out cannot shadow ",
+    LOOM_CHECK(!module->runs_collectives_in_forward(), "Join: the model has a ", module->type_name(), " ('", name,
+               "'), whose forward runs collectives (SyncBatchNorm: its batch statistics) that a rank whose data ran "
+               "out cannot shadow ",
                "(PyTorch's Join does not support it either); train without SyncBatchNorm, or with even inputs ",
                "(DistributedSampler's padding) instead of Join");
   }

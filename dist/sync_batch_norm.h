@@ -47,6 +47,7 @@ class SyncBatchNorm : public nn::BatchNorm2d {
   bool fuses(nn::FusedTail) const override { return false; }
   // Already synchronized: convert_sync_batchnorm leaves it as it is.
   nn::BatchNorm2d* batch_norm_to_synchronize() override { return nullptr; }
+  bool runs_collectives_in_forward() const override { return true; }
   std::string type_name() const override { return "SyncBatchNorm"; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
 

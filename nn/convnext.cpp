@@ -103,20 +103,16 @@ ConvNeXt::ConvNeXt(const std::vector<CNBlockConfig>& block_setting, const ConvNe
                       std::make_shared<Linear>(last_channels, options.num_classes())}));
   // torchvision: every Conv2d and Linear weight trunc_normal_(std=0.02) (within
   // the absolute bounds -2, 2), their biases zero; layer norms ones and zeros.
+  // Convolution weights are the only 4-D parameters and linear weights the
+  // only 2-D ones (layer scales are (C, 1, 1)); layer norms' biases start at
+  // zero already.
   NoGradGuard no_grad;
-  for (auto& [name, module] : named_modules()) {
-    Tensor* weight = nullptr;
-    Tensor* bias = nullptr;
-    if (auto* conv = dynamic_cast<Conv2d*>(module)) {
-      weight = &conv->weight;
-      bias = &conv->bias;
-    } else if (auto* linear = dynamic_cast<Linear*>(module)) {
-      weight = &linear->weight;
-      bias = &linear->bias;
+  for (auto& [name, parameter] : named_parameters()) {
+    if (parameter.dim() == 4 || parameter.dim() == 2) {
+      init::trunc_normal_(parameter, 0.0, 0.02);
+    } else if (name.ends_with(".bias")) {
+      parameter.zero_();
     }
-    if (weight == nullptr) continue;
-    init::trunc_normal_(*weight, 0.0, 0.02);
-    if (bias->defined()) bias->zero_();
   }
 }
 

@@ -54,6 +54,10 @@ class Module {
   // The batch norm dist::convert_sync_batchnorm() replaces by a SyncBatchNorm:
   // a BatchNorm2d declares itself; every other module, SyncBatchNorm included, null.
   virtual BatchNorm2d* batch_norm_to_synchronize() { return nullptr; }
+  // Whether forward() runs collectives across ranks of its own (SyncBatchNorm's
+  // statistics all-reduce), which a dist::Join cannot shadow on a rank whose
+  // data ran out. Default: no.
+  virtual bool runs_collectives_in_forward() const { return false; }
 
   // Parameters and buffers in registration order, own first, then children's
   // (PyTorch's order). Names are dotted paths.
