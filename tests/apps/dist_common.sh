@@ -17,6 +17,17 @@ run_exit_commands() {
   for command in "${exit_commands[@]}"; do eval "$command"; done
 }
 
+# require_torch: $python, a Python with PyTorch 2.x ($LOOM_TORCH_PYTHON, else
+# the repository's .venv, which scripts/setup.sh --peers makes), and $version,
+# its PyTorch's version; without one the test is skipped (exit 77).
+require_torch() {
+  python=${LOOM_TORCH_PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
+  if ! version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || [[ $version != 2.* ]]; then
+    echo "SKIP: no PyTorch 2.x in $python (scripts/setup.sh --peers installs one into .venv)"
+    exit 77
+  fi
+}
+
 # make_work_dir [TRAIN TEST]: a new temporary directory in $work, removed at
 # exit; given TRAIN and TEST, make_mnist_subset "$work/data" TRAIN TEST too.
 make_work_dir() {

@@ -12,15 +12,9 @@
 # --peers) or $LOOM_TORCH_PYTHON; skips otherwise (CI).
 # Usage: torchrun_elastic.sh TRAIN_MNIST LOOMRUN
 set -u
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-source "$here/dist_common.sh"
+source "$(dirname "$0")/dist_common.sh"
 train_mnist=$(absolute_path "$1")
-python=${LOOM_TORCH_PYTHON:-$repo/.venv/bin/python}
-if ! version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || [[ $version != 2.* ]]; then
-  echo "SKIP: no PyTorch 2.x in $python (scripts/setup.sh --peers installs one into .venv)"
-  exit 77
-fi
+require_torch
 echo "torchrun of PyTorch $version"
 make_work_dir 8000 100
 port=$(free_port)
