@@ -24,7 +24,7 @@ else
 fi
 
 # run_peers PEER ARGS...: the peer script PEER with ARGS, eager and, where this
-# PyTorch has torch.compile, with --compile, every thread pool of it at
+# PyTorch has torch.compile, with --compile ($peer_modes: "eager" for eager only), every thread pool of it at
 # $threads (torch.set_num_threads leaves OpenBLAS at all cores); prints each
 # one's JSON line and sets peer_args to peer_summary.py's --peer arguments (a
 # run that failed gives "", which peer_summary.py leaves out). Nothing without
@@ -33,7 +33,7 @@ run_peers() {
   local mode line extra
   peer_args=()
   [[ -n "$peer_version" ]] || return 0
-  for mode in eager torch.compile; do
+  for mode in ${peer_modes:-eager torch.compile}; do
     extra=()
     if [[ $mode == torch.compile ]]; then
       "$peer_python" -c 'import sys, torch; sys.exit(not hasattr(torch, "compile"))' || break

@@ -1,6 +1,6 @@
 """Peer measurement (copied from the shared ../shared/peers/ of session 7, with peak RSS added):
-torchvision ResNet-50 (num_classes=10) training steps on CIFAR-shaped
-random data (3x32x32), SGD momentum; CPU, or CUDA with --device cuda (TF32 off; --amp f16 / bf16:
+torchvision ResNet-50 (or --arch: any torchvision model; num_classes=10) training steps on CIFAR-shaped
+random data (3x32x32, or --size), SGD momentum; CPU, or CUDA with --device cuda (TF32 off; --amp f16 / bf16:
 autocast, f16 with a GradScaler; timed between device synchronisations). Prints one JSON line.
 Usage: python3 torch_resnet50_cifar.py --batch 32 --steps 10 --threads 2
   [--arch resnet18] [--stem cifar] [--channels-last] [--compile] [--lr LR] [--device cuda] [--amp f16]
@@ -9,7 +9,8 @@ CIFAR ResNet); --compile uses torch.compile (PyTorch 2.x, inductor), timed after
 import argparse, json, resource, time, torch, torchvision
 p = argparse.ArgumentParser()
 p.add_argument("--batch", type=int, default=32); p.add_argument("--steps", type=int, default=10)
-p.add_argument("--threads", type=int, default=2); p.add_argument("--arch", default="resnet50")
+p.add_argument("--threads", type=int, default=2); p.add_argument("--arch", default="resnet50", help="any torchvision.models constructor")
+p.add_argument("--size", type=int, default=32, help="image height and width")
 p.add_argument("--stem", choices=["imagenet", "cifar"], default="imagenet")
 p.add_argument("--channels-last", action="store_true"); p.add_argument("--compile", action="store_true")
 p.add_argument("--device", default="cpu", help="cpu or cuda (TF32 off unless --amp)")
@@ -25,7 +26,7 @@ if a.stem == "cifar":
 fmt = torch.channels_last if a.channels_last else torch.contiguous_format
 m = m.to(dev, memory_format=fmt)
 opt = torch.optim.SGD(m.parameters(), lr=a.lr or (0.001 if a.stem == "cifar" else 0.01), momentum=0.9)
-x = torch.randn(a.batch, 3, 32, 32).to(dev, memory_format=fmt); y = torch.randint(0, 10, (a.batch,)).to(dev)
+x = torch.randn(a.batch, 3, a.size, a.size).to(dev, memory_format=fmt); y = torch.randint(0, 10, (a.batch,)).to(dev)
 crit = torch.nn.CrossEntropyLoss()
 step_model = torch.compile(m) if a.compile else m
 amp_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(a.amp)
@@ -58,7 +59,7 @@ def train_gflop_per_step():
     opt.zero_grad()
     return round(counter.get_total_flops() / 1e9, 3)
 print(json.dumps({"peer": f"torch {torch.__version__}" + (" compiled" if a.compile else ""), "arch": a.arch,
-                  "stem": a.stem, "device": a.device, "amp": a.amp, "channels_last": a.channels_last, "batch": a.batch, "threads": a.threads,
+                  "stem": a.stem, "size": a.size, "device": a.device, "amp": a.amp, "channels_last": a.channels_last, "batch": a.batch, "threads": a.threads,
                   "step_ms": round(1000 * dt / a.steps, 1), "images_per_s": round(a.batch * a.steps / dt, 1),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   "train_gflop_per_step": train_gflop_per_step()}))
