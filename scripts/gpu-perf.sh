@@ -26,6 +26,11 @@
 #   resnet50_cifar_b128        ResNet-50, CIFAR stem, 32 px, batch 128
 #   resnet50_imagenet224_b256  ResNet-50, ImageNet stem, 224 px, batch 256
 #   convnet_b100               the tutorials' ConvNet, batch 100, on IDX files
+# and, named only, MODEL_s32_b128 for each other model of the apps' --model
+# (vgg11_bn, vgg16_bn, mobilenet_v2, mobilenet_v3_small, mobilenet_v3_large,
+# efficientnet_b0, regnet_y_400mf, convnext_tiny): torchvision's model at 32 px,
+# batch 128, 10 classes, loom's resnet50_throughput --arch MODEL and the peer's
+# --arch MODEL (issue 52).
 # Precisions (--amps, LOOM_PERF_AMPS; O2,bf16,O0 by default): loom's --amp O2 / bf16 / O0
 # against the peer's --dtype f16 / bf16 / f32 (TF32 off on both sides). The ConvNet
 # has O0 (peer eager_f32) and O2, measured as autocast f16 (loom --autocast f16, peer
@@ -77,6 +82,8 @@ figures_command() { timeout 30 python3 "$repo/scripts/gpu-perf-summary.py" "$wor
 print_last() { python3 "$repo/scripts/gpu-perf-summary.py" --table "$out/perf.json"; }
 
 all_workloads="resnet50_cifar_b128,resnet50_imagenet224_b256,convnet_b100"
+other_models="vgg11_bn vgg16_bn mobilenet_v2 mobilenet_v3_small mobilenet_v3_large efficientnet_b0 regnet_y_400mf
+              convnext_tiny"
 all_amps="O2,bf16,O0"
 
 # ---- what each workload runs -------------------------------------------------------------------
@@ -94,6 +101,11 @@ workload_spec() {
     convnet_b100)
       binary=convnet_throughput loom_args="--batch-size 100 --data $(printf '%q' "${data:-}")" peer_kind=convnet
       peer_args="--batch-size 100 --data $(printf '%q' "${data:-}")" loom_cap=60 peer_cap=120 ;;
+    *_s32_b128)
+      local model=${1%_s32_b128}
+      [[ " ${other_models//$'\n'/ } " == *" $model "* ]] || return 1
+      binary=resnet50_throughput loom_args="--arch $model --stem imagenet --size 32 --batch 128" peer_kind=resnet
+      peer_args="--arch $model --stem imagenet --size 32 --batch 128" loom_cap=120 peer_cap=150 ;;
     *) return 1 ;;
   esac
 }
@@ -247,7 +259,11 @@ main() {
   parse_options 420 LOOM_PERF_DEADLINE "${rest[@]}"
   local w a setting
   for w in ${workloads//,/ }; do
-    workload_spec "$w" || { echo "gpu-perf: unknown workload '$w' in --workloads (known: $all_workloads)" >&2; exit 2; }
+    workload_spec "$w" || {
+      echo "gpu-perf: unknown workload '$w' in --workloads (known: $all_workloads, and MODEL_s32_b128 for MODEL" \
+           "one of" $other_models")" >&2
+      exit 2
+    }
   done
   for a in ${amps//,/ }; do
     [[ ,$all_amps, == *,$a,* ]] || { echo "gpu-perf: unknown precision '$a' in --amps (known: $all_amps)" >&2; exit 2; }
@@ -297,7 +313,7 @@ main() {
 
   local data data_cmd targets=() need_data=0
   data_step_command
-  [[ ,$workloads, == *,resnet50_* ]] && targets+=(resnet50_throughput)
+  [[ ,$workloads, == *,resnet50_* || ,$workloads, == *_s32_b128,* ]] && targets+=(resnet50_throughput)
   [[ ,$workloads, == *,convnet_b100,* ]] && { targets+=(convnet_throughput); need_data=1; }
   add_step configure 240 "" "$configure_cmd"
   (( need_data )) && add_step data 60 "" "$data_cmd"

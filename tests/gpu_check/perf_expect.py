@@ -42,7 +42,7 @@ def row_is(rows, key, want, scenario):
 
 
 # Bad usage: one line naming what is wrong, exit 2, before anything runs.
-for name, words in (("--workloads", "resnet9"), ("--amps", "fp8"), ("--deadline", "soon"), ("variants", "nocolon")):
+for name, words in (("--workloads", "resnet9"), ("--workloads", "MODEL_s32_b128"), ("--amps", "fp8"), ("--deadline", "soon"), ("variants", "nocolon")):
     text = lines(os.path.join(tmp, f"bad.{name}.txt"))
     expect(len(text) == 2 and text[-1] == "2" and words in text[0], "usage",
            f"{name}: one line naming '{words}' and exit status 2, not {text}")
@@ -156,5 +156,18 @@ expect(any(r.startswith("peer.resnet --stem cifar --size 32 --batch 128 --dtype 
 expect("bench.torch_convnet --modes channels_last_autocast_f16" in ran, "Q", "the ConvNet peer's channels-last f16 mode")
 expect(any(r.startswith("peer.resnet") and "--modes eager,channels_last,cuda_graph,compile" in r for r in ran), "Q",
        "compile started where the step's limit allows it (LOOM_PERF_COMPILE_S)")
+
+# R: another model of --model, named by the workload: --arch on both sides.
+s, st, sampler, rc, wall, d = load("R")
+MOBILENET = "mobilenet_v2_s32_b128"
+expect(rc == 0 and s.get("ok") is True, "R", f"exit status 0 and ok, not {rc}, {s.get('ok')}")
+statuses(st, {f"loom.{MOBILENET}.O2.default": "ok", f"peer.{MOBILENET}.O2": "ok"}, "R")
+rows = perf_rows(d, "R")
+expect(list(rows) == [(MOBILENET, "O2")], "R", f"one row: {list(rows)}")
+ran = lines(os.path.join(d, "state", "ran.log"))
+expect(any(r.startswith("perf.imagenet.O2 --device cuda --arch mobilenet_v2 --stem imagenet --size 32 --batch 128")
+           for r in ran), "R", f"loom's binary given --arch mobilenet_v2: {ran}")
+expect(any(r.startswith("peer.resnet --arch mobilenet_v2 --stem imagenet --size 32 --batch 128 --dtype f16 ")
+           for r in ran), "R", f"the peer given --arch mobilenet_v2: {ran}")
 
 report("gpu-perf rehearsal")

@@ -10,6 +10,8 @@
 #   Q  a warm rerun on P's build: ResNet-50 CIFAR and the ConvNet at O2, a
 #      variant the binary does not know, --channels-last known, compile mode
 #      given its time, per-kernel times under ncu
+#   R  a warm rerun on P's build: one of the other models (mobilenet_v2_s32_b128)
+#      at O2, loom's binary and the peer both given --arch
 # and bad usage (one line, exit 2). perf_expect.py holds what each must show.
 #   tests/gpu_check/perf_rehearsal.sh REPO
 set -uo pipefail
@@ -45,8 +47,11 @@ EXTRA_PATH=$tmp/Qbin BUILD=$tmp/P/build start_scenario Q "${machine[@]}" LOOM_PE
   FAKE_EXTRA_FLAGS=--channels-last \
   "LOOM_PERF_VARIANTS=default:;channels_last:--channels-last;bn_new:LOOM_FAKE_BN=new --batch-norm new"
 finish_scenario Q
+BUILD=$tmp/P/build start_scenario R "${machine[@]}" LOOM_PERF_DEADLINE=60 LOOM_PERF_WORKLOADS=mobilenet_v2_s32_b128 \
+  LOOM_PERF_AMPS=O2 LOOM_PERF_PROFILER=none LOOM_PERF_VARIANTS=default:
+finish_scenario R
 
-for s in P Q; do
+for s in P Q R; do
   echo "---- scenario $s: rc $(cat "$tmp/$s/rc"), $(cat "$tmp/$s/wall_ms") ms; console:"
   grep -E "^gpu-perf: (===|.*skipped|.*not built)" "$tmp/$s/console.txt" | grep -v ": ===.*(limit" | cut -c11-120 | tr '\n' ';'
   echo
