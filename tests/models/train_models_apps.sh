@@ -2,7 +2,8 @@
 # --model in both apps for torchvision's CNNs beyond the ResNets (issue 52):
 # train_resnet50_cifar trains mobilenet_v2, mobilenet_v3_small / _large,
 # efficientnet_b0, regnet_y_400mf and convnext_tiny for 2 steps on synthetic
-# 32x32 images (efficientnet_b0 under --amp O2); mobilenet_v3_small resumes from its epoch-1 checkpoint to the
+# 32x32 images (efficientnet_b0 and regnet_y_400mf under --amp O2, convnext_tiny
+# also under --amp bf16); mobilenet_v3_small resumes from its epoch-1 checkpoint to the
 # same epoch-2 checkpoint byte for byte and runs at world 2 with DDP and
 # --sync-bn; train_mnist trains vgg11_bn, mobilenet_v2 and regnet_y_400mf on 1x28x28
 # Fashion-MNIST (the channel repeated, padded to 32x32), and
@@ -36,12 +37,13 @@ run_app() {
 }
 
 # 1. Two steps of each model on synthetic CIFAR-shaped data, one process, with checkpoints.
-for model in mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf convnext_tiny; do
-  amp=()
-  [[ $model == efficientnet_b0 ]] && amp=(--amp O2)
-  run_app "$model${amp[*]:+ ${amp[*]}}" "$work/$model" "Epoch[1/1], Step[2/2], Loss: " "$cifar_bin" "${synthetic[@]}" \
+# Some under mixed precision: --amp O2 (f16 model, f32 master weights) or bf16.
+for run in mobilenet_v2 mobilenet_v3_large efficientnet_b0:O2 regnet_y_400mf:O2 convnext_tiny convnext_tiny:bf16; do
+  model=${run%%:*} amp=() dir=$work/${run/:/_}
+  [[ $run == *:* ]] && amp=(--amp "${run#*:}")
+  run_app "$model${amp[*]:+ ${amp[*]}}" "$dir" "Epoch[1/1], Step[2/2], Loss: " "$cifar_bin" "${synthetic[@]}" \
     --model "$model" -e 1 "${amp[@]}"
-  [[ -f "$work/$model/checkpoint/1GPU_1epoch.checkpoint" ]] || fail "$model wrote no checkpoint/1GPU_1epoch.checkpoint"
+  [[ -f "$dir/checkpoint/1GPU_1epoch.checkpoint" ]] || fail "$run wrote no checkpoint/1GPU_1epoch.checkpoint"
 done
 
 # 2. mobilenet_v3_small: 2 epochs of 1 step, then a resume from epoch 1 that must write the same epoch-2 checkpoint.
