@@ -3,7 +3,10 @@
 from the logs its steps left in WORK (WORK/STEP.log), printed as JSON:
   machine            what the env step found (GPU, driver, nvcc, gcc, OS, PyTorch, cuDNN)
   steps              per gpu test suite: test cases, passed, failed, tests cut at the
-                     per-test timeout; per train_mnist: accuracy, images/s
+                     per-test timeout; per train_mnist and staged.* run: accuracy, images/s
+                     (staged.*: processes, backend); per sanitizer.* step: compute-sanitizer's
+                     errors (racecheck's hazards), whether it refused the GPU, and the test
+                     cases or the app's figures of what ran under it
   benchmarks.convnet one row per arithmetic: "convnet f32 (TF32 off)", "convnet TF32",
                      "convnet channels-last autocast f16", loom's and PyTorch's images/s
   benchmarks.resnet50_cifar  ResNet-50 (CIFAR stem, batch 128) per precision: "resnet50 f32
@@ -131,6 +134,32 @@ def train_figures(text):
     return figures
 
 
+def staged_figures(text):
+    figures = train_figures(text)
+    m = re.search(r"Distributed: (\d+) processes \([^)]*\), backend (\S+?),", text)
+    if m:
+        figures.update(processes=int(m.group(1)), backend=m.group(2))
+    return figures
+
+
+def sanitizer_figures(text):
+    figures = {}
+    errors = re.findall(r"ERROR SUMMARY: (\d+) errors?", text)
+    if errors:
+        figures["errors"] = int(errors[-1])
+    hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
+    if hazards:
+        figures["hazards"] = {"displayed": int(hazards[-1][0]), "errors": int(hazards[-1][1]),
+                              "warnings": int(hazards[-1][2])}
+    if re.search(r"Device not supported|not supported on this (device|platform)", text):
+        figures["refused_device"] = True
+    tests = test_figures(text)
+    tests.pop("no_cuda_device", None)
+    figures.update(tests)
+    figures.update(train_figures(text))
+    return figures
+
+
 def scaling_figures(work):
     path = os.path.join(work, "scaling", "scaling-resnet50-gpu.json")
     try:
@@ -169,6 +198,10 @@ def main():
                 steps[name]["world"] = gpu_count
         elif name == "train_mnist" and text:
             steps[name] = train_figures(text)
+        elif name.startswith("staged.") and text:
+            steps[name] = staged_figures(text)
+        elif name.startswith("sanitizer.") and text:
+            steps[name] = sanitizer_figures(text)
     table, loom, torch = benchmark_table([{"name": n} for n in names], work)
     resnet, resnet_loom, resnet_torch = resnet_table(work)
     figures = {"machine": machine, "steps": steps,

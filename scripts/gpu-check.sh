@@ -14,9 +14,22 @@
 #   data             Fashion-MNIST if installed, else synthetic IDX files
 #   build            `-k 0`: one compile error loses only what depends on it; each later
 #                    step runs when its binary exists
-#   gpu.runtime, gpu.backend_ops, gpu.training, gpu.nccl, gpu.data_loader
+#   gpu.runtime, gpu.backend_ops, gpu.training, gpu.nccl, gpu.host_staging,
+#   gpu.device_ordinal, gpu.data_loader
 #                    the gpu test suites, one ctest call each, every test cut at
-#                    LOOM_GPU_TEST_TIMEOUT (120 s); gpu.nccl runs at world N on N GPUs
+#                    LOOM_GPU_TEST_TIMEOUT (120 s); gpu.nccl runs at world N on N GPUs,
+#                    gpu.host_staging 2 and 4 ranks on GPU 0 over gloo and shm,
+#                    gpu.device_ordinal cuda:1 where two GPUs are visible
+#   staged.*         train_mnist on CUDA over gloo and shm (collectives staged through host
+#                    memory), the ranks sharing GPU 0, 20 steps each: gloo -g 2 --sync-bn,
+#                    shm -g 4 --sync-bn, gloo -g 2 --zero, shm -g 2 --no-pad-last
+#   sanitizer.*      compute-sanitizer (beside nvcc, on PATH or LOOM_GPU_SANITIZER; a finding
+#                    fails the step): memcheck over gpu.runtime, gpu.backend_ops and
+#                    gpu.training (but the cases that mostly run cuDNN's algorithm variants or
+#                    a CPU reference training), memcheck over 5 steps of train_mnist and 3 of
+#                    train_resnet50_cifar, racecheck and synccheck over the backend_ops cases
+#                    of loom's shared-memory reductions; initcheck over those last, after the
+#                    benchmarks, when time is left
 #   bench.*          loom's ConvNet on the GPU in f32 (TF32 off), PyTorch's (f32 with TF32
 #                    off, TF32, channels-last autocast f16), loom's TF32 and channels-last
 #                    autocast f16 rows, then train_mnist for one epoch on the GPU
@@ -25,6 +38,7 @@
 #   scaling.resnet50 ResNet-50's world-1 profile and the cluster projection from it; on N >= 2
 #                    GPUs the weak-scaling curve from 1 to N GPUs (one process per GPU, NCCL)
 #                    and DDP against the bare model
+#   sanitizer.initcheck  (above)
 #
 # OUT holds at most 4 files at any moment: summary.json (rewritten atomically
 # before and after every step: each step's status, seconds and figures, so a
@@ -38,6 +52,8 @@
 #   LOOM_GPU_DEADLINE  seconds from the start by which the last summary is written (540;
 #                      --deadline overrides)
 #   LOOM_GPU_STEPS     ConvNet benchmark steps (500)
+#   LOOM_GPU_SANITIZER compute-sanitizer to use; else beside nvcc, the toolkit's
+#                      compute-sanitizer/, PATH, /usr/local/cuda*/bin, PyTorch's nvidia/*
 # C++ dependencies the machine lacks come from .deps (scripts/gpu-deps.sh).
 set -uo pipefail
 
@@ -49,6 +65,38 @@ source "$repo/scripts/gpu-steps.sh"
 
 # The figures of summary.json, read from the step logs.
 figures_command() { timeout 30 python3 "$repo/scripts/gpu-check-summary.py" "$work" "${names[@]}"; }
+
+# compute-sanitizer's exit status when it found something (--error-exitcode).
+sanitizer_exit=86
+
+# find_sanitizer: prints the compute-sanitizer to run, or nothing: LOOM_GPU_SANITIZER, else
+# beside nvcc (as named, then its real directory and the toolkit's compute-sanitizer/),
+# PATH, /usr/local/cuda*/bin (newest first), then PyTorch's nvidia/*
+# (find_machine's nvcc and nvidia_dirs).
+find_sanitizer() {
+  local root=${LOOM_GPU_CHECK_ROOT:-} dirs=() candidate real versioned
+  if [[ -n ${LOOM_GPU_SANITIZER:-} ]]; then
+    echo "$LOOM_GPU_SANITIZER"
+    return
+  fi
+  if [[ -n $nvcc ]]; then
+    real=$(readlink -f "$nvcc")
+    dirs+=("$(dirname "$nvcc")" "$(dirname "$real")" "$(dirname "$(dirname "$real")")/compute-sanitizer")
+  fi
+  if candidate=$(command -v compute-sanitizer); then dirs+=("$(dirname "$candidate")"); fi
+  dirs+=("$root/usr/local/cuda/bin")
+  versioned=$(compgen -G "$root/usr/local/cuda-*/bin" | sort -V -r)
+  [[ -n $versioned ]] && mapfile -t -O "${#dirs[@]}" dirs <<< "$versioned"
+  while IFS= read -r candidate; do
+    [[ -n $candidate ]] && dirs+=("$candidate/bin" "$candidate/compute-sanitizer")
+  done <<< "$nvidia_dirs"
+  for candidate in "${dirs[@]}"; do
+    if [[ -x $candidate/compute-sanitizer ]]; then
+      echo "$candidate/compute-sanitizer"
+      return
+    fi
+  done
+}
 
 # ---- internal steps (run as `gpu-check.sh --internal NAME ...` under timeout) -------------------
 
@@ -66,6 +114,7 @@ internal_env() {
   echo "driver: $(timeout 20 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
   echo "nvcc: $nvcc"
   echo "nvcc_version: $("$nvcc" --version 2>&1 | grep -o 'release [0-9.]*, V[0-9.]*' | head -1)"
+  echo "compute_sanitizer: ${sanitizer:-none}"
   echo "gcc: $(gcc --version 2>/dev/null | head -1)"
   echo "cmake: $(cmake --version 2>/dev/null | head -1)"
   echo "ninja: $(ninja --version 2>/dev/null || echo none)"
@@ -127,9 +176,12 @@ main() {
   start_run
   bench_steps=${LOOM_GPU_STEPS:-500}
   find_machine
+  sanitizer=$(find_sanitizer)
+  log "compute-sanitizer ${sanitizer:-not found}"
   log "deadline $deadline s, margin $margin s, steps under $min_step s skipped, each gpu test cut at $test_timeout s"
 
-  local targets="test_gpu test_gpu_nccl convnet_throughput train_mnist resnet50_throughput scaling_step allreduce_timing"
+  local targets="test_gpu test_gpu_nccl convnet_throughput train_mnist train_resnet50_cifar resnet50_throughput"
+  targets+=" scaling_step allreduce_timing"
   local data data_cmd
   data_step_command
   local q_build q_py q_repo
@@ -145,11 +197,21 @@ main() {
   add_step data 60 "" "$data_cmd"
   add_step build 480 "" "$(printf '%q' "$self") --internal build $q_build $jobs $targets"
   local suite
-  for suite in runtime backend_ops training nccl data_loader; do
+  for suite in runtime backend_ops training nccl host_staging device_ordinal data_loader; do
     local binary=$build/tests/gpu/test_gpu
-    [[ $suite == nccl ]] && binary=$build/tests/gpu/test_gpu_nccl
+    [[ $suite == nccl || $suite == host_staging ]] && binary=$build/tests/gpu/test_gpu_nccl
     add_step "gpu.$suite" $(( test_timeout + 30 )) "$binary" "$ctest_cmd '^gpu\\.$suite\$'"
   done
+  # The app on CUDA over the CPU backends, its ranks sharing GPU 0 (-g spawns them).
+  local mnist run backend ranks flag flag_name
+  mnist="$q_build/apps/train_mnist --device cuda --data $(printf '%q' "$data") --checkpoint-dir ''"
+  for run in "gloo 2 --sync-bn" "shm 4 --sync-bn" "gloo 2 --zero" "shm 2 --no-pad-last"; do
+    read -r backend ranks flag <<< "$run"
+    flag_name=${flag#--}
+    add_step "staged.${backend}_g${ranks}_${flag_name//-/_}" 60 "$build/apps/train_mnist" \
+      "$mnist --backend $backend -g $ranks $flag --epochs 1 --max-steps 20 --batch-size 50 --log-interval 5"
+  done
+  sanitizer_steps "$q_build" "$(printf '%q' "$data")"
   add_step bench.loom_convnet_f32 90 "$build/benchmarks/convnet_throughput" "$convnet"
   add_step bench.torch_convnet 180 "" \
     "$q_py $q_repo/benchmarks/torch_convnet_gpu.py --data $(printf '%q' "$data") --steps $bench_steps --modes eager_f32,eager_tf32,channels_last_autocast_f16"
@@ -163,20 +225,70 @@ main() {
     "$(printf '%q' "$self") --internal resnet_bench $q_build \$($torch_found)"
   add_step scaling.resnet50 $(( 150 + 60 * ($(tr -cd , <<< "$worlds" | wc -c)) )) "$build/benchmarks/scaling/scaling_step" \
     "$q_py $q_repo/benchmarks/scaling/scaling.py --device cuda --build $q_build --models resnet50 --worlds $worlds --image-size 224 --weak-batch resnet50=128 --strong-batch resnet50=128 --steps resnet50=10 --warmup resnet50=3 --repeats 1 --no-peer --no-plot --project-measured resnet50 --out $(printf '%q' "$work/scaling") --work $(printf '%q' "$work/scaling-work") --stem scaling-resnet50-gpu --timeout 400"
+  add_step sanitizer.initcheck 90 "$build/tests/gpu/test_gpu" "$initcheck_cmd"
   publish
 
   export GPU_CHECK_GPU_COUNT=$gpu_count GPU_CHECK_GPU_NAME=$gpu_name GPU_CHECK_GPU_CAP=$gpu_cap GPU_CHECK_ARCH=$arch \
-         GPU_CHECK_NVCC=$nvcc GPU_CHECK_HINTS="${hints[*]}"
+         GPU_CHECK_NVCC=$nvcc GPU_CHECK_SANITIZER=$sanitizer GPU_CHECK_HINTS="${hints[*]}"
   run_steps
   finish_run
 }
 
-# before_step I: bench.torch_convnet runs only where the env step found PyTorch with CUDA.
+# sanitizer_steps BUILD DATA (both quoted for the shell): the compute-sanitizer
+# steps but initcheck, whose command is left in initcheck_cmd (it runs last).
+# Each sanitizes one process, with cuDNN's heuristic algorithm choice (the
+# benchmark search would run every algorithm under the tool); API errors are
+# not reported, as loom checks every CUDA call itself and some tests provoke
+# them (out of memory, a bad ordinal).
+sanitizer_steps() {
+  local q_build=$1 q_data=$2 tool
+  tool="LOOM_CUDNN_SEARCH=heuristic $(printf '%q' "${sanitizer:-compute-sanitizer}") --error-exitcode $sanitizer_exit"
+  tool+=" --report-api-errors no --print-limit 50 --tool"
+  local test_gpu=$q_build/tests/gpu/test_gpu
+  # memcheck: every case but those that mostly run cuDNN's algorithm variants and
+  # the ConvNet's CPU-referenced training (the apps below train under memcheck).
+  local skipped="conv2d with cuDNN*,conv2d backward kernels*,conv2d keeps the input*,the ConvNet*loss curve*"
+  add_step sanitizer.memcheck 180 "$build/tests/gpu/test_gpu" \
+    "$tool memcheck $test_gpu --test-suite=runtime,backend_ops,training '--test-case-exclude=$skipped'"
+  add_step sanitizer.memcheck_train_mnist 90 "$build/apps/train_mnist" \
+    "$tool memcheck $q_build/apps/train_mnist --device cuda --data $q_data --epochs 1 --max-steps 5 --batch-size 32 --log-interval 1 --checkpoint-dir ''"
+  add_step sanitizer.memcheck_resnet50_cifar 120 "$build/apps/train_resnet50_cifar" \
+    "$tool memcheck $q_build/apps/train_resnet50_cifar --device cuda --synthetic --synthetic-size 64 -b 16 -e 1 --max-steps 3 --stem cifar --workers 0 --log-interval 1 --checkpoint-dir ''"
+  # racecheck and synccheck (shared memory and barriers) where loom's kernels use
+  # them: the block reductions of elementwise sums, batch norm, softmax and losses,
+  # layer norm.
+  local reductions="'--test-case=elementwise ops and reductions,batch_norm: training*,log_softmax*,avg_pool2d and layer_norm'"
+  add_step sanitizer.racecheck 120 "$build/tests/gpu/test_gpu" "$tool racecheck $test_gpu --test-suite=backend_ops $reductions"
+  add_step sanitizer.synccheck 60 "$build/tests/gpu/test_gpu" "$tool synccheck $test_gpu --test-suite=backend_ops $reductions"
+  initcheck_cmd="$tool initcheck $test_gpu --test-suite=backend_ops $reductions"
+}
+
+# before_step I: bench.torch_convnet runs only where the env step found PyTorch
+# with CUDA; the sanitizer steps only where there is a compute-sanitizer.
 before_step() {
   if [[ ${names[$1]} == bench.torch_convnet ]] && ! grep -qx "torch_cuda: yes" "$work/env.log" 2>/dev/null; then
     status[$1]="skipped" notes[$1]="PyTorch with CUDA is not importable by $py (see the env step)"
     log "bench.torch_convnet: skipped, no PyTorch with CUDA"
     return 1
+  fi
+  if [[ ${names[$1]} == sanitizer.* && -z $sanitizer ]]; then
+    status[$1]="skipped"
+    notes[$1]="no compute-sanitizer beside nvcc, on PATH, in /usr/local/cuda*/bin or PyTorch's nvidia/* (set LOOM_GPU_SANITIZER)"
+    log "${names[$1]}: skipped, no compute-sanitizer"
+    return 1
+  fi
+}
+
+# after_step I: a sanitizer step's note says what compute-sanitizer reported:
+# its findings (the step exited with sanitizer_exit), or that it refused the
+# GPU (as it did under gVisor), so that nothing was checked.
+after_step() {
+  local i=$1 log=$work/${names[$1]}.log
+  [[ ${names[$i]} == sanitizer.* ]] || return 0
+  if grep -qaE "Device not supported|not supported on this (device|platform)" "$log"; then
+    notes[i]="compute-sanitizer refused this GPU or its runtime: nothing was checked (see the step's log)"
+  elif [[ ${rcs[$i]} == "$sanitizer_exit" ]]; then
+    notes[i]="compute-sanitizer found errors: $(grep -aoE '(ERROR|RACECHECK) SUMMARY: [^=]*' "$log" | tail -1)"
   fi
 }
 
@@ -188,7 +300,7 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
     case ${2:-} in
       env)
         gpu_count=${GPU_CHECK_GPU_COUNT:-0} gpu_name=${GPU_CHECK_GPU_NAME:-} gpu_cap=${GPU_CHECK_GPU_CAP:-}
-        arch=${GPU_CHECK_ARCH:-} nvcc=${GPU_CHECK_NVCC:-} hints=(${GPU_CHECK_HINTS:-})
+        arch=${GPU_CHECK_ARCH:-} nvcc=${GPU_CHECK_NVCC:-} sanitizer=${GPU_CHECK_SANITIZER:-} hints=(${GPU_CHECK_HINTS:-})
         internal_env ;;
       data) internal_data "$3" ;;
       build) shift 2; internal_build "$@" ;;

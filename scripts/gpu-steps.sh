@@ -13,7 +13,8 @@
 # read from the step logs in $work; it may also write the script's own files
 # into OUT). It may set skip_rc: a step that exits with it is recorded as
 # skipped and counts as passed, its note taken from the last "skipped: " line
-# it printed; and define before_step and print_last (see run_steps, finish_run).
+# it printed; and define before_step, after_step and print_last (see run_steps,
+# run_step, finish_run).
 #
 # Settings, for both scripts (environment):
 #   LOOM_GPU_MARGIN    seconds kept back from every step's limit for the kill, packing and
@@ -242,7 +243,9 @@ capped_copy() {
 }
 
 # run_step I: runs step I under the deadline and records it. The step's
-# command sees its limit in seconds as GPU_STEP_LIMIT.
+# command sees its limit in seconds as GPU_STEP_LIMIT. A script that reads
+# more from a step's log defines after_step I (it may set the step's status
+# and note; the summary is written after it).
 run_step() {
   local i=$1 name=${names[$1]} left limit rc t0
   now_ms
@@ -297,6 +300,7 @@ run_step() {
   if [[ $name == gpu.* ]] && grep -q "\*\*\*Timeout" "$work/$name.log"; then
     notes[i]="a test outlived its $test_timeout s timeout"
   fi
+  if declare -F after_step >/dev/null; then after_step "$i"; fi
   log "=== $name: ${status[$i]} (rc $rc, ${seconds[$i]} s)"
   publish figures
 }

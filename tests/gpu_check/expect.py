@@ -9,9 +9,14 @@ from scenario_checks import expect, lines, load, packed, report, statuses  # noq
 
 tmp = sys.argv[1]
 
+STAGED = ("staged.gloo_g2_sync_bn", "staged.shm_g4_sync_bn", "staged.gloo_g2_zero", "staged.shm_g2_no_pad_last")
+SANITIZER = ("sanitizer.memcheck", "sanitizer.memcheck_train_mnist", "sanitizer.memcheck_resnet50_cifar",
+             "sanitizer.racecheck", "sanitizer.synccheck")
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
-       "gpu.data_loader", "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
-       "bench.loom_convnet_channels_last_f16", "train_mnist", "bench.resnet50_cifar", "scaling.resnet50")
+       "gpu.host_staging", "gpu.device_ordinal", "gpu.data_loader", *STAGED, *SANITIZER,
+       "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
+       "bench.loom_convnet_channels_last_f16", "train_mnist", "bench.resnet50_cifar", "scaling.resnet50",
+       "sanitizer.initcheck")
 
 # A: CMake's configure hangs; the deadline cuts it and skips the rest.
 s, st, sampler, rc, wall, d = load("A")
@@ -38,12 +43,18 @@ expect("LOOM_GPU_TEST_TIMEOUT=2" in configured, "C", f"the per-test GPU timeout 
 expect(m.get("nvcc", "").endswith("/siteC/nvidia/cuda_nvcc/bin/nvcc"), "C",
        f"nvcc from PyTorch's nvidia/*/bin, not {m.get('nvcc')}")
 statuses(st, {"env": "ok", "configure": "ok", "build": "failed", "gpu.runtime": "failed", "gpu.backend_ops": "failed",
-              "gpu.training": "ok", "gpu.nccl": "ok", "gpu.data_loader": "ok", "bench.loom_convnet_f32": "ok",
+              "gpu.training": "ok", "gpu.nccl": "ok", "gpu.host_staging": "ok", "gpu.device_ordinal": "ok",
+              "gpu.data_loader": "ok", **{n: "not_built" for n in STAGED},
+              **{n: "skipped" for n in (*SANITIZER, "sanitizer.initcheck")}, "bench.loom_convnet_f32": "ok",
               "bench.torch_convnet": "ok", "train_mnist": "not_built", "bench.resnet50_cifar": "ok",
               "scaling.resnet50": "ok"}, "C")
+expect(all("compute-sanitizer" in st.get(n, {}).get("note", "") for n in SANITIZER), "C",
+       f"the sanitizer steps say that no compute-sanitizer was found: {[st.get(n) for n in SANITIZER[:1]]}")
+expect(s.get("figures", {}).get("machine", {}).get("compute_sanitizer") == "none", "C",
+       f"no compute-sanitizer in the environment report: {s.get('figures', {}).get('machine')}")
 expect(rc == 1, "C", f"exit status 1, not {rc}")
 compiles = lines(os.path.join(d, "state", "compiles"))
-expect(len(compiles) == 7, "C", f"the build kept going past the error: 7 binaries tried, not {compiles}")
+expect(len(compiles) == 8, "C", f"the build kept going past the error: 8 binaries tried, not {compiles}")
 figures = s.get("figures", {}).get("steps", {})
 expect("gpu.backend_ops" in figures.get("gpu.backend_ops", {}).get("timed_out_tests", []), "C",
        f"gpu.backend_ops cut by the per-test timeout: {figures.get('gpu.backend_ops')}")
@@ -92,6 +103,31 @@ expect(s.get("figures", {}).get("steps", {}).get("train_mnist", {}).get("test_ac
 machine = s.get("figures", {}).get("machine", {})
 expect(machine.get("torch_cudnn") == "91300" and machine.get("driver") == "580.159.04", "B",
        f"the environment report in the summary: {machine}")
+expect(machine.get("compute_sanitizer", "").endswith("/sanitizerB/compute-sanitizer"), "B",
+       f"compute-sanitizer found on PATH: {machine.get('compute_sanitizer')}")
+# The staged runs: train_mnist on CUDA over gloo and shm, 2 and 4 ranks, with SyncBatchNorm, ZeRO, no padding.
+staged = [r for r in ran if r.startswith("train_mnist.")]
+for key, flags in (("train_mnist.gloo_g2", "--backend gloo -g 2 --sync-bn"), ("train_mnist.shm_g4", "--backend shm -g 4 --sync-bn"),
+                   ("train_mnist.gloo_g2", "--backend gloo -g 2 --zero"), ("train_mnist.shm_g2", "--backend shm -g 2 --no-pad-last")):
+    expect(any(r.startswith(key + " ") and flags in r and "--device cuda" in r and "--max-steps 20" in r for r in staged),
+           "B", f"train_mnist --device cuda {flags} --max-steps 20 ran: {staged}")
+step_figures = s.get("figures", {}).get("steps", {})
+expect(step_figures.get("staged.shm_g4_sync_bn", {}).get("processes") == 4
+       and step_figures.get("staged.shm_g4_sync_bn", {}).get("backend") == "shm"
+       and step_figures.get("staged.shm_g4_sync_bn", {}).get("test_accuracy") == 0.88, "B",
+       f"a staged run's processes, backend and accuracy in the summary: {step_figures.get('staged.shm_g4_sync_bn')}")
+# Every sanitizer step ran its tool with a finding's exit status, over what it names.
+sanitized = [r for r in ran if r.startswith("sanitizer ")]
+for tool, program in (("memcheck", "test_gpu --test-suite=runtime,backend_ops,training --test-case-exclude="),
+                      ("memcheck", "train_mnist --device cuda"), ("memcheck", "train_resnet50_cifar --device cuda"),
+                      ("racecheck", "test_gpu --test-suite=backend_ops --test-case=elementwise ops and reductions,"),
+                      ("synccheck", "test_gpu --test-suite=backend_ops --test-case=elementwise ops and reductions,"),
+                      ("initcheck", "test_gpu --test-suite=backend_ops --test-case=elementwise ops and reductions,")):
+    expect(any(r.startswith(f"sanitizer {tool} ") and "--error-exitcode 86" in r and program in r for r in sanitized),
+           "B", f"compute-sanitizer --tool {tool} over {program}: {sanitized}")
+expect(step_figures.get("sanitizer.memcheck", {}).get("errors") == 0
+       and step_figures.get("sanitizer.memcheck", {}).get("cases") == 3, "B",
+       f"the sanitizer's error count and the test cases in the summary: {step_figures.get('sanitizer.memcheck')}")
 
 # D: SIGKILL while the env step's PyTorch query hangs.
 s, st, sampler, rc, wall, d = load("D")
@@ -103,6 +139,30 @@ expect("torch_nccl: 2.28.3" in log, "D", "the hung Python query's unflushed line
 m = s.get("machine", {})
 expect(m.get("nvcc", "").endswith("/root/usr/local/cuda-13.0/bin/nvcc"), "D",
        f"nvcc from the newest /usr/local/cuda-*/bin, not {m.get('nvcc')}")
+
+# F: compute-sanitizer beside nvcc finds an error under memcheck and refuses the
+# device under synccheck; one staged run fails.
+s, st, sampler, rc, wall, d = load("F")
+statuses(st, {"staged.gloo_g2_sync_bn": "ok", "staged.shm_g4_sync_bn": "failed", "staged.gloo_g2_zero": "ok",
+              "staged.shm_g2_no_pad_last": "ok", "sanitizer.memcheck": "failed", "sanitizer.memcheck_train_mnist": "failed",
+              "sanitizer.memcheck_resnet50_cifar": "failed", "sanitizer.racecheck": "ok", "sanitizer.synccheck": "failed",
+              "sanitizer.initcheck": "ok", "gpu.host_staging": "ok", "scaling.resnet50": "ok"}, "F")
+expect(rc == 1 and s.get("ok") is False, "F", f"exit status 1 and not ok, not {rc}, {s.get('ok')}")
+memcheck = st.get("sanitizer.memcheck", {})
+expect(memcheck.get("rc") == 86 and "found errors: ERROR SUMMARY: 1 error" in memcheck.get("note", ""), "F",
+       f"the finding's exit status and summary in the step's note: {memcheck}")
+expect("Invalid __global__ write" in packed(d, "sanitizer.memcheck.log"), "F", "the finding in the step's log")
+expect("refused" in st.get("sanitizer.synccheck", {}).get("note", ""), "F",
+       f"a refused device named in the note: {st.get('sanitizer.synccheck')}")
+figures = s.get("figures", {})
+expect(figures.get("steps", {}).get("sanitizer.memcheck", {}).get("errors") == 1
+       and figures.get("steps", {}).get("sanitizer.synccheck", {}).get("refused_device") is True, "F",
+       f"findings and the refusal in the summary's figures: {figures.get('steps', {}).get('sanitizer.memcheck')}")
+expect(figures.get("machine", {}).get("compute_sanitizer", "").endswith("/root/usr/local/cuda-13.0/bin/compute-sanitizer"),
+       "F", f"compute-sanitizer beside the nvcc used: {figures.get('machine', {}).get('compute_sanitizer')}")
+ran = lines(os.path.join(d, "state", "ran.log"))
+expect(len([r for r in ran if r.startswith("train_mnist.")]) == 4, "F",
+       f"every staged run ran, also after the failed one: {ran}")
 
 # E: no GPU.
 s, st, sampler, rc, wall, d = load("E")

@@ -17,8 +17,9 @@ trap cleanup EXIT
 
 real_python=$(python3 -c 'import sys; print(sys.executable)')
 
-# PATH without any nvcc, nvidia-smi, ncu or nsys: a directory that holds them is
-# replaced by a copy of its other entries (symbolic links); the fakes come first.
+# PATH without any nvcc, nvidia-smi, ncu, nsys or compute-sanitizer: a directory
+# that holds them is replaced by a copy of its other entries (symbolic links);
+# the fakes come first.
 fakebin=$tmp/fakebin
 mkdir -p "$fakebin"
 ln -s "$here/fakes/nvidia-smi" "$fakebin/nvidia-smi"
@@ -27,10 +28,11 @@ search_path=$fakebin
 IFS=: read -ra path_dirs <<< "$PATH"
 for d in "${path_dirs[@]}"; do
   [[ -d $d ]] || continue
-  if [[ -e $d/nvcc || -e $d/nvidia-smi || -e $d/ncu || -e $d/nsys ]]; then
+  if [[ -e $d/nvcc || -e $d/nvidia-smi || -e $d/ncu || -e $d/nsys || -e $d/compute-sanitizer ]]; then
     filtered=$tmp/path/$(printf '%s' "$d" | tr / _)
     mkdir -p "$filtered"
-    find "$d" -mindepth 1 -maxdepth 1 ! -name nvcc ! -name nvidia-smi ! -name ncu ! -name nsys -print0 |
+    find "$d" -mindepth 1 -maxdepth 1 ! -name nvcc ! -name nvidia-smi ! -name ncu ! -name nsys \
+      ! -name compute-sanitizer -print0 |
       xargs -0 -r ln -s -t "$filtered"
     search_path+=":$filtered"
   else
@@ -54,7 +56,7 @@ start_scenario() {
   local started
   started=$(date +%s%N)
   ( env -u PYTHONUNBUFFERED -u LOOM_GPU_NVCC -u LOOM_GPU_ARCH -u LOOM_GPU_STEPS -u LOOM_GPU_DEADLINE \
-      -u LOOM_PERF_DEADLINE -u LOOM_PERF_WORKLOADS -u LOOM_PERF_AMPS -u LOOM_PERF_VARIANTS -u LOOM_PERF_PEER \
+      -u LOOM_GPU_SANITIZER -u LOOM_PERF_DEADLINE -u LOOM_PERF_WORKLOADS -u LOOM_PERF_AMPS -u LOOM_PERF_VARIANTS -u LOOM_PERF_PEER \
       -u LOOM_PERF_PEER_MODES -u LOOM_PERF_PROFILER -u LOOM_PERF_COMPILE_S -u LOOM_PERF_REPEATS -u LOOM_PERF_STEPS \
       -u LOOM_PERF_WARMUP PATH="${EXTRA_PATH:+$EXTRA_PATH:}$search_path" PYTHONPATH="$here/fakes/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" \
       FAKE_STATE="$dir/state" FAKE_DIR="$here/fakes" FAKE_REAL_PYTHON="$real_python" \

@@ -1,6 +1,8 @@
 // Every binary of the fake build (test_gpu, convnet_throughput, ...). Its key
-// is the gpu-check step that runs it (gpu.<suite>, bench.loom_convnet_*,
-// bench.resnet50_cifar, train_mnist), or for gpu-perf's runs (--repeats given)
+// is the gpu-check step that runs it (gpu.<suite>, its suites for a sanitizer
+// step, bench.loom_convnet_*, bench.resnet50_cifar, train_mnist, or
+// train_mnist.<backend>_g<N> with --backend and -g: the staged.* steps;
+// train_resnet50_cifar), or for gpu-perf's runs (--repeats given)
 // perf.<stem or convnet>.<amp: O0, O2, bf16, autocast_f16>; it records its arguments in
 // $FAKE_STATE/ran.log, prints a line WITHOUT flushing (only line-buffered
 // output, as `stdbuf -oL` gives, shows it before a kill), then fails when the
@@ -82,10 +84,13 @@ int main(int argc, char** argv) {
     if (strcmp(name, "convnet_throughput") == 0) amp = strcmp(autocast, "f16") == 0 ? "autocast_f16" : "O0";
     snprintf(key, sizeof key, "perf.%s.%s", strcmp(name, "convnet_throughput") == 0 ? "convnet" : value_of(argc, argv, "--stem"),
              amp);
-  } else if (strcmp(name, "test_gpu") == 0 && argc > 1 && strncmp(argv[1], "--test-suite=", 13) == 0)
+  } else if ((strcmp(name, "test_gpu") == 0 || strcmp(name, "test_gpu_nccl") == 0) && argc > 1 &&
+             strncmp(argv[1], "--test-suite=", 13) == 0)
     snprintf(key, sizeof key, "gpu.%s", argv[1] + 13);
   else if (strcmp(name, "test_gpu_nccl") == 0)
     snprintf(key, sizeof key, "gpu.nccl");
+  else if (strcmp(name, "train_mnist") == 0 && value_of(argc, argv, "--backend")[0] != '\0')
+    snprintf(key, sizeof key, "train_mnist.%s_g%s", value_of(argc, argv, "--backend"), value_of(argc, argv, "-g"));
   else if (strcmp(name, "resnet50_throughput") == 0)
     snprintf(key, sizeof key, "bench.resnet50_cifar");
   else if (strcmp(name, "convnet_throughput") == 0)
@@ -139,8 +144,14 @@ int main(int argc, char** argv) {
     printf("{\"bench\": \"loom resnet50 train\", \"stem\": \"cifar\", \"device\": \"cuda:0\", \"amp\": \"%s\", "
            "\"batch\": 128, \"images_per_s\": %.1f}\n",
            amp, strcmp(amp, "O0") == 0 ? 2500.0 : 5000.0);
-  } else if (strcmp(key, "train_mnist") == 0) {
-    printf("Throughput: 90000.0 images/s (1 process), time waiting for data: 0.100 s\n");
+  } else if (strncmp(key, "train_mnist", 11) == 0) {
+    const char* backend = value_of(argc, argv, "--backend");
+    const int processes = backend[0] != '\0' ? atoi(value_of(argc, argv, "-g")) : 1;
+    if (processes > 1)
+      printf("Distributed: %d processes (spawned by train_mnist -g), backend %s, batch 50 per process\n", processes,
+             backend);
+    printf("Throughput: %.1f images/s (%d process%s), time waiting for data: 0.100 s\n", 90000.0 / processes, processes,
+           processes == 1 ? "" : "es");
     printf("Test accuracy: 0.8800 (8800/10000)\n");
   }
   return 0;
