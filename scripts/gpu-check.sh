@@ -246,14 +246,17 @@ sanitizer_steps() {
   tool+=" --report-api-errors no --print-limit 50 --tool"
   local test_gpu=$q_build/tests/gpu/test_gpu
   # memcheck: every case but those that mostly run cuDNN's algorithm variants and
-  # the ConvNet's CPU-referenced training (the apps below train under memcheck).
+  # the ConvNet's CPU-referenced training (the apps below train under memcheck),
+  # with loom's allocator not caching (LOOM_CUDA_NO_CACHING=1: each tensor its own
+  # cudaMalloc, so that memcheck sees its bounds, not those of a 2 MiB segment).
+  local memcheck="LOOM_CUDA_NO_CACHING=1 $tool memcheck"
   local skipped="conv2d with cuDNN*,conv2d backward kernels*,conv2d keeps the input*,the ConvNet*loss curve*"
   add_step sanitizer.memcheck 180 "$build/tests/gpu/test_gpu" \
-    "$tool memcheck $test_gpu --test-suite=runtime,backend_ops,training '--test-case-exclude=$skipped'"
+    "$memcheck $test_gpu --test-suite=runtime,backend_ops,training '--test-case-exclude=$skipped'"
   add_step sanitizer.memcheck_train_mnist 90 "$build/apps/train_mnist" \
-    "$tool memcheck $q_build/apps/train_mnist --device cuda --data $q_data --epochs 1 --max-steps 5 --batch-size 32 --log-interval 1 --checkpoint-dir ''"
+    "$memcheck $q_build/apps/train_mnist --device cuda --data $q_data --epochs 1 --max-steps 5 --batch-size 32 --log-interval 1 --checkpoint-dir ''"
   add_step sanitizer.memcheck_resnet50_cifar 120 "$build/apps/train_resnet50_cifar" \
-    "$tool memcheck $q_build/apps/train_resnet50_cifar --device cuda --synthetic --synthetic-size 64 -b 16 -e 1 --max-steps 3 --stem cifar --workers 0 --log-interval 1 --checkpoint-dir ''"
+    "$memcheck $q_build/apps/train_resnet50_cifar --device cuda --synthetic --synthetic-size 64 -b 16 -e 1 --max-steps 3 --stem cifar --workers 0 --log-interval 1 --checkpoint-dir ''"
   # racecheck and synccheck (shared memory and barriers) where loom's kernels use
   # them: the block reductions of elementwise sums, batch norm, softmax and losses,
   # layer norm.

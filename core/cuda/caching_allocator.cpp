@@ -3,6 +3,7 @@
 #include <loom/core/cuda/caching_allocator.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 
@@ -45,8 +46,16 @@ std::string bytes_text(size_t bytes) {
 }
 }  // namespace
 
-CachingAllocator::CachingAllocator(int device, std::unique_ptr<AllocatorBackend> backend)
-    : device_(device), backend_(std::move(backend)) {}
+CachingAllocator::CachingAllocator(int device, std::unique_ptr<AllocatorBackend> backend, Caching caching)
+    : device_(device), backend_(std::move(backend)), caching_(caching) {}
+
+CachingAllocator::Caching CachingAllocator::caching_from_environment() {
+  const char* value = std::getenv("LOOM_CUDA_NO_CACHING");
+  const std::string text = value == nullptr ? "" : value;
+  LOOM_CHECK(text.empty() || text == "0" || text == "1", "LOOM_CUDA_NO_CACHING must be 0 or 1 (1: no caching "
+             "allocator, every tensor its own cudaMalloc), not '", text, "'");
+  return text == "1" ? Caching::off : Caching::on;
+}
 
 CachingAllocator::~CachingAllocator() {
   try {
@@ -81,7 +90,7 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t si
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment(size_t size, StreamHandle stream) {
-  const size_t bytes = segment_size(size);
+  const size_t bytes = caching_ == Caching::on ? segment_size(size) : size;
   void* ptr = backend_->allocate(bytes);
   if (ptr == nullptr) {
     // Memory may be held by frees waiting on other streams and by cached
@@ -132,9 +141,10 @@ void* CachingAllocator::allocate(size_t nbytes, StreamHandle stream) {
   if (nbytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   process_pending(false);
-  const size_t size = round_size(nbytes);
+  // Without caching, the request's exact size in a segment of its own: nothing to find or split.
+  const size_t size = caching_ == Caching::on ? round_size(nbytes) : nbytes;
   Pool& pool = pool_for(size);
-  Block* block = find_free_block(pool, size, stream);
+  Block* block = caching_ == Caching::on ? find_free_block(pool, size, stream) : nullptr;
   if (block != nullptr) {
     ++stats_.cache_hits;
   } else {
@@ -209,6 +219,11 @@ Block* merge_blocks(Block* first, Block* second) {
 void CachingAllocator::release_block(Block* block) {
   block->allocated = false;
   Pool& pool = block->small ? small_pool_ : large_pool_;
+  if (caching_ == Caching::off) {
+    pool.insert(block);  // a whole segment, released at once
+    release_cached_segments();
+    return;
+  }
   if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
     pool.erase(prev);
     block = merge_blocks(prev, block);

@@ -55,7 +55,16 @@ class CachingAllocator {
   static constexpr size_t kMediumRequest = 10 << 20;
   static constexpr size_t kLargeRounding = 2 << 20;     // segments of larger requests
 
-  CachingAllocator(int device, std::unique_ptr<AllocatorBackend> backend);
+  // Caching::off gives every request a device allocation of exactly its size
+  // and every free back to the device (once the streams that use it are done),
+  // as PyTorch's PYTORCH_NO_CUDA_MEMORY_CACHING=1 does: slow, but it lets
+  // compute-sanitizer's memcheck see each tensor's bounds (LOOM_CUDA_NO_CACHING=1).
+  enum class Caching { on, off };
+
+  CachingAllocator(int device, std::unique_ptr<AllocatorBackend> backend, Caching caching = Caching::on);
+  // LOOM_CUDA_NO_CACHING: unset, empty or 0 is Caching::on, 1 Caching::off;
+  // anything else is an error that names the variable.
+  static Caching caching_from_environment();
   // Returns every segment to the backend. Live allocations must be gone.
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
@@ -100,6 +109,7 @@ class CachingAllocator {
 
   const int device_;
   std::unique_ptr<AllocatorBackend> backend_;
+  const Caching caching_;
   mutable std::mutex mutex_;
   Pool small_pool_, large_pool_;
   std::unordered_map<void*, Block*> live_;

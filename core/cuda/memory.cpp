@@ -87,7 +87,8 @@ CachingAllocator& device_allocator(int device) {
   require_device(device);
   LOOM_CHECK(device < kMaxDevices, "loom supports at most ", kMaxDevices, " CUDA devices per process");
   std::call_once(once[device], [device] {
-    allocators[device] = new CachingAllocator(device, std::make_unique<CudaAllocatorBackend>(device));
+    allocators[device] = new CachingAllocator(device, std::make_unique<CudaAllocatorBackend>(device),
+                                              CachingAllocator::caching_from_environment());
   });
   return *allocators[device];
 }

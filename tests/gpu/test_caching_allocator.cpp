@@ -1,11 +1,14 @@
 // The caching allocator's bookkeeping, driven through a fake device (no GPU):
 // rounding, pools and segments, splitting and merging, per-stream reuse,
 // frees deferred by record_stream, release-and-retry on out-of-memory, the
-// error message, and the counters.
+// error message, the counters, and the allocator without caching
+// (LOOM_CUDA_NO_CACHING, for compute-sanitizer's memcheck).
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <loom/core/cuda/caching_allocator.h>
@@ -269,4 +272,55 @@ TEST_CASE("many mixed allocations and frees leave no leak") {
   f.allocator->empty_cache();
   CHECK(f.allocator->stats().reserved_bytes == 0);
   CHECK(f.device->used() == 0);
+}
+
+TEST_CASE("without caching, each request is a device allocation of its exact size, freed at once") {
+  auto owned = std::make_unique<FakeDevice>(1024 * MiB);
+  FakeDevice* device = owned.get();
+  CachingAllocator allocator(0, std::move(owned), CachingAllocator::Caching::off);
+  void* a = allocator.allocate(1000, nullptr);
+  void* b = allocator.allocate(3000, nullptr);
+  CHECK(device->allocate_calls == 2);
+  CHECK(device->used() == 4000);  // not rounded to 512 bytes, not in a 2 MiB segment
+  CHECK(allocator.block_size(a) == 1000);
+  CHECK(static_cast<char*>(b) != static_cast<char*>(a) + 1000);
+  allocator.free(a);
+  CHECK(device->free_calls == 1);
+  CHECK(device->used() == 3000);
+  void* c = allocator.allocate(1000, nullptr);  // a new device allocation, not a cached block
+  CHECK(device->allocate_calls == 3);
+  CHECK(allocator.stats().cache_hits == 0);
+  // Memory another stream uses goes back to the device once that stream's work is done.
+  allocator.record_stream(b, fake_stream(2));
+  allocator.free(b);
+  CHECK(device->free_calls == 1);
+  allocator.free(c);
+  CHECK(device->free_calls == 2);
+  device->complete_events();
+  void* d = allocator.allocate(512, nullptr);  // the next request first gives back the completed frees
+  CHECK(device->free_calls == 3);
+  allocator.free(d);
+  MemoryStats s = allocator.stats();
+  CHECK(s.reserved_bytes == 0);
+  CHECK(s.allocated_bytes == 0);
+  CHECK(s.segments == 0);
+  CHECK(device->used() == 0);
+}
+
+TEST_CASE("LOOM_CUDA_NO_CACHING: 1 turns caching off, 0 or unset leaves it on, anything else is an error") {
+  const char* saved = std::getenv("LOOM_CUDA_NO_CACHING");
+  const std::string previous = saved == nullptr ? "" : saved;
+  ::unsetenv("LOOM_CUDA_NO_CACHING");
+  CHECK(CachingAllocator::caching_from_environment() == CachingAllocator::Caching::on);
+  ::setenv("LOOM_CUDA_NO_CACHING", "0", 1);
+  CHECK(CachingAllocator::caching_from_environment() == CachingAllocator::Caching::on);
+  ::setenv("LOOM_CUDA_NO_CACHING", "1", 1);
+  CHECK(CachingAllocator::caching_from_environment() == CachingAllocator::Caching::off);
+  ::setenv("LOOM_CUDA_NO_CACHING", "yes", 1);
+  CHECK_THROWS_WITH_AS(CachingAllocator::caching_from_environment(), doctest::Contains("LOOM_CUDA_NO_CACHING"), Error);
+  if (saved != nullptr) {
+    ::setenv("LOOM_CUDA_NO_CACHING", previous.c_str(), 1);
+  } else {
+    ::unsetenv("LOOM_CUDA_NO_CACHING");
+  }
 }
