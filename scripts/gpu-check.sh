@@ -52,6 +52,9 @@
 #   LOOM_GPU_DEADLINE  seconds from the start by which the last summary is written (540;
 #                      --deadline overrides)
 #   LOOM_GPU_STEPS     ConvNet benchmark steps (500)
+#   LOOM_GPU_ONLY      a regular expression: run only the steps whose names it matches
+#                      (env, configure, data and build always run), e.g. '^sanitizer\.' on
+#                      a warm machine after a first call that ran out of time
 #   LOOM_GPU_SANITIZER compute-sanitizer to use; else beside nvcc, the toolkit's
 #                      compute-sanitizer/, PATH, /usr/local/cuda*/bin, PyTorch's nvidia/*
 # C++ dependencies the machine lacks come from .deps (scripts/gpu-deps.sh).
@@ -173,6 +176,12 @@ internal_resnet_bench() {
 
 main() {
   parse_options 540 LOOM_GPU_DEADLINE "$@"
+  local probe=""
+  [[ $probe =~ ${LOOM_GPU_ONLY:-} ]]
+  if (( $? == 2 )); then
+    echo "gpu-check: LOOM_GPU_ONLY is not a regular expression: '$LOOM_GPU_ONLY'" >&2
+    exit 2
+  fi
   start_run
   bench_steps=${LOOM_GPU_STEPS:-500}
   find_machine
@@ -266,9 +275,15 @@ sanitizer_steps() {
   initcheck_cmd="$tool initcheck $test_gpu --test-suite=backend_ops $reductions"
 }
 
-# before_step I: bench.torch_convnet runs only where the env step found PyTorch
-# with CUDA; the sanitizer steps only where there is a compute-sanitizer.
+# before_step I: only the steps LOOM_GPU_ONLY selects; bench.torch_convnet only
+# where the env step found PyTorch with CUDA; the sanitizer steps only where
+# there is a compute-sanitizer.
 before_step() {
+  if [[ -n ${LOOM_GPU_ONLY:-} && ! ${names[$1]} =~ ^(env|configure|data|build)$ && ! ${names[$1]} =~ $LOOM_GPU_ONLY ]]
+  then
+    status[$1]="skipped" passes_skipped[$1]=1 notes[$1]="not selected by LOOM_GPU_ONLY=$LOOM_GPU_ONLY"
+    return 1
+  fi
   if [[ ${names[$1]} == bench.torch_convnet ]] && ! grep -qx "torch_cuda: yes" "$work/env.log" 2>/dev/null; then
     status[$1]="skipped" notes[$1]="PyTorch with CUDA is not importable by $py (see the env step)"
     log "bench.torch_convnet: skipped, no PyTorch with CUDA"

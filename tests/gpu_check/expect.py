@@ -167,6 +167,18 @@ ran = lines(os.path.join(d, "state", "ran.log"))
 expect(len([r for r in ran if r.startswith("train_mnist.")]) == 4, "F",
        f"every staged run ran, also after the failed one: {ran}")
 
+# G: LOOM_GPU_ONLY selects the sanitizer steps; env, configure, data and build run anyway.
+s, st, sampler, rc, wall, d = load("G")
+statuses(st, {"env": "ok", "configure": "ok", "data": "ok", "build": "ok",
+              **{n: "ok" for n in (*SANITIZER, "sanitizer.initcheck")},
+              **{n: "skipped" for n in ALL if n.startswith(("gpu.", "staged.", "bench.", "scaling."))},
+              "train_mnist": "skipped"}, "G")
+expect(rc == 0 and "LOOM_GPU_ONLY" in st.get("gpu.runtime", {}).get("note", ""), "G",
+       f"exit status 0, and a skipped step's note names LOOM_GPU_ONLY: {rc}, {st.get('gpu.runtime')}")
+text = lines(os.path.join(tmp, "bad-only.txt"))
+expect(len(text) == 2 and "LOOM_GPU_ONLY" in text[0] and text[-1] == "2", "G",
+       f"a LOOM_GPU_ONLY that is no regular expression: one line and exit status 2, not {text}")
+
 # E: no GPU.
 s, st, sampler, rc, wall, d = load("E")
 expect(rc == 2 and "nvidia-smi" in (s.get("error") or ""), "E", f"exit 2 and the reason in summary.json: {rc}, {s.get('error')}")

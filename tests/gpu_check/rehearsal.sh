@@ -70,8 +70,15 @@ touch "$tmp/C/build/marker-from-the-first-call"
 EXTRA_PATH=$tmp/sanitizerB EXTRA_PYTHONPATH=$tmp/siteC BUILD=$tmp/C/build start_scenario B "${machine_c[@]}" \
   LOOM_GPU_DEADLINE=90
 finish_scenario B
+# G: a third call on that machine that runs only the sanitizer steps
+# (LOOM_GPU_ONLY); an expression that is not one is refused.
+EXTRA_PATH=$tmp/sanitizerB EXTRA_PYTHONPATH=$tmp/siteC BUILD=$tmp/C/build start_scenario G "${machine_c[@]}" \
+  LOOM_GPU_DEADLINE=90 'LOOM_GPU_ONLY=^sanitizer\.'
+finish_scenario G
+PATH=$search_path LOOM_GPU_ONLY='([' "$repo/scripts/gpu-check.sh" "$tmp/bad-only" > "$tmp/bad-only.txt" 2>&1
+echo $? >> "$tmp/bad-only.txt"
 
-for s in A B C D E F; do
+for s in A B C D E F G; do
   echo "---- scenario $s: rc $(cat "$tmp/$s/rc"), $(cat "$tmp/$s/wall_ms") ms; console:"
   grep -E "^gpu-check: (===|.*skipped|.*not built)" "$tmp/$s/console.txt" | grep -v ": ===.*(limit" | cut -c12-120 | tr '\n' ';'
   echo
