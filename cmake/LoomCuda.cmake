@@ -109,8 +109,12 @@ if(LOOM_HAVE_CUDA)
       string(REGEX REPLACE ".* ([0-9]+).*" "\\1" _loom_cfe_${_part} "${_line}")
     endforeach()
     set(_loom_cfe_version ${_loom_cfe_MAJOR}.${_loom_cfe_MINOR}.${_loom_cfe_PATCH})
-    # The graph API (cudnn_frontend::graph) as loom uses it came with 1.0.
-    if(_loom_cfe_version VERSION_GREATER_EQUAL 1.0)
+    # The graph API (cudnn_frontend::graph) as loom uses it came with 1.0;
+    # 1.32's headers also call NVRTC (for engines of their own), so the
+    # library links the toolkit's.
+    if(NOT TARGET CUDA::nvrtc)
+      message(WARNING "loom: cudnn-frontend in ${CUDNN_FRONTEND_INCLUDE_DIR} needs NVRTC, which this CUDA toolkit lacks; building without it")
+    elseif(_loom_cfe_version VERSION_GREATER_EQUAL 1.0)
       set(LOOM_HAVE_CUDNN_FRONTEND ON)
       set(LOOM_CUDNN_FRONTEND_VERSION ${_loom_cfe_version})
     else()
