@@ -46,43 +46,63 @@ bool conv_graphs_enabled() {
 
 namespace {
 
+enum class Layout { channels_last, contiguous };
+
+// Checks that `t` is defined, on `device`, of `dtype` and `sizes`, in `layout`.
+void require(const char* op, const char* what, const Tensor& t, Device device, DType dtype, const Shape& sizes,
+             Layout layout) {
+  LOOM_CHECK(t.defined() && t.device() == device && t.dtype() == dtype && t.sizes() == sizes, op, ": ", what,
+             " must be ", dtype_name(dtype), shape_str(sizes), " on ", device.str(), ", got ",
+             t.defined() ? t.str() : "an undefined tensor");
+  const bool laid_out = layout == Layout::channels_last ? is_channels_last(t) : t.is_contiguous();
+  LOOM_CHECK(laid_out, op, ": ", what, " must be ", layout == Layout::channels_last ? "channels-last (NHWC strides)" : "contiguous",
+             ", got ", t.str(), " with strides ", shape_str(t.strides()));
+}
+
+// The checks both graphs open with: x (the convolution's input, or its
+// gradient's place) a 4-d f16 / bf16 CUDA tensor, w fitting it. Returns the
+// convolution's output sizes.
+Shape check_convolution(const char* op, const Tensor& x, const Tensor& w, const Conv2dParams& params) {
+  LOOM_CHECK(x.defined() && x.device().is_cuda() && x.dim() == 4, op, ": x must be a 4-d CUDA tensor, got ",
+             x.defined() ? x.str() : "an undefined tensor");
+  LOOM_CHECK(x.dtype() == DType::f16 || x.dtype() == DType::bf16, op, ": x must be f16 or bf16, got ",
+             dtype_name(x.dtype()));
+  LOOM_CHECK(w.defined() && w.dim() == 4 && w.size(1) * params.groups == x.size(1), op, ": w ",
+             w.defined() ? w.str() : "(undefined)", " does not fit x ", x.str(), " with ", params.groups, " groups");
+  require(op, "x", x, x.device(), x.dtype(), x.sizes(), Layout::channels_last);
+  require(op, "w", w, x.device(), x.dtype(), w.sizes(), Layout::channels_last);
+  const Size2 out_hw = conv2d_output_size({x.size(2), x.size(3)}, {w.size(2), w.size(3)}, params);
+  return {x.size(0), w.size(0), out_hw[0], out_hw[1]};
+}
+
 // The contract of conv2d_bn_prologue_stats (the header), checked before
 // anything else; a violation is the caller's bug, not a refusal.
 void check_prologue_stats_arguments(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& w,
                                     const Conv2dParams& params, const Tensor& y, const Tensor& sum,
                                     const Tensor& sq_sum) {
   const char* op = "conv2d_bn_prologue_stats";
-  LOOM_CHECK(x.defined() && x.device().is_cuda() && x.dim() == 4, op, ": x must be a 4-d CUDA tensor, got ",
-             x.defined() ? x.str() : "an undefined tensor");
-  LOOM_CHECK(x.dtype() == DType::f16 || x.dtype() == DType::bf16, op, ": x must be f16 or bf16, got ",
-             dtype_name(x.dtype()));
-  const auto same_place = [&](const Tensor& t, DType dtype, const char* what) {
-    LOOM_CHECK(t.defined() && t.device() == x.device() && t.dtype() == dtype, op, ": ", what, " must be ",
-               dtype_name(dtype), " on ", x.device().str(), ", got ", t.defined() ? t.str() : "an undefined tensor");
-  };
-  same_place(w, x.dtype(), "w");
-  same_place(scale, x.dtype(), "scale");
-  same_place(bias, x.dtype(), "bias");
-  same_place(y, x.dtype(), "y");
-  same_place(sum, DType::f32, "sum");
-  same_place(sq_sum, DType::f32, "sq_sum");
-  const int64_t channels = x.size(1), out_channels = w.size(0);
-  LOOM_CHECK(w.dim() == 4 && w.size(1) * params.groups == channels, op, ": w ", w.str(), " does not fit x ", x.str(),
-             " with ", params.groups, " groups");
-  for (const Tensor* t : {&x, &w, &y}) {
-    LOOM_CHECK(is_channels_last(*t), op, ": x, w and y must be channels-last (NHWC strides), got ", t->str());
-  }
-  for (const Tensor* t : {&scale, &bias}) {
-    LOOM_CHECK(t->dim() == 1 && t->size(0) == channels && t->is_contiguous(), op,
-               ": scale and bias must be contiguous (", channels, "), got ", t->str());
-  }
-  for (const Tensor* t : {&sum, &sq_sum}) {
-    LOOM_CHECK(t->dim() == 1 && t->size(0) == out_channels && t->is_contiguous(), op,
-               ": sum and sq_sum must be contiguous (", out_channels, "), got ", t->str());
-  }
-  const Size2 out_hw = conv2d_output_size({x.size(2), x.size(3)}, {w.size(2), w.size(3)}, params);
-  const Shape out_sizes{x.size(0), out_channels, out_hw[0], out_hw[1]};
-  LOOM_CHECK(y.sizes() == out_sizes, op, ": y must be ", shape_str(out_sizes), ", got ", y.str());
+  const Shape out_sizes = check_convolution(op, x, w, params);
+  const Shape channels{x.size(1)}, out_channels{w.size(0)};
+  require(op, "scale", scale, x.device(), x.dtype(), channels, Layout::contiguous);
+  require(op, "bias", bias, x.device(), x.dtype(), channels, Layout::contiguous);
+  require(op, "y", y, x.device(), x.dtype(), out_sizes, Layout::channels_last);
+  require(op, "sum", sum, x.device(), DType::f32, out_channels, Layout::contiguous);
+  require(op, "sq_sum", sq_sum, x.device(), DType::f32, out_channels, Layout::contiguous);
+}
+
+// The contract of conv2d_dgrad_relu_bn_backward.
+void check_dgrad_relu_bn_arguments(const Tensor& dy, const Tensor& w, const Tensor& x, const BatchNormSaved& saved,
+                                   const Conv2dParams& params, const BatchNormBackwardTerms& out) {
+  const char* op = "conv2d_dgrad_relu_bn_backward";
+  const Shape out_sizes = check_convolution(op, x, w, params);
+  require(op, "dy", dy, x.device(), x.dtype(), out_sizes, Layout::channels_last);
+  require(op, "dz", out.dz, x.device(), x.dtype(), x.sizes(), Layout::channels_last);
+  const Shape channels{x.size(1)};
+  const std::pair<const Tensor*, const char*> per_channel[] = {
+      {&saved.mean, "mean"},     {&saved.invstd, "invstd"},           {&saved.gamma, "gamma"},
+      {&saved.beta, "beta"},     {&out.dgamma, "dgamma"},             {&out.dbeta, "dbeta"},
+      {&out.eq_scale_dy, "eq_scale_dy"}, {&out.eq_scale_x, "eq_scale_x"}, {&out.eq_bias, "eq_bias"}};
+  for (const auto& [t, what] : per_channel) require(op, what, *t, x.device(), DType::f32, channels, Layout::contiguous);
 }
 
 }  // namespace
@@ -91,9 +111,13 @@ void check_prologue_stats_arguments(const Tensor& x, const Tensor& scale, const 
 
 namespace {
 namespace fe = cudnn_frontend;
+using TensorNode = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // The user tensors' ids in a graph's variant pack.
-enum Uid : int64_t { kX = 1, kScale, kBias, kW, kY, kSum, kSqSum };
+enum Uid : int64_t {
+  kX = 1, kScale, kBias, kW, kY, kSum, kSqSum,                                // forward
+  kDy, kMean, kInvstd, kGamma, kBeta, kDz, kDgamma, kDbeta, kEqScaleDy, kEqScaleX, kEqBias  // backward
+};
 
 // A cached outcome: a built graph and its workspace, or cuDNN's refusal.
 struct Plan {
@@ -104,11 +128,45 @@ struct Plan {
 
 // Strides of a channels-last tensor of `sizes` (N, C, H, W): canonical, so
 // that size-1 dims with unusual strides do not matter.
-std::vector<int64_t> channels_last_strides(const Shape& s) {
-  return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
-}
+std::vector<int64_t> channels_last_strides(const Shape& s) { return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}; }
 
 fe::DataType_t graph_type(DType dtype) { return dtype == DType::f16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16; }
+
+// A graph whose storage is `dtype` and whose intermediates and accumulations are f32.
+std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(graph_type(dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return graph;
+}
+
+// A user tensor of `sizes`, channels-last, of the graph's io type.
+TensorNode image(fe::graph::Graph& graph, const char* name, Uid uid, const Shape& sizes) {
+  return graph.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(sizes).set_stride(channels_last_strides(sizes)));
+}
+
+// A (1, C, 1, 1) per-channel tensor; f32 unless `type` says otherwise.
+fe::graph::Tensor_attributes per_channel(const char* name, Uid uid, int64_t channels,
+                                         fe::DataType_t type = fe::DataType_t::FLOAT) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({1, channels, 1, 1})
+      .set_stride({channels, 1, channels, channels})
+      .set_data_type(type);
+}
+
+// Marks a graph output node as the user tensor `uid` of `like`'s shape and type.
+void as_output(const TensorNode& node, const fe::graph::Tensor_attributes& like) {
+  node->set_output(true).set_uid(like.get_uid()).set_dim(like.get_dim()).set_stride(like.get_stride()).set_data_type(
+      like.get_data_type());
+}
+
+fe::graph::Pointwise_attributes pointwise(const char* name, fe::PointwiseMode_t mode) {
+  return fe::graph::Pointwise_attributes().set_name(name).set_mode(mode);
+}
 
 // The step that failed and cuDNN's message, or "" when `status` is good.
 std::string failure(const char* step, fe::error_t status) {
@@ -116,51 +174,10 @@ std::string failure(const char* step, fe::error_t status) {
   return std::string(step) + ": " + status.get_message();
 }
 
-// Builds the prologue + conv + statistics graph for these shapes on `handle`'s
-// device; a Plan without a graph when cuDNN refuses it at any step.
-Plan build_prologue_stats(cudnnHandle_t handle, DType dtype, const Shape& x_sizes, const Shape& w_sizes,
-                          const Shape& y_sizes, const Conv2dParams& params) {
-  auto graph = std::make_shared<fe::graph::Graph>();
-  // Storage in x's dtype, everything between the ops and every accumulation in f32.
-  graph->set_io_data_type(graph_type(dtype))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  const int64_t channels = x_sizes[1], out_channels = w_sizes[0];
-  const std::vector<int64_t> per_channel_dims{1, channels, 1, 1}, per_channel_strides{channels, 1, channels, channels};
-
-  auto x = graph->tensor(fe::graph::Tensor_attributes().set_name("x").set_uid(kX).set_dim(x_sizes).set_stride(
-      channels_last_strides(x_sizes)));
-  auto scale = graph->tensor(
-      fe::graph::Tensor_attributes().set_name("scale").set_uid(kScale).set_dim(per_channel_dims).set_stride(
-          per_channel_strides));
-  auto bias = graph->tensor(
-      fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias).set_dim(per_channel_dims).set_stride(
-          per_channel_strides));
-  auto w = graph->tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim(w_sizes).set_stride(
-      channels_last_strides(w_sizes)));
-
-  // Prologue: a = max(x * scale + bias, 0), per input channel.
-  auto scaled = graph->pointwise(x, scale, fe::graph::Pointwise_attributes().set_name("scale").set_mode(
-                                               fe::PointwiseMode_t::MUL));
-  auto shifted = graph->pointwise(scaled, bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(
-                                                    fe::PointwiseMode_t::ADD));
-  auto active = graph->pointwise(shifted, fe::graph::Pointwise_attributes().set_name("relu").set_mode(
-                                              fe::PointwiseMode_t::RELU_FWD));
-  auto y = graph->conv_fprop(active, w,
-                             fe::graph::Conv_fprop_attributes()
-                                 .set_name("conv")
-                                 .set_padding({params.padding[0], params.padding[1]})
-                                 .set_stride({params.stride[0], params.stride[1]})
-                                 .set_dilation({params.dilation[0], params.dilation[1]}));
-  y->set_output(true).set_uid(kY).set_data_type(graph_type(dtype)).set_dim(y_sizes).set_stride(
-      channels_last_strides(y_sizes));
-  // Epilogue: per-channel sum and sum of squares of y, (1, K, 1, 1) f32.
-  auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_name("stats"));
-  for (const auto& [stat, uid] : {std::pair{sum, kSum}, std::pair{sq_sum, kSqSum}}) {
-    stat->set_output(true).set_uid(uid).set_data_type(fe::DataType_t::FLOAT).set_dim({1, out_channels, 1, 1}).set_stride(
-        {out_channels, 1, out_channels, out_channels});
-  }
-
+// Validates, lowers, picks and builds `graph` on `handle`'s device: a Plan
+// without a graph when cuDNN refuses it at any step.
+Plan finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, const char* op, DType dtype,
+            const Shape& x_sizes, const Shape& w_sizes) {
   Plan plan;
   plan.refusal = failure("validate", graph->validate());
   if (plan.refusal.empty()) plan.refusal = failure("build_operation_graph", graph->build_operation_graph(handle));
@@ -177,10 +194,79 @@ Plan build_prologue_stats(cudnnHandle_t handle, DType dtype, const Shape& x_size
     plan.graph = std::move(graph);
   } else {
     // Once per shape (refusals are cached): LOOM_LOG_LEVEL=debug shows why.
-    log_debug("cuDNN graph conv2d_bn_prologue_stats refused for x ", shape_str(x_sizes), " w ", shape_str(w_sizes),
-              " ", dtype_name(dtype), "; the unfused ops run instead. ", plan.refusal);
+    log_debug("cuDNN graph ", op, " refused for x ", shape_str(x_sizes), " w ", shape_str(w_sizes), " ",
+              dtype_name(dtype), "; the unfused ops run instead. ", plan.refusal);
   }
   return plan;
+}
+
+fe::graph::Conv_fprop_attributes fprop_geometry(const Conv2dParams& p) {
+  return fe::graph::Conv_fprop_attributes()
+      .set_name("conv")
+      .set_padding({p.padding[0], p.padding[1]})
+      .set_stride({p.stride[0], p.stride[1]})
+      .set_dilation({p.dilation[0], p.dilation[1]});
+}
+
+fe::graph::Conv_dgrad_attributes dgrad_geometry(const Conv2dParams& p) {
+  return fe::graph::Conv_dgrad_attributes()
+      .set_name("dgrad")
+      .set_padding({p.padding[0], p.padding[1]})
+      .set_stride({p.stride[0], p.stride[1]})
+      .set_dilation({p.dilation[0], p.dilation[1]});
+}
+
+// Prologue (scale, bias, ReLU per input channel) + conv + genstats.
+Plan build_prologue_stats(cudnnHandle_t handle, DType dtype, const Shape& x_sizes, const Shape& w_sizes,
+                          const Shape& y_sizes, const Conv2dParams& params) {
+  auto graph = new_graph(dtype);
+  const int64_t channels = x_sizes[1], out_channels = w_sizes[0];
+  auto x = image(*graph, "x", kX, x_sizes);
+  auto scale = graph->tensor(per_channel("scale", kScale, channels, graph_type(dtype)));
+  auto bias = graph->tensor(per_channel("bias", kBias, channels, graph_type(dtype)));
+  auto w = image(*graph, "w", kW, w_sizes);
+  auto scaled = graph->pointwise(x, scale, pointwise("scale", fe::PointwiseMode_t::MUL));
+  auto shifted = graph->pointwise(scaled, bias, pointwise("bias", fe::PointwiseMode_t::ADD));
+  auto active = graph->pointwise(shifted, pointwise("relu", fe::PointwiseMode_t::RELU_FWD));
+  auto y = graph->conv_fprop(active, w, fprop_geometry(params));
+  y->set_output(true).set_uid(kY).set_data_type(graph_type(dtype)).set_dim(y_sizes).set_stride(
+      channels_last_strides(y_sizes));
+  auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_name("stats"));
+  as_output(sum, per_channel("sum", kSum, out_channels));
+  as_output(sq_sum, per_channel("sq_sum", kSqSum, out_channels));
+  return finish(std::move(graph), handle, "conv2d_bn_prologue_stats", dtype, x_sizes, w_sizes);
+}
+
+// dgrad + ReLU mask from the recomputed batch-norm output + BN backward weights.
+Plan build_dgrad_relu_bn(cudnnHandle_t handle, DType dtype, const Shape& x_sizes, const Shape& w_sizes,
+                         const Shape& dy_sizes, const Conv2dParams& params) {
+  auto graph = new_graph(dtype);
+  const int64_t channels = x_sizes[1];
+  auto dy = image(*graph, "dy", kDy, dy_sizes);
+  auto w = image(*graph, "w", kW, w_sizes);
+  auto x = image(*graph, "x", kX, x_sizes);
+  auto mean = graph->tensor(per_channel("mean", kMean, channels));
+  auto invstd = graph->tensor(per_channel("invstd", kInvstd, channels));
+  auto gamma = graph->tensor(per_channel("gamma", kGamma, channels));
+  auto beta = graph->tensor(per_channel("beta", kBeta, channels));
+  auto da = graph->conv_dgrad(dy, w, dgrad_geometry(params));
+  da->set_dim(x_sizes).set_stride(channels_last_strides(x_sizes));
+  // z = (x - mean) * invstd * gamma + beta, the batch norm's output: the ReLU's mask.
+  auto centred = graph->pointwise(x, mean, pointwise("centre", fe::PointwiseMode_t::SUB));
+  auto normalised = graph->pointwise(centred, invstd, pointwise("normalise", fe::PointwiseMode_t::MUL));
+  auto scaled = graph->pointwise(normalised, gamma, pointwise("gamma", fe::PointwiseMode_t::MUL));
+  auto z = graph->pointwise(scaled, beta, pointwise("beta", fe::PointwiseMode_t::ADD));
+  auto dz = graph->pointwise(da, z, pointwise("relu_backward", fe::PointwiseMode_t::RELU_BWD));
+  dz->set_output(true).set_uid(kDz).set_data_type(graph_type(dtype)).set_dim(x_sizes).set_stride(
+      channels_last_strides(x_sizes));
+  auto [dgamma, dbeta, eq_scale_dy, eq_scale_x, eq_bias] =
+      graph->dbn_weight(dz, x, mean, invstd, gamma, fe::graph::DBN_weight_attributes().set_name("bn_backward"));
+  as_output(dgamma, per_channel("dgamma", kDgamma, channels));
+  as_output(dbeta, per_channel("dbeta", kDbeta, channels));
+  as_output(eq_scale_dy, per_channel("eq_scale_dy", kEqScaleDy, channels));
+  as_output(eq_scale_x, per_channel("eq_scale_x", kEqScaleX, channels));
+  as_output(eq_bias, per_channel("eq_bias", kEqBias, channels));
+  return finish(std::move(graph), handle, "conv2d_dgrad_relu_bn_backward", dtype, x_sizes, w_sizes);
 }
 
 // Plans by key, refusals included, for the process's life. A plan is built
@@ -197,11 +283,11 @@ std::shared_ptr<const Plan> cached_plan(const ConvGraphKey& key, Build&& build) 
   return found->second;
 }
 
-}  // namespace
-
-bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& w,
-                              const Conv2dParams& params, const Tensor& y, const Tensor& sum, const Tensor& sq_sum) {
-  check_prologue_stats_arguments(x, scale, bias, w, params, y, sum, sq_sum);
+// Runs the plan of `key` (built by `build` on first use) on the current
+// stream of x's device, or counts a fallback: whether it ran.
+template <class Build>
+bool run_graph(const char* op, ConvGraphKind kind, const Tensor& x, const Tensor& w, const Conv2dParams& params,
+               std::unordered_map<int64_t, void*> pack, Build&& build) {
   if (params.groups != 1) {
     lc::detail::count_graph_fallback();
     return false;
@@ -209,23 +295,58 @@ bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor
   const int device = x.device().index;
   const lc::DeviceGuard device_guard(device);
   cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
-  const ConvGraphKey key =
-      conv_graph_key(ConvGraphKind::forward_prologue_stats, device, x.dtype(), x.sizes(), w.sizes(), params);
-  const std::shared_ptr<const Plan> plan = cached_plan(
-      key, [&] { return build_prologue_stats(handle, x.dtype(), x.sizes(), w.sizes(), y.sizes(), params); });
+  const std::shared_ptr<const Plan> plan =
+      cached_plan(conv_graph_key(kind, device, x.dtype(), x.sizes(), w.sizes(), params), [&] { return build(handle); });
   if (!plan->graph) {
     lc::detail::count_graph_fallback();
     return false;
   }
-  std::unordered_map<int64_t, void*> pack{{kX, x.raw_data()},     {kScale, scale.raw_data()}, {kBias, bias.raw_data()},
-                                          {kW, w.raw_data()},     {kY, y.raw_data()},         {kSum, sum.raw_data()},
-                                          {kSqSum, sq_sum.raw_data()}};
   const lc::DeviceBuffer workspace(static_cast<size_t>(plan->workspace_bytes), device);
   fe::error_t status = plan->graph->execute(handle, pack, workspace.data());
-  LOOM_CHECK(status.is_good(), "conv2d_bn_prologue_stats: cuDNN failed to run the graph it built for x ", x.str(),
-             " and w ", w.str(), ": ", status.get_message());
+  LOOM_CHECK(status.is_good(), op, ": cuDNN failed to run the graph it built for x ", x.str(), " and w ", w.str(), ": ",
+             status.get_message());
   lc::detail::count_library_call();
   return true;
+}
+
+}  // namespace
+
+bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& w,
+                              const Conv2dParams& params, const Tensor& y, const Tensor& sum, const Tensor& sq_sum) {
+  check_prologue_stats_arguments(x, scale, bias, w, params, y, sum, sq_sum);
+  return run_graph("conv2d_bn_prologue_stats", ConvGraphKind::forward_prologue_stats, x, w, params,
+                   {{kX, x.raw_data()},
+                    {kScale, scale.raw_data()},
+                    {kBias, bias.raw_data()},
+                    {kW, w.raw_data()},
+                    {kY, y.raw_data()},
+                    {kSum, sum.raw_data()},
+                    {kSqSum, sq_sum.raw_data()}},
+                   [&](cudnnHandle_t handle) {
+                     return build_prologue_stats(handle, x.dtype(), x.sizes(), w.sizes(), y.sizes(), params);
+                   });
+}
+
+bool conv2d_dgrad_relu_bn_backward(const Tensor& dy, const Tensor& w, const Tensor& x, const BatchNormSaved& saved,
+                                   const Conv2dParams& params, const BatchNormBackwardTerms& out) {
+  check_dgrad_relu_bn_arguments(dy, w, x, saved, params, out);
+  return run_graph("conv2d_dgrad_relu_bn_backward", ConvGraphKind::backward_data_relu_bn, x, w, params,
+                   {{kDy, dy.raw_data()},
+                    {kW, w.raw_data()},
+                    {kX, x.raw_data()},
+                    {kMean, saved.mean.raw_data()},
+                    {kInvstd, saved.invstd.raw_data()},
+                    {kGamma, saved.gamma.raw_data()},
+                    {kBeta, saved.beta.raw_data()},
+                    {kDz, out.dz.raw_data()},
+                    {kDgamma, out.dgamma.raw_data()},
+                    {kDbeta, out.dbeta.raw_data()},
+                    {kEqScaleDy, out.eq_scale_dy.raw_data()},
+                    {kEqScaleX, out.eq_scale_x.raw_data()},
+                    {kEqBias, out.eq_bias.raw_data()}},
+                   [&](cudnnHandle_t handle) {
+                     return build_dgrad_relu_bn(handle, x.dtype(), x.sizes(), w.sizes(), dy.sizes(), params);
+                   });
 }
 
 #else  // no cudnn-frontend: every graph is refused
@@ -233,6 +354,13 @@ bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor
 bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& w,
                               const Conv2dParams& params, const Tensor& y, const Tensor& sum, const Tensor& sq_sum) {
   check_prologue_stats_arguments(x, scale, bias, w, params, y, sum, sq_sum);
+  lc::detail::count_graph_fallback();
+  return false;
+}
+
+bool conv2d_dgrad_relu_bn_backward(const Tensor& dy, const Tensor& w, const Tensor& x, const BatchNormSaved& saved,
+                                   const Conv2dParams& params, const BatchNormBackwardTerms& out) {
+  check_dgrad_relu_bn_arguments(dy, w, x, saved, params, out);
   lc::detail::count_graph_fallback();
   return false;
 }
