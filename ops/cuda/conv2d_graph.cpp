@@ -270,8 +270,9 @@ Plan build_dgrad_relu_bn(cudnnHandle_t handle, DType dtype, const Shape& x_sizes
 }
 
 // Plans by key, refusals included, for the process's life. A plan is built
-// once under the lock (building takes milliseconds; a step's graphs are built
-// in its first iteration).
+// once, under the lock: building may take a second or more (cuDNN's
+// runtime-fusion engines compile their kernel then), once per shape, in a
+// training run's first step.
 std::mutex g_plans_mutex;
 std::map<ConvGraphKey, std::shared_ptr<const Plan>> g_plans;
 

@@ -18,9 +18,10 @@
 // returns false having written nothing, and counts a graph fallback
 // (cuda::Counters::graph_fallbacks); the caller runs the unfused ops. Plans
 // are built once per (device, shape, dtype, padding, stride, dilation) and
-// cached, refusals too. Not yet proven on a GPU: the training path takes the
-// graphs only when conv_graphs_enabled() (LOOM_CUDNN_GRAPH=1); the tests call
-// them directly.
+// cached, refusals too. Not yet proven on a GPU, so behind a flag: the
+// training path is to take the graphs only when conv_graphs_enabled()
+// (LOOM_CUDNN_GRAPH=1; nothing in nn/ calls them yet); the tests call them
+// directly.
 #pragma once
 
 #include <array>
@@ -36,7 +37,7 @@ namespace loom::ops::cuda {
 bool conv_graphs_built_in();
 
 // Whether LOOM_CUDNN_GRAPH=1 is set (read once, at the first call): the
-// switch for the training path. Off by default until a GPU run proves the
+// switch for the training path, once it calls the graphs. Off by default until a GPU run proves the
 // graphs; the graph functions themselves run whatever it says.
 bool conv_graphs_enabled();
 
