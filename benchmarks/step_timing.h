@@ -97,7 +97,8 @@ inline cuda::MemoryStats memory_since_start(const StepTiming& t, int device) {
 
 // The fields every throughput benchmark adds to its JSON line (a leading
 // ", "): the runs, median / min / max ms per step, launches and host waits
-// per timed step (loom's own: core/cuda/counters.h), and on a GPU the
+// per timed step (loom's own: core/cuda/counters.h; fused graphs refused
+// among them), and on a GPU the
 // allocator's peaks since the start (warm-up and cuDNN's algorithm search
 // included, as PyTorch's max_memory_allocated after a reset at the start)
 // and during the runs alone, and the device's name.
@@ -114,7 +115,8 @@ inline std::string step_timing_json(const StepTiming& t, const Device& device) {
           t.per_step(c.host_syncs()), ", \"sync_kinds_per_step\": {\"stream\": ", t.per_step(c.stream_synchronizes),
           ", \"event\": ", t.per_step(c.event_synchronizes), ", \"device\": ", t.per_step(c.device_synchronizes),
           ", \"device_to_host_copy\": ", t.per_step(c.device_to_host_copies),
-          ", \"blocking_copy\": ", t.per_step(c.blocking_copies), "}");
+          ", \"blocking_copy\": ", t.per_step(c.blocking_copies), "}, \"graph_fallbacks_per_step\": ",
+          t.per_step(c.graph_fallbacks));
   if (device.is_cuda()) {
     const cuda::MemoryStats runs = cuda::memory_stats(device.index), all = memory_since_start(t, device.index);
     json += str(", \"peak_allocated_bytes\": ", all.peak_allocated_bytes, ", \"peak_reserved_bytes\": ",

@@ -8,6 +8,14 @@
 # through the hints CUDNN_ROOT, CUBLAS_ROOT and NCCL_ROOT (CMake or
 # environment variables), each a directory holding include/ and lib/.
 # The result is the interface target loom::cuda_libraries.
+#
+# cudnn-frontend (optional, header-only: NVIDIA's C++ API over cuDNN's graph
+# API, for the fused convolution graphs of ops/cuda/conv2d_graph.cpp): the
+# directory holding cudnn_frontend.h, CUDNN_FRONTEND_INCLUDE_DIR (cache or
+# environment variable), else .deps/cudnn-frontend/include where
+# scripts/fetch-cudnn-frontend.sh puts it. Found with the CUDA backend on, it
+# sets LOOM_HAVE_CUDNN_FRONTEND and LOOM_CUDNN_FRONTEND_VERSION; the headers
+# stay private to that one source file (ops/CMakeLists.txt).
 set(LOOM_HAVE_CUDA OFF)
 set(LOOM_HAVE_NCCL OFF)
 if(NOT LOOM_CUDA STREQUAL "OFF")
@@ -87,4 +95,36 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "LOOM_CUDA=ON but no CUDA compiler (nvcc) was found; install the CUDA toolkit or set CMAKE_CUDA_COMPILER")
   endif()
 endif()
+
+set(LOOM_HAVE_CUDNN_FRONTEND OFF)
+set(LOOM_CUDNN_FRONTEND_VERSION "")
+if(LOOM_HAVE_CUDA)
+  find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
+            HINTS $ENV{CUDNN_FRONTEND_INCLUDE_DIR} ${PROJECT_SOURCE_DIR}/.deps/cudnn-frontend/include
+            DOC "directory holding cudnn_frontend.h (optional; scripts/fetch-cudnn-frontend.sh fetches it)")
+  set(_loom_cfe_version_header ${CUDNN_FRONTEND_INCLUDE_DIR}/cudnn_frontend_version.h)
+  if(CUDNN_FRONTEND_INCLUDE_DIR AND EXISTS ${_loom_cfe_version_header})
+    foreach(_part MAJOR MINOR PATCH)
+      file(STRINGS ${_loom_cfe_version_header} _line REGEX "^#define CUDNN_FRONTEND_${_part}_VERSION [0-9]+")
+      string(REGEX REPLACE ".* ([0-9]+).*" "\\1" _loom_cfe_${_part} "${_line}")
+    endforeach()
+    set(_loom_cfe_version ${_loom_cfe_MAJOR}.${_loom_cfe_MINOR}.${_loom_cfe_PATCH})
+    # The graph API (cudnn_frontend::graph) as loom uses it came with 1.0;
+    # 1.32's headers also call NVRTC (for engines of their own), so the
+    # library links the toolkit's.
+    if(NOT TARGET CUDA::nvrtc)
+      message(WARNING "loom: cudnn-frontend in ${CUDNN_FRONTEND_INCLUDE_DIR} needs NVRTC, which this CUDA toolkit lacks; building without it")
+    elseif(_loom_cfe_version VERSION_GREATER_EQUAL 1.0)
+      set(LOOM_HAVE_CUDNN_FRONTEND ON)
+      set(LOOM_CUDNN_FRONTEND_VERSION ${_loom_cfe_version})
+    else()
+      message(WARNING "loom: cudnn-frontend ${_loom_cfe_version} in ${CUDNN_FRONTEND_INCLUDE_DIR} predates its graph API (1.0); building without it")
+    endif()
+  endif()
+endif()
 message(STATUS "loom: CUDA backend ${LOOM_HAVE_CUDA} (LOOM_CUDA=${LOOM_CUDA}), NCCL ${LOOM_HAVE_NCCL}")
+if(LOOM_HAVE_CUDNN_FRONTEND)
+  message(STATUS "loom: cudnn-frontend ${LOOM_CUDNN_FRONTEND_VERSION} (${CUDNN_FRONTEND_INCLUDE_DIR}): fused cuDNN graphs built in")
+elseif(LOOM_HAVE_CUDA)
+  message(STATUS "loom: no cudnn-frontend (scripts/fetch-cudnn-frontend.sh or -DCUDNN_FRONTEND_INCLUDE_DIR=...): unfused convolutions only")
+endif()

@@ -20,6 +20,7 @@ const BuildInfo& build_info() {
       .cuda_version = LOOM_BUILD_CUDA_VERSION,
       .cuda_architectures = LOOM_BUILD_CUDA_ARCHITECTURES,
       .cudnn_version = LOOM_BUILD_CUDNN_VERSION,
+      .cudnn_frontend_version = LOOM_BUILD_CUDNN_FRONTEND_VERSION,
       .nccl = LOOM_BUILD_NCCL != 0,
       .nccl_version = LOOM_BUILD_NCCL_VERSION,
   };
@@ -43,6 +44,9 @@ std::string build_summary() {
   if (info.cuda) {
     text += std::string("CUDA") + with_version(info.cuda_version) + " for architectures " + info.cuda_architectures +
             ", cuBLAS, cuDNN" + with_version(info.cudnn_version) + ", " +
+            (*info.cudnn_frontend_version ? std::string("cudnn-frontend ") + info.cudnn_frontend_version
+                                          : std::string("no cudnn-frontend")) +
+            ", " +
             (info.nccl ? "NCCL" + with_version(info.nccl_version) : std::string("no NCCL")) + "\n";
   } else {
     text += "CUDA: not built in\n";

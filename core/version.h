@@ -27,6 +27,7 @@ struct BuildInfo {
   const char* cuda_version;        // the toolkit's, "13.0.88"
   const char* cuda_architectures;  // CMAKE_CUDA_ARCHITECTURES, "80, 90"
   const char* cudnn_version;       // "9.13.0"
+  const char* cudnn_frontend_version;  // "1.32.0" (fused cuDNN graphs built in), "" without
   bool nccl;                       // the nccl process group is compiled in
   const char* nccl_version;        // "2.28.3"
 };

@@ -6,7 +6,9 @@
 # tree: scripts/gpu-check.sh uses it for whatever the GPU machine lacks. It
 # also copies the PyTorch peer ../shared/peers/torch_resnet_gpu.py, unchanged,
 # into .deps/peers for scripts/gpu-perf.sh (the ../shared beside the checkout
-# does not travel with it).
+# does not travel with it), and fetches the cudnn-frontend headers into
+# .deps/cudnn-frontend (scripts/fetch-cudnn-frontend.sh; the GPU machine has
+# no network to fetch them itself).
 #   scripts/gpu-deps.sh        (writes .deps/root/usr/...; about 10 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,8 @@ done < <(find .deps/root -type l -lname '/*')
 # Gloo's exported targets name /usr/lib/libgloo.so.0.5.0: make them relative
 # to the prefix the config file sits in.
 sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' .deps/root/usr/share/cmake/Gloo/GlooTargets-*.cmake
+scripts/fetch-cudnn-frontend.sh ||
+  echo "gpu-deps: no cudnn-frontend headers: the GPU build will have the unfused convolutions only" >&2
 if [[ -f ../shared/peers/torch_resnet_gpu.py ]]; then
   mkdir -p .deps/peers && cp ../shared/peers/torch_resnet_gpu.py .deps/peers/
 else

@@ -8,6 +8,9 @@
 #            for benchmarks/callgrind_step.sh.
 # The real launchers the tests start loom's programs with come from Debian:
 # Open MPI (openmpi-bin) and a one-node SLURM cluster (slurm-wlm, munge).
+# With nvcc present it also fetches the cudnn-frontend headers (the cuDNN
+# graph API; scripts/fetch-cudnn-frontend.sh) into .deps, best-effort: without
+# pip or network loom builds without them (the unfused convolutions only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +19,11 @@ packages=(build-essential cmake libeigen3-dev doctest-dev libgloo-dev zlib1g-dev
           openmpi-bin slurm-wlm munge pkgconf
           gnuplot-nox  # scripts/plot_metrics
           clang)  # clang: libFuzzer for scripts/fuzz.sh
+have_nvcc=0
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || compgen -G '/usr/local/cuda-*/bin/nvcc' >/dev/null; then
+  have_nvcc=1
+  packages+=(python3-pip)  # pip download: the cudnn-frontend headers
+fi
 peers=0
 if [[ "${1:-}" == "--peers" ]]; then
   shift
@@ -40,6 +48,12 @@ if (( peers )); then
   [[ -x .venv/bin/python ]] || python3 -m venv .venv
   .venv/bin/python -c 'import sys, torch, torchvision, numpy; sys.exit(not torch.__version__.startswith("2."))' \
     2>/dev/null || .venv/bin/pip install -q --upgrade torch torchvision numpy
+fi
+
+if (( have_nvcc )); then
+  scripts/fetch-cudnn-frontend.sh ||
+    echo "setup: going on without cudnn-frontend: loom builds the unfused convolutions only" \
+         "(rerun scripts/fetch-cudnn-frontend.sh, or pass -DCUDNN_FRONTEND_INCLUDE_DIR=...)" >&2
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null

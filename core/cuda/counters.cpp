@@ -8,10 +8,10 @@ namespace loom::cuda {
 namespace {
 
 // The fields of Counters, one atomic slot each, in this order.
-constexpr std::array<int64_t Counters::*, 8> kFields{
+constexpr std::array<int64_t Counters::*, 9> kFields{
     &Counters::kernel_launches,     &Counters::library_calls,      &Counters::device_copies,
     &Counters::stream_synchronizes, &Counters::event_synchronizes, &Counters::device_synchronizes,
-    &Counters::device_to_host_copies, &Counters::blocking_copies};
+    &Counters::device_to_host_copies, &Counters::blocking_copies,   &Counters::graph_fallbacks};
 static_assert(sizeof(Counters) == kFields.size() * sizeof(int64_t), "a field of Counters is missing from kFields");
 std::array<std::atomic<int64_t>, kFields.size()> g_counts{};
 
@@ -60,6 +60,7 @@ void count_host_sync(HostSync kind) noexcept {
     case HostSync::blocking_copy: bump(&Counters::blocking_copies); break;
   }
 }
+void count_graph_fallback() noexcept { bump(&Counters::graph_fallbacks); }
 }  // namespace detail
 
 }  // namespace loom::cuda

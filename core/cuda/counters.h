@@ -15,6 +15,9 @@
 //     device_to_host_copies   a copy to host memory that returns only when done: Tensor::to(cpu),
 //                             item(), an asynchronous copy into pageable memory
 //     blocking_copies         other synchronous copies (host to device, within a device)
+//   graph_fallbacks   fused cuDNN graphs refused (ops/cuda/conv2d_graph.h), each
+//                     call whose caller then runs the unfused ops; a graph that
+//                     runs counts as one library call
 // Not counted: work that cuDNN or cuBLAS launch inside a call, cudaMemsetAsync,
 // cudaFree (which waits for the device; MemoryStats::device_frees counts it).
 #pragma once
@@ -32,6 +35,7 @@ struct Counters {
   int64_t device_synchronizes = 0;
   int64_t device_to_host_copies = 0;
   int64_t blocking_copies = 0;
+  int64_t graph_fallbacks = 0;
 
   // Every call that made the host wait for the device.
   int64_t host_syncs() const {
@@ -59,6 +63,7 @@ void count_kernel_launch() noexcept;
 void count_library_call() noexcept;
 void count_device_copy() noexcept;
 void count_host_sync(HostSync kind) noexcept;
+void count_graph_fallback() noexcept;
 }  // namespace detail
 
 }  // namespace loom::cuda

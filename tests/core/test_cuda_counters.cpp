@@ -30,6 +30,7 @@ TEST_CASE("reset_counters zeroes every counter and each call bumps its own") {
   counting::count_host_sync(HostSync::device_to_host_copy);
   counting::count_host_sync(HostSync::device_to_host_copy);
   counting::count_host_sync(HostSync::blocking_copy);
+  counting::count_graph_fallback();
   const cuda::Counters c = cuda::counters();
   CHECK(c.kernel_launches == 2);
   CHECK(c.library_calls == 1);
@@ -39,6 +40,7 @@ TEST_CASE("reset_counters zeroes every counter and each call bumps its own") {
   CHECK(c.device_synchronizes == 1);
   CHECK(c.device_to_host_copies == 2);
   CHECK(c.blocking_copies == 1);
+  CHECK(c.graph_fallbacks == 1);  // neither a launch nor a host wait
   CHECK(c.host_syncs() == 1 + 1 + 1 + 2 + 1);
   CHECK(c.launches() == 2 + 1 + 1);
   cuda::reset_counters();

@@ -1,0 +1,295 @@
+// The fused cuDNN graphs (ops/cuda/conv2d_graph.h, issue 47) against the
+// unfused CUDA ops and the CPU, on ResNet-50's shapes at batch 32, f16 and
+// bf16; part of the backend_ops suite (gpu.backend_ops). The graphs run
+// whatever LOOM_CUDNN_GRAPH says (it gates the training path only). In a build
+// without cudnn-frontend every graph must be refused.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <loom/core/cuda/counters.h>
+#include <loom/core/memory_format.h>
+#include <loom/ops/batch_norm.h>
+#include <loom/ops/conv2d.h>
+#include <loom/ops/cuda/conv2d_graph.h>
+#include "tests/gpu/compare.h"
+
+using namespace loom;
+using namespace loom::gpu_testing;
+
+namespace {
+
+// One case of the fused forward graph (ops/cuda/conv2d_graph.h): x (N, C, H, W),
+// w (K, C, R, R), square stride and padding.
+struct ConvGraphCase {
+  const char* name;
+  int64_t n, c, h, w, k, r, stride, padding;
+};
+
+// Per output channel of a CPU (N, K, P, Q) tensor: (Σ|y|, Σy²), the scales
+// the statistics' rounding is measured against.
+std::pair<std::vector<double>, std::vector<double>> channel_magnitudes(const Tensor& y) {
+  const std::vector<double> v = host_values(y.contiguous());
+  const int64_t channels = y.size(1), plane = y.size(2) * y.size(3);
+  std::vector<double> abs_sum(channels), sq_sum(channels);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const auto k = static_cast<size_t>((static_cast<int64_t>(i) / plane) % channels);
+    abs_sum[k] += std::abs(v[i]);
+    sq_sum[k] += v[i] * v[i];
+  }
+  return {abs_sum, sq_sum};
+}
+
+// |got[k] - expected[k]| <= tolerance * scale[k] for every channel k.
+void check_channel_sums(const Tensor& got, const std::vector<double>& expected, const std::vector<double>& scale,
+                        double tolerance, const std::string& what) {
+  const std::vector<double> g = host_values(got);
+  REQUIRE(g.size() == expected.size());
+  double worst = 0;
+  size_t worst_channel = 0;
+  for (size_t k = 0; k < g.size(); ++k) {
+    const double error = std::abs(g[k] - expected[k]) / std::max(scale[k], 1e-30);
+    if (error > worst) worst = error, worst_channel = k;
+  }
+  INFO(what, ": worst channel ", worst_channel, ": got ", g[worst_channel], ", expected ", expected[worst_channel],
+       "; error ", worst, " of its scale (tolerance ", tolerance, ")");
+  CHECK(worst <= tolerance);
+}
+
+// Runs the fused forward on `c` in `dtype` and, when cuDNN ran it, checks it
+// against the unfused CUDA ops (batch_norm_apply with mean 0, var 1, eps 0 and
+// ReLU; conv2d; batch_norm_stats) and against the CPU's in f32. Returns whether
+// it ran; a refusal must leave y untouched and count one graph fallback.
+bool check_conv_graph_case(const ConvGraphCase& c, DType dtype) {
+  INFO(c.name, " ", dtype_name(dtype), " x ", shape_str({c.n, c.c, c.h, c.w}), " w ",
+       shape_str({c.k, c.c, c.r, c.r}), " stride ", c.stride, " padding ", c.padding);
+  const Conv2dParams params{.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}};
+  const double bound = std::sqrt(3.0 / static_cast<double>(c.c * c.r * c.r));  // w's variance 1 / fan-in
+  const Tensor x = random_cpu({c.n, c.c, c.h, c.w}, 71, dtype, -2.0, 2.0);
+  const Tensor scale = random_cpu({c.c}, 72, dtype, 0.5, 1.5), bias = random_cpu({c.c}, 73, dtype, -0.5, 0.5);
+  const Tensor w = random_cpu({c.k, c.c, c.r, c.r}, 74, dtype, -bound, bound);
+  const Size2 out_hw = conv2d_output_size({c.h, c.w}, {c.r, c.r}, params);
+  const Shape out_sizes{c.n, c.k, out_hw[0], out_hw[1]};
+
+  const Tensor xg = to_gpu(x, true), wg = to_gpu(w, true), scale_g = to_gpu(scale), bias_g = to_gpu(bias);
+  Tensor y = empty_with_format(out_sizes, dtype, kCuda, MemoryFormat::nhwc);
+  y.fill_(7.0);
+  const Tensor sum = Tensor::zeros({c.k}, DType::f32, kCuda), sq_sum = Tensor::zeros({c.k}, DType::f32, kCuda);
+  const cuda::Counters before = cuda::counters();
+  const bool ran = ops::cuda::conv2d_bn_prologue_stats(xg, scale_g, bias_g, wg, params, y, sum, sq_sum);
+  const cuda::Counters counted = cuda::counters() - before;
+  if (!ran) {
+    CHECK(counted.graph_fallbacks == 1);
+    CHECK(host_values(y) == std::vector<double>(static_cast<size_t>(y.numel()), 7.0));
+    return false;
+  }
+  CHECK(counted.graph_fallbacks == 0);
+  CHECK(counted.library_calls == 1);
+
+  // The unfused CUDA ops on the same inputs.
+  const Tensor zeros = Tensor::zeros({c.c}, DType::f32, kCuda), ones = Tensor::ones({c.c}, DType::f32, kCuda);
+  const Tensor a = ops::cuda::batch_norm_apply(xg, zeros, ones, scale_g, bias_g, 0.0, Activation::relu);
+  const Tensor y_unfused = ops::cuda::conv2d_forward(a, wg, Tensor(), params);
+  const Tensor stats_unfused = ops::cuda::batch_norm_stats(y_unfused);  // f64 (2, K)
+  // The CPU in f32, from the prologue's output rounded to `dtype` as the unfused path stores it.
+  const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32);
+  const Tensor a_cpu = ops::cpu::batch_norm_apply(x32, Tensor::zeros({c.c}), Tensor::ones({c.c}),
+                                                  scale.to(DType::f32), bias.to(DType::f32), 0.0, Activation::relu)
+                           .to(dtype)
+                           .to(DType::f32);
+  const Tensor y_cpu = ops::cpu::conv2d_forward(a_cpu, w32, Tensor(), params);
+  const Tensor stats_cpu = ops::cpu::batch_norm_stats(y_cpu);
+
+  // y: both CUDA paths round the same f32-accumulated sums of the same
+  // products once to `dtype` (the fused prologue's output meets the tensor
+  // cores in `dtype` too); they may differ by that rounding and by the
+  // summation order: 2 units in the last place of the largest output.
+  const double ulp = dtype == DType::f16 ? 0x1p-10 : 0x1p-7;
+  check_close(y, y_unfused, 2 * ulp, "fused y against the unfused ops");
+  // Against the CPU: the suite's tolerance for this dtype.
+  check_close(y.to(DType::f32), y_cpu, tolerance_for(dtype).forward, "fused y against the CPU");
+
+  // The statistics may be summed before y is rounded to `dtype` (half an ulp
+  // per element) and y may differ by the 2 ulps above: |Δ sum_k| <= 2.5 ulp
+  // Σ|y|, |Δ sq_sum_k| <= 2 * 2.5 ulp Σy²; measured against 3 and 6 ulp, the
+  // f32 accumulation over N*P*Q terms adding far less than an f16 ulp.
+  const auto [abs_sum, square_sum] = channel_magnitudes(y_cpu);
+  for (const auto& [stats, source] : {std::pair{stats_unfused, "unfused"}, std::pair{stats_cpu, "CPU"}}) {
+    const std::vector<double> s = host_values(stats);
+    const auto k = static_cast<size_t>(c.k);
+    const std::vector<double> expected_sum(s.begin(), s.begin() + k), expected_sq(s.begin() + k, s.end());
+    check_channel_sums(sum, expected_sum, abs_sum, 3 * ulp, std::string("sum against the ") + source);
+    check_channel_sums(sq_sum, expected_sq, square_sum, 6 * ulp, std::string("sum of squares against the ") + source);
+  }
+  return true;
+}
+
+// The data-gradient graph on `c` (x its input gradient's place) in `dtype`,
+// against the unfused CUDA input gradient and an f64 host computation of the
+// ReLU mask, the batch norm's parameter gradients and its input gradient
+// (training: dx = gamma invstd (dz - Σdz / M - xhat Σ(dz xhat) / M), M = N H W)
+// rebuilt from cuDNN's equivalent coefficients. Returns whether it ran.
+bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
+  INFO(c.name, " ", dtype_name(dtype), " (data gradient)");
+  const Conv2dParams params{.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}};
+  const double bound = std::sqrt(3.0 / static_cast<double>(c.c * c.r * c.r));
+  const Shape x_sizes{c.n, c.c, c.h, c.w};
+  const Tensor x = random_cpu(x_sizes, 91, dtype, -2.0, 2.0);
+  const Tensor w = random_cpu({c.k, c.c, c.r, c.r}, 92, dtype, -bound, bound);
+  const Size2 out_hw = conv2d_output_size({c.h, c.w}, {c.r, c.r}, params);
+  const Tensor dy = random_cpu({c.n, c.k, out_hw[0], out_hw[1]}, 93, dtype);
+  // The batch's own statistics, as training saves them (f64, then f32).
+  const double eps = 1e-5;
+  const std::vector<double> stats = host_values(ops::cpu::batch_norm_stats(x.to(DType::f32)));
+  const int64_t count = c.n * c.h * c.w;
+  std::vector<double> mean(c.c), invstd(c.c);
+  for (int64_t ch = 0; ch < c.c; ++ch) {
+    mean[ch] = stats[ch] / count;
+    invstd[ch] = 1.0 / std::sqrt(stats[c.c + ch] / count - mean[ch] * mean[ch] + eps);
+  }
+  const Tensor gamma = random_cpu({c.c}, 94, DType::f32, 0.5, 1.5);
+  const Tensor beta = random_cpu({c.c}, 95, DType::f32, -0.5, 0.5);
+  const auto f32_gpu = [](const std::vector<double>& v) {
+    return Tensor::from_vector_as(v, {static_cast<int64_t>(v.size())}, DType::f32).to(kCuda);
+  };
+  const ops::cuda::BatchNormSaved saved{f32_gpu(mean), f32_gpu(invstd), gamma.to(kCuda), beta.to(kCuda)};
+  const auto channel_f32 = [&] { return Tensor::zeros({c.c}, DType::f32, kCuda); };
+  Tensor dz = empty_with_format(x_sizes, dtype, kCuda, MemoryFormat::nhwc);
+  dz.fill_(7.0);
+  const ops::cuda::BatchNormBackwardTerms out{dz,           channel_f32(), channel_f32(),
+                                              channel_f32(), channel_f32(), channel_f32()};
+  const Tensor xg = to_gpu(x, true), wg = to_gpu(w, true), dyg = to_gpu(dy, true);
+  const cuda::Counters before = cuda::counters();
+  const bool ran = ops::cuda::conv2d_dgrad_relu_bn_backward(dyg, wg, xg, saved, params, out);
+  const cuda::Counters counted = cuda::counters() - before;
+  if (!ran) {
+    CHECK(counted.graph_fallbacks == 1);
+    CHECK(host_values(dz) == std::vector<double>(static_cast<size_t>(dz.numel()), 7.0));
+    return false;
+  }
+  CHECK(counted.graph_fallbacks == 0);
+
+  // The unfused input gradient, and the CPU's in f32.
+  const std::vector<double> da = host_values(ops::cuda::conv2d_backward_input(dyg, wg, x_sizes, params));
+  const std::vector<double> da_cpu =
+      host_values(ops::cpu::conv2d_backward_input(dy.to(DType::f32), w.to(DType::f32), x_sizes, params));
+  const std::vector<double> xs = host_values(x), got_dz = host_values(dz), g = host_values(saved.gamma),
+                            b = host_values(saved.beta);
+  const int64_t plane = c.h * c.w;
+  const auto channel_of = [&](size_t i) { return static_cast<size_t>((static_cast<int64_t>(i) / plane) % c.c); };
+  // dz: the mask from z in f64; elements with |z| < 1e-3 (where the graph's
+  // f32 z and ours may disagree in sign) are left out of the comparison.
+  const double ulp = dtype == DType::f16 ? 0x1p-10 : 0x1p-7;
+  std::vector<double> dz_ref(xs.size()), xhat(xs.size());
+  double max_da = 0, worst_dz = 0, worst_dz_cpu = 0;
+  std::vector<double> dbeta(c.c), dgamma(c.c), abs_dz(c.c), abs_dz_xhat(c.c);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const size_t ch = channel_of(i);
+    xhat[i] = (xs[i] - mean[ch]) * invstd[ch];
+    const double z = xhat[i] * g[ch] + b[ch];
+    dz_ref[i] = z > 0 ? da[i] : 0.0;
+    max_da = std::max(max_da, std::abs(da[i]));
+    if (std::abs(z) >= 1e-3) {
+      worst_dz = std::max(worst_dz, std::abs(got_dz[i] - dz_ref[i]));
+      worst_dz_cpu = std::max(worst_dz_cpu, std::abs(got_dz[i] - (z > 0 ? da_cpu[i] : 0.0)));
+    }
+    dbeta[ch] += dz_ref[i];
+    dgamma[ch] += dz_ref[i] * xhat[i];
+    abs_dz[ch] += std::abs(dz_ref[i]);
+    abs_dz_xhat[ch] += std::abs(dz_ref[i] * xhat[i]);
+  }
+  // Both round f32-accumulated sums of the same products once to `dtype`.
+  INFO("dz: worst difference ", worst_dz, " against max |da| ", max_da);
+  CHECK(worst_dz <= 2 * ulp * max_da);
+  // Against the CPU's f32 input gradient: the suite's tolerance for this dtype.
+  INFO("dz against the CPU: worst difference ", worst_dz_cpu);
+  CHECK(worst_dz_cpu <= tolerance_for(dtype).forward * max_da);
+  // dz differs by at most 2 ulp per element: the sums by 2 ulp of Σ|.|; 3 allowed.
+  check_channel_sums(out.dbeta, dbeta, abs_dz, 3 * ulp, "dbeta");
+  check_channel_sums(out.dgamma, dgamma, abs_dz_xhat, 3 * ulp, "dgamma");
+  // dx from cuDNN's coefficients against the training formula from the f64 sums.
+  const std::vector<double> a = host_values(out.eq_scale_dy), bx = host_values(out.eq_scale_x),
+                            c0 = host_values(out.eq_bias);
+  double worst_dx = 0, max_dx = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const size_t ch = channel_of(i);
+    const double expected =
+        g[ch] * invstd[ch] * (dz_ref[i] - dbeta[ch] / count - xhat[i] * dgamma[ch] / count);
+    const double rebuilt = a[ch] * got_dz[i] + bx[ch] * xs[i] + c0[ch];
+    max_dx = std::max(max_dx, std::abs(expected));
+    const double z = xhat[i] * g[ch] + b[ch];
+    if (std::abs(z) >= 1e-3) worst_dx = std::max(worst_dx, std::abs(rebuilt - expected));
+  }
+  // Its terms carry dz's 2 ulp and the sums' 3 ulp: 4 ulp of the largest.
+  INFO("dx: worst difference ", worst_dx, " against max |dx| ", max_dx);
+  CHECK(worst_dx <= 4 * ulp * max_dx);
+  return true;
+}
+
+}  // namespace
+
+TEST_SUITE("backend_ops") {
+// Issue 47's fused forward, run whatever LOOM_CUDNN_GRAPH says (it gates the
+// training path only). ResNet-50's convolutions between two batch norms at
+// batch 32: layer1's 3x3, its 1x1 reduction and expansion, layer2's strided 3x3.
+TEST_CASE("cuDNN graph: batch-norm prologue + conv2d + statistics epilogue against the unfused ops and the CPU") {
+  const char* flag = std::getenv("LOOM_CUDNN_GRAPH");
+  CHECK(ops::cuda::conv_graphs_enabled() == (flag != nullptr && std::string(flag) == "1"));
+  const ConvGraphCase cases[] = {{"layer1 3x3", 32, 64, 56, 56, 64, 3, 1, 1},
+                                 {"layer1 1x1 reduction", 32, 256, 56, 56, 64, 1, 1, 0},
+                                 {"layer1 1x1 expansion", 32, 64, 56, 56, 256, 1, 1, 0},
+                                 {"layer2 3x3 stride 2", 32, 128, 56, 56, 128, 3, 2, 1}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const ConvGraphCase& c : cases) {
+      const bool ran = check_conv_graph_case(c, dtype);
+      // Built in, cuDNN must take ResNet's shapes (Ampere and later; the
+      // reason for a refusal is logged at LOOM_LOG_LEVEL=debug).
+      INFO(c.name, " ", dtype_name(dtype), ": cudnn-frontend built in: ", ops::cuda::conv_graphs_built_in());
+      CHECK(ran == ops::cuda::conv_graphs_built_in());
+    }
+  }
+}
+
+TEST_CASE("cuDNN graph: a refused graph writes nothing and counts a fallback") {
+  // groups != 1: refused before cuDNN is asked.
+  const Tensor x = to_gpu(random_cpu({2, 16, 8, 8}, 81, DType::f16), true);
+  const Tensor w = to_gpu(random_cpu({16, 8, 3, 3}, 82, DType::f16), true);
+  const Tensor scale = to_gpu(random_cpu({16}, 83, DType::f16)), bias = to_gpu(random_cpu({16}, 84, DType::f16));
+  const Tensor y = empty_with_format({2, 16, 8, 8}, DType::f16, kCuda, MemoryFormat::nhwc);
+  const Tensor sum = Tensor::zeros({16}, DType::f32, kCuda), sq_sum = Tensor::zeros({16}, DType::f32, kCuda);
+  const cuda::Counters before = cuda::counters();
+  CHECK_FALSE(ops::cuda::conv2d_bn_prologue_stats(x, scale, bias, w, {.padding = {1, 1}, .groups = 2}, y, sum, sq_sum));
+  CHECK((cuda::counters() - before).graph_fallbacks == 1);
+  CHECK(host_values(sum) == std::vector<double>(16, 0.0));
+  // Three input channels (the stem's image) and odd sizes: cuDNN may take
+  // them or not; either way the contract holds (checked inside).
+  const bool ran = check_conv_graph_case({"3 channels, odd sizes", 4, 3, 17, 17, 5, 3, 1, 1}, DType::f16);
+  MESSAGE("cuDNN ", ran ? "ran" : "refused", " the graph for 3 input channels and odd sizes");
+  // A contract violation is an error, not a refusal.
+  const Tensor nchw_x = to_gpu(random_cpu({2, 16, 8, 8}, 85, DType::f16));
+  const Tensor dense_w = to_gpu(random_cpu({16, 16, 3, 3}, 86, DType::f16), true);
+  check_mentions(error_message([&] {
+                   (void)ops::cuda::conv2d_bn_prologue_stats(nchw_x, scale, bias, dense_w, {.padding = {1, 1}}, y,
+                                                             sum, sq_sum);
+                 }),
+                 {"conv2d_bn_prologue_stats", "channels-last"});
+}
+
+TEST_CASE("cuDNN graph: conv2d data gradient + ReLU mask + batch-norm backward terms against the unfused ops and f64") {
+  const ConvGraphCase cases[] = {{"layer1 3x3", 32, 64, 56, 56, 64, 3, 1, 1},
+                                 {"layer1 1x1 expansion", 32, 64, 56, 56, 256, 1, 1, 0},
+                                 {"layer2 3x3 stride 2", 32, 128, 56, 56, 128, 3, 2, 1}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const ConvGraphCase& c : cases) {
+      const bool ran = check_dgrad_graph_case(c, dtype);
+      INFO(c.name, " ", dtype_name(dtype), ": cudnn-frontend built in: ", ops::cuda::conv_graphs_built_in());
+      CHECK(ran == ops::cuda::conv_graphs_built_in());
+    }
+  }
+}
+
+}  // TEST_SUITE
