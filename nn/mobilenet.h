@@ -48,6 +48,11 @@ class PooledClassifier : public Module {
 
  protected:
   explicit PooledClassifier(const Options& options) : options_(options) {}
+  // Registers `body` as `features` and the `head` layers, in order, as `classifier`.
+  void set_layers(std::shared_ptr<Sequential> body, std::initializer_list<std::shared_ptr<Module>> head) {
+    register_module("features", features, std::move(body));
+    register_module("classifier", classifier, std::make_shared<Sequential>(head));
+  }
   Options options_;
 };
 
@@ -98,18 +103,33 @@ class SqueezeExcitation : public Module {
 // `divisor` (at least `divisor`), and not below 90% of v.
 int64_t make_divisible(double v, int64_t divisor);
 
-// MobileNetV2's block (see above); ReLU6 activations.
-class InvertedResidual : public Module {
+// The inverted-residual block of MobileNetV2, MobileNetV3 and EfficientNet
+// (MBConv): `block` (expansion, depthwise convolution, squeeze-and-excitation
+// where the model has it, projection), plus the input when the stride is 1
+// and the channels stay (uses_residual()).
+class InvertedResidualBlock : public Module {
  public:
-  InvertedResidual(int64_t in_channels, int64_t out_channels, int64_t stride, int64_t expand_ratio);
   Tensor forward(const Tensor& input) override;  // (N, in, H, W) -> (N, out, H / stride, W / stride)
-  std::string type_name() const override { return "InvertedResidual"; }
   bool uses_residual() const { return use_residual_; }
 
-  std::shared_ptr<Sequential> conv;
+  std::shared_ptr<Sequential> block;
+
+ protected:
+  // Registers `layers` as `block` under `name` (torchvision's: "conv" in
+  // MobileNetV2, "block" in the others).
+  void set_block(const std::string& name, std::shared_ptr<Sequential> layers, bool use_residual);
+  // The block's output on its way to the residual sum: itself, or MBConv's stochastic depth of it.
+  virtual Tensor residual_branch(const Tensor& out) { return out; }
 
  private:
-  bool use_residual_;
+  bool use_residual_ = false;
+};
+
+// MobileNetV2's block (see above); ReLU6 activations.
+class InvertedResidual : public InvertedResidualBlock {
+ public:
+  InvertedResidual(int64_t in_channels, int64_t out_channels, int64_t stride, int64_t expand_ratio);
+  std::string type_name() const override { return "InvertedResidual"; }
 };
 
 // MobileNetV2Options().num_classes(10)
@@ -139,17 +159,11 @@ struct MobileNetV3Block {
   int64_t stride;
 };
 
-// MobileNetV3's block (see above); adds its input when the stride is 1 and the channels stay.
-class InvertedResidualV3 : public Module {
+// MobileNetV3's block (see above).
+class InvertedResidualV3 : public InvertedResidualBlock {
  public:
   InvertedResidualV3(const MobileNetV3Block& config, double width_mult);
-  Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "InvertedResidual"; }
-
-  std::shared_ptr<Sequential> block;
-
- private:
-  bool use_residual_;
 };
 
 enum class MobileNetV3Size { small, large };
