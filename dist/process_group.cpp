@@ -309,6 +309,12 @@ void destroy_process_group() {
   // `group` is released outside the lock: its destructor may wait for a collective.
 }
 
+std::vector<int64_t> all_reduce_values(ProcessGroup& group, const std::vector<int64_t>& values, ReduceOp op) {
+  Tensor reduced = Tensor::from_vector<int64_t>(values, {static_cast<int64_t>(values.size())}).to(group.device());
+  group.all_reduce(reduced, op)->wait();
+  return reduced.to(Device::cpu()).to_vector<int64_t>();
+}
+
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
   if (group.size() == 1 || tensors.empty()) return;
   std::vector<std::pair<DType, Device>> kinds;

@@ -210,6 +210,12 @@ void destroy_process_group();
 // group of one.
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root);
 
+// The elementwise `op` of every rank's `values` (the same count on every
+// rank): one all-reduce of an i64 tensor on the group's device, read back by
+// the host. For the small agreements between ranks (counts, steps, flags).
+// Collective; blocks until the result is on the host.
+std::vector<int64_t> all_reduce_values(ProcessGroup& group, const std::vector<int64_t>& values, ReduceOp op);
+
 // For the backends (gloo, nccl).
 namespace detail {
 // "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]" (at most four listed).
