@@ -385,6 +385,12 @@ void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const Ten
   }
 }
 
+void check_cpu_tensor(const char* backend, const char* collective, const Tensor& tensor, const std::string& role) {
+  LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
+  LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(), "; the ", backend,
+             " backend works on CPU tensors (use the nccl backend for CUDA tensors)");
+}
+
 void check_broadcast(const Tensor& tensor, int root, int size, const TensorCheck& check) {
   check("broadcast", tensor, "the tensor");
   LOOM_CHECK(root >= 0 && root < size, "broadcast: root ", root, " is not a rank of this group of ", size);

@@ -234,6 +234,9 @@ std::vector<std::vector<Tensor>> by_dtype(const std::vector<Tensor>& tensors);
 // then the sizes, dtypes, root and reduce op the collective needs for a group
 // of `size` ranks. Each throws loom::Error naming what is wrong.
 using TensorCheck = std::function<void(const char* collective, const Tensor& tensor, const std::string& role)>;
+// The TensorCheck of the CPU backends: a defined CPU tensor; `backend`
+// ("gloo", "shm") names the backend in the error.
+void check_cpu_tensor(const char* backend, const char* collective, const Tensor& tensor, const std::string& role);
 void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const TensorCheck& check);
 void check_broadcast(const Tensor& tensor, int root, int size, const TensorCheck& check);
 void check_all_gather_into(const Tensor& output, const Tensor& input, int size, const TensorCheck& check);
