@@ -132,15 +132,16 @@ class InvertedResidual : public InvertedResidualBlock {
   std::string type_name() const override { return "InvertedResidual"; }
 };
 
-// MobileNetV2Options().num_classes(10)
-class MobileNetV2Options {
+// The options of MobileNetV2 and MobileNetV3, e.g. MobileNetV2Options().num_classes(10).
+class MobileNetOptions {
   // Units of the final linear layer (default 1000, ImageNet's classes).
   LOOM_OPTION(int64_t, num_classes) = 1000;
   // Multiplier of every layer's channels (default 1.0; torchvision's weights are 1.0's).
   LOOM_OPTION(double, width_mult) = 1.0;
-  // Dropout before the classifier's linear layer (default 0.2).
+  // Dropout before the classifier's last linear layer (default 0.2).
   LOOM_OPTION(double, dropout) = 0.2;
 };
+using MobileNetV2Options = MobileNetOptions;
 
 class MobileNetV2 : public PooledClassifier<MobileNetV2Options> {
  public:
@@ -168,15 +169,7 @@ class InvertedResidualV3 : public InvertedResidualBlock {
 
 enum class MobileNetV3Size { small, large };
 
-// MobileNetV3Options().num_classes(10)
-class MobileNetV3Options {
-  // Units of the final linear layer (default 1000, ImageNet's classes).
-  LOOM_OPTION(int64_t, num_classes) = 1000;
-  // Multiplier of every block's channels (default 1.0; torchvision's weights are 1.0's).
-  LOOM_OPTION(double, width_mult) = 1.0;
-  // Dropout before the classifier's last linear layer (default 0.2).
-  LOOM_OPTION(double, dropout) = 0.2;
-};
+using MobileNetV3Options = MobileNetOptions;
 
 class MobileNetV3 : public PooledClassifier<MobileNetV3Options> {
  public:
