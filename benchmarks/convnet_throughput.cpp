@@ -90,7 +90,6 @@ int main(int argc, char** argv) {
         loader.start_epoch(++epoch);
       }
     };
-    std::vector<Tensor> loss_tensors;  // read after the timed steps
     const auto train_step = [&] {
       auto batch = next_batch();
       Tensor loss;
@@ -103,22 +102,14 @@ int main(int argc, char** argv) {
       optimizer.step();
       return loss.detach();
     };
-    for (int64_t step = 0; step < warmup; ++step) loss_tensors.push_back(train_step());
-    const bench::StepTiming timing =
-        bench::time_steps(device, repeats, steps, [&] { loss_tensors.push_back(train_step()); });
+    const auto [timing, losses] = bench::time_training(device, warmup, repeats, steps, profile_one_step, train_step);
     const double seconds = timing.total_ms / 1000;
-    if (profile_one_step) bench::profiled_step(device, [&] { train_step(); });
-    std::vector<double> losses;
-    for (const Tensor& loss : loss_tensors) losses.push_back(loss.item());
-    // Validate before reporting: finite, and the last tenth lower than the first.
+    // Validate before reporting (time_training checked them finite): the last tenth lower than the first.
     const size_t tenth = std::max<size_t>(1, losses.size() / 10);
     double first = 0, last = 0;
     for (size_t i = 0; i < tenth; ++i) {
       first += losses[i];
       last += losses[losses.size() - 1 - i];
-    }
-    for (double l : losses) {
-      if (!std::isfinite(l)) throw Error("loss is not finite");
     }
     if (!(last < first)) throw Error(str("loss did not fall: first ", first / tenth, ", last ", last / tenth));
     if (profile) {

@@ -109,17 +109,8 @@ int main(int argc, char** argv) {
       return loss;
     };
 
-    std::vector<Tensor> loss_tensors;
-    for (int64_t step = 0; step < warmup; ++step) loss_tensors.push_back(train_step());
-    const bench::StepTiming timing =
-        bench::time_steps(device, repeats, steps, [&] { loss_tensors.push_back(train_step()); });
+    const auto [timing, losses] = bench::time_training(device, warmup, repeats, steps, profile_one_step, train_step);
     const double seconds = timing.total_ms / 1000;
-    if (profile_one_step) bench::profiled_step(device, [&] { train_step(); });
-    std::vector<double> losses;
-    for (const Tensor& loss : loss_tensors) losses.push_back(loss.item());
-    for (double l : losses) {
-      if (!std::isfinite(l)) throw Error("loss is not finite");
-    }
     // The same batch every step: SGD must bring its loss down. Compared as the
     // means of the first and the last half of the steps, since dropout and
     // stochastic depth (EfficientNet, ConvNeXt) make single steps' losses jump.

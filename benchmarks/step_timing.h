@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -19,6 +20,7 @@
 #include <loom/core/cuda/stream.h>
 #include <loom/core/device.h>
 #include <loom/core/error.h>
+#include <loom/core/tensor.h>
 #include "benchmarks/stats.h"
 
 namespace loom::bench {
@@ -84,6 +86,30 @@ inline void profiled_step(const Device& device, const std::function<void()>& ste
   step();
   cuda::synchronize(device.index);
   cuda::profiler_stop();
+}
+
+// What time_training measured: the timing, and the loss of every warm-up and
+// timed step, in order.
+struct TrainingTiming {
+  StepTiming timing;
+  std::vector<double> losses;
+};
+
+// A throughput benchmark's run of train_step() (one training step, returning
+// its loss): `warmup` steps, then time_steps(), then profiled_step() when
+// `profile_one_step`. The losses are read only after the timing, so the host
+// never waits for the device inside it; they are checked to be finite.
+inline TrainingTiming time_training(const Device& device, int64_t warmup, int64_t repeats, int64_t steps,
+                                    bool profile_one_step, const std::function<Tensor()>& train_step) {
+  std::vector<Tensor> loss_tensors;
+  for (int64_t step = 0; step < warmup; ++step) loss_tensors.push_back(train_step());
+  TrainingTiming run{time_steps(device, repeats, steps, [&] { loss_tensors.push_back(train_step()); }), {}};
+  if (profile_one_step) profiled_step(device, [&] { train_step(); });
+  for (const Tensor& loss : loss_tensors) run.losses.push_back(loss.item());
+  for (double loss : run.losses) {
+    if (!std::isfinite(loss)) throw Error("loss is not finite");
+  }
+  return run;
 }
 
 // The allocator's counters of `device` now, with its peaks since the start

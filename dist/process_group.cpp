@@ -309,6 +309,12 @@ void destroy_process_group() {
   // `group` is released outside the lock: its destructor may wait for a collective.
 }
 
+std::vector<int64_t> all_reduce_values(ProcessGroup& group, const std::vector<int64_t>& values, ReduceOp op) {
+  Tensor reduced = Tensor::from_vector<int64_t>(values, {static_cast<int64_t>(values.size())}).to(group.device());
+  group.all_reduce(reduced, op)->wait();
+  return reduced.to(Device::cpu()).to_vector<int64_t>();
+}
+
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
   if (group.size() == 1 || tensors.empty()) return;
   std::vector<std::pair<DType, Device>> kinds;
@@ -377,6 +383,12 @@ void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const Ten
     LOOM_CHECK(op != ReduceOp::avg || is_floating(tensors[i].dtype()), "all_reduce: avg needs floating-point tensors; tensor ",
                i, " is ", tensors[i].str(), " (reduce with sum and divide instead)");
   }
+}
+
+void check_cpu_tensor(const char* backend, const char* collective, const Tensor& tensor, const std::string& role) {
+  LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
+  LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(), "; the ", backend,
+             " backend works on CPU tensors (use the nccl backend for CUDA tensors)");
 }
 
 void check_broadcast(const Tensor& tensor, int root, int size, const TensorCheck& check) {

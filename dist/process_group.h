@@ -210,6 +210,12 @@ void destroy_process_group();
 // group of one.
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root);
 
+// The elementwise `op` of every rank's `values` (the same count on every
+// rank): one all-reduce of an i64 tensor on the group's device, read back by
+// the host. For the small agreements between ranks (counts, steps, flags).
+// Collective; blocks until the result is on the host.
+std::vector<int64_t> all_reduce_values(ProcessGroup& group, const std::vector<int64_t>& values, ReduceOp op);
+
 // For the backends (gloo, nccl).
 namespace detail {
 // "f32[2, 3]", or "3 tensors: f32[2], f32[3], i64[1]" (at most four listed).
@@ -228,6 +234,9 @@ std::vector<std::vector<Tensor>> by_dtype(const std::vector<Tensor>& tensors);
 // then the sizes, dtypes, root and reduce op the collective needs for a group
 // of `size` ranks. Each throws loom::Error naming what is wrong.
 using TensorCheck = std::function<void(const char* collective, const Tensor& tensor, const std::string& role)>;
+// The TensorCheck of the CPU backends: a defined CPU tensor; `backend`
+// ("gloo", "shm") names the backend in the error.
+void check_cpu_tensor(const char* backend, const char* collective, const Tensor& tensor, const std::string& role);
 void check_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, const TensorCheck& check);
 void check_broadcast(const Tensor& tensor, int root, int size, const TensorCheck& check);
 void check_all_gather_into(const Tensor& output, const Tensor& input, int size, const TensorCheck& check);

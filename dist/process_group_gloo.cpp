@@ -170,9 +170,7 @@ gloo::AllreduceOptions::Func reduce_function(DType dtype, ReduceOp op) {
 }
 
 void check_cpu_tensor(const char* collective, const Tensor& tensor, const std::string& role) {
-  LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
-  LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(),
-             "; the gloo backend works on CPU tensors (use the nccl backend for CUDA tensors)");
+  detail::check_cpu_tensor("gloo", collective, tensor, role);
 }
 
 double seconds_since(Work::Clock::time_point start) {

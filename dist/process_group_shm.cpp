@@ -97,9 +97,7 @@ struct alignas(64) Header {
 size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 void check_cpu_tensor(const char* collective, const Tensor& tensor, const std::string& role) {
-  LOOM_CHECK(tensor.defined(), collective, ": ", role, " is an undefined tensor");
-  LOOM_CHECK(tensor.device().is_cpu(), collective, ": ", role, " is ", tensor.str(),
-             "; the shm backend works on CPU tensors (use the nccl backend for CUDA tensors)");
+  detail::check_cpu_tensor("shm", collective, tensor, role);
 }
 
 int32_t dtype_code(const Tensor& tensor) { return static_cast<int32_t>(tensor.dtype()); }

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include <loom/ops/elementwise.h>
-
 namespace loom::nn {
 
 namespace {
@@ -13,8 +11,7 @@ constexpr MBConvStage kB0Stages[] = {{1, 3, 1, 32, 16, 1}, {6, 3, 2, 16, 24, 2},
                                      {6, 3, 1, 192, 320, 1}};
 }  // namespace
 
-MBConv::MBConv(const MBConvStage& stage, int64_t in_channels, int64_t stride, double stochastic_depth_prob)
-    : use_residual_(stride == 1 && in_channels == stage.out_channels) {
+MBConv::MBConv(const MBConvStage& stage, int64_t in_channels, int64_t stride, double stochastic_depth_prob) {
   const int64_t expanded = make_divisible(static_cast<double>(in_channels * stage.expand_ratio), 8);
   auto layers = std::make_shared<Sequential>();
   if (expanded != in_channels) {
@@ -28,15 +25,9 @@ MBConv::MBConv(const MBConvStage& stage, int64_t in_channels, int64_t stride, do
                                                         std::make_shared<SiLU>(), std::make_shared<Sigmoid>()));
   layers->push_back(
       std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(expanded, stage.out_channels, 1), nullptr));
-  register_module("block", block, std::move(layers));
+  set_block("block", std::move(layers), stride == 1 && in_channels == stage.out_channels);
   register_module("stochastic_depth", stochastic_depth,
                   std::make_shared<StochasticDepth>(StochasticDepthOptions(stochastic_depth_prob)));
-}
-
-Tensor MBConv::forward(const Tensor& input) {
-  Tensor out = block->forward(input);
-  if (!use_residual_) return out;
-  return add(stochastic_depth->forward(out), input);
 }
 
 EfficientNet::EfficientNet(const EfficientNetOptions& options) : PooledClassifier(options) {
@@ -59,11 +50,8 @@ EfficientNet::EfficientNet(const EfficientNetOptions& options) : PooledClassifie
   const int64_t last_in = std::end(kB0Stages)[-1].out_channels, last_out = 4 * last_in;
   body->push_back(std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(last_in, last_out, 1),
                                                          std::make_shared<SiLU>()));
-  register_module("features", features, std::move(body));
-  register_module("classifier", classifier,
-                  std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-                      std::make_shared<Dropout>(options.dropout()),
-                      std::make_shared<Linear>(last_out, options.num_classes())}));
+  set_layers(std::move(body),
+             {std::make_shared<Dropout>(options.dropout()), std::make_shared<Linear>(last_out, options.num_classes())});
   // torchvision's EfficientNet draws the classifier's weight uniform in +-1 / sqrt(out_features).
   initialize_torchvision_cnn(*this, 0.0);
 }

@@ -27,18 +27,16 @@ struct MBConvStage {
   int64_t expand_ratio, kernel, stride, in_channels, out_channels, blocks;
 };
 
-class MBConv : public Module {
+class MBConv : public InvertedResidualBlock {
  public:
   // `in_channels` / `stride` are this block's (the stage's for its first block only).
   MBConv(const MBConvStage& stage, int64_t in_channels, int64_t stride, double stochastic_depth_prob);
-  Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "MBConv"; }
 
-  std::shared_ptr<Sequential> block;
   std::shared_ptr<StochasticDepth> stochastic_depth;
 
  private:
-  bool use_residual_;
+  Tensor residual_branch(const Tensor& out) override { return stochastic_depth->forward(out); }
 };
 
 // EfficientNetOptions().num_classes(10)

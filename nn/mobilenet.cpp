@@ -42,8 +42,17 @@ int64_t make_divisible(double v, int64_t divisor) {
   return rounded;
 }
 
-InvertedResidual::InvertedResidual(int64_t in_channels, int64_t out_channels, int64_t stride, int64_t expand_ratio)
-    : use_residual_(stride == 1 && in_channels == out_channels) {
+Tensor InvertedResidualBlock::forward(const Tensor& input) {
+  Tensor out = block->forward(input);
+  return use_residual_ ? add(input, residual_branch(out)) : out;
+}
+
+void InvertedResidualBlock::set_block(const std::string& name, std::shared_ptr<Sequential> layers, bool use_residual) {
+  register_module(name, block, std::move(layers));
+  use_residual_ = use_residual;
+}
+
+InvertedResidual::InvertedResidual(int64_t in_channels, int64_t out_channels, int64_t stride, int64_t expand_ratio) {
   LOOM_CHECK(stride == 1 || stride == 2, "InvertedResidual: stride must be 1 or 2, got ", stride);
   const int64_t hidden = static_cast<int64_t>(std::lround(static_cast<double>(in_channels * expand_ratio)));
   auto layers = std::make_shared<Sequential>();
@@ -55,12 +64,7 @@ InvertedResidual::InvertedResidual(int64_t in_channels, int64_t out_channels, in
       Conv2dNormActivationOptions(hidden, hidden, 3).stride(stride).groups(hidden), std::make_shared<ReLU6>()));
   layers->push_back(std::make_shared<Conv2d>(Conv2dOptions(hidden, out_channels, 1).bias(false)));
   layers->push_back(std::make_shared<BatchNorm2d>(out_channels));
-  register_module("conv", conv, std::move(layers));
-}
-
-Tensor InvertedResidual::forward(const Tensor& input) {
-  Tensor out = conv->forward(input);
-  return use_residual_ ? add(input, out) : out;
+  set_block("conv", std::move(layers), stride == 1 && in_channels == out_channels);
 }
 
 void initialize_torchvision_cnn(Module& model, double linear_std) {
@@ -107,11 +111,8 @@ MobileNetV2::MobileNetV2(const MobileNetV2Options& options) : PooledClassifier(o
   }
   body->push_back(std::make_shared<Conv2dNormActivation>(Conv2dNormActivationOptions(channels, last_channels, 1),
                                                          std::make_shared<ReLU6>()));
-  register_module("features", features, std::move(body));
-  register_module("classifier", classifier,
-                  std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-                      std::make_shared<Dropout>(options.dropout()),
-                      std::make_shared<Linear>(last_channels, options.num_classes())}));
+  set_layers(std::move(body), {std::make_shared<Dropout>(options.dropout()),
+                                std::make_shared<Linear>(last_channels, options.num_classes())});
   initialize_torchvision_cnn(*this, 0.01);
 }
 
@@ -158,7 +159,6 @@ InvertedResidualV3::InvertedResidualV3(const MobileNetV3Block& config, double wi
   const int64_t in = v3_channels(config.in_channels, width_mult);
   const int64_t expanded = v3_channels(config.expanded_channels, width_mult);
   const int64_t out = v3_channels(config.out_channels, width_mult);
-  use_residual_ = config.stride == 1 && in == out;
   auto layers = std::make_shared<Sequential>();
   if (expanded != in) {
     layers->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(in, expanded, 1), v3_activation(config.hardswish)));
@@ -170,12 +170,7 @@ InvertedResidualV3::InvertedResidualV3(const MobileNetV3Block& config, double wi
                                                           std::make_shared<ReLU>(), std::make_shared<Hardsigmoid>()));
   }
   layers->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(expanded, out, 1), nullptr));
-  register_module("block", block, std::move(layers));
-}
-
-Tensor InvertedResidualV3::forward(const Tensor& input) {
-  Tensor out = block->forward(input);
-  return use_residual_ ? add(input, out) : out;
+  set_block("block", std::move(layers), config.stride == 1 && in == out);
 }
 
 MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options) : PooledClassifier(options) {
@@ -191,13 +186,10 @@ MobileNetV3::MobileNetV3(MobileNetV3Size size, const MobileNetV3Options& options
   for (size_t i = 0; i < count; ++i) body->push_back(std::make_shared<InvertedResidualV3>(blocks[i], width));
   const int64_t last_in = v3_channels(blocks[count - 1].out_channels, width), last_out = 6 * last_in;
   body->push_back(std::make_shared<Conv2dNormActivation>(v3_layer(last_in, last_out, 1), std::make_shared<Hardswish>()));
-  register_module("features", features, std::move(body));
   const int64_t hidden = v3_channels(large ? 1280 : 1024, width);  // torchvision: adjust_channels(last_channel)
-  register_module("classifier", classifier,
-                  std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-                      std::make_shared<Linear>(last_out, hidden), std::make_shared<Hardswish>(),
-                      std::make_shared<Dropout>(options.dropout()),
-                      std::make_shared<Linear>(hidden, options.num_classes())}));
+  set_layers(std::move(body), {std::make_shared<Linear>(last_out, hidden), std::make_shared<Hardswish>(),
+                               std::make_shared<Dropout>(options.dropout()),
+                               std::make_shared<Linear>(hidden, options.num_classes())});
   initialize_torchvision_cnn(*this, 0.01);
 }
 

@@ -48,6 +48,11 @@ class PooledClassifier : public Module {
 
  protected:
   explicit PooledClassifier(const Options& options) : options_(options) {}
+  // Registers `body` as `features` and the `head` layers, in order, as `classifier`.
+  void set_layers(std::shared_ptr<Sequential> body, std::initializer_list<std::shared_ptr<Module>> head) {
+    register_module("features", features, std::move(body));
+    register_module("classifier", classifier, std::make_shared<Sequential>(head));
+  }
   Options options_;
 };
 
@@ -98,29 +103,45 @@ class SqueezeExcitation : public Module {
 // `divisor` (at least `divisor`), and not below 90% of v.
 int64_t make_divisible(double v, int64_t divisor);
 
-// MobileNetV2's block (see above); ReLU6 activations.
-class InvertedResidual : public Module {
+// The inverted-residual block of MobileNetV2, MobileNetV3 and EfficientNet
+// (MBConv): `block` (expansion, depthwise convolution, squeeze-and-excitation
+// where the model has it, projection), plus the input when the stride is 1
+// and the channels stay (uses_residual()).
+class InvertedResidualBlock : public Module {
  public:
-  InvertedResidual(int64_t in_channels, int64_t out_channels, int64_t stride, int64_t expand_ratio);
   Tensor forward(const Tensor& input) override;  // (N, in, H, W) -> (N, out, H / stride, W / stride)
-  std::string type_name() const override { return "InvertedResidual"; }
   bool uses_residual() const { return use_residual_; }
 
-  std::shared_ptr<Sequential> conv;
+  std::shared_ptr<Sequential> block;
+
+ protected:
+  // Registers `layers` as `block` under `name` (torchvision's: "conv" in
+  // MobileNetV2, "block" in the others).
+  void set_block(const std::string& name, std::shared_ptr<Sequential> layers, bool use_residual);
+  // The block's output on its way to the residual sum: itself, or MBConv's stochastic depth of it.
+  virtual Tensor residual_branch(const Tensor& out) { return out; }
 
  private:
-  bool use_residual_;
+  bool use_residual_ = false;
 };
 
-// MobileNetV2Options().num_classes(10)
-class MobileNetV2Options {
+// MobileNetV2's block (see above); ReLU6 activations.
+class InvertedResidual : public InvertedResidualBlock {
+ public:
+  InvertedResidual(int64_t in_channels, int64_t out_channels, int64_t stride, int64_t expand_ratio);
+  std::string type_name() const override { return "InvertedResidual"; }
+};
+
+// The options of MobileNetV2 and MobileNetV3, e.g. MobileNetV2Options().num_classes(10).
+class MobileNetOptions {
   // Units of the final linear layer (default 1000, ImageNet's classes).
   LOOM_OPTION(int64_t, num_classes) = 1000;
   // Multiplier of every layer's channels (default 1.0; torchvision's weights are 1.0's).
   LOOM_OPTION(double, width_mult) = 1.0;
-  // Dropout before the classifier's linear layer (default 0.2).
+  // Dropout before the classifier's last linear layer (default 0.2).
   LOOM_OPTION(double, dropout) = 0.2;
 };
+using MobileNetV2Options = MobileNetOptions;
 
 class MobileNetV2 : public PooledClassifier<MobileNetV2Options> {
  public:
@@ -139,30 +160,16 @@ struct MobileNetV3Block {
   int64_t stride;
 };
 
-// MobileNetV3's block (see above); adds its input when the stride is 1 and the channels stay.
-class InvertedResidualV3 : public Module {
+// MobileNetV3's block (see above).
+class InvertedResidualV3 : public InvertedResidualBlock {
  public:
   InvertedResidualV3(const MobileNetV3Block& config, double width_mult);
-  Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "InvertedResidual"; }
-
-  std::shared_ptr<Sequential> block;
-
- private:
-  bool use_residual_;
 };
 
 enum class MobileNetV3Size { small, large };
 
-// MobileNetV3Options().num_classes(10)
-class MobileNetV3Options {
-  // Units of the final linear layer (default 1000, ImageNet's classes).
-  LOOM_OPTION(int64_t, num_classes) = 1000;
-  // Multiplier of every block's channels (default 1.0; torchvision's weights are 1.0's).
-  LOOM_OPTION(double, width_mult) = 1.0;
-  // Dropout before the classifier's last linear layer (default 0.2).
-  LOOM_OPTION(double, dropout) = 0.2;
-};
+using MobileNetV3Options = MobileNetOptions;
 
 class MobileNetV3 : public PooledClassifier<MobileNetV3Options> {
  public:

@@ -118,18 +118,6 @@ const Tensor* find_state(const nn::NamedTensors& state, const std::string& name)
   return nullptr;
 }
 
-// Calls visit(group, index, "<group>.<index>.") for every parameter's slot of
-// per-parameter state (one vector per group): the names state() and
-// load_state() give a parameter's state tensors start with that prefix.
-template <class PerGroup, class Visit>
-void for_each_slot(PerGroup& per_group, Visit&& visit) {
-  for (size_t gi = 0; gi < per_group.size(); ++gi) {
-    for (size_t pi = 0; pi < per_group[gi].size(); ++pi) {
-      visit(gi, pi, std::to_string(gi) + "." + std::to_string(pi) + ".");
-    }
-  }
-}
-
 // Saved state tensor `saved` (named `name`) as a new tensor on `param`'s
 // device and dtype; its shape must be the parameter's.
 Tensor restore_like(const Tensor& saved, const std::string& name, const Tensor& param) {
@@ -160,15 +148,9 @@ void Optimizer::add_group(std::vector<Tensor> params, double lr) {
 
 // ---- SGD ----
 
-SGD::SGD(std::vector<Tensor> params, const SGDOptions& options) { add_param_group(std::move(params), options); }
-
-void SGD::add_param_group(std::vector<Tensor> params, const SGDOptions& options) {
-  LOOM_CHECK(options.momentum() >= 0 && options.weight_decay() >= 0, "SGD: momentum and weight_decay must be >= 0");
-  LOOM_CHECK(!options.nesterov() || (options.momentum() > 0 && options.dampening() == 0),
-             "SGD: nesterov needs momentum > 0 and dampening 0");
-  momentum_buffers_.emplace_back(params.size());
-  add_group(std::move(params), options.lr());
-  options_.push_back(options);
+void SGDOptions::check() const {
+  LOOM_CHECK(momentum() >= 0 && weight_decay() >= 0, "SGD: momentum and weight_decay must be >= 0");
+  LOOM_CHECK(!nesterov() || (momentum() > 0 && dampening() == 0), "SGD: nesterov needs momentum > 0 and dampening 0");
 }
 
 void SGD::step() {
@@ -182,7 +164,7 @@ void SGD::step() {
       Tensor& p = groups_[gi].params[pi];
       if (!p.grad().defined()) continue;
       Tensor g = grad_of(p);
-      Tensor& buffer = momentum_buffers_[gi][pi];
+      Tensor& buffer = param_states_[gi][pi].buffer;
       const bool first = !buffer.defined();
       if (o.momentum() != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype(), p.device());
       if (p.device().is_cuda()) {
@@ -223,33 +205,22 @@ void SGD::step() {
   }
 }
 
-nn::NamedTensors SGD::state() const {
-  nn::NamedTensors out;
-  for_each_slot(momentum_buffers_, [&](size_t gi, size_t pi, const std::string& prefix) {
-    if (momentum_buffers_[gi][pi].defined()) out.emplace_back(prefix + "momentum_buffer", momentum_buffers_[gi][pi]);
-  });
-  return out;
+void MomentumBuffer::save(const std::string& prefix, nn::NamedTensors& out) const {
+  if (buffer.defined()) out.emplace_back(prefix + "momentum_buffer", buffer);
 }
 
-void SGD::load_state(const nn::NamedTensors& state) {
-  for_each_slot(momentum_buffers_, [&](size_t gi, size_t pi, const std::string& prefix) {
-    const std::string name = prefix + "momentum_buffer";
-    const Tensor* t = find_state(state, name);
-    momentum_buffers_[gi][pi] = t == nullptr ? Tensor() : restore_like(*t, name, groups_[gi].params[pi]);
-  });
+void MomentumBuffer::load(const nn::NamedTensors& state, const std::string& prefix, const Tensor& param) {
+  const std::string name = prefix + "momentum_buffer";
+  const Tensor* t = find_state(state, name);
+  buffer = t == nullptr ? Tensor() : restore_like(*t, name, param);
 }
 
 // ---- Adam / AdamW ----
 
-Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) { add_param_group(std::move(params), options); }
-
-void Adam::add_param_group(std::vector<Tensor> params, const AdamOptions& options) {
-  LOOM_CHECK(options.beta1() >= 0 && options.beta1() < 1 && options.beta2() >= 0 && options.beta2() < 1,
-             "Adam: betas must be in [0, 1), got (", options.beta1(), ", ", options.beta2(), ")");
-  LOOM_CHECK(options.eps() >= 0 && options.weight_decay() >= 0, "Adam: eps and weight_decay must be >= 0");
-  moments_.emplace_back(params.size());
-  add_group(std::move(params), options.lr());
-  options_.push_back(options);
+void AdamOptions::check() const {
+  LOOM_CHECK(beta1() >= 0 && beta1() < 1 && beta2() >= 0 && beta2() < 1, "Adam: betas must be in [0, 1), got (",
+             beta1(), ", ", beta2(), ")");
+  LOOM_CHECK(eps() >= 0 && weight_decay() >= 0, "Adam: eps and weight_decay must be >= 0");
 }
 
 void Adam::step() {
@@ -263,7 +234,7 @@ void Adam::step() {
       Tensor& p = groups_[gi].params[pi];
       if (!p.grad().defined()) continue;
       Tensor g = grad_of(p);
-      Moments& s = moments_[gi][pi];
+      AdamMoments& s = param_states_[gi][pi];
       if (!s.exp_avg.defined()) {
         s.exp_avg = Tensor::zeros(p.sizes(), p.dtype(), p.device());
         s.exp_avg_sq = Tensor::zeros(p.sizes(), p.dtype(), p.device());
@@ -310,33 +281,26 @@ void Adam::step() {
   }
 }
 
-nn::NamedTensors Adam::state() const {
-  nn::NamedTensors out;
-  for_each_slot(moments_, [&](size_t gi, size_t pi, const std::string& prefix) {
-    const Moments& s = moments_[gi][pi];
-    if (!s.exp_avg.defined()) return;
-    out.emplace_back(prefix + "exp_avg", s.exp_avg);
-    out.emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq);
-    out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(s.step), DType::i64));
-  });
-  return out;
+void AdamMoments::save(const std::string& prefix, nn::NamedTensors& out) const {
+  if (!exp_avg.defined()) return;
+  out.emplace_back(prefix + "exp_avg", exp_avg);
+  out.emplace_back(prefix + "exp_avg_sq", exp_avg_sq);
+  out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(step), DType::i64));
 }
 
-void Adam::load_state(const nn::NamedTensors& state) {
-  for_each_slot(moments_, [&](size_t gi, size_t pi, const std::string& prefix) {
-    const Tensor* m = find_state(state, prefix + "exp_avg");
-    const Tensor* v = find_state(state, prefix + "exp_avg_sq");
-    const Tensor* step = find_state(state, prefix + "step");
-    Moments& s = moments_[gi][pi];
-    if (m == nullptr || v == nullptr || step == nullptr) {
-      s = Moments();
-      return;
-    }
-    const Tensor& p = groups_[gi].params[pi];
-    Tensor exp_avg = restore_like(*m, prefix + "exp_avg", p);  // both checked before either is set
-    Tensor exp_avg_sq = restore_like(*v, prefix + "exp_avg_sq", p);
-    s = {std::move(exp_avg), std::move(exp_avg_sq), static_cast<int64_t>(step->item())};
-  });
+void AdamMoments::load(const nn::NamedTensors& state, const std::string& prefix, const Tensor& param) {
+  const Tensor* m = find_state(state, prefix + "exp_avg");
+  const Tensor* v = find_state(state, prefix + "exp_avg_sq");
+  const Tensor* saved_step = find_state(state, prefix + "step");
+  if (m == nullptr || v == nullptr || saved_step == nullptr) {
+    *this = AdamMoments();
+    return;
+  }
+  Tensor restored_avg = restore_like(*m, prefix + "exp_avg", param);  // both checked before either is set
+  Tensor restored_avg_sq = restore_like(*v, prefix + "exp_avg_sq", param);
+  exp_avg = std::move(restored_avg);
+  exp_avg_sq = std::move(restored_avg_sq);
+  step = static_cast<int64_t>(saved_step->item());
 }
 
 }  // namespace loom::optim

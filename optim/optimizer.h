@@ -57,10 +57,57 @@ class Optimizer {
   std::vector<Group> groups_;
 };
 
+// What SGD and Adam share: each parameter group has its own Options
+// (PyTorch's param_groups), checked by Options::check(), and each parameter a
+// ParamState, empty until its first step, that state() names
+// "<group>.<index>.<kind>" (ParamState::save and ParamState::load).
+template <class Options, class ParamState>
+class OptimizerWithGroups : public Optimizer {
+ public:
+  OptimizerWithGroups(std::vector<Tensor> params, const Options& options) {
+    add_param_group(std::move(params), options);
+  }
+  // A further parameter group with its own options (PyTorch's param_groups).
+  void add_param_group(std::vector<Tensor> params, const Options& options) {
+    options.check();
+    add_group(std::move(params), options.lr());
+    options_.push_back(options);
+    param_states_.emplace_back(groups_.back().params.size());
+  }
+  nn::NamedTensors state() const override {
+    nn::NamedTensors out;
+    for_each_param([&](size_t gi, size_t pi, const std::string& prefix) { param_states_[gi][pi].save(prefix, out); });
+    return out;
+  }
+  void load_state(const nn::NamedTensors& state) override {
+    for_each_param([&](size_t gi, size_t pi, const std::string& prefix) {
+      param_states_[gi][pi].load(state, prefix, groups_[gi].params[pi]);
+    });
+  }
+
+ protected:
+  std::vector<Options> options_;
+  std::vector<std::vector<ParamState>> param_states_;  // per group, per parameter
+
+ private:
+  // Calls visit(group, index, "<group>.<index>.") for every parameter.
+  template <class Visit>
+  void for_each_param(Visit&& visit) const {
+    for (size_t gi = 0; gi < param_states_.size(); ++gi) {
+      for (size_t pi = 0; pi < param_states_[gi].size(); ++pi) {
+        visit(gi, pi, std::to_string(gi) + "." + std::to_string(pi) + ".");
+      }
+    }
+  }
+};
+
 // SGDOptions(0.1).momentum(0.9).weight_decay(5e-4), PyTorch's SGD.
 class SGDOptions {
  public:
   explicit SGDOptions(double lr) : lr_(lr) {}
+  // Throws loom::Error for a negative momentum or weight decay, or nesterov
+  // without momentum or with dampening.
+  void check() const;
   // Learning rate.
   LOOM_OPTION(double, lr);
   // Momentum factor (default 0: plain SGD).
@@ -73,24 +120,26 @@ class SGDOptions {
   LOOM_OPTION(bool, nesterov) = false;
 };
 
-class SGD : public Optimizer {
- public:
-  SGD(std::vector<Tensor> params, const SGDOptions& options);
-  // A further parameter group with its own options (PyTorch's param_groups).
-  void add_param_group(std::vector<Tensor> params, const SGDOptions& options);
-  void step() override;
-  nn::NamedTensors state() const override;
-  void load_state(const nn::NamedTensors& state) override;
+// A parameter's SGD state: its momentum buffer, undefined until its first
+// step with momentum; saved as "momentum_buffer".
+struct MomentumBuffer {
+  Tensor buffer;
+  void save(const std::string& prefix, nn::NamedTensors& out) const;
+  void load(const nn::NamedTensors& state, const std::string& prefix, const Tensor& param);
+};
 
- private:
-  std::vector<SGDOptions> options_;
-  std::vector<std::vector<Tensor>> momentum_buffers_;  // per group, per parameter; undefined until first step
+class SGD : public OptimizerWithGroups<SGDOptions, MomentumBuffer> {
+ public:
+  using OptimizerWithGroups::OptimizerWithGroups;
+  void step() override;
 };
 
 // AdamOptions(1e-3).betas(0.9, 0.999).weight_decay(0.01), PyTorch's Adam.
 class AdamOptions {
  public:
   explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
+  // Throws loom::Error for betas outside [0, 1) or a negative eps or weight decay.
+  void check() const;
   // Decay rates of the first and second moment estimates.
   AdamOptions& betas(double b1, double b2) { beta1_ = b1; beta2_ = b2; return *this; }
   // Learning rate (default 1e-3).
@@ -107,21 +156,19 @@ class AdamOptions {
   LOOM_OPTION(bool, decoupled_weight_decay) = false;
 };
 
-class Adam : public Optimizer {
- public:
-  Adam(std::vector<Tensor> params, const AdamOptions& options);
-  void add_param_group(std::vector<Tensor> params, const AdamOptions& options);
-  void step() override;
-  nn::NamedTensors state() const override;
-  void load_state(const nn::NamedTensors& state) override;
+// A parameter's Adam state: its moment estimates, undefined until its first
+// step, and its step count; saved as "exp_avg", "exp_avg_sq" and "step".
+struct AdamMoments {
+  Tensor exp_avg, exp_avg_sq;
+  int64_t step = 0;
+  void save(const std::string& prefix, nn::NamedTensors& out) const;
+  void load(const nn::NamedTensors& state, const std::string& prefix, const Tensor& param);
+};
 
- private:
-  struct Moments {
-    Tensor exp_avg, exp_avg_sq;
-    int64_t step = 0;
-  };
-  std::vector<AdamOptions> options_;
-  std::vector<std::vector<Moments>> moments_;
+class Adam : public OptimizerWithGroups<AdamOptions, AdamMoments> {
+ public:
+  using OptimizerWithGroups::OptimizerWithGroups;
+  void step() override;
 };
 
 // torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8,

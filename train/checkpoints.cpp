@@ -117,9 +117,7 @@ std::optional<ResumePoint> find_resume_point(const CheckpointOptions& options, D
 void check_same_resume_step(dist::ProcessGroup* group, int64_t step) {
   if (group == nullptr) return;
   // max(step) and max(-step): equal on every rank exactly when all loaded the same step.
-  Tensor steps = Tensor::from_vector<int64_t>({step, -step}, {2}).to(group->device());
-  group->all_reduce({steps}, dist::ReduceOp::max)->wait();
-  const std::vector<int64_t> agreed = steps.to(Device::cpu()).to_vector<int64_t>();
+  const std::vector<int64_t> agreed = dist::all_reduce_values(*group, {step, -step}, dist::ReduceOp::max);
   LOOM_CHECK(agreed[0] == -agreed[1], "the ranks resume from different steps (between ", -agreed[1], " and ",
              agreed[0], "; -1 is none): every rank must see the same checkpoint directory");
 }
@@ -127,9 +125,7 @@ void check_same_resume_step(dist::ProcessGroup* group, int64_t step) {
 bool any_rank_restarted(dist::ProcessGroup* group) {
   int64_t restarts = launcher_restart_count();
   if (group == nullptr) return restarts > 0;
-  Tensor count = Tensor::from_vector<int64_t>({restarts}, {1}).to(group->device());
-  group->all_reduce({count}, dist::ReduceOp::max)->wait();
-  return count.to(Device::cpu()).to_vector<int64_t>()[0] > 0;
+  return dist::all_reduce_values(*group, {restarts}, dist::ReduceOp::max)[0] > 0;
 }
 
 void report_resume_to_launcher(const std::string& line) {

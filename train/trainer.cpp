@@ -98,13 +98,6 @@ MicroBatches run_micro_batches(nn::Module& trained, data::DataLoader& data, int6
   return micro;
 }
 
-// The largest of the ranks' `value` (one all-reduce).
-int64_t largest_over_ranks(dist::ProcessGroup& group, int64_t value) {
-  Tensor values = Tensor::from_vector<int64_t>({value}, {1}).to(group.device());
-  group.all_reduce(values, dist::ReduceOp::max)->wait();
-  return values.to(Device::cpu()).to_vector<int64_t>()[0];
-}
-
 // What every rank agrees on at the end of an epoch run inside a Join: the
 // images all ranks trained on, whether any rank left the epoch before its
 // data ended (max_steps, an agreed stop), and the stop signal any rank has
@@ -115,12 +108,10 @@ struct EpochEnd {
   int stop_signal = 0;
 };
 EpochEnd agree_epoch_end(dist::ProcessGroup& group, int64_t images, bool left_early, int stop_signal) {
-  Tensor sums = Tensor::from_vector<int64_t>({images}, {1}).to(group.device());
-  Tensor maxima = Tensor::from_vector<int64_t>({left_early ? 1 : 0, stop_signal}, {2}).to(group.device());
-  group.all_reduce(sums, dist::ReduceOp::sum)->wait();
-  group.all_reduce(maxima, dist::ReduceOp::max)->wait();
-  const std::vector<int64_t> agreed = maxima.to(Device::cpu()).to_vector<int64_t>();
-  return {sums.to(Device::cpu()).to_vector<int64_t>()[0], agreed[0] != 0, static_cast<int>(agreed[1])};
+  const int64_t all_images = dist::all_reduce_values(group, {images}, dist::ReduceOp::sum)[0];
+  const std::vector<int64_t> agreed =
+      dist::all_reduce_values(group, {left_early ? 1 : 0, stop_signal}, dist::ReduceOp::max);
+  return {all_images, agreed[0] != 0, static_cast<int>(agreed[1])};
 }
 
 }  // namespace
@@ -245,7 +236,8 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     // the largest rank's count, so that with Join every rank synchronizes the
     // same iterations (a rank whose data ends inside a group contributes what
     // it accumulated from join()); without Join every rank has this count.
-    const int64_t epoch_batches = uneven ? largest_over_ranks(*group, steps_per_epoch) : steps_per_epoch;
+    const int64_t epoch_batches =
+        uneven ? dist::all_reduce_values(*group, {steps_per_epoch}, dist::ReduceOp::max)[0] : steps_per_epoch;
     const int64_t epoch_updates = (epoch_batches + accumulate - 1) / accumulate;  // this epoch's, after a resume too
     int64_t step = epoch_start.first_step();
     int64_t epoch_images = 0;  // this rank's

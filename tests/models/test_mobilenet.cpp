@@ -13,7 +13,6 @@
 #include "tests/support/gradcheck.h"
 
 using namespace loom;
-using loom::testing::check_gradients;
 using loom::testing::random_tensor;
 
 namespace {
@@ -237,11 +236,7 @@ TEST_CASE("an inverted residual block's backward matches finite differences") {
     nn::InvertedResidual block(4, 4, stride, expand);
     CHECK(block.uses_residual() == (stride == 1));
     block.to(DType::f64);
-    Tensor x = random_tensor({2, 4, 5, 5}, 7).set_requires_grad(true);
-    const auto params = block.parameters();
-    TensorList inputs{x};
-    inputs.insert(inputs.end(), params.begin(), params.end());
-    check_gradients([&block](const TensorList& t) { return block.forward(t[0]); }, inputs, 1e-5);
+    loom::testing::check_block_gradients(block, random_tensor({2, 4, 5, 5}, 7).set_requires_grad(true));
   }
 }
 

@@ -357,11 +357,7 @@ TEST_CASE("a MobileNetV3 block with squeeze-and-excitation: backward matches fin
   // 8 -> 16 (expand, Hardswish) -> depthwise 3x3 -> SE (squeeze 8) -> 8, with the residual.
   nn::InvertedResidualV3 block({8, 3, 16, 8, true, true, 1}, 1.0);
   block.to(DType::f64);
-  Tensor x = loom::testing::random_tensor({2, 8, 4, 4}, 12).set_requires_grad(true);
-  const auto params = block.parameters();
-  TensorList inputs{x};
-  inputs.insert(inputs.end(), params.begin(), params.end());
-  loom::testing::check_gradients([&block](const TensorList& t) { return block.forward(t[0]); }, inputs, 1e-5);
+  loom::testing::check_block_gradients(block, loom::testing::random_tensor({2, 8, 4, 4}, 12).set_requires_grad(true));
 }
 
 TEST_SUITE_END();

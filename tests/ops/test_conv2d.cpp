@@ -311,6 +311,32 @@ struct WinogradCase {
             input[2] + 2 * padding[0] - r + 1, input[3] + 2 * padding[1] - r + 1};
   }
 };
+
+// A case's random f32 input, weight, bias and output gradient from `seed`,
+// and the f64 direct loops' results for them (y with the bias added).
+struct WinogradData {
+  Tensor x, w, b, dy;
+  DirectConv expected;
+};
+WinogradData random_winograd_data(const WinogradCase& c, uint64_t seed) {
+  const ops::cpu::winograd::Problem p = c.problem();
+  WinogradData d;
+  d.x = random_tensor(c.input, seed, -1, 1, DType::f32);
+  d.w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32);
+  d.b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
+  d.dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
+  d.expected = direct_conv(d.x, d.w, d.dy, {.padding = c.padding});
+  const std::vector<float> bias = d.b.to_vector<float>();
+  for (size_t i = 0; i < d.expected.y.size(); ++i) d.expected.y[i] += bias[(i / (p.out_h * p.out_w)) % p.out_channels];
+  return d;
+}
+
+// y, dx and dw within 2e-5 (relative) of the direct loops'.
+void check_matches_direct(const Tensor& y, const Tensor& dx, const Tensor& dw, const DirectConv& expected) {
+  CHECK(max_relative_difference(y, expected.y) < 2e-5);
+  CHECK(max_relative_difference(dx, expected.dx) < 2e-5);
+  CHECK(max_relative_difference(dw, expected.dw) < 2e-5);
+}
 }  // namespace
 
 TEST_CASE("Winograd convolution matches direct loops for every tile size") {
@@ -324,16 +350,8 @@ TEST_CASE("Winograd convolution matches direct loops for every tile size") {
   uint64_t seed = 900;
   for (const WinogradCase& c : cases) {
     const int64_t r = c.weight[2];
-    Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32);
-    Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32);
-    Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
     const ops::cpu::winograd::Problem p = c.problem();
-    Tensor dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
-    const DirectConv expected = direct_conv(x, w, dy, {.padding = c.padding});
-    std::vector<double> expected_y = expected.y;
-    for (size_t i = 0; i < expected_y.size(); ++i) {
-      expected_y[i] += b.to_vector<float>()[(i / (p.out_h * p.out_w)) % p.out_channels];
-    }
+    const auto [x, w, b, dy, expected] = random_winograd_data(c, seed);
     for (int m = 2; m + r - 1 <= 8; ++m) {
       INFO(c.name << ", F(" << m << ", " << r << ")");
       Tensor y = Tensor::empty(dy.sizes(), DType::f32), dx = Tensor::empty(c.input, DType::f32);
@@ -341,9 +359,7 @@ TEST_CASE("Winograd convolution matches direct loops for every tile size") {
       ops::cpu::winograd::forward(x.data<float>(), w.data<float>(), b.data<float>(), p, m, y.data<float>());
       ops::cpu::winograd::backward_input(dy.data<float>(), w.data<float>(), p, m, dx.data<float>());
       ops::cpu::winograd::backward_weight(dy.data<float>(), x.data<float>(), p, m, dw.data<float>());
-      CHECK(max_relative_difference(y, expected_y) < 2e-5);
-      CHECK(max_relative_difference(dx, expected.dx) < 2e-5);
-      CHECK(max_relative_difference(dw, expected.dw) < 2e-5);
+      check_matches_direct(y, dx, dw, expected);
     }
     seed += 4;
   }
@@ -382,10 +398,7 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
       Tensor y = conv2d(x, w, Tensor(), {.padding = c.padding});
       Tensor dy = random_tensor(y.sizes(), seed + 2, -1, 1, DType::f32);
       y.backward(dy);
-      const DirectConv expected = direct_conv(x.detach(), w.detach(), dy, {.padding = c.padding});
-      CHECK(max_relative_difference(y, expected.y) < 2e-5);
-      CHECK(max_relative_difference(x.grad(), expected.dx) < 2e-5);
-      CHECK(max_relative_difference(w.grad(), expected.dw) < 2e-5);
+      check_matches_direct(y, x.grad(), w.grad(), direct_conv(x.detach(), w.detach(), dy, {.padding = c.padding}));
     }
     seed += 3;
   }
@@ -435,15 +448,7 @@ TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops
       const ops::cpu::winograd::Problem p = c.problem();
       REQUIRE(ops::cpu::winograd::tile_for(p) == 4);
       CHECK(ops::cpu::winograd::channels_last(p, 4) == (kChannelsLastBuilt && kernel == ops::cpu::GemmKernel::avx512));
-      Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32);
-      Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32);
-      Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
-      Tensor dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
-      const DirectConv expected = direct_conv(x, w, dy, {.padding = c.padding});
-      std::vector<double> expected_y = expected.y;
-      for (size_t i = 0; i < expected_y.size(); ++i) {
-        expected_y[i] += b.to_vector<float>()[(i / (p.out_h * p.out_w)) % p.out_channels];
-      }
+      const auto [x, w, b, dy, expected] = random_winograd_data(c, seed);
       for (int threads : {1, 2}) {
         INFO(c.name << ", kernel " << ops::cpu::gemm_kernel_name(kernel) << ", " << threads << " threads");
         set_num_threads(threads);
@@ -455,9 +460,7 @@ TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops
         ops::cpu::winograd::backward_weight(dy.data<float>(), x.data<float>(), p, 4, dw.data<float>());
         ops::cpu::winograd::backward(dy.data<float>(), x.data<float>(), w.data<float>(), p, 4, dx2.data<float>(),
                                      dw2.data<float>());
-        CHECK(max_relative_difference(y, expected_y) < 2e-5);
-        CHECK(max_relative_difference(dx, expected.dx) < 2e-5);
-        CHECK(max_relative_difference(dw, expected.dw) < 2e-5);
+        check_matches_direct(y, dx, dw, expected);
         CHECK(max_relative_difference(dx2, expected.dx) < 2e-5);
         CHECK(max_relative_difference(dw2, expected.dw) < 2e-5);
       }

@@ -39,6 +39,14 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// Checks every element of `actual` against `expected` (values computed by
+// hand), each within a relative `epsilon`.
+inline void check_values_near(const Tensor& actual, const std::vector<double>& expected, double epsilon) {
+  const std::vector<double> values = actual.to_vector<double>();
+  REQUIRE(values.size() == expected.size());
+  for (size_t i = 0; i < values.size(); ++i) CHECK(values[i] == doctest::Approx(expected[i]).epsilon(epsilon));
+}
+
 // Relative error ||a - b||_inf / max(||b||_inf, floor).
 inline double relative_error(const Tensor& actual, const Tensor& expected, double floor = 1e-3) {
   return max_abs_diff(actual, expected) / std::max(max_abs(expected), floor);
