@@ -92,79 +92,83 @@ static __global__ void max_pool_backward_kernel(const T* dy, const int64_t* indi
   }
 }
 
-// The windows of adaptive_avg_pool2d (adaptive_pool_span, ops/pooling_math.h):
-// rows(oh) and cols(ow) are the inputs output (oh, ow) averages; output_rows(h)
-// and output_cols(w) the outputs whose window holds input (h, w), the windows'
-// bounds with inputs and outputs swapped. No padding.
-struct AdaptiveWindows {
-  static constexpr bool count_include_pad = false;
-  __device__ AvgPoolSpan rows(int64_t oh, const PoolShape& s) const { return adaptive_pool_span(oh, s.h, s.out_h); }
-  __device__ AvgPoolSpan cols(int64_t ow, const PoolShape& s) const { return adaptive_pool_span(ow, s.w, s.out_w); }
-  __device__ AvgPoolSpan output_rows(int64_t h, const PoolShape& s) const {
-    return adaptive_pool_span(h, s.out_h, s.h);
-  }
-  __device__ AvgPoolSpan output_cols(int64_t w, const PoolShape& s) const {
-    return adaptive_pool_span(w, s.out_w, s.w);
-  }
-};
-
-// The windows of avg_pool2d (avg_pool_span and avg_pool_outputs_of), as AdaptiveWindows.
-struct StridedWindows {
-  Window k;
-  bool count_include_pad;
-  __device__ AvgPoolSpan rows(int64_t oh, const PoolShape& s) const {
-    return avg_pool_span(oh, s.h, k.kernel_h, k.stride_h, k.pad_h);
-  }
-  __device__ AvgPoolSpan cols(int64_t ow, const PoolShape& s) const {
-    return avg_pool_span(ow, s.w, k.kernel_w, k.stride_w, k.pad_w);
-  }
-  __device__ AvgPoolSpan output_rows(int64_t h, const PoolShape& s) const {
-    AvgPoolSpan outputs{};
-    avg_pool_outputs_of(h, k.kernel_h, k.stride_h, k.pad_h, s.out_h, outputs.begin, outputs.end);
-    return outputs;
-  }
-  __device__ AvgPoolSpan output_cols(int64_t w, const PoolShape& s) const {
-    AvgPoolSpan outputs{};
-    avg_pool_outputs_of(w, k.kernel_w, k.stride_w, k.pad_w, s.out_w, outputs.begin, outputs.end);
-    return outputs;
-  }
-};
-
-// The average pools (Windows: AdaptiveWindows or StridedWindows): the
-// window's sum over the input, divided as ops/pooling_math.h says.
-template <class T, bool ChannelsLast, class Windows>
-static __global__ void avg_pool_forward_kernel(const T* x, T* y, PoolShape s, Windows windows) {
+// Adaptive windows: adaptive_pool_span (ops/pooling_math.h).
+template <class T, bool ChannelsLast>
+static __global__ void adaptive_avg_forward_kernel(const T* x, T* y, PoolShape s) {
   const int64_t total = s.n * s.c * s.out_h * s.out_w;
   for (int64_t i = first_index(); i < total; i += grid_stride()) {
     int64_t n, c, oh, ow;
     position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
-    const AvgPoolSpan rows = windows.rows(oh, s), cols = windows.cols(ow, s);
+    const AvgPoolSpan rows = adaptive_pool_span(oh, s.h, s.out_h), cols = adaptive_pool_span(ow, s.w, s.out_w);
     acc_t<T> sum = 0;
     for (int64_t h = rows.begin; h < rows.end; ++h) {
       for (int64_t w = cols.begin; w < cols.end; ++w) {
         sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
       }
     }
-    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, windows.count_include_pad)));
+    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, false)));
   }
 }
 
-// The average pools' backward, one thread per input element: the sum over
-// the outputs whose window holds it of dy / divisor.
-template <class T, bool ChannelsLast, class Windows>
-static __global__ void avg_pool_backward_kernel(const T* dy, T* dx, PoolShape s, Windows windows) {
+// Output rows whose window holds input row h: [h * out / in, ceil((h + 1) * out / in)),
+// the windows' bounds with inputs and outputs swapped.
+template <class T, bool ChannelsLast>
+static __global__ void adaptive_avg_backward_kernel(const T* dy, T* dx, PoolShape s) {
   const int64_t total = s.n * s.c * s.h * s.w;
   for (int64_t i = first_index(); i < total; i += grid_stride()) {
     int64_t n, c, h, w;
     position<ChannelsLast>(i, s.c, s.h, s.w, n, c, h, w);
-    const AvgPoolSpan out_rows = windows.output_rows(h, s), out_cols = windows.output_cols(w, s);
+    const AvgPoolSpan out_rows = adaptive_pool_span(h, s.out_h, s.h), out_cols = adaptive_pool_span(w, s.out_w, s.w);
     acc_t<T> sum = 0;
     for (int64_t oh = out_rows.begin; oh < out_rows.end; ++oh) {
-      const AvgPoolSpan rows = windows.rows(oh, s);
+      const AvgPoolSpan rows = adaptive_pool_span(oh, s.h, s.out_h);
       for (int64_t ow = out_cols.begin; ow < out_cols.end; ++ow) {
-        const AvgPoolSpan cols = windows.cols(ow, s);
+        const AvgPoolSpan cols = adaptive_pool_span(ow, s.w, s.out_w);
         sum += to_acc(dy[offset_of<ChannelsLast>(n, c, oh, ow, s.c, s.out_h, s.out_w)]) /
-               static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, windows.count_include_pad));
+               static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, false));
+      }
+    }
+    dx[i] = from_acc<T>(sum);
+  }
+}
+
+// avg_pool2d: the window's sum over the input, divided as ops/pooling_math.h says.
+template <class T, bool ChannelsLast>
+static __global__ void avg_pool_forward_kernel(const T* x, T* y, PoolShape s, Window k, bool count_include_pad) {
+  const int64_t total = s.n * s.c * s.out_h * s.out_w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, oh, ow;
+    position<ChannelsLast>(i, s.c, s.out_h, s.out_w, n, c, oh, ow);
+    const AvgPoolSpan rows = avg_pool_span(oh, s.h, k.kernel_h, k.stride_h, k.pad_h);
+    const AvgPoolSpan cols = avg_pool_span(ow, s.w, k.kernel_w, k.stride_w, k.pad_w);
+    acc_t<T> sum = 0;
+    for (int64_t h = rows.begin; h < rows.end; ++h) {
+      for (int64_t w = cols.begin; w < cols.end; ++w) {
+        sum += to_acc(x[offset_of<ChannelsLast>(n, c, h, w, s.c, s.h, s.w)]);
+      }
+    }
+    y[i] = from_acc<T>(sum / static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, count_include_pad)));
+  }
+}
+
+// avg_pool2d backward, one thread per input element: the sum over the outputs
+// whose window holds it of dy / divisor.
+template <class T, bool ChannelsLast>
+static __global__ void avg_pool_backward_kernel(const T* dy, T* dx, PoolShape s, Window k, bool count_include_pad) {
+  const int64_t total = s.n * s.c * s.h * s.w;
+  for (int64_t i = first_index(); i < total; i += grid_stride()) {
+    int64_t n, c, h, w;
+    position<ChannelsLast>(i, s.c, s.h, s.w, n, c, h, w);
+    int64_t oh0, oh1, ow0, ow1;
+    avg_pool_outputs_of(h, k.kernel_h, k.stride_h, k.pad_h, s.out_h, oh0, oh1);
+    avg_pool_outputs_of(w, k.kernel_w, k.stride_w, k.pad_w, s.out_w, ow0, ow1);
+    acc_t<T> sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const AvgPoolSpan rows = avg_pool_span(oh, s.h, k.kernel_h, k.stride_h, k.pad_h);
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const AvgPoolSpan cols = avg_pool_span(ow, s.w, k.kernel_w, k.stride_w, k.pad_w);
+        sum += to_acc(dy[offset_of<ChannelsLast>(n, c, oh, ow, s.c, s.out_h, s.out_w)]) /
+               static_cast<acc_t<T>>(avg_pool_divisor(rows, cols, count_include_pad));
       }
     }
     dx[i] = from_acc<T>(sum);
@@ -197,37 +201,8 @@ Tensor pooling_pass(const char* op, const Tensor& in, MemoryFormat format, const
   return out;
 }
 
-// A backward pass's sizes: the forward input's, and dy's (N, C, Ho, Wo).
-PoolShape backward_shape(const Shape& input_sizes, const Tensor& dy) {
-  return {input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
-}
-
 int64_t pooled_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding) {
   return (input + 2 * padding - kernel) / stride + 1;
-}
-
-StridedWindows strided_windows(const AvgPool2dParams& params) {
-  const Window window{params.kernel[0], params.kernel[1], params.stride[0], params.stride[1], params.padding[0],
-                      params.padding[1]};
-  return {window, params.count_include_pad};
-}
-
-// An average pool's forward pass over `x` (s's input), with `windows`.
-template <class Windows>
-Tensor avg_pool_forward(const char* op, const Tensor& x, MemoryFormat format, const PoolShape& s, Windows windows) {
-  return pooling_pass(op, x, format, {s.n, s.c, s.out_h, s.out_w},
-                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
-                        avg_pool_forward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s, windows);
-                      });
-}
-
-// An average pool's backward pass from `dy` (s's output gradient), with `windows`.
-template <class Windows>
-Tensor avg_pool_backward(const char* op, const Tensor& dy, MemoryFormat format, const PoolShape& s, Windows windows) {
-  return pooling_pass(op, dy, format, {s.n, s.c, s.h, s.w},
-                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
-                        avg_pool_backward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s, windows);
-                      });
 }
 
 }  // namespace
@@ -254,7 +229,7 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices_in, 
   const MemoryFormat format = memory_format_of(indices_in);
   const Tensor index = in_memory_format(indices_in, format);
   const Tensor dy = in_memory_format(grad_output, format);
-  const PoolShape s = backward_shape(input_sizes, dy);
+  const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
   const DType accumulate = dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor sums = empty_with_format(input_sizes, accumulate, dy.device(), format);
   sums.zero_();
@@ -276,15 +251,21 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& input_in, Size2 output_size) {
   const MemoryFormat format = memory_format_of(input_in);
   const Tensor x = in_memory_format(input_in, format);
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
-  return avg_pool_forward("adaptive_avg_pool2d", x, format, s, AdaptiveWindows{});
+  return pooling_pass("adaptive_avg_pool2d", x, format, {s.n, s.c, s.out_h, s.out_w},
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        adaptive_avg_forward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s);
+                      });
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
   const auto device_guard = on_device_of("adaptive_avg_pool2d backward", grad_output);
   const MemoryFormat format = memory_format_of(grad_output);
   const Tensor dy = in_memory_format(grad_output, format);
-  const PoolShape s = backward_shape(input_sizes, dy);
-  return avg_pool_backward("adaptive_avg_pool2d backward", dy, format, s, AdaptiveWindows{});
+  const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
+  return pooling_pass("adaptive_avg_pool2d backward", dy, format, input_sizes,
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        adaptive_avg_backward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s);
+                      });
 }
 
 Tensor avg_pool2d_forward(const Tensor& input_in, const AvgPool2dParams& params) {
@@ -294,15 +275,29 @@ Tensor avg_pool2d_forward(const Tensor& input_in, const AvgPool2dParams& params)
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3),
                     pooled_size(x.size(2), params.kernel[0], params.stride[0], params.padding[0]),
                     pooled_size(x.size(3), params.kernel[1], params.stride[1], params.padding[1])};
-  return avg_pool_forward("avg_pool2d", x, format, s, strided_windows(params));
+  const Window window{params.kernel[0], params.kernel[1], params.stride[0], params.stride[1], params.padding[0],
+                      params.padding[1]};
+  const bool include_pad = params.count_include_pad;
+  return pooling_pass("avg_pool2d", x, format, {s.n, s.c, s.out_h, s.out_w},
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        avg_pool_forward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s, window,
+                                                                                                   include_pad);
+                      });
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, const AvgPool2dParams& params) {
   const auto device_guard = on_device_of("avg_pool2d backward", grad_output);
   const MemoryFormat format = memory_format_of(grad_output);
   const Tensor dy = in_memory_format(grad_output, format);
-  const PoolShape s = backward_shape(input_sizes, dy);
-  return avg_pool_backward("avg_pool2d backward", dy, format, s, strided_windows(params));
+  const PoolShape s{input_sizes[0], input_sizes[1], input_sizes[2], input_sizes[3], dy.size(2), dy.size(3)};
+  const Window window{params.kernel[0], params.kernel[1], params.stride[0], params.stride[1], params.padding[0],
+                      params.padding[1]};
+  const bool include_pad = params.count_include_pad;
+  return pooling_pass("avg_pool2d backward", dy, format, input_sizes,
+                      [&]<class T, bool ChannelsLast>(const T* in, T* out, unsigned blocks, cudaStream_t stream) {
+                        avg_pool_backward_kernel<T, ChannelsLast><<<blocks, kThreads, 0, stream>>>(in, out, s, window,
+                                                                                                    include_pad);
+                      });
 }
 
 }  // namespace loom::ops::cuda
