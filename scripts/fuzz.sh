@@ -13,7 +13,7 @@
 # run at once, default JOBS); FUZZ_SEED (libFuzzer's -seed; default 0, a new
 # random seed each run). CI sets FUZZ_SEED=1: from the
 # same seeds and an empty learned corpus a (single-threaded) harness then
-# mutates in the same order on every run, so CI's 30 s repeat what a longer
+# mutates in the same order on every run, so CI's 20 s repeat what a longer
 # run with that seed checked, instead of failing at random on a bug it happens
 # upon; finding new bugs is for runs without it.
 set -euo pipefail

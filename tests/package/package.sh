@@ -177,8 +177,12 @@ case "$mode" in
     dir="$work/subproject"
     rm -rf "$dir"
     # First without a build type: loom must leave it unset, and build no apps, tests or benchmarks.
+    # Without the cudnn-frontend headers, as a user's FetchContent of loom's
+    # repository has them (scripts/fetch-cudnn-frontend.sh puts them in .deps,
+    # which git does not track); the main build compiles the fused graphs.
     "${clean_env[@]}" cmake -S "$source/tests/package/subproject" -B "$dir" -DLOOM_SOURCE_DIR="$source" \
-      -DLOOM_EXAMPLES_DIR="$source/examples" -DFETCHCONTENT_BASE_DIR="$dir/_deps" "${cmake_args[@]}" \
+      -DLOOM_EXAMPLES_DIR="$source/examples" -DFETCHCONTENT_BASE_DIR="$dir/_deps" \
+      -DCUDNN_FRONTEND_INCLUDE_DIR="$dir/no-cudnn-frontend" "${cmake_args[@]}" \
       >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; fail "configuring a project that adds loom with FetchContent"; }
     grep "subproject:" "$dir.configure.log"
     "${clean_env[@]}" cmake "$dir" -DCMAKE_BUILD_TYPE=Release >>"$dir.configure.log" 2>&1 ||
