@@ -15,11 +15,12 @@
 #   build            `-k 0`: one compile error loses only what depends on it; each later
 #                    step runs when its binary exists
 #   gpu.runtime, gpu.backend_ops, gpu.training, gpu.nccl, gpu.host_staging,
-#   gpu.device_ordinal, gpu.data_loader
+#   gpu.device_ordinal, gpu.data_loader, gpu.conv_graphs
 #                    the gpu test suites, one ctest call each, every test cut at
 #                    LOOM_GPU_TEST_TIMEOUT (120 s); gpu.nccl runs at world N on N GPUs,
 #                    gpu.host_staging 2 and 4 ranks on GPU 0 over gloo and shm,
-#                    gpu.device_ordinal cuda:1 where two GPUs are visible
+#                    gpu.device_ordinal cuda:1 where two GPUs are visible, gpu.conv_graphs the
+#                    fused cuDNN graphs (issue 47, behind LOOM_CUDNN_GRAPH) against the unfused ops
 #   staged.*         train_mnist on CUDA over gloo and shm (collectives staged through host
 #                    memory), the ranks sharing GPU 0, 20 steps each: gloo -g 2 --sync-bn,
 #                    shm -g 4 --sync-bn, gloo -g 2 --zero, shm -g 2 --no-pad-last
@@ -206,7 +207,7 @@ main() {
   add_step data 60 "" "$data_cmd"
   add_step build 480 "" "$(printf '%q' "$self") --internal build $q_build $jobs $targets"
   local suite
-  for suite in runtime backend_ops training nccl host_staging device_ordinal data_loader; do
+  for suite in runtime backend_ops training nccl host_staging device_ordinal data_loader conv_graphs; do
     local binary=$build/tests/gpu/test_gpu
     [[ $suite == nccl || $suite == host_staging ]] && binary=$build/tests/gpu/test_gpu_nccl
     add_step "gpu.$suite" $(( test_timeout + 30 )) "$binary" "$ctest_cmd '^gpu\\.$suite\$'"

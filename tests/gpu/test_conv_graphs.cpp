@@ -1,8 +1,9 @@
 // The fused cuDNN graphs (ops/cuda/conv2d_graph.h, issue 47) against the
 // unfused CUDA ops and the CPU, on ResNet-50's shapes at batch 32, f16 and
-// bf16; part of the backend_ops suite (gpu.backend_ops). The graphs run
-// whatever LOOM_CUDNN_GRAPH says (it gates the training path only). In a build
-// without cudnn-frontend every graph must be refused.
+// bf16; a suite of their own (gpu.conv_graphs), so that slow plan builds
+// cannot cut gpu.backend_ops short. The graphs run whatever LOOM_CUDNN_GRAPH
+// says (it gates the training path only). In a build without cudnn-frontend
+// every graph must be refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -232,7 +233,7 @@ bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
 
 }  // namespace
 
-TEST_SUITE("backend_ops") {
+TEST_SUITE("conv_graphs") {
 // Issue 47's fused forward, run whatever LOOM_CUDNN_GRAPH says (it gates the
 // training path only). ResNet-50's convolutions between two batch norms at
 // batch 32: layer1's 3x3, its 1x1 reduction and expansion, layer2's strided 3x3.
