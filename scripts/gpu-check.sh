@@ -23,7 +23,8 @@
 #                    fused cuDNN graphs (issue 47, behind LOOM_CUDNN_GRAPH) against the unfused ops
 #   staged.*         train_mnist on CUDA over gloo and shm (collectives staged through host
 #                    memory), the ranks sharing GPU 0, 20 steps each: gloo -g 2 --sync-bn,
-#                    shm -g 4 --sync-bn, gloo -g 2 --zero, shm -g 2 --no-pad-last
+#                    shm -g 4 --sync-bn, gloo -g 2 --zero, shm -g 2 --no-pad-last; then 2
+#                    ranks under loomrun (gloo) and, where PyTorch is, torchrun (shm)
 #   sanitizer.*      compute-sanitizer (beside nvcc, on PATH or LOOM_GPU_SANITIZER; a finding
 #                    fails the step): memcheck over gpu.runtime, gpu.backend_ops and
 #                    gpu.training (but the cases that mostly run cuDNN's algorithm variants or
@@ -190,7 +191,7 @@ main() {
   log "compute-sanitizer ${sanitizer:-not found}"
   log "deadline $deadline s, margin $margin s, steps under $min_step s skipped, each gpu test cut at $test_timeout s"
 
-  local targets="test_gpu test_gpu_nccl convnet_throughput train_mnist train_resnet50_cifar resnet50_throughput"
+  local targets="test_gpu test_gpu_nccl convnet_throughput train_mnist train_resnet50_cifar loomrun resnet50_throughput"
   targets+=" scaling_step allreduce_timing"
   local data data_cmd
   data_step_command
@@ -221,6 +222,14 @@ main() {
     add_step "staged.${backend}_g${ranks}_${flag_name//-/_}" 60 "$build/apps/train_mnist" \
       "$mnist --backend $backend -g $ranks $flag --epochs 1 --max-steps 20 --batch-size 50 --log-interval 5"
   done
+  # The same started by the launchers users start it with: loomrun, and PyTorch's
+  # torchrun where the env step found PyTorch (its ranks' --device cuda is
+  # cuda:(LOCAL_RANK mod 1), GPU 0 for both).
+  local launched="$mnist --epochs 1 --max-steps 20 --batch-size 50 --log-interval 5"
+  add_step staged.loomrun_gloo_2 60 "$build/apps/train_mnist" \
+    "$q_build/apps/loomrun --standalone --nproc_per_node=2 ${launched/--device cuda/--device cuda --backend gloo}"
+  add_step staged.torchrun_shm_2 60 "$build/apps/train_mnist" \
+    "$q_py -m torch.distributed.run --standalone --nproc_per_node=2 --no-python ${launched/--device cuda/--device cuda --backend shm}"
   sanitizer_steps "$q_build" "$(printf '%q' "$data")"
   add_step bench.loom_convnet_f32 90 "$build/benchmarks/convnet_throughput" "$convnet"
   add_step bench.torch_convnet 180 "" \
@@ -278,8 +287,8 @@ sanitizer_steps() {
   initcheck_cmd="$tool initcheck $test_gpu --test-suite=backend_ops $reductions"
 }
 
-# before_step I: only the steps LOOM_GPU_ONLY selects; bench.torch_convnet only
-# where the env step found PyTorch with CUDA; the sanitizer steps only where
+# before_step I: only the steps LOOM_GPU_ONLY selects; bench.torch_convnet and
+# staged.torchrun_* only where the env step found PyTorch with CUDA; the sanitizer steps only where
 # there is a compute-sanitizer.
 before_step() {
   if [[ -n ${LOOM_GPU_ONLY:-} && ! ${names[$1]} =~ ^(env|configure|data|build)$ && ! ${names[$1]} =~ $LOOM_GPU_ONLY ]]
@@ -287,9 +296,10 @@ before_step() {
     status[$1]="skipped" passes_skipped[$1]=1 notes[$1]="not selected by LOOM_GPU_ONLY=$LOOM_GPU_ONLY"
     return 1
   fi
-  if [[ ${names[$1]} == bench.torch_convnet ]] && ! grep -qx "torch_cuda: yes" "$work/env.log" 2>/dev/null; then
+  if [[ ${names[$1]} == bench.torch_convnet || ${names[$1]} == staged.torchrun_* ]] &&
+     ! grep -qx "torch_cuda: yes" "$work/env.log" 2>/dev/null; then
     status[$1]="skipped" notes[$1]="PyTorch with CUDA is not importable by $py (see the env step)"
-    log "bench.torch_convnet: skipped, no PyTorch with CUDA"
+    log "${names[$1]}: skipped, no PyTorch with CUDA"
     return 1
   fi
   if [[ ${names[$1]} == sanitizer.* && -z $sanitizer ]]; then

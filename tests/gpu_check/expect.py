@@ -9,7 +9,8 @@ from scenario_checks import expect, lines, load, packed, report, statuses  # noq
 
 tmp = sys.argv[1]
 
-STAGED = ("staged.gloo_g2_sync_bn", "staged.shm_g4_sync_bn", "staged.gloo_g2_zero", "staged.shm_g2_no_pad_last")
+STAGED = ("staged.gloo_g2_sync_bn", "staged.shm_g4_sync_bn", "staged.gloo_g2_zero", "staged.shm_g2_no_pad_last",
+          "staged.loomrun_gloo_2", "staged.torchrun_shm_2")
 SANITIZER = ("sanitizer.memcheck", "sanitizer.memcheck_train_mnist", "sanitizer.memcheck_resnet50_cifar",
              "sanitizer.racecheck", "sanitizer.synccheck")
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
@@ -54,7 +55,7 @@ expect(s.get("figures", {}).get("machine", {}).get("compute_sanitizer") == "none
        f"no compute-sanitizer in the environment report: {s.get('figures', {}).get('machine')}")
 expect(rc == 1, "C", f"exit status 1, not {rc}")
 compiles = lines(os.path.join(d, "state", "compiles"))
-expect(len(compiles) == 8, "C", f"the build kept going past the error: 8 binaries tried, not {compiles}")
+expect(len(compiles) == 9, "C", f"the build kept going past the error: 9 binaries tried, not {compiles}")
 figures = s.get("figures", {}).get("steps", {})
 expect("gpu.backend_ops" in figures.get("gpu.backend_ops", {}).get("timed_out_tests", []), "C",
        f"gpu.backend_ops cut by the per-test timeout: {figures.get('gpu.backend_ops')}")
@@ -111,6 +112,12 @@ for key, flags in (("train_mnist.gloo_g2", "--backend gloo -g 2 --sync-bn"), ("t
                    ("train_mnist.gloo_g2", "--backend gloo -g 2 --zero"), ("train_mnist.shm_g2", "--backend shm -g 2 --no-pad-last")):
     expect(any(r.startswith(key + " ") and flags in r and "--device cuda" in r and "--max-steps 20" in r for r in staged),
            "B", f"train_mnist --device cuda {flags} --max-steps 20 ran: {staged}")
+# And under the launchers: loomrun over gloo, torchrun over shm (the fake python records it).
+expect(any(r.startswith("loomrun --standalone --nproc_per_node=2 ") and "train_mnist --device cuda --backend gloo" in r
+           and "--max-steps 20" in r for r in ran), "B", f"loomrun started 2 ranks of train_mnist on CUDA: {ran}")
+expect(any(r.startswith("torchrun --standalone --nproc_per_node=2 --no-python ") and
+           "train_mnist --device cuda --backend shm" in r and "--max-steps 20" in r for r in ran), "B",
+       f"torchrun started 2 ranks of train_mnist on CUDA: {ran}")
 step_figures = s.get("figures", {}).get("steps", {})
 expect(step_figures.get("staged.shm_g4_sync_bn", {}).get("processes") == 4
        and step_figures.get("staged.shm_g4_sync_bn", {}).get("backend") == "shm"
