@@ -227,9 +227,9 @@ main() {
   # cuda:(LOCAL_RANK mod 1), GPU 0 for both).
   local launched="$mnist --epochs 1 --max-steps 20 --batch-size 50 --log-interval 5"
   add_step staged.loomrun_gloo_2 60 "$build/apps/train_mnist" \
-    "$q_build/apps/loomrun --standalone --nproc_per_node=2 ${launched/--device cuda/--device cuda --backend gloo}"
+    "$q_build/apps/loomrun --standalone --nproc_per_node=2 $launched --backend gloo"
   add_step staged.torchrun_shm_2 60 "$build/apps/train_mnist" \
-    "$q_py -m torch.distributed.run --standalone --nproc_per_node=2 --no-python ${launched/--device cuda/--device cuda --backend shm}"
+    "$q_py -m torch.distributed.run --standalone --nproc_per_node=2 --no-python $launched --backend shm"
   sanitizer_steps "$q_build" "$(printf '%q' "$data")"
   add_step bench.loom_convnet_f32 90 "$build/benchmarks/convnet_throughput" "$convnet"
   add_step bench.torch_convnet 180 "" \

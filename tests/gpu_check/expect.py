@@ -113,11 +113,12 @@ for key, flags in (("train_mnist.gloo_g2", "--backend gloo -g 2 --sync-bn"), ("t
     expect(any(r.startswith(key + " ") and flags in r and "--device cuda" in r and "--max-steps 20" in r for r in staged),
            "B", f"train_mnist --device cuda {flags} --max-steps 20 ran: {staged}")
 # And under the launchers: loomrun over gloo, torchrun over shm (the fake python records it).
-expect(any(r.startswith("loomrun --standalone --nproc_per_node=2 ") and "train_mnist --device cuda --backend gloo" in r
-           and "--max-steps 20" in r for r in ran), "B", f"loomrun started 2 ranks of train_mnist on CUDA: {ran}")
-expect(any(r.startswith("torchrun --standalone --nproc_per_node=2 --no-python ") and
-           "train_mnist --device cuda --backend shm" in r and "--max-steps 20" in r for r in ran), "B",
-       f"torchrun started 2 ranks of train_mnist on CUDA: {ran}")
+expect(any(r.startswith("loomrun --standalone --nproc_per_node=2 ") and "train_mnist --device cuda" in r
+           and "--max-steps 20" in r and r.endswith(" --backend gloo") for r in ran), "B",
+       f"loomrun started 2 ranks of train_mnist on CUDA over gloo: {ran}")
+expect(any(r.startswith("torchrun --standalone --nproc_per_node=2 --no-python ") and "train_mnist --device cuda" in r
+           and "--max-steps 20" in r and r.endswith(" --backend shm") for r in ran), "B",
+       f"torchrun started 2 ranks of train_mnist on CUDA over shm: {ran}")
 step_figures = s.get("figures", {}).get("steps", {})
 expect(step_figures.get("staged.shm_g4_sync_bn", {}).get("processes") == 4
        and step_figures.get("staged.shm_g4_sync_bn", {}).get("backend") == "shm"
