@@ -14,7 +14,8 @@ STAGED = ("staged.gloo_g2_sync_bn", "staged.shm_g4_sync_bn", "staged.gloo_g2_zer
 SANITIZER = ("sanitizer.memcheck", "sanitizer.memcheck_train_mnist", "sanitizer.memcheck_resnet50_cifar",
              "sanitizer.racecheck", "sanitizer.synccheck")
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
-       "gpu.host_staging", "gpu.device_ordinal", "gpu.data_loader", "gpu.conv_graphs", *STAGED, *SANITIZER,
+       "gpu.host_staging", "gpu.elastic_cuda", "gpu.device_ordinal", "gpu.data_loader", "gpu.conv_graphs", *STAGED,
+       *SANITIZER,
        "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
        "bench.loom_convnet_channels_last_f16", "train_mnist", "bench.resnet50_cifar", "scaling.resnet50",
        "sanitizer.initcheck")
@@ -44,7 +45,8 @@ expect("LOOM_GPU_TEST_TIMEOUT=2" in configured, "C", f"the per-test GPU timeout 
 expect(m.get("nvcc", "").endswith("/siteC/nvidia/cuda_nvcc/bin/nvcc"), "C",
        f"nvcc from PyTorch's nvidia/*/bin, not {m.get('nvcc')}")
 statuses(st, {"env": "ok", "configure": "ok", "build": "failed", "gpu.runtime": "failed", "gpu.backend_ops": "failed",
-              "gpu.training": "ok", "gpu.nccl": "ok", "gpu.host_staging": "ok", "gpu.device_ordinal": "ok",
+              "gpu.training": "ok", "gpu.nccl": "ok", "gpu.host_staging": "ok", "gpu.elastic_cuda": "ok",
+              "gpu.device_ordinal": "ok",
               "gpu.data_loader": "ok", **{n: "not_built" for n in STAGED},
               **{n: "skipped" for n in (*SANITIZER, "sanitizer.initcheck")}, "bench.loom_convnet_f32": "ok",
               "bench.torch_convnet": "ok", "train_mnist": "not_built", "bench.resnet50_cifar": "ok",
