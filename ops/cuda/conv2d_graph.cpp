@@ -5,7 +5,6 @@
 #include <loom/ops/cuda/conv2d_graph.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,10 +36,7 @@ bool conv_graphs_built_in() {
 }
 
 bool conv_graphs_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("LOOM_CUDNN_GRAPH");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
+  static const bool enabled = conv_graphs_switch(std::getenv("LOOM_CUDNN_GRAPH"));
   return enabled;
 }
 

@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include <loom/core/tensor.h>
 #include <loom/ops/conv2d.h>
@@ -38,8 +39,18 @@ bool conv_graphs_built_in();
 
 // Whether LOOM_CUDNN_GRAPH=1 is set (read once, at the first call): the
 // switch for the training path, once it calls the graphs. Off by default until a GPU run proves the
-// graphs; the graph functions themselves run whatever it says.
+// graphs; the graph functions themselves run whatever it says. Throws
+// loom::Error for a value other than 0 or 1 (conv_graphs_switch).
 bool conv_graphs_enabled();
+
+// LOOM_CUDNN_GRAPH's meaning: unset, empty or "0" off, "1" on; any other
+// value throws loom::Error naming the variable and what it takes.
+inline bool conv_graphs_switch(const char* value) {
+  const std::string text = value == nullptr ? "" : value;
+  LOOM_CHECK(text.empty() || text == "0" || text == "1", "LOOM_CUDNN_GRAPH must be 0 or 1 (1: the fused cuDNN ",
+             "convolution graphs, not yet proven on a GPU), not '", text, "'");
+  return text == "1";
+}
 
 // Which graph a plan is for.
 enum class ConvGraphKind : int64_t { forward_prologue_stats = 1, backward_data_relu_bn = 2 };

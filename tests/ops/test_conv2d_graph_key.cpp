@@ -46,3 +46,15 @@ TEST_CASE("fused conv graph key: equal for the same problem, different when anyt
     for (size_t j = 0; j < i; ++j) CHECK(different[i] != different[j]);
   }
 }
+
+TEST_CASE("LOOM_CUDNN_GRAPH: unset, empty or 0 is off, 1 on; anything else is an error naming the variable") {
+  using ops::cuda::conv_graphs_switch;
+  CHECK_FALSE(conv_graphs_switch(nullptr));
+  CHECK_FALSE(conv_graphs_switch(""));
+  CHECK_FALSE(conv_graphs_switch("0"));
+  CHECK(conv_graphs_switch("1"));
+  for (const char* bad : {"yes", "true", "2", " 1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH_AS(conv_graphs_switch(bad), doctest::Contains("LOOM_CUDNN_GRAPH must be 0 or 1"), Error);
+  }
+}
