@@ -4,6 +4,9 @@
 // probabilities, and a training step on CIFAR-size images.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <string>
+
 #include <loom/nn/efficientnet.h>
 #include <loom/ops/elementwise.h>
 #include "tests/models/torchvision_keys.h"
@@ -12,191 +15,44 @@
 using namespace loom;
 
 namespace {
+using loom::testing::add_conv_norm;
+
 // torchvision.models.efficientnet_b0(num_classes=10).state_dict(): features.0
 // and features.8 are Conv2dNormActivation; features.1-7 the stages, each
 // block's `block` Sequential([expand], depthwise, SqueezeExcitation (fc1,
-// fc2), project); classifier.1 the linear layer.
-const loom::testing::TorchvisionKeys kTorchvisionKeys = {
-      {"features.0.0.weight", {32, 3, 3, 3}}, {"features.0.1.weight", {32}}, {"features.0.1.bias", {32}},
-      {"features.0.1.running_mean", {32}}, {"features.0.1.running_var", {32}},
-      {"features.0.1.num_batches_tracked", {}}, {"features.1.0.block.0.0.weight", {32, 1, 3, 3}},
-      {"features.1.0.block.0.1.weight", {32}}, {"features.1.0.block.0.1.bias", {32}},
-      {"features.1.0.block.0.1.running_mean", {32}}, {"features.1.0.block.0.1.running_var", {32}},
-      {"features.1.0.block.0.1.num_batches_tracked", {}}, {"features.1.0.block.1.fc1.weight", {8, 32, 1, 1}},
-      {"features.1.0.block.1.fc1.bias", {8}}, {"features.1.0.block.1.fc2.weight", {32, 8, 1, 1}},
-      {"features.1.0.block.1.fc2.bias", {32}}, {"features.1.0.block.2.0.weight", {16, 32, 1, 1}},
-      {"features.1.0.block.2.1.weight", {16}}, {"features.1.0.block.2.1.bias", {16}},
-      {"features.1.0.block.2.1.running_mean", {16}}, {"features.1.0.block.2.1.running_var", {16}},
-      {"features.1.0.block.2.1.num_batches_tracked", {}}, {"features.2.0.block.0.0.weight", {96, 16, 1, 1}},
-      {"features.2.0.block.0.1.weight", {96}}, {"features.2.0.block.0.1.bias", {96}},
-      {"features.2.0.block.0.1.running_mean", {96}}, {"features.2.0.block.0.1.running_var", {96}},
-      {"features.2.0.block.0.1.num_batches_tracked", {}}, {"features.2.0.block.1.0.weight", {96, 1, 3, 3}},
-      {"features.2.0.block.1.1.weight", {96}}, {"features.2.0.block.1.1.bias", {96}},
-      {"features.2.0.block.1.1.running_mean", {96}}, {"features.2.0.block.1.1.running_var", {96}},
-      {"features.2.0.block.1.1.num_batches_tracked", {}}, {"features.2.0.block.2.fc1.weight", {4, 96, 1, 1}},
-      {"features.2.0.block.2.fc1.bias", {4}}, {"features.2.0.block.2.fc2.weight", {96, 4, 1, 1}},
-      {"features.2.0.block.2.fc2.bias", {96}}, {"features.2.0.block.3.0.weight", {24, 96, 1, 1}},
-      {"features.2.0.block.3.1.weight", {24}}, {"features.2.0.block.3.1.bias", {24}},
-      {"features.2.0.block.3.1.running_mean", {24}}, {"features.2.0.block.3.1.running_var", {24}},
-      {"features.2.0.block.3.1.num_batches_tracked", {}}, {"features.2.1.block.0.0.weight", {144, 24, 1, 1}},
-      {"features.2.1.block.0.1.weight", {144}}, {"features.2.1.block.0.1.bias", {144}},
-      {"features.2.1.block.0.1.running_mean", {144}}, {"features.2.1.block.0.1.running_var", {144}},
-      {"features.2.1.block.0.1.num_batches_tracked", {}}, {"features.2.1.block.1.0.weight", {144, 1, 3, 3}},
-      {"features.2.1.block.1.1.weight", {144}}, {"features.2.1.block.1.1.bias", {144}},
-      {"features.2.1.block.1.1.running_mean", {144}}, {"features.2.1.block.1.1.running_var", {144}},
-      {"features.2.1.block.1.1.num_batches_tracked", {}}, {"features.2.1.block.2.fc1.weight", {6, 144, 1, 1}},
-      {"features.2.1.block.2.fc1.bias", {6}}, {"features.2.1.block.2.fc2.weight", {144, 6, 1, 1}},
-      {"features.2.1.block.2.fc2.bias", {144}}, {"features.2.1.block.3.0.weight", {24, 144, 1, 1}},
-      {"features.2.1.block.3.1.weight", {24}}, {"features.2.1.block.3.1.bias", {24}},
-      {"features.2.1.block.3.1.running_mean", {24}}, {"features.2.1.block.3.1.running_var", {24}},
-      {"features.2.1.block.3.1.num_batches_tracked", {}}, {"features.3.0.block.0.0.weight", {144, 24, 1, 1}},
-      {"features.3.0.block.0.1.weight", {144}}, {"features.3.0.block.0.1.bias", {144}},
-      {"features.3.0.block.0.1.running_mean", {144}}, {"features.3.0.block.0.1.running_var", {144}},
-      {"features.3.0.block.0.1.num_batches_tracked", {}}, {"features.3.0.block.1.0.weight", {144, 1, 5, 5}},
-      {"features.3.0.block.1.1.weight", {144}}, {"features.3.0.block.1.1.bias", {144}},
-      {"features.3.0.block.1.1.running_mean", {144}}, {"features.3.0.block.1.1.running_var", {144}},
-      {"features.3.0.block.1.1.num_batches_tracked", {}}, {"features.3.0.block.2.fc1.weight", {6, 144, 1, 1}},
-      {"features.3.0.block.2.fc1.bias", {6}}, {"features.3.0.block.2.fc2.weight", {144, 6, 1, 1}},
-      {"features.3.0.block.2.fc2.bias", {144}}, {"features.3.0.block.3.0.weight", {40, 144, 1, 1}},
-      {"features.3.0.block.3.1.weight", {40}}, {"features.3.0.block.3.1.bias", {40}},
-      {"features.3.0.block.3.1.running_mean", {40}}, {"features.3.0.block.3.1.running_var", {40}},
-      {"features.3.0.block.3.1.num_batches_tracked", {}}, {"features.3.1.block.0.0.weight", {240, 40, 1, 1}},
-      {"features.3.1.block.0.1.weight", {240}}, {"features.3.1.block.0.1.bias", {240}},
-      {"features.3.1.block.0.1.running_mean", {240}}, {"features.3.1.block.0.1.running_var", {240}},
-      {"features.3.1.block.0.1.num_batches_tracked", {}}, {"features.3.1.block.1.0.weight", {240, 1, 5, 5}},
-      {"features.3.1.block.1.1.weight", {240}}, {"features.3.1.block.1.1.bias", {240}},
-      {"features.3.1.block.1.1.running_mean", {240}}, {"features.3.1.block.1.1.running_var", {240}},
-      {"features.3.1.block.1.1.num_batches_tracked", {}}, {"features.3.1.block.2.fc1.weight", {10, 240, 1, 1}},
-      {"features.3.1.block.2.fc1.bias", {10}}, {"features.3.1.block.2.fc2.weight", {240, 10, 1, 1}},
-      {"features.3.1.block.2.fc2.bias", {240}}, {"features.3.1.block.3.0.weight", {40, 240, 1, 1}},
-      {"features.3.1.block.3.1.weight", {40}}, {"features.3.1.block.3.1.bias", {40}},
-      {"features.3.1.block.3.1.running_mean", {40}}, {"features.3.1.block.3.1.running_var", {40}},
-      {"features.3.1.block.3.1.num_batches_tracked", {}}, {"features.4.0.block.0.0.weight", {240, 40, 1, 1}},
-      {"features.4.0.block.0.1.weight", {240}}, {"features.4.0.block.0.1.bias", {240}},
-      {"features.4.0.block.0.1.running_mean", {240}}, {"features.4.0.block.0.1.running_var", {240}},
-      {"features.4.0.block.0.1.num_batches_tracked", {}}, {"features.4.0.block.1.0.weight", {240, 1, 3, 3}},
-      {"features.4.0.block.1.1.weight", {240}}, {"features.4.0.block.1.1.bias", {240}},
-      {"features.4.0.block.1.1.running_mean", {240}}, {"features.4.0.block.1.1.running_var", {240}},
-      {"features.4.0.block.1.1.num_batches_tracked", {}}, {"features.4.0.block.2.fc1.weight", {10, 240, 1, 1}},
-      {"features.4.0.block.2.fc1.bias", {10}}, {"features.4.0.block.2.fc2.weight", {240, 10, 1, 1}},
-      {"features.4.0.block.2.fc2.bias", {240}}, {"features.4.0.block.3.0.weight", {80, 240, 1, 1}},
-      {"features.4.0.block.3.1.weight", {80}}, {"features.4.0.block.3.1.bias", {80}},
-      {"features.4.0.block.3.1.running_mean", {80}}, {"features.4.0.block.3.1.running_var", {80}},
-      {"features.4.0.block.3.1.num_batches_tracked", {}}, {"features.4.1.block.0.0.weight", {480, 80, 1, 1}},
-      {"features.4.1.block.0.1.weight", {480}}, {"features.4.1.block.0.1.bias", {480}},
-      {"features.4.1.block.0.1.running_mean", {480}}, {"features.4.1.block.0.1.running_var", {480}},
-      {"features.4.1.block.0.1.num_batches_tracked", {}}, {"features.4.1.block.1.0.weight", {480, 1, 3, 3}},
-      {"features.4.1.block.1.1.weight", {480}}, {"features.4.1.block.1.1.bias", {480}},
-      {"features.4.1.block.1.1.running_mean", {480}}, {"features.4.1.block.1.1.running_var", {480}},
-      {"features.4.1.block.1.1.num_batches_tracked", {}}, {"features.4.1.block.2.fc1.weight", {20, 480, 1, 1}},
-      {"features.4.1.block.2.fc1.bias", {20}}, {"features.4.1.block.2.fc2.weight", {480, 20, 1, 1}},
-      {"features.4.1.block.2.fc2.bias", {480}}, {"features.4.1.block.3.0.weight", {80, 480, 1, 1}},
-      {"features.4.1.block.3.1.weight", {80}}, {"features.4.1.block.3.1.bias", {80}},
-      {"features.4.1.block.3.1.running_mean", {80}}, {"features.4.1.block.3.1.running_var", {80}},
-      {"features.4.1.block.3.1.num_batches_tracked", {}}, {"features.4.2.block.0.0.weight", {480, 80, 1, 1}},
-      {"features.4.2.block.0.1.weight", {480}}, {"features.4.2.block.0.1.bias", {480}},
-      {"features.4.2.block.0.1.running_mean", {480}}, {"features.4.2.block.0.1.running_var", {480}},
-      {"features.4.2.block.0.1.num_batches_tracked", {}}, {"features.4.2.block.1.0.weight", {480, 1, 3, 3}},
-      {"features.4.2.block.1.1.weight", {480}}, {"features.4.2.block.1.1.bias", {480}},
-      {"features.4.2.block.1.1.running_mean", {480}}, {"features.4.2.block.1.1.running_var", {480}},
-      {"features.4.2.block.1.1.num_batches_tracked", {}}, {"features.4.2.block.2.fc1.weight", {20, 480, 1, 1}},
-      {"features.4.2.block.2.fc1.bias", {20}}, {"features.4.2.block.2.fc2.weight", {480, 20, 1, 1}},
-      {"features.4.2.block.2.fc2.bias", {480}}, {"features.4.2.block.3.0.weight", {80, 480, 1, 1}},
-      {"features.4.2.block.3.1.weight", {80}}, {"features.4.2.block.3.1.bias", {80}},
-      {"features.4.2.block.3.1.running_mean", {80}}, {"features.4.2.block.3.1.running_var", {80}},
-      {"features.4.2.block.3.1.num_batches_tracked", {}}, {"features.5.0.block.0.0.weight", {480, 80, 1, 1}},
-      {"features.5.0.block.0.1.weight", {480}}, {"features.5.0.block.0.1.bias", {480}},
-      {"features.5.0.block.0.1.running_mean", {480}}, {"features.5.0.block.0.1.running_var", {480}},
-      {"features.5.0.block.0.1.num_batches_tracked", {}}, {"features.5.0.block.1.0.weight", {480, 1, 5, 5}},
-      {"features.5.0.block.1.1.weight", {480}}, {"features.5.0.block.1.1.bias", {480}},
-      {"features.5.0.block.1.1.running_mean", {480}}, {"features.5.0.block.1.1.running_var", {480}},
-      {"features.5.0.block.1.1.num_batches_tracked", {}}, {"features.5.0.block.2.fc1.weight", {20, 480, 1, 1}},
-      {"features.5.0.block.2.fc1.bias", {20}}, {"features.5.0.block.2.fc2.weight", {480, 20, 1, 1}},
-      {"features.5.0.block.2.fc2.bias", {480}}, {"features.5.0.block.3.0.weight", {112, 480, 1, 1}},
-      {"features.5.0.block.3.1.weight", {112}}, {"features.5.0.block.3.1.bias", {112}},
-      {"features.5.0.block.3.1.running_mean", {112}}, {"features.5.0.block.3.1.running_var", {112}},
-      {"features.5.0.block.3.1.num_batches_tracked", {}}, {"features.5.1.block.0.0.weight", {672, 112, 1, 1}},
-      {"features.5.1.block.0.1.weight", {672}}, {"features.5.1.block.0.1.bias", {672}},
-      {"features.5.1.block.0.1.running_mean", {672}}, {"features.5.1.block.0.1.running_var", {672}},
-      {"features.5.1.block.0.1.num_batches_tracked", {}}, {"features.5.1.block.1.0.weight", {672, 1, 5, 5}},
-      {"features.5.1.block.1.1.weight", {672}}, {"features.5.1.block.1.1.bias", {672}},
-      {"features.5.1.block.1.1.running_mean", {672}}, {"features.5.1.block.1.1.running_var", {672}},
-      {"features.5.1.block.1.1.num_batches_tracked", {}}, {"features.5.1.block.2.fc1.weight", {28, 672, 1, 1}},
-      {"features.5.1.block.2.fc1.bias", {28}}, {"features.5.1.block.2.fc2.weight", {672, 28, 1, 1}},
-      {"features.5.1.block.2.fc2.bias", {672}}, {"features.5.1.block.3.0.weight", {112, 672, 1, 1}},
-      {"features.5.1.block.3.1.weight", {112}}, {"features.5.1.block.3.1.bias", {112}},
-      {"features.5.1.block.3.1.running_mean", {112}}, {"features.5.1.block.3.1.running_var", {112}},
-      {"features.5.1.block.3.1.num_batches_tracked", {}}, {"features.5.2.block.0.0.weight", {672, 112, 1, 1}},
-      {"features.5.2.block.0.1.weight", {672}}, {"features.5.2.block.0.1.bias", {672}},
-      {"features.5.2.block.0.1.running_mean", {672}}, {"features.5.2.block.0.1.running_var", {672}},
-      {"features.5.2.block.0.1.num_batches_tracked", {}}, {"features.5.2.block.1.0.weight", {672, 1, 5, 5}},
-      {"features.5.2.block.1.1.weight", {672}}, {"features.5.2.block.1.1.bias", {672}},
-      {"features.5.2.block.1.1.running_mean", {672}}, {"features.5.2.block.1.1.running_var", {672}},
-      {"features.5.2.block.1.1.num_batches_tracked", {}}, {"features.5.2.block.2.fc1.weight", {28, 672, 1, 1}},
-      {"features.5.2.block.2.fc1.bias", {28}}, {"features.5.2.block.2.fc2.weight", {672, 28, 1, 1}},
-      {"features.5.2.block.2.fc2.bias", {672}}, {"features.5.2.block.3.0.weight", {112, 672, 1, 1}},
-      {"features.5.2.block.3.1.weight", {112}}, {"features.5.2.block.3.1.bias", {112}},
-      {"features.5.2.block.3.1.running_mean", {112}}, {"features.5.2.block.3.1.running_var", {112}},
-      {"features.5.2.block.3.1.num_batches_tracked", {}}, {"features.6.0.block.0.0.weight", {672, 112, 1, 1}},
-      {"features.6.0.block.0.1.weight", {672}}, {"features.6.0.block.0.1.bias", {672}},
-      {"features.6.0.block.0.1.running_mean", {672}}, {"features.6.0.block.0.1.running_var", {672}},
-      {"features.6.0.block.0.1.num_batches_tracked", {}}, {"features.6.0.block.1.0.weight", {672, 1, 5, 5}},
-      {"features.6.0.block.1.1.weight", {672}}, {"features.6.0.block.1.1.bias", {672}},
-      {"features.6.0.block.1.1.running_mean", {672}}, {"features.6.0.block.1.1.running_var", {672}},
-      {"features.6.0.block.1.1.num_batches_tracked", {}}, {"features.6.0.block.2.fc1.weight", {28, 672, 1, 1}},
-      {"features.6.0.block.2.fc1.bias", {28}}, {"features.6.0.block.2.fc2.weight", {672, 28, 1, 1}},
-      {"features.6.0.block.2.fc2.bias", {672}}, {"features.6.0.block.3.0.weight", {192, 672, 1, 1}},
-      {"features.6.0.block.3.1.weight", {192}}, {"features.6.0.block.3.1.bias", {192}},
-      {"features.6.0.block.3.1.running_mean", {192}}, {"features.6.0.block.3.1.running_var", {192}},
-      {"features.6.0.block.3.1.num_batches_tracked", {}}, {"features.6.1.block.0.0.weight", {1152, 192, 1, 1}},
-      {"features.6.1.block.0.1.weight", {1152}}, {"features.6.1.block.0.1.bias", {1152}},
-      {"features.6.1.block.0.1.running_mean", {1152}}, {"features.6.1.block.0.1.running_var", {1152}},
-      {"features.6.1.block.0.1.num_batches_tracked", {}}, {"features.6.1.block.1.0.weight", {1152, 1, 5, 5}},
-      {"features.6.1.block.1.1.weight", {1152}}, {"features.6.1.block.1.1.bias", {1152}},
-      {"features.6.1.block.1.1.running_mean", {1152}}, {"features.6.1.block.1.1.running_var", {1152}},
-      {"features.6.1.block.1.1.num_batches_tracked", {}}, {"features.6.1.block.2.fc1.weight", {48, 1152, 1, 1}},
-      {"features.6.1.block.2.fc1.bias", {48}}, {"features.6.1.block.2.fc2.weight", {1152, 48, 1, 1}},
-      {"features.6.1.block.2.fc2.bias", {1152}}, {"features.6.1.block.3.0.weight", {192, 1152, 1, 1}},
-      {"features.6.1.block.3.1.weight", {192}}, {"features.6.1.block.3.1.bias", {192}},
-      {"features.6.1.block.3.1.running_mean", {192}}, {"features.6.1.block.3.1.running_var", {192}},
-      {"features.6.1.block.3.1.num_batches_tracked", {}}, {"features.6.2.block.0.0.weight", {1152, 192, 1, 1}},
-      {"features.6.2.block.0.1.weight", {1152}}, {"features.6.2.block.0.1.bias", {1152}},
-      {"features.6.2.block.0.1.running_mean", {1152}}, {"features.6.2.block.0.1.running_var", {1152}},
-      {"features.6.2.block.0.1.num_batches_tracked", {}}, {"features.6.2.block.1.0.weight", {1152, 1, 5, 5}},
-      {"features.6.2.block.1.1.weight", {1152}}, {"features.6.2.block.1.1.bias", {1152}},
-      {"features.6.2.block.1.1.running_mean", {1152}}, {"features.6.2.block.1.1.running_var", {1152}},
-      {"features.6.2.block.1.1.num_batches_tracked", {}}, {"features.6.2.block.2.fc1.weight", {48, 1152, 1, 1}},
-      {"features.6.2.block.2.fc1.bias", {48}}, {"features.6.2.block.2.fc2.weight", {1152, 48, 1, 1}},
-      {"features.6.2.block.2.fc2.bias", {1152}}, {"features.6.2.block.3.0.weight", {192, 1152, 1, 1}},
-      {"features.6.2.block.3.1.weight", {192}}, {"features.6.2.block.3.1.bias", {192}},
-      {"features.6.2.block.3.1.running_mean", {192}}, {"features.6.2.block.3.1.running_var", {192}},
-      {"features.6.2.block.3.1.num_batches_tracked", {}}, {"features.6.3.block.0.0.weight", {1152, 192, 1, 1}},
-      {"features.6.3.block.0.1.weight", {1152}}, {"features.6.3.block.0.1.bias", {1152}},
-      {"features.6.3.block.0.1.running_mean", {1152}}, {"features.6.3.block.0.1.running_var", {1152}},
-      {"features.6.3.block.0.1.num_batches_tracked", {}}, {"features.6.3.block.1.0.weight", {1152, 1, 5, 5}},
-      {"features.6.3.block.1.1.weight", {1152}}, {"features.6.3.block.1.1.bias", {1152}},
-      {"features.6.3.block.1.1.running_mean", {1152}}, {"features.6.3.block.1.1.running_var", {1152}},
-      {"features.6.3.block.1.1.num_batches_tracked", {}}, {"features.6.3.block.2.fc1.weight", {48, 1152, 1, 1}},
-      {"features.6.3.block.2.fc1.bias", {48}}, {"features.6.3.block.2.fc2.weight", {1152, 48, 1, 1}},
-      {"features.6.3.block.2.fc2.bias", {1152}}, {"features.6.3.block.3.0.weight", {192, 1152, 1, 1}},
-      {"features.6.3.block.3.1.weight", {192}}, {"features.6.3.block.3.1.bias", {192}},
-      {"features.6.3.block.3.1.running_mean", {192}}, {"features.6.3.block.3.1.running_var", {192}},
-      {"features.6.3.block.3.1.num_batches_tracked", {}}, {"features.7.0.block.0.0.weight", {1152, 192, 1, 1}},
-      {"features.7.0.block.0.1.weight", {1152}}, {"features.7.0.block.0.1.bias", {1152}},
-      {"features.7.0.block.0.1.running_mean", {1152}}, {"features.7.0.block.0.1.running_var", {1152}},
-      {"features.7.0.block.0.1.num_batches_tracked", {}}, {"features.7.0.block.1.0.weight", {1152, 1, 3, 3}},
-      {"features.7.0.block.1.1.weight", {1152}}, {"features.7.0.block.1.1.bias", {1152}},
-      {"features.7.0.block.1.1.running_mean", {1152}}, {"features.7.0.block.1.1.running_var", {1152}},
-      {"features.7.0.block.1.1.num_batches_tracked", {}}, {"features.7.0.block.2.fc1.weight", {48, 1152, 1, 1}},
-      {"features.7.0.block.2.fc1.bias", {48}}, {"features.7.0.block.2.fc2.weight", {1152, 48, 1, 1}},
-      {"features.7.0.block.2.fc2.bias", {1152}}, {"features.7.0.block.3.0.weight", {320, 1152, 1, 1}},
-      {"features.7.0.block.3.1.weight", {320}}, {"features.7.0.block.3.1.bias", {320}},
-      {"features.7.0.block.3.1.running_mean", {320}}, {"features.7.0.block.3.1.running_var", {320}},
-      {"features.7.0.block.3.1.num_batches_tracked", {}}, {"features.8.0.weight", {1280, 320, 1, 1}},
-      {"features.8.1.weight", {1280}}, {"features.8.1.bias", {1280}}, {"features.8.1.running_mean", {1280}},
-      {"features.8.1.running_var", {1280}}, {"features.8.1.num_batches_tracked", {}},
-      {"classifier.1.weight", {10, 1280}}, {"classifier.1.bias", {10}},
-};
+// fc2), project); classifier.1 the linear layer. The stages follow B0's
+// MBConvConfig rows (expand ratio, kernel, output channels, layers; the
+// stride changes no key); squeeze-and-excitation squeezes to a quarter of the
+// block's input channels.
+loom::testing::TorchvisionKeys torchvision_keys() {
+  struct Stage {
+    int64_t expand_ratio, kernel, out_channels, layers;
+  };
+  const Stage stages[] = {{1, 3, 16, 1},  {6, 3, 24, 2},  {6, 5, 40, 2}, {6, 3, 80, 3},
+                          {6, 5, 112, 3}, {6, 5, 192, 4}, {6, 3, 320, 1}};
+  loom::testing::TorchvisionKeys keys;
+  add_conv_norm(keys, "features.0.", 32, 3, 3);
+  int64_t in_channels = 32;
+  for (int64_t stage = 0; stage < 7; ++stage) {
+    const Stage& setting = stages[stage];
+    for (int64_t i = 0; i < setting.layers; ++i) {
+      const std::string block = "features." + std::to_string(stage + 1) + "." + std::to_string(i) + ".block.";
+      const int64_t expanded = in_channels * setting.expand_ratio;
+      int64_t layer = 0;
+      if (setting.expand_ratio != 1) {
+        add_conv_norm(keys, block + std::to_string(layer++) + ".", expanded, in_channels, 1);
+      }
+      add_conv_norm(keys, block + std::to_string(layer++) + ".", expanded, 1, setting.kernel);
+      loom::testing::add_squeeze_excitation(keys, block + std::to_string(layer++) + ".", expanded, in_channels / 4);
+      add_conv_norm(keys, block + std::to_string(layer) + ".", setting.out_channels, expanded, 1);
+      in_channels = setting.out_channels;
+    }
+  }
+  add_conv_norm(keys, "features.8.", 1280, 320, 1);
+  loom::testing::add_linear(keys, "classifier.1.", 10, 1280);
+  return keys;
+}
+const loom::testing::TorchvisionKeys kTorchvisionKeys = torchvision_keys();
 }  // namespace
 TEST_SUITE_BEGIN("efficientnet");
 

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include <loom/nn/mobilenet.h>
@@ -16,169 +18,40 @@ using namespace loom;
 using loom::testing::random_tensor;
 
 namespace {
+using loom::testing::add_conv_norm;
+
 // torchvision.models.mobilenet_v2(num_classes=10).state_dict(): every key, in
 // order, with its shape. features.0 and features.18 are Conv2dNormActivation
 // (0: Conv2d, 1: BatchNorm2d, 2: ReLU6); features.1 (expand ratio 1) has
 // conv.0 (depthwise Conv2dNormActivation), conv.1 (1x1 Conv2d), conv.2
-// (BatchNorm2d); features.2-17 add the 1x1 expansion as conv.0.
-const loom::testing::TorchvisionKeys kTorchvisionKeys = {
-      {"features.0.0.weight", {32, 3, 3, 3}}, {"features.0.1.weight", {32}}, {"features.0.1.bias", {32}},
-      {"features.0.1.running_mean", {32}}, {"features.0.1.running_var", {32}},
-      {"features.0.1.num_batches_tracked", {}}, {"features.1.conv.0.0.weight", {32, 1, 3, 3}},
-      {"features.1.conv.0.1.weight", {32}}, {"features.1.conv.0.1.bias", {32}},
-      {"features.1.conv.0.1.running_mean", {32}}, {"features.1.conv.0.1.running_var", {32}},
-      {"features.1.conv.0.1.num_batches_tracked", {}}, {"features.1.conv.1.weight", {16, 32, 1, 1}},
-      {"features.1.conv.2.weight", {16}}, {"features.1.conv.2.bias", {16}},
-      {"features.1.conv.2.running_mean", {16}}, {"features.1.conv.2.running_var", {16}},
-      {"features.1.conv.2.num_batches_tracked", {}}, {"features.2.conv.0.0.weight", {96, 16, 1, 1}},
-      {"features.2.conv.0.1.weight", {96}}, {"features.2.conv.0.1.bias", {96}},
-      {"features.2.conv.0.1.running_mean", {96}}, {"features.2.conv.0.1.running_var", {96}},
-      {"features.2.conv.0.1.num_batches_tracked", {}}, {"features.2.conv.1.0.weight", {96, 1, 3, 3}},
-      {"features.2.conv.1.1.weight", {96}}, {"features.2.conv.1.1.bias", {96}},
-      {"features.2.conv.1.1.running_mean", {96}}, {"features.2.conv.1.1.running_var", {96}},
-      {"features.2.conv.1.1.num_batches_tracked", {}}, {"features.2.conv.2.weight", {24, 96, 1, 1}},
-      {"features.2.conv.3.weight", {24}}, {"features.2.conv.3.bias", {24}},
-      {"features.2.conv.3.running_mean", {24}}, {"features.2.conv.3.running_var", {24}},
-      {"features.2.conv.3.num_batches_tracked", {}}, {"features.3.conv.0.0.weight", {144, 24, 1, 1}},
-      {"features.3.conv.0.1.weight", {144}}, {"features.3.conv.0.1.bias", {144}},
-      {"features.3.conv.0.1.running_mean", {144}}, {"features.3.conv.0.1.running_var", {144}},
-      {"features.3.conv.0.1.num_batches_tracked", {}}, {"features.3.conv.1.0.weight", {144, 1, 3, 3}},
-      {"features.3.conv.1.1.weight", {144}}, {"features.3.conv.1.1.bias", {144}},
-      {"features.3.conv.1.1.running_mean", {144}}, {"features.3.conv.1.1.running_var", {144}},
-      {"features.3.conv.1.1.num_batches_tracked", {}}, {"features.3.conv.2.weight", {24, 144, 1, 1}},
-      {"features.3.conv.3.weight", {24}}, {"features.3.conv.3.bias", {24}},
-      {"features.3.conv.3.running_mean", {24}}, {"features.3.conv.3.running_var", {24}},
-      {"features.3.conv.3.num_batches_tracked", {}}, {"features.4.conv.0.0.weight", {144, 24, 1, 1}},
-      {"features.4.conv.0.1.weight", {144}}, {"features.4.conv.0.1.bias", {144}},
-      {"features.4.conv.0.1.running_mean", {144}}, {"features.4.conv.0.1.running_var", {144}},
-      {"features.4.conv.0.1.num_batches_tracked", {}}, {"features.4.conv.1.0.weight", {144, 1, 3, 3}},
-      {"features.4.conv.1.1.weight", {144}}, {"features.4.conv.1.1.bias", {144}},
-      {"features.4.conv.1.1.running_mean", {144}}, {"features.4.conv.1.1.running_var", {144}},
-      {"features.4.conv.1.1.num_batches_tracked", {}}, {"features.4.conv.2.weight", {32, 144, 1, 1}},
-      {"features.4.conv.3.weight", {32}}, {"features.4.conv.3.bias", {32}},
-      {"features.4.conv.3.running_mean", {32}}, {"features.4.conv.3.running_var", {32}},
-      {"features.4.conv.3.num_batches_tracked", {}}, {"features.5.conv.0.0.weight", {192, 32, 1, 1}},
-      {"features.5.conv.0.1.weight", {192}}, {"features.5.conv.0.1.bias", {192}},
-      {"features.5.conv.0.1.running_mean", {192}}, {"features.5.conv.0.1.running_var", {192}},
-      {"features.5.conv.0.1.num_batches_tracked", {}}, {"features.5.conv.1.0.weight", {192, 1, 3, 3}},
-      {"features.5.conv.1.1.weight", {192}}, {"features.5.conv.1.1.bias", {192}},
-      {"features.5.conv.1.1.running_mean", {192}}, {"features.5.conv.1.1.running_var", {192}},
-      {"features.5.conv.1.1.num_batches_tracked", {}}, {"features.5.conv.2.weight", {32, 192, 1, 1}},
-      {"features.5.conv.3.weight", {32}}, {"features.5.conv.3.bias", {32}},
-      {"features.5.conv.3.running_mean", {32}}, {"features.5.conv.3.running_var", {32}},
-      {"features.5.conv.3.num_batches_tracked", {}}, {"features.6.conv.0.0.weight", {192, 32, 1, 1}},
-      {"features.6.conv.0.1.weight", {192}}, {"features.6.conv.0.1.bias", {192}},
-      {"features.6.conv.0.1.running_mean", {192}}, {"features.6.conv.0.1.running_var", {192}},
-      {"features.6.conv.0.1.num_batches_tracked", {}}, {"features.6.conv.1.0.weight", {192, 1, 3, 3}},
-      {"features.6.conv.1.1.weight", {192}}, {"features.6.conv.1.1.bias", {192}},
-      {"features.6.conv.1.1.running_mean", {192}}, {"features.6.conv.1.1.running_var", {192}},
-      {"features.6.conv.1.1.num_batches_tracked", {}}, {"features.6.conv.2.weight", {32, 192, 1, 1}},
-      {"features.6.conv.3.weight", {32}}, {"features.6.conv.3.bias", {32}},
-      {"features.6.conv.3.running_mean", {32}}, {"features.6.conv.3.running_var", {32}},
-      {"features.6.conv.3.num_batches_tracked", {}}, {"features.7.conv.0.0.weight", {192, 32, 1, 1}},
-      {"features.7.conv.0.1.weight", {192}}, {"features.7.conv.0.1.bias", {192}},
-      {"features.7.conv.0.1.running_mean", {192}}, {"features.7.conv.0.1.running_var", {192}},
-      {"features.7.conv.0.1.num_batches_tracked", {}}, {"features.7.conv.1.0.weight", {192, 1, 3, 3}},
-      {"features.7.conv.1.1.weight", {192}}, {"features.7.conv.1.1.bias", {192}},
-      {"features.7.conv.1.1.running_mean", {192}}, {"features.7.conv.1.1.running_var", {192}},
-      {"features.7.conv.1.1.num_batches_tracked", {}}, {"features.7.conv.2.weight", {64, 192, 1, 1}},
-      {"features.7.conv.3.weight", {64}}, {"features.7.conv.3.bias", {64}},
-      {"features.7.conv.3.running_mean", {64}}, {"features.7.conv.3.running_var", {64}},
-      {"features.7.conv.3.num_batches_tracked", {}}, {"features.8.conv.0.0.weight", {384, 64, 1, 1}},
-      {"features.8.conv.0.1.weight", {384}}, {"features.8.conv.0.1.bias", {384}},
-      {"features.8.conv.0.1.running_mean", {384}}, {"features.8.conv.0.1.running_var", {384}},
-      {"features.8.conv.0.1.num_batches_tracked", {}}, {"features.8.conv.1.0.weight", {384, 1, 3, 3}},
-      {"features.8.conv.1.1.weight", {384}}, {"features.8.conv.1.1.bias", {384}},
-      {"features.8.conv.1.1.running_mean", {384}}, {"features.8.conv.1.1.running_var", {384}},
-      {"features.8.conv.1.1.num_batches_tracked", {}}, {"features.8.conv.2.weight", {64, 384, 1, 1}},
-      {"features.8.conv.3.weight", {64}}, {"features.8.conv.3.bias", {64}},
-      {"features.8.conv.3.running_mean", {64}}, {"features.8.conv.3.running_var", {64}},
-      {"features.8.conv.3.num_batches_tracked", {}}, {"features.9.conv.0.0.weight", {384, 64, 1, 1}},
-      {"features.9.conv.0.1.weight", {384}}, {"features.9.conv.0.1.bias", {384}},
-      {"features.9.conv.0.1.running_mean", {384}}, {"features.9.conv.0.1.running_var", {384}},
-      {"features.9.conv.0.1.num_batches_tracked", {}}, {"features.9.conv.1.0.weight", {384, 1, 3, 3}},
-      {"features.9.conv.1.1.weight", {384}}, {"features.9.conv.1.1.bias", {384}},
-      {"features.9.conv.1.1.running_mean", {384}}, {"features.9.conv.1.1.running_var", {384}},
-      {"features.9.conv.1.1.num_batches_tracked", {}}, {"features.9.conv.2.weight", {64, 384, 1, 1}},
-      {"features.9.conv.3.weight", {64}}, {"features.9.conv.3.bias", {64}},
-      {"features.9.conv.3.running_mean", {64}}, {"features.9.conv.3.running_var", {64}},
-      {"features.9.conv.3.num_batches_tracked", {}}, {"features.10.conv.0.0.weight", {384, 64, 1, 1}},
-      {"features.10.conv.0.1.weight", {384}}, {"features.10.conv.0.1.bias", {384}},
-      {"features.10.conv.0.1.running_mean", {384}}, {"features.10.conv.0.1.running_var", {384}},
-      {"features.10.conv.0.1.num_batches_tracked", {}}, {"features.10.conv.1.0.weight", {384, 1, 3, 3}},
-      {"features.10.conv.1.1.weight", {384}}, {"features.10.conv.1.1.bias", {384}},
-      {"features.10.conv.1.1.running_mean", {384}}, {"features.10.conv.1.1.running_var", {384}},
-      {"features.10.conv.1.1.num_batches_tracked", {}}, {"features.10.conv.2.weight", {64, 384, 1, 1}},
-      {"features.10.conv.3.weight", {64}}, {"features.10.conv.3.bias", {64}},
-      {"features.10.conv.3.running_mean", {64}}, {"features.10.conv.3.running_var", {64}},
-      {"features.10.conv.3.num_batches_tracked", {}}, {"features.11.conv.0.0.weight", {384, 64, 1, 1}},
-      {"features.11.conv.0.1.weight", {384}}, {"features.11.conv.0.1.bias", {384}},
-      {"features.11.conv.0.1.running_mean", {384}}, {"features.11.conv.0.1.running_var", {384}},
-      {"features.11.conv.0.1.num_batches_tracked", {}}, {"features.11.conv.1.0.weight", {384, 1, 3, 3}},
-      {"features.11.conv.1.1.weight", {384}}, {"features.11.conv.1.1.bias", {384}},
-      {"features.11.conv.1.1.running_mean", {384}}, {"features.11.conv.1.1.running_var", {384}},
-      {"features.11.conv.1.1.num_batches_tracked", {}}, {"features.11.conv.2.weight", {96, 384, 1, 1}},
-      {"features.11.conv.3.weight", {96}}, {"features.11.conv.3.bias", {96}},
-      {"features.11.conv.3.running_mean", {96}}, {"features.11.conv.3.running_var", {96}},
-      {"features.11.conv.3.num_batches_tracked", {}}, {"features.12.conv.0.0.weight", {576, 96, 1, 1}},
-      {"features.12.conv.0.1.weight", {576}}, {"features.12.conv.0.1.bias", {576}},
-      {"features.12.conv.0.1.running_mean", {576}}, {"features.12.conv.0.1.running_var", {576}},
-      {"features.12.conv.0.1.num_batches_tracked", {}}, {"features.12.conv.1.0.weight", {576, 1, 3, 3}},
-      {"features.12.conv.1.1.weight", {576}}, {"features.12.conv.1.1.bias", {576}},
-      {"features.12.conv.1.1.running_mean", {576}}, {"features.12.conv.1.1.running_var", {576}},
-      {"features.12.conv.1.1.num_batches_tracked", {}}, {"features.12.conv.2.weight", {96, 576, 1, 1}},
-      {"features.12.conv.3.weight", {96}}, {"features.12.conv.3.bias", {96}},
-      {"features.12.conv.3.running_mean", {96}}, {"features.12.conv.3.running_var", {96}},
-      {"features.12.conv.3.num_batches_tracked", {}}, {"features.13.conv.0.0.weight", {576, 96, 1, 1}},
-      {"features.13.conv.0.1.weight", {576}}, {"features.13.conv.0.1.bias", {576}},
-      {"features.13.conv.0.1.running_mean", {576}}, {"features.13.conv.0.1.running_var", {576}},
-      {"features.13.conv.0.1.num_batches_tracked", {}}, {"features.13.conv.1.0.weight", {576, 1, 3, 3}},
-      {"features.13.conv.1.1.weight", {576}}, {"features.13.conv.1.1.bias", {576}},
-      {"features.13.conv.1.1.running_mean", {576}}, {"features.13.conv.1.1.running_var", {576}},
-      {"features.13.conv.1.1.num_batches_tracked", {}}, {"features.13.conv.2.weight", {96, 576, 1, 1}},
-      {"features.13.conv.3.weight", {96}}, {"features.13.conv.3.bias", {96}},
-      {"features.13.conv.3.running_mean", {96}}, {"features.13.conv.3.running_var", {96}},
-      {"features.13.conv.3.num_batches_tracked", {}}, {"features.14.conv.0.0.weight", {576, 96, 1, 1}},
-      {"features.14.conv.0.1.weight", {576}}, {"features.14.conv.0.1.bias", {576}},
-      {"features.14.conv.0.1.running_mean", {576}}, {"features.14.conv.0.1.running_var", {576}},
-      {"features.14.conv.0.1.num_batches_tracked", {}}, {"features.14.conv.1.0.weight", {576, 1, 3, 3}},
-      {"features.14.conv.1.1.weight", {576}}, {"features.14.conv.1.1.bias", {576}},
-      {"features.14.conv.1.1.running_mean", {576}}, {"features.14.conv.1.1.running_var", {576}},
-      {"features.14.conv.1.1.num_batches_tracked", {}}, {"features.14.conv.2.weight", {160, 576, 1, 1}},
-      {"features.14.conv.3.weight", {160}}, {"features.14.conv.3.bias", {160}},
-      {"features.14.conv.3.running_mean", {160}}, {"features.14.conv.3.running_var", {160}},
-      {"features.14.conv.3.num_batches_tracked", {}}, {"features.15.conv.0.0.weight", {960, 160, 1, 1}},
-      {"features.15.conv.0.1.weight", {960}}, {"features.15.conv.0.1.bias", {960}},
-      {"features.15.conv.0.1.running_mean", {960}}, {"features.15.conv.0.1.running_var", {960}},
-      {"features.15.conv.0.1.num_batches_tracked", {}}, {"features.15.conv.1.0.weight", {960, 1, 3, 3}},
-      {"features.15.conv.1.1.weight", {960}}, {"features.15.conv.1.1.bias", {960}},
-      {"features.15.conv.1.1.running_mean", {960}}, {"features.15.conv.1.1.running_var", {960}},
-      {"features.15.conv.1.1.num_batches_tracked", {}}, {"features.15.conv.2.weight", {160, 960, 1, 1}},
-      {"features.15.conv.3.weight", {160}}, {"features.15.conv.3.bias", {160}},
-      {"features.15.conv.3.running_mean", {160}}, {"features.15.conv.3.running_var", {160}},
-      {"features.15.conv.3.num_batches_tracked", {}}, {"features.16.conv.0.0.weight", {960, 160, 1, 1}},
-      {"features.16.conv.0.1.weight", {960}}, {"features.16.conv.0.1.bias", {960}},
-      {"features.16.conv.0.1.running_mean", {960}}, {"features.16.conv.0.1.running_var", {960}},
-      {"features.16.conv.0.1.num_batches_tracked", {}}, {"features.16.conv.1.0.weight", {960, 1, 3, 3}},
-      {"features.16.conv.1.1.weight", {960}}, {"features.16.conv.1.1.bias", {960}},
-      {"features.16.conv.1.1.running_mean", {960}}, {"features.16.conv.1.1.running_var", {960}},
-      {"features.16.conv.1.1.num_batches_tracked", {}}, {"features.16.conv.2.weight", {160, 960, 1, 1}},
-      {"features.16.conv.3.weight", {160}}, {"features.16.conv.3.bias", {160}},
-      {"features.16.conv.3.running_mean", {160}}, {"features.16.conv.3.running_var", {160}},
-      {"features.16.conv.3.num_batches_tracked", {}}, {"features.17.conv.0.0.weight", {960, 160, 1, 1}},
-      {"features.17.conv.0.1.weight", {960}}, {"features.17.conv.0.1.bias", {960}},
-      {"features.17.conv.0.1.running_mean", {960}}, {"features.17.conv.0.1.running_var", {960}},
-      {"features.17.conv.0.1.num_batches_tracked", {}}, {"features.17.conv.1.0.weight", {960, 1, 3, 3}},
-      {"features.17.conv.1.1.weight", {960}}, {"features.17.conv.1.1.bias", {960}},
-      {"features.17.conv.1.1.running_mean", {960}}, {"features.17.conv.1.1.running_var", {960}},
-      {"features.17.conv.1.1.num_batches_tracked", {}}, {"features.17.conv.2.weight", {320, 960, 1, 1}},
-      {"features.17.conv.3.weight", {320}}, {"features.17.conv.3.bias", {320}},
-      {"features.17.conv.3.running_mean", {320}}, {"features.17.conv.3.running_var", {320}},
-      {"features.17.conv.3.num_batches_tracked", {}}, {"features.18.0.weight", {1280, 320, 1, 1}},
-      {"features.18.1.weight", {1280}}, {"features.18.1.bias", {1280}}, {"features.18.1.running_mean", {1280}},
-      {"features.18.1.running_var", {1280}}, {"features.18.1.num_batches_tracked", {}},
-      {"classifier.1.weight", {10, 1280}}, {"classifier.1.bias", {10}},
-};
+// (BatchNorm2d); features.2-17 add the 1x1 expansion as conv.0. The blocks
+// follow mobilenetv2.py's inverted_residual_setting rows (expand ratio t,
+// output channels c, repeats n; the stride changes no key).
+loom::testing::TorchvisionKeys torchvision_keys() {
+  struct Setting {
+    int64_t expand_ratio, out_channels, repeats;
+  };
+  const Setting settings[] = {{1, 16, 1}, {6, 24, 2}, {6, 32, 3}, {6, 64, 4}, {6, 96, 3}, {6, 160, 3}, {6, 320, 1}};
+  loom::testing::TorchvisionKeys keys;
+  add_conv_norm(keys, "features.0.", 32, 3, 3);
+  int64_t feature = 1, in_channels = 32;
+  for (const Setting& setting : settings) {
+    for (int64_t i = 0; i < setting.repeats; ++i, ++feature) {
+      const std::string conv = "features." + std::to_string(feature) + ".conv.";
+      const int64_t hidden = in_channels * setting.expand_ratio;
+      int64_t layer = 0;
+      if (setting.expand_ratio != 1) add_conv_norm(keys, conv + std::to_string(layer++) + ".", hidden, in_channels, 1);
+      add_conv_norm(keys, conv + std::to_string(layer++) + ".", hidden, 1, 3);
+      keys.push_back({conv + std::to_string(layer++) + ".weight", {setting.out_channels, hidden, 1, 1}});
+      loom::testing::add_batch_norm(keys, conv + std::to_string(layer) + ".", setting.out_channels);
+      in_channels = setting.out_channels;
+    }
+  }
+  add_conv_norm(keys, "features.18.", 1280, 320, 1);
+  loom::testing::add_linear(keys, "classifier.1.", 10, 1280);
+  return keys;
+}
+const loom::testing::TorchvisionKeys kTorchvisionKeys = torchvision_keys();
 
 bool is_buffer(const std::string& name) {
   return name.ends_with("running_mean") || name.ends_with("running_var") || name.ends_with("num_batches_tracked");

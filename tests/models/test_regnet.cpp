@@ -17,10 +17,7 @@
 using namespace loom;
 
 namespace {
-void add_batch_norm(loom::testing::TorchvisionKeys& keys, const std::string& prefix, int64_t channels) {
-  for (const char* name : {"weight", "bias", "running_mean", "running_var"}) keys.push_back({prefix + name, {channels}});
-  keys.push_back({prefix + "num_batches_tracked", {}});
-}
+using loom::testing::add_conv_norm;
 
 // torchvision.models.regnet_y_400mf(num_classes=10).state_dict(): stem
 // (Conv2dNormActivation), then per stage i (1, 3, 6, 6 blocks of 48, 104, 208,
@@ -29,8 +26,8 @@ void add_batch_norm(loom::testing::TorchvisionKeys& keys, const std::string& pre
 // (1x1), b (3x3, groups w / 8), se (fc1: w_in / 4 squeeze channels, fc2), c
 // (1x1); fc the linear layer. 384 keys.
 loom::testing::TorchvisionKeys torchvision_keys() {
-  loom::testing::TorchvisionKeys keys = {{"stem.0.weight", {32, 3, 3, 3}}};
-  add_batch_norm(keys, "stem.1.", 32);
+  loom::testing::TorchvisionKeys keys;
+  add_conv_norm(keys, "stem.", 32, 3, 3);
   const int64_t depths[] = {1, 3, 6, 6}, widths[] = {48, 104, 208, 440};
   int64_t width_in = 32;
   for (int stage = 1; stage <= 4; ++stage) {
@@ -38,26 +35,15 @@ loom::testing::TorchvisionKeys torchvision_keys() {
     for (int64_t j = 0; j < depths[stage - 1]; ++j) {
       const std::string block =
           "trunk_output.block" + std::to_string(stage) + ".block" + std::to_string(stage) + "-" + std::to_string(j) + ".";
-      if (j == 0) {
-        keys.push_back({block + "proj.0.weight", {w, width_in, 1, 1}});
-        add_batch_norm(keys, block + "proj.1.", w);
-      }
-      keys.push_back({block + "f.a.0.weight", {w, width_in, 1, 1}});
-      add_batch_norm(keys, block + "f.a.1.", w);
-      keys.push_back({block + "f.b.0.weight", {w, 8, 3, 3}});
-      add_batch_norm(keys, block + "f.b.1.", w);
-      const int64_t squeeze = width_in / 4;
-      keys.push_back({block + "f.se.fc1.weight", {squeeze, w, 1, 1}});
-      keys.push_back({block + "f.se.fc1.bias", {squeeze}});
-      keys.push_back({block + "f.se.fc2.weight", {w, squeeze, 1, 1}});
-      keys.push_back({block + "f.se.fc2.bias", {w}});
-      keys.push_back({block + "f.c.0.weight", {w, w, 1, 1}});
-      add_batch_norm(keys, block + "f.c.1.", w);
+      if (j == 0) add_conv_norm(keys, block + "proj.", w, width_in, 1);
+      add_conv_norm(keys, block + "f.a.", w, width_in, 1);
+      add_conv_norm(keys, block + "f.b.", w, 8, 3);
+      loom::testing::add_squeeze_excitation(keys, block + "f.se.", w, width_in / 4);
+      add_conv_norm(keys, block + "f.c.", w, w, 1);
       width_in = w;
     }
   }
-  keys.push_back({"fc.weight", {10, 440}});
-  keys.push_back({"fc.bias", {10}});
+  loom::testing::add_linear(keys, "fc.", 10, 440);
   return keys;
 }
 

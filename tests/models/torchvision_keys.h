@@ -1,11 +1,12 @@
 // What the torchvision model tests share: a model's state_dict against
 // torchvision's keys and shapes (which the test files write out, in order, as
-// a TorchvisionKeys list), one training step on CIFAR-size images, and a
-// block's gradients against finite differences.
+// a TorchvisionKeys list, with the builders below), one training step on
+// CIFAR-size images, and a block's gradients against finite differences.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,39 @@
 namespace loom::testing {
 
 using TorchvisionKeys = std::vector<std::pair<std::string, Shape>>;
+
+// The pieces torchvision's module trees repeat, for the tests that write a
+// model's keys out from its configuration. Each prefix ends with a dot.
+
+// BatchNorm2d: its parameters, then its buffers.
+inline void add_batch_norm(TorchvisionKeys& keys, const std::string& prefix, int64_t channels) {
+  for (const char* name : {"weight", "bias", "running_mean", "running_var"}) {
+    keys.push_back({prefix + name, {channels}});
+  }
+  keys.push_back({prefix + "num_batches_tracked", {}});
+}
+
+// Conv2dNormActivation: 0 a square Conv2d without bias, 1 its BatchNorm2d.
+inline void add_conv_norm(TorchvisionKeys& keys, const std::string& prefix, int64_t out_channels,
+                          int64_t in_channels_per_group, int64_t kernel) {
+  keys.push_back({prefix + "0.weight", {out_channels, in_channels_per_group, kernel, kernel}});
+  add_batch_norm(keys, prefix + "1.", out_channels);
+}
+
+// SqueezeExcitation: fc1 (channels -> squeeze) and fc2 (back), 1x1 convolutions with bias.
+inline void add_squeeze_excitation(TorchvisionKeys& keys, const std::string& prefix, int64_t channels,
+                                   int64_t squeeze_channels) {
+  keys.push_back({prefix + "fc1.weight", {squeeze_channels, channels, 1, 1}});
+  keys.push_back({prefix + "fc1.bias", {squeeze_channels}});
+  keys.push_back({prefix + "fc2.weight", {channels, squeeze_channels, 1, 1}});
+  keys.push_back({prefix + "fc2.bias", {channels}});
+}
+
+// Linear: weight (out, in) and bias.
+inline void add_linear(TorchvisionKeys& keys, const std::string& prefix, int64_t out_features, int64_t in_features) {
+  keys.push_back({prefix + "weight", {out_features, in_features}});
+  keys.push_back({prefix + "bias", {out_features}});
+}
 
 // Every key of model.state_dict(), in order, equals torchvision's, with its shape.
 inline void check_torchvision_keys(const nn::Module& model, const TorchvisionKeys& expected) {
