@@ -67,8 +67,7 @@ TEST_CASE("convnext_tiny has torchvision's state_dict keys, shapes, parameter co
   const auto model = nn::convnext_tiny();
   const loom::testing::TorchvisionKeys keys = torchvision_keys(1000);
   CHECK(keys.size() == 182);
-  loom::testing::check_torchvision_keys(*model, keys);
-  CHECK(nn::count_parameters(*model) == 28589128);  // torchvision's
+  loom::testing::check_torchvision_state(*model, keys, 28589128);  // torchvision's
   // Stochastic depth 0.1 * k / 17 for block k: stage 3's last block (k = 14) and the last block (k = 17).
   auto* stage3 = model->features->named_children()[5].second;
   auto* stage4 = model->features->named_children()[7].second;

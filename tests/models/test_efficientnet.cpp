@@ -58,9 +58,8 @@ TEST_SUITE_BEGIN("efficientnet");
 
 TEST_CASE("efficientnet_b0 has torchvision's state_dict keys, shapes and parameter count") {
   const auto model = nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10));
-  loom::testing::check_torchvision_keys(*model, kTorchvisionKeys);
   // torchvision's 5,288,548 (1000 classes) less 1281 * 990.
-  CHECK(nn::count_parameters(*model) == 4020358);
+  loom::testing::check_torchvision_state(*model, kTorchvisionKeys, 4020358);
   CHECK(nn::count_parameters(*nn::efficientnet_b0()) == 5288548);
   // Stochastic depth 0.2 * k / 16 for block k: stage 6's last block (k = 14) 0.175.
   auto* stage6 = model->features->named_children()[6].second;

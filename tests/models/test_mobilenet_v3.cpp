@@ -74,14 +74,12 @@ TEST_SUITE_BEGIN("mobilenet_v3");
 
 TEST_CASE("mobilenet_v3_large and mobilenet_v3_small have torchvision's keys, shapes and parameter counts") {
   const auto large = nn::mobilenet_v3_large(nn::MobileNetV3Options().num_classes(10));
-  loom::testing::check_torchvision_keys(*large, kLargeKeys);
   // torchvision's 5,483,032 (1000 classes) less 1281 * 990.
-  CHECK(nn::count_parameters(*large) == 4214842);
+  loom::testing::check_torchvision_state(*large, kLargeKeys, 4214842);
   CHECK(nn::count_parameters(*nn::mobilenet_v3_large()) == 5483032);
   const auto small = nn::mobilenet_v3_small(nn::MobileNetV3Options().num_classes(10));
-  loom::testing::check_torchvision_keys(*small, kSmallKeys);
   // torchvision's 2,542,856 less 1025 * 990.
-  CHECK(nn::count_parameters(*small) == 1528106);
+  loom::testing::check_torchvision_state(*small, kSmallKeys, 1528106);
   // width_mult scales every layer, the classifier's hidden one too (torchvision
   // 0.29's mobilenet_v3_small / _large(width_mult=0.5): 917,264 and 1,734,576,
   // hidden widths 512 and 640).

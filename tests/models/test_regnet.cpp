@@ -103,9 +103,8 @@ TEST_CASE("regnet_y_400mf has torchvision's state_dict keys, shapes and paramete
   const auto model = nn::regnet_y_400mf(nn::RegNetOptions().num_classes(10));
   const loom::testing::TorchvisionKeys keys = torchvision_keys();
   CHECK(keys.size() == 384);
-  loom::testing::check_torchvision_keys(*model, keys);
   // torchvision's 4,344,144 (1000 classes) less 441 * 990.
-  CHECK(nn::count_parameters(*model) == 3907554);
+  loom::testing::check_torchvision_state(*model, keys, 3907554);
   CHECK(nn::count_parameters(*nn::regnet_y_400mf()) == 4344144);
   // The second stage's first block: a projection, and the squeeze-excitation on the block's input width.
   auto* stage2 = model->trunk_output->named_children()[1].second;

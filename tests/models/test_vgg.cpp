@@ -58,9 +58,8 @@ TEST_SUITE_BEGIN("vgg");
 TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and parameter counts; vgg11_bn trains") {
   manual_seed(3);
   const auto vgg11 = nn::vgg11_bn(nn::VGGOptions().num_classes(10));
-  loom::testing::check_torchvision_keys(*vgg11, kVgg11BnKeys);
   // torchvision's 132,868,840 (1000 classes) less 4097 * 990.
-  CHECK(nn::count_parameters(*vgg11) == 128812810);
+  loom::testing::check_torchvision_state(*vgg11, kVgg11BnKeys, 128812810);
   for (const auto& [name, t] : vgg11->named_parameters()) {
     INFO(name);
     if (name.ends_with("bias")) CHECK(loom::testing::max_abs(t) == 0.0);
@@ -69,9 +68,8 @@ TEST_CASE("vgg11_bn and vgg16_bn have torchvision's state_dict keys, shapes and 
   loom::testing::check_cifar_training_step(*vgg11, 9);
 
   const auto vgg16 = nn::vgg16_bn(nn::VGGOptions().num_classes(10));
-  loom::testing::check_torchvision_keys(*vgg16, kVgg16BnKeys);
   // torchvision's 138,365,992 less 4097 * 990.
-  CHECK(nn::count_parameters(*vgg16) == 134309962);
+  loom::testing::check_torchvision_state(*vgg16, kVgg16BnKeys, 134309962);
 }
 
 TEST_SUITE_END();

@@ -63,6 +63,22 @@ inline void check_torchvision_keys(const nn::Module& model, const TorchvisionKey
   }
 }
 
+// check_torchvision_keys, and the model's parameter count: torchvision's
+// `parameter_count`, which the expected shapes (all but the batch norms'
+// buffers) must add up to as well.
+inline void check_torchvision_state(const nn::Module& model, const TorchvisionKeys& expected,
+                                    int64_t parameter_count) {
+  check_torchvision_keys(model, expected);
+  CHECK(nn::count_parameters(model) == parameter_count);
+  int64_t listed = 0;
+  for (const auto& [name, shape] : expected) {
+    const bool buffer =
+        name.ends_with("running_mean") || name.ends_with("running_var") || name.ends_with("num_batches_tracked");
+    if (!buffer) listed += shape_numel(shape);
+  }
+  CHECK(listed == parameter_count);
+}
+
 // A 10-class model's forward on two random 32x32 RGB images gives (2, 10)
 // logits, and backward reaches every parameter.
 inline void check_cifar_training_step(nn::Module& model, uint64_t seed) {
