@@ -163,6 +163,49 @@ double max_relative_difference(const Tensor& actual, const std::vector<double>& 
   for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - expected[i]) / scale);
   return worst;
 }
+
+// Adds bias[k] to every element of channel k of (N, K, P, Q) values whose planes hold `plane` elements.
+void add_bias(std::vector<double>& y, const Tensor& bias, int64_t plane) {
+  const std::vector<double> b = bias.to(DType::f64).to_vector<double>();
+  for (size_t i = 0; i < y.size(); ++i) y[i] += b[(static_cast<int64_t>(i) / plane) % b.size()];
+}
+
+// y, dx and dw within `tolerance` (relative) of the direct loops'.
+void check_matches_direct(const Tensor& y, const Tensor& dx, const Tensor& dw, const DirectConv& expected,
+                          double tolerance) {
+  CHECK(max_relative_difference(y, expected.y) < tolerance);
+  CHECK(max_relative_difference(dx, expected.dx) < tolerance);
+  CHECK(max_relative_difference(dw, expected.dw) < tolerance);
+}
+
+enum class Bias { none, random };
+
+// conv2d in `dtype` on a random input and weight (and bias, with Bias::random)
+// and backward from a random output gradient, drawn in that order from seeds
+// `seed`, `seed` + 1, ...: y, dx and dw against the direct loops'.
+void check_conv2d_matches_direct(const Shape& input, const Shape& weight, const Conv2dParams& params, Bias bias,
+                                 uint64_t seed, DType dtype, double tolerance) {
+  Tensor x = random_tensor(input, seed, -1, 1, dtype).set_requires_grad(true);
+  Tensor w = random_tensor(weight, seed + 1, -1, 1, dtype).set_requires_grad(true);
+  const Tensor b = bias == Bias::random ? random_tensor({weight[0]}, seed + 2, -1, 1, dtype) : Tensor();
+  Tensor y = conv2d(x, w, b, params);
+  Tensor dy = random_tensor(y.sizes(), bias == Bias::random ? seed + 3 : seed + 2, -1, 1, dtype);
+  y.backward(dy);
+  DirectConv expected = direct_conv(x.detach(), w.detach(), dy, params);
+  if (bias == Bias::random) add_bias(expected.y, b, y.size(2) * y.size(3));
+  check_matches_direct(y, x.grad(), w.grad(), expected, tolerance);
+}
+
+// An empty batch (`input` with N = 0) through the CPU kernels: an empty output
+// of shape `output`, and a zero weight gradient.
+void check_empty_batch(const Shape& input, const Shape& weight, const Conv2dParams& params, const Shape& output,
+                       uint64_t seed) {
+  const Tensor x = Tensor::zeros(input), w = random_tensor(weight, seed, -1, 1, DType::f32);
+  CHECK(ops::cpu::conv2d_forward(x, w, Tensor(), params).sizes() == output);
+  const Tensor dw = ops::cpu::conv2d_backward_weight(Tensor::zeros(output), x, w.sizes(), params);
+  const std::vector<float> values = dw.to_vector<float>();
+  CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; }));
+}
 }  // namespace
 
 // The CPU kernels fold several images into one GEMM when the output plane is
@@ -255,16 +298,8 @@ TEST_CASE("conv2d matches direct loops on batches folded into GEMMs, 1 and 2 thr
         // Other values at each thread count: the kernels' scratch keeps what
         // the previous run wrote, which would hide a part the next one skips.
         const uint64_t run_seed = seed + 1000 * static_cast<uint64_t>(threads);
-        Tensor x = random_tensor(c.input, run_seed, -1, 1, dtype).set_requires_grad(true);
-        Tensor w = random_tensor(c.weight, run_seed + 1, -1, 1, dtype).set_requires_grad(true);
-        Tensor y = conv2d(x, w, Tensor(), c.params);
-        Tensor dy = random_tensor(y.sizes(), run_seed + 2, -1, 1, dtype);
-        y.backward(dy);
-        const DirectConv expected = direct_conv(x.detach(), w.detach(), dy, c.params);
-        const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-12;
-        CHECK(max_relative_difference(y, expected.y) < tolerance);
-        CHECK(max_relative_difference(x.grad(), expected.dx) < tolerance);
-        CHECK(max_relative_difference(w.grad(), expected.dw) < tolerance);
+        check_conv2d_matches_direct(c.input, c.weight, c.params, Bias::none, run_seed, dtype,
+                                    dtype == DType::f32 ? 1e-5 : 1e-12);
       }
     }
     seed += 3;
@@ -287,9 +322,7 @@ TEST_CASE("conv2d on small padded planes adds the bias at every output position"
       const Tensor y = conv2d(x, w, b, params);
       const DirectConv expected = direct_conv(x, w, Tensor::zeros(y.sizes()), params);
       std::vector<double> with_bias = expected.y;
-      const int64_t plane = y.size(2) * y.size(3);
-      const std::vector<float> bias = b.to_vector<float>();
-      for (size_t i = 0; i < with_bias.size(); ++i) with_bias[i] += bias[(i / plane) % 4];
+      add_bias(with_bias, b, y.size(2) * y.size(3));
       CHECK(max_relative_difference(y, with_bias) < 1e-5);
     }
   }
@@ -326,17 +359,12 @@ WinogradData random_winograd_data(const WinogradCase& c, uint64_t seed) {
   d.b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
   d.dy = random_tensor({p.batch, p.out_channels, p.out_h, p.out_w}, seed + 3, -1, 1, DType::f32);
   d.expected = direct_conv(d.x, d.w, d.dy, {.padding = c.padding});
-  const std::vector<float> bias = d.b.to_vector<float>();
-  for (size_t i = 0; i < d.expected.y.size(); ++i) d.expected.y[i] += bias[(i / (p.out_h * p.out_w)) % p.out_channels];
+  add_bias(d.expected.y, d.b, p.out_h * p.out_w);
   return d;
 }
 
-// y, dx and dw within 2e-5 (relative) of the direct loops'.
-void check_matches_direct(const Tensor& y, const Tensor& dx, const Tensor& dw, const DirectConv& expected) {
-  CHECK(max_relative_difference(y, expected.y) < 2e-5);
-  CHECK(max_relative_difference(dx, expected.dx) < 2e-5);
-  CHECK(max_relative_difference(dw, expected.dw) < 2e-5);
-}
+// How close (relative) the Winograd paths' y, dx and dw come to the direct loops'.
+constexpr double kWinogradTolerance = 2e-5;
 }  // namespace
 
 TEST_CASE("Winograd convolution matches direct loops for every tile size") {
@@ -359,7 +387,7 @@ TEST_CASE("Winograd convolution matches direct loops for every tile size") {
       ops::cpu::winograd::forward(x.data<float>(), w.data<float>(), b.data<float>(), p, m, y.data<float>());
       ops::cpu::winograd::backward_input(dy.data<float>(), w.data<float>(), p, m, dx.data<float>());
       ops::cpu::winograd::backward_weight(dy.data<float>(), x.data<float>(), p, m, dw.data<float>());
-      check_matches_direct(y, dx, dw, expected);
+      check_matches_direct(y, dx, dw, expected, kWinogradTolerance);
     }
     seed += 4;
   }
@@ -393,12 +421,8 @@ TEST_CASE("conv2d uses Winograd for 3x3 and 5x5 f32 convolutions with enough cha
     for (int threads : {1, 2}) {
       INFO(c.name << ", " << threads << " threads");
       set_num_threads(threads);
-      Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32).set_requires_grad(true);
-      Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32).set_requires_grad(true);
-      Tensor y = conv2d(x, w, Tensor(), {.padding = c.padding});
-      Tensor dy = random_tensor(y.sizes(), seed + 2, -1, 1, DType::f32);
-      y.backward(dy);
-      check_matches_direct(y, x.grad(), w.grad(), direct_conv(x.detach(), w.detach(), dy, {.padding = c.padding}));
+      check_conv2d_matches_direct(c.input, c.weight, {.padding = c.padding}, Bias::none, seed, DType::f32,
+                                  kWinogradTolerance);
     }
     seed += 3;
   }
@@ -460,19 +484,13 @@ TEST_CASE("Winograd's channels-last and tile-major paths both match direct loops
         ops::cpu::winograd::backward_weight(dy.data<float>(), x.data<float>(), p, 4, dw.data<float>());
         ops::cpu::winograd::backward(dy.data<float>(), x.data<float>(), w.data<float>(), p, 4, dx2.data<float>(),
                                      dw2.data<float>());
-        check_matches_direct(y, dx, dw, expected);
-        CHECK(max_relative_difference(dx2, expected.dx) < 2e-5);
-        CHECK(max_relative_difference(dw2, expected.dw) < 2e-5);
+        check_matches_direct(y, dx, dw, expected, kWinogradTolerance);
+        CHECK(max_relative_difference(dx2, expected.dx) < kWinogradTolerance);
+        CHECK(max_relative_difference(dw2, expected.dw) < kWinogradTolerance);
       }
       seed += 4;
     }
-    // An empty batch: an empty output and a zero weight gradient.
-    const Tensor x = Tensor::zeros({0, 16, 14, 14}), w = random_tensor({32, 16, 5, 5}, seed, -1, 1, DType::f32);
-    CHECK(ops::cpu::conv2d_forward(x, w, Tensor(), {.padding = {2, 2}}).sizes() == Shape{0, 32, 14, 14});
-    const Tensor dw =
-        ops::cpu::conv2d_backward_weight(Tensor::zeros({0, 32, 14, 14}), x, w.sizes(), {.padding = {2, 2}});
-    const std::vector<float> values = dw.to_vector<float>();
-    CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; }));
+    check_empty_batch({0, 16, 14, 14}, {32, 16, 5, 5}, {.padding = {2, 2}}, {0, 32, 14, 14}, seed);
   }
   ops::cpu::set_gemm_kernel(saved_kernel);
   set_num_threads(saved_threads);
@@ -520,31 +538,14 @@ TEST_CASE("conv2d runs thin f32 convolutions on the direct kernels and matches d
     for (int threads : {1, 2}) {
       INFO(c.name << ", " << threads << " threads");
       set_num_threads(threads);
-      Tensor x = random_tensor(c.input, seed, -1, 1, DType::f32).set_requires_grad(true);
-      Tensor w = random_tensor(c.weight, seed + 1, -1, 1, DType::f32).set_requires_grad(true);
-      Tensor b = random_tensor({c.weight[0]}, seed + 2, -1, 1, DType::f32);
-      Tensor y = conv2d(x, w, b, {.padding = c.padding});
-      Tensor dy = random_tensor(y.sizes(), seed + 3, -1, 1, DType::f32);
-      y.backward(dy);
-      DirectConv expected = direct_conv(x.detach(), w.detach(), dy, {.padding = c.padding});
-      const std::vector<float> bias = b.to_vector<float>();
-      const int64_t plane = y.size(2) * y.size(3);
-      for (size_t i = 0; i < expected.y.size(); ++i) expected.y[i] += bias[(i / plane) % bias.size()];
-      CHECK(max_relative_difference(y, expected.y) < 1e-5);
-      CHECK(max_relative_difference(x.grad(), expected.dx) < 1e-5);
-      CHECK(max_relative_difference(w.grad(), expected.dw) < 1e-5);
+      check_conv2d_matches_direct(c.input, c.weight, {.padding = c.padding}, Bias::random, seed, DType::f32, 1e-5);
     }
     seed += 4;
   }
   // An empty batch: an empty output and a zero weight gradient.
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    Tensor x = Tensor::zeros({0, 1, 28, 28});
-    Tensor w = random_tensor({16, 1, 5, 5}, seed, -1, 1, DType::f32);
-    CHECK(ops::cpu::conv2d_forward(x, w, Tensor(), {.padding = {2, 2}}).sizes() == Shape{0, 16, 28, 28});
-    const Tensor dw = ops::cpu::conv2d_backward_weight(Tensor::zeros({0, 16, 28, 28}), x, w.sizes(), {.padding = {2, 2}});
-    const std::vector<float> values = dw.to_vector<float>();
-    CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; }));
+    check_empty_batch({0, 1, 28, 28}, {16, 1, 5, 5}, {.padding = {2, 2}}, {0, 16, 28, 28}, seed);
   }
   set_num_threads(saved_threads);
 }
