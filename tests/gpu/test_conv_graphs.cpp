@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,28 @@ void check_channel_sums(const Tensor& got, const std::vector<double>& expected, 
   CHECK(worst <= tolerance);
 }
 
+// What running a fused graph did: whether cuDNN ran it, and the counters it moved.
+struct GraphRun {
+  bool ran;
+  cuda::Counters counted;
+};
+
+// Runs `graph` (a fused op; false: refused), whose output `output` the caller
+// filled with 7: a refusal must count one graph fallback and leave `output`
+// untouched, a run must count none.
+GraphRun run_checking_refusal(const std::function<bool()>& graph, const Tensor& output) {
+  const cuda::Counters before = cuda::counters();
+  const bool ran = graph();
+  const cuda::Counters counted = cuda::counters() - before;
+  if (!ran) {
+    CHECK(counted.graph_fallbacks == 1);
+    CHECK(host_values(output) == std::vector<double>(static_cast<size_t>(output.numel()), 7.0));
+  } else {
+    CHECK(counted.graph_fallbacks == 0);
+  }
+  return {ran, counted};
+}
+
 // Runs the fused forward on `c` in `dtype` and, when cuDNN ran it, checks it
 // against the unfused CUDA ops (batch_norm_apply with mean 0, var 1, eps 0 and
 // ReLU; conv2d; batch_norm_stats) and against the CPU's in f32. Returns whether
@@ -80,16 +103,10 @@ bool check_conv_graph_case(const ConvGraphCase& c, DType dtype) {
   Tensor y = empty_with_format(out_sizes, dtype, kCuda, MemoryFormat::nhwc);
   y.fill_(7.0);
   const Tensor sum = Tensor::zeros({c.k}, DType::f32, kCuda), sq_sum = Tensor::zeros({c.k}, DType::f32, kCuda);
-  const cuda::Counters before = cuda::counters();
-  const bool ran = ops::cuda::conv2d_bn_prologue_stats(xg, scale_g, bias_g, wg, params, y, sum, sq_sum);
-  const cuda::Counters counted = cuda::counters() - before;
-  if (!ran) {
-    CHECK(counted.graph_fallbacks == 1);
-    CHECK(host_values(y) == std::vector<double>(static_cast<size_t>(y.numel()), 7.0));
-    return false;
-  }
-  CHECK(counted.graph_fallbacks == 0);
-  CHECK(counted.library_calls == 1);
+  const GraphRun run = run_checking_refusal(
+      [&] { return ops::cuda::conv2d_bn_prologue_stats(xg, scale_g, bias_g, wg, params, y, sum, sq_sum); }, y);
+  if (!run.ran) return false;
+  CHECK(run.counted.library_calls == 1);
 
   // The unfused CUDA ops on the same inputs.
   const Tensor zeros = Tensor::zeros({c.c}, DType::f32, kCuda), ones = Tensor::ones({c.c}, DType::f32, kCuda);
@@ -164,15 +181,9 @@ bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
   const ops::cuda::BatchNormBackwardTerms out{dz,           channel_f32(), channel_f32(),
                                               channel_f32(), channel_f32(), channel_f32()};
   const Tensor xg = to_gpu(x, true), wg = to_gpu(w, true), dyg = to_gpu(dy, true);
-  const cuda::Counters before = cuda::counters();
-  const bool ran = ops::cuda::conv2d_dgrad_relu_bn_backward(dyg, wg, xg, saved, params, out);
-  const cuda::Counters counted = cuda::counters() - before;
-  if (!ran) {
-    CHECK(counted.graph_fallbacks == 1);
-    CHECK(host_values(dz) == std::vector<double>(static_cast<size_t>(dz.numel()), 7.0));
-    return false;
-  }
-  CHECK(counted.graph_fallbacks == 0);
+  const GraphRun run = run_checking_refusal(
+      [&] { return ops::cuda::conv2d_dgrad_relu_bn_backward(dyg, wg, xg, saved, params, out); }, dz);
+  if (!run.ran) return false;
 
   // The unfused input gradient, and the CPU's in f32.
   const std::vector<double> da = host_values(ops::cuda::conv2d_backward_input(dyg, wg, x_sizes, params));
@@ -231,26 +242,34 @@ bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
   return true;
 }
 
-}  // namespace
+// ResNet-50's convolutions between two batch norms at batch 32: layer1's 3x3,
+// its 1x1 reduction and expansion, layer2's strided 3x3.
+const ConvGraphCase kLayer1Conv3x3{"layer1 3x3", 32, 64, 56, 56, 64, 3, 1, 1};
+const ConvGraphCase kLayer1Reduction1x1{"layer1 1x1 reduction", 32, 256, 56, 56, 64, 1, 1, 0};
+const ConvGraphCase kLayer1Expansion1x1{"layer1 1x1 expansion", 32, 64, 56, 56, 256, 1, 1, 0};
+const ConvGraphCase kLayer2Conv3x3Stride2{"layer2 3x3 stride 2", 32, 128, 56, 56, 128, 3, 2, 1};
 
-TEST_SUITE("conv_graphs") {
-// Issue 47's fused forward, run whatever LOOM_CUDNN_GRAPH says (it gates the
-// training path only). ResNet-50's convolutions between two batch norms at
-// batch 32: layer1's 3x3, its 1x1 reduction and expansion, layer2's strided 3x3.
-TEST_CASE("cuDNN graph: batch-norm prologue + conv2d + statistics epilogue against the unfused ops and the CPU") {
-  const ConvGraphCase cases[] = {{"layer1 3x3", 32, 64, 56, 56, 64, 3, 1, 1},
-                                 {"layer1 1x1 reduction", 32, 256, 56, 56, 64, 1, 1, 0},
-                                 {"layer1 1x1 expansion", 32, 64, 56, 56, 256, 1, 1, 0},
-                                 {"layer2 3x3 stride 2", 32, 128, 56, 56, 128, 3, 2, 1}};
+// `check_case` (check_conv_graph_case or check_dgrad_graph_case) on each of
+// ResNet's `cases` in f16 and bf16. Built in, cuDNN must take them all
+// (Ampere and later; the reason for a refusal is logged at
+// LOOM_LOG_LEVEL=debug); without cudnn-frontend it must refuse them all.
+void check_resnet_cases(const std::vector<ConvGraphCase>& cases, bool (*check_case)(const ConvGraphCase&, DType)) {
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (const ConvGraphCase& c : cases) {
-      const bool ran = check_conv_graph_case(c, dtype);
-      // Built in, cuDNN must take ResNet's shapes (Ampere and later; the
-      // reason for a refusal is logged at LOOM_LOG_LEVEL=debug).
+      const bool ran = check_case(c, dtype);
       INFO(c.name, " ", dtype_name(dtype), ": cudnn-frontend built in: ", ops::cuda::conv_graphs_built_in());
       CHECK(ran == ops::cuda::conv_graphs_built_in());
     }
   }
+}
+}  // namespace
+
+TEST_SUITE("conv_graphs") {
+// Issue 47's fused forward, run whatever LOOM_CUDNN_GRAPH says (it gates the
+// training path only), on ResNet-50's four shapes.
+TEST_CASE("cuDNN graph: batch-norm prologue + conv2d + statistics epilogue against the unfused ops and the CPU") {
+  check_resnet_cases({kLayer1Conv3x3, kLayer1Reduction1x1, kLayer1Expansion1x1, kLayer2Conv3x3Stride2},
+                     check_conv_graph_case);
 }
 
 TEST_CASE("cuDNN graph: a refused graph writes nothing and counts a fallback") {
@@ -279,16 +298,7 @@ TEST_CASE("cuDNN graph: a refused graph writes nothing and counts a fallback") {
 }
 
 TEST_CASE("cuDNN graph: conv2d data gradient + ReLU mask + batch-norm backward terms against the unfused ops and f64") {
-  const ConvGraphCase cases[] = {{"layer1 3x3", 32, 64, 56, 56, 64, 3, 1, 1},
-                                 {"layer1 1x1 expansion", 32, 64, 56, 56, 256, 1, 1, 0},
-                                 {"layer2 3x3 stride 2", 32, 128, 56, 56, 128, 3, 2, 1}};
-  for (DType dtype : {DType::f16, DType::bf16}) {
-    for (const ConvGraphCase& c : cases) {
-      const bool ran = check_dgrad_graph_case(c, dtype);
-      INFO(c.name, " ", dtype_name(dtype), ": cudnn-frontend built in: ", ops::cuda::conv_graphs_built_in());
-      CHECK(ran == ops::cuda::conv_graphs_built_in());
-    }
-  }
+  check_resnet_cases({kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}, check_dgrad_graph_case);
 }
 
 }  // TEST_SUITE
