@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <optional>
 #include <sstream>
 
 #include <loom/core/autograd.h>
@@ -182,36 +184,48 @@ LOOM_DIST_SCENARIO("join_buffers") {
   group->barrier()->wait();
 }
 
-// The running ranks disagree on no_sync: every rank throws, naming them.
-LOOM_DIST_SCENARIO("join_no_sync_disagreement") {
+namespace {
+// A scenario in which every rank throws: `run(ddp, join, rank)` with DDP over
+// tiny_model(100) inside a Join with `options`; the error on each rank must
+// mention `expected`.
+void expect_join_error(const JoinOptions& options,
+                       const std::function<void(DistributedDataParallel&, Join&, int rank)>& run,
+                       const std::string& expected) {
   auto group = group_from_environment(20s);
   const int rank = group->rank();
   auto model = tiny_model(100);
   DistributedDataParallel ddp(model, group);
-  Join join({ddp});
-  const std::string message = error_of([&] {
-    std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
-    if (rank == 0) no_sync.emplace(ddp.no_sync());
-    ddp.forward(inputs(0, 2));
-  });
-  expect(contains(message, "rank(s) 0 run it under no_sync() and rank(s) 1 do not"), "rank ", rank, ": ", message);
+  Join join({ddp}, options);
+  const std::string message = error_of([&] { run(ddp, join, rank); });
+  expect(contains(message, expected), "rank ", rank, ": ", message);
   group->barrier()->wait();
+}
+}  // namespace
+
+// The running ranks disagree on no_sync: every rank throws, naming them.
+LOOM_DIST_SCENARIO("join_no_sync_disagreement") {
+  expect_join_error(
+      JoinOptions(),
+      [](DistributedDataParallel& ddp, Join&, int rank) {
+        std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
+        if (rank == 0) no_sync.emplace(ddp.no_sync());
+        ddp.forward(inputs(0, 2));
+      },
+      "rank(s) 0 run it under no_sync() and rank(s) 1 do not");
 }
 
 // throw_on_early_termination: rank 1 has one batch, rank 0 three; both throw
 // at iteration 1, rank 1 from join(), rank 0 from its second forward.
 LOOM_DIST_SCENARIO("join_throw_on_early_termination") {
-  auto group = group_from_environment(20s);
-  const int rank = group->rank();
-  auto model = tiny_model(100);
-  DistributedDataParallel ddp(model, group);
-  Join join({ddp}, JoinOptions().throw_on_early_termination(true));
-  const std::string message = error_of([&] {
-    for (int64_t i = 0; i < (rank == 0 ? 3 : 1); ++i) mse(ddp.forward(inputs(2 * i, 2)), targets(2 * i, 2)).backward();
-    join.join();
-  });
-  expect(contains(message, "rank(s) 1 exhausted their inputs at iteration 1"), "rank ", rank, ": ", message);
-  group->barrier()->wait();
+  expect_join_error(
+      JoinOptions().throw_on_early_termination(true),
+      [](DistributedDataParallel& ddp, Join& join, int rank) {
+        for (int64_t i = 0; i < (rank == 0 ? 3 : 1); ++i) {
+          mse(ddp.forward(inputs(2 * i, 2)), targets(2 * i, 2)).backward();
+        }
+        join.join();
+      },
+      "rank(s) 1 exhausted their inputs at iteration 1");
 }
 
 namespace {
