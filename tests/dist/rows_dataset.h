@@ -5,11 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include <loom/core/tensor.h>
-#include <loom/data/dataset.h>
+#include "tests/support/generated_dataset.h"
 
 namespace loom::dist::testing {
 
@@ -18,19 +17,13 @@ inline float row_feature(int64_t row, int64_t column) {
   return static_cast<float>(std::sin(0.7 * static_cast<double>(row) + 1.3 * static_cast<double>(column)));
 }
 
-class RowsDataset : public data::Dataset {
+class RowsDataset : public loom::testing::GeneratedDataset {
  public:
-  explicit RowsDataset(int64_t rows) : rows_(rows) {}
-  int64_t size() const override { return rows_; }
-  data::SampleShape sample_shape() const override { return {1, 2, 3}; }
-  int64_t get(int64_t index, data::SampleSlot& slot) const override {
-    for (int64_t column = 0; column < 6; ++column) slot.pixels[column] = row_feature(index, column);
-    return index;
-  }
-  std::string name() const override { return "rows"; }
-
- private:
-  int64_t rows_;
+  explicit RowsDataset(int64_t rows)
+      : GeneratedDataset("rows", rows, {1, 2, 3}, [](int64_t index, float* pixels) {
+          for (int64_t column = 0; column < 6; ++column) pixels[column] = row_feature(index, column);
+          return index;
+        }) {}
 };
 
 // The (rows, 3) targets of `rows`, in `dtype`.

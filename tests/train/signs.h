@@ -10,25 +10,24 @@
 #include <vector>
 
 #include <loom/core/generator.h>
-#include <loom/data/dataset.h>
+#include "tests/support/generated_dataset.h"
 
 namespace loom::train::testing {
 
 // 200 samples of three classes by the sign pattern of two noisy coordinates, as 1x2x2 images.
-class Signs : public data::Dataset {
+class Signs : public loom::testing::GeneratedDataset {
  public:
   static constexpr int64_t kSize = 200;
-  int64_t size() const override { return kSize; }
-  data::SampleShape sample_shape() const override { return {1, 2, 2}; }
-  int64_t get(int64_t index, data::SampleSlot& slot) const override {
-    Generator random(static_cast<uint64_t>(index) * 7 + 1);
-    const double a = random.normal(), b = random.normal();
-    slot.pixels[0] = static_cast<float>(a);
-    slot.pixels[1] = static_cast<float>(b);
-    slot.pixels[2] = static_cast<float>(a - b);
-    slot.pixels[3] = 1.0f;
-    return a > 0 ? (b > 0 ? 0 : 1) : 2;
-  }
+  Signs()
+      : GeneratedDataset("signs", kSize, {1, 2, 2}, [](int64_t index, float* pixels) -> int64_t {
+          Generator random(static_cast<uint64_t>(index) * 7 + 1);
+          const double a = random.normal(), b = random.normal();
+          pixels[0] = static_cast<float>(a);
+          pixels[1] = static_cast<float>(b);
+          pixels[2] = static_cast<float>(a - b);
+          pixels[3] = 1.0f;
+          return a > 0 ? (b > 0 ? 0 : 1) : 2;
+        }) {}
 };
 
 // The largest |a - b| / max(1, |b|); infinity for vectors of different

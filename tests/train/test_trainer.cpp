@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/support/generated_dataset.h"
 #include "tests/support/temp_dir.h"
 #include <loom/core/generator.h>
 #include <loom/data/loader.h>
@@ -32,22 +33,17 @@ using namespace loom;
 
 // 2x2 single-channel "images" whose class is the quadrant of their mean
 // position: separable, so a linear model learns it.
-class Quadrants : public data::Dataset {
- public:
-  explicit Quadrants(int64_t size) : size_(size) {}
-  int64_t size() const override { return size_; }
-  data::SampleShape sample_shape() const override { return {1, 2, 2}; }
-  int64_t get(int64_t index, data::SampleSlot& slot) const override {
-    Generator random(static_cast<uint64_t>(index) + 17);
-    const double x = 2 * random.uniform() - 1, y = 2 * random.uniform() - 1;
-    const float values[4] = {static_cast<float>(x), static_cast<float>(y), static_cast<float>(x * y), 0.5f};
-    for (int i = 0; i < 4; ++i) slot.pixels[i] = values[i];
-    return (x > 0 ? 1 : 0) + (y > 0 ? 2 : 0);
-  }
-
- private:
-  int64_t size_;
-};
+int64_t quadrant_sample(int64_t index, float* pixels) {
+  Generator random(static_cast<uint64_t>(index) + 17);
+  const double x = 2 * random.uniform() - 1, y = 2 * random.uniform() - 1;
+  const float values[4] = {static_cast<float>(x), static_cast<float>(y), static_cast<float>(x * y), 0.5f};
+  for (int i = 0; i < 4; ++i) pixels[i] = values[i];
+  return (x > 0 ? 1 : 0) + (y > 0 ? 2 : 0);
+}
+std::shared_ptr<loom::testing::GeneratedDataset> quadrants(int64_t size) {
+  return std::make_shared<loom::testing::GeneratedDataset>("quadrants", size, data::SampleShape{1, 2, 2},
+                                                           quadrant_sample);
+}
 
 struct Setup {
   std::shared_ptr<nn::Module> model;
@@ -67,7 +63,7 @@ Setup make_setup(double lr = 0.1) {
         return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(lr).momentum(0.9));
       },
       amp::OptLevel::O0);
-  auto train_set = std::make_shared<Quadrants>(200), test_set = std::make_shared<Quadrants>(64);
+  auto train_set = quadrants(200), test_set = quadrants(64);
   data::DataLoader train_loader(train_set, data::DataLoaderOptions().batch_size(16).num_workers(1).seed(3),
                                 std::make_shared<data::DistributedSampler>(200, 1, 0, /*shuffle=*/true, 3));
   data::DataLoader test_loader(test_set, data::DataLoaderOptions().batch_size(32));
