@@ -37,14 +37,11 @@ loom::testing::TorchvisionKeys torchvision_keys() {
     const Stage& setting = stages[stage];
     for (int64_t i = 0; i < setting.layers; ++i) {
       const std::string block = "features." + std::to_string(stage + 1) + "." + std::to_string(i) + ".block.";
-      const int64_t expanded = in_channels * setting.expand_ratio;
-      int64_t layer = 0;
-      if (setting.expand_ratio != 1) {
-        add_conv_norm(keys, block + std::to_string(layer++) + ".", expanded, in_channels, 1);
-      }
-      add_conv_norm(keys, block + std::to_string(layer++) + ".", expanded, 1, setting.kernel);
-      loom::testing::add_squeeze_excitation(keys, block + std::to_string(layer++) + ".", expanded, in_channels / 4);
-      add_conv_norm(keys, block + std::to_string(layer) + ".", setting.out_channels, expanded, 1);
+      loom::testing::add_inverted_residual(keys, block, {.in_channels = in_channels,
+                                                         .expanded_channels = in_channels * setting.expand_ratio,
+                                                         .out_channels = setting.out_channels,
+                                                         .kernel = setting.kernel,
+                                                         .squeeze_channels = in_channels / 4});
       in_channels = setting.out_channels;
     }
   }
@@ -52,14 +49,14 @@ loom::testing::TorchvisionKeys torchvision_keys() {
   loom::testing::add_linear(keys, "classifier.1.", 10, 1280);
   return keys;
 }
-const loom::testing::TorchvisionKeys kTorchvisionKeys = torchvision_keys();
 }  // namespace
 TEST_SUITE_BEGIN("efficientnet");
 
 TEST_CASE("efficientnet_b0 has torchvision's state_dict keys, shapes and parameter count") {
+  const loom::testing::TorchvisionKeys keys = torchvision_keys();
   const auto model = nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10));
   // torchvision's 5,288,548 (1000 classes) less 1281 * 990.
-  loom::testing::check_torchvision_state(*model, kTorchvisionKeys, 4020358);
+  loom::testing::check_torchvision_state(*model, keys, 4020358);
   CHECK(nn::count_parameters(*nn::efficientnet_b0()) == 5288548);
   // Stochastic depth 0.2 * k / 16 for block k: stage 6's last block (k = 14) 0.175.
   auto* stage6 = model->features->named_children()[6].second;
@@ -67,7 +64,7 @@ TEST_CASE("efficientnet_b0 has torchvision's state_dict keys, shapes and paramet
   REQUIRE(last != nullptr);
   CHECK(last->stochastic_depth->options().p() == doctest::Approx(0.2 * 14 / 16));
   // The classifier: uniform in +-1 / sqrt(10), zero bias.
-  const Tensor fc = model->state_dict()[kTorchvisionKeys.size() - 2].second;
+  const Tensor fc = model->state_dict()[keys.size() - 2].second;
   CHECK(loom::testing::max_abs(fc) <= 1.0 / std::sqrt(10.0));
   CHECK(loom::testing::max_abs(fc) > 0.2);
 }

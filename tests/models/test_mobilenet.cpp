@@ -37,13 +37,12 @@ loom::testing::TorchvisionKeys torchvision_keys() {
   int64_t feature = 1, in_channels = 32;
   for (const Setting& setting : settings) {
     for (int64_t i = 0; i < setting.repeats; ++i, ++feature) {
-      const std::string conv = "features." + std::to_string(feature) + ".conv.";
-      const int64_t hidden = in_channels * setting.expand_ratio;
-      int64_t layer = 0;
-      if (setting.expand_ratio != 1) add_conv_norm(keys, conv + std::to_string(layer++) + ".", hidden, in_channels, 1);
-      add_conv_norm(keys, conv + std::to_string(layer++) + ".", hidden, 1, 3);
-      keys.push_back({conv + std::to_string(layer++) + ".weight", {setting.out_channels, hidden, 1, 1}});
-      loom::testing::add_batch_norm(keys, conv + std::to_string(layer) + ".", setting.out_channels);
+      loom::testing::add_inverted_residual(keys, "features." + std::to_string(feature) + ".conv.",
+                                           {.in_channels = in_channels,
+                                            .expanded_channels = in_channels * setting.expand_ratio,
+                                            .out_channels = setting.out_channels,
+                                            .kernel = 3,
+                                            .projection = loom::testing::Projection::conv_then_batch_norm});
       in_channels = setting.out_channels;
     }
   }
@@ -51,7 +50,6 @@ loom::testing::TorchvisionKeys torchvision_keys() {
   loom::testing::add_linear(keys, "classifier.1.", 10, 1280);
   return keys;
 }
-const loom::testing::TorchvisionKeys kTorchvisionKeys = torchvision_keys();
 
 }  // namespace
 TEST_SUITE_BEGIN("mobilenet_v2");
@@ -59,7 +57,7 @@ TEST_SUITE_BEGIN("mobilenet_v2");
 TEST_CASE("mobilenet_v2 has torchvision's state_dict keys, shapes and parameter count") {
   const auto model = nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(10));
   // 2,236,682 with 10 classes: torchvision's 3,504,872 less 1281 * (1000 - 10).
-  loom::testing::check_torchvision_state(*model, kTorchvisionKeys, 2236682);
+  loom::testing::check_torchvision_state(*model, torchvision_keys(), 2236682);
   CHECK(nn::count_parameters(*nn::mobilenet_v2()) == 3504872);
 }
 
@@ -79,11 +77,12 @@ TEST_CASE("mobilenet_v2 initialisation: kaiming normal (fan_out) convolutions, n
     if (name.ends_with("bias")) CHECK(loom::testing::max_abs(t) == 0.0);
   }
   // The last 1x1 convolution, (1280, 320, 1, 1): std sqrt(2 / 1280).
-  const std::vector<float> w = model->state_dict()[kTorchvisionKeys.size() - 8].second.to_vector<float>();
+  const size_t key_count = torchvision_keys().size();
+  const std::vector<float> w = model->state_dict()[key_count - 8].second.to_vector<float>();
   double squares = 0;
   for (float v : w) squares += static_cast<double>(v) * v;
   CHECK(std::sqrt(squares / static_cast<double>(w.size())) == doctest::Approx(std::sqrt(2.0 / 1280)).epsilon(0.02));
-  const Tensor fc = model->state_dict()[kTorchvisionKeys.size() - 2].second;
+  const Tensor fc = model->state_dict()[key_count - 2].second;
   CHECK(loom::testing::max_abs(fc) < 0.06);  // 6 standard deviations of 0.01
 }
 

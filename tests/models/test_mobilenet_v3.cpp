@@ -38,16 +38,12 @@ loom::testing::TorchvisionKeys torchvision_keys(const std::vector<BlockSetting>&
   add_conv_norm(keys, "features.0.", 16, 3, 3);
   int64_t feature = 1, in_channels = 16;
   for (const BlockSetting& setting : blocks) {
-    const std::string block = "features." + std::to_string(feature++) + ".block.";
-    const int64_t expanded = setting.expanded_channels;
-    int64_t layer = 0;
-    if (expanded != in_channels) add_conv_norm(keys, block + std::to_string(layer++) + ".", expanded, in_channels, 1);
-    add_conv_norm(keys, block + std::to_string(layer++) + ".", expanded, 1, setting.kernel);
-    if (setting.squeeze_channels != 0) {
-      loom::testing::add_squeeze_excitation(keys, block + std::to_string(layer++) + ".", expanded,
-                                            setting.squeeze_channels);
-    }
-    add_conv_norm(keys, block + std::to_string(layer) + ".", setting.out_channels, expanded, 1);
+    loom::testing::add_inverted_residual(keys, "features." + std::to_string(feature++) + ".block.",
+                                         {.in_channels = in_channels,
+                                          .expanded_channels = setting.expanded_channels,
+                                          .out_channels = setting.out_channels,
+                                          .kernel = setting.kernel,
+                                          .squeeze_channels = setting.squeeze_channels});
     in_channels = setting.out_channels;
   }
   add_conv_norm(keys, "features." + std::to_string(feature) + ".", 6 * in_channels, in_channels, 1);

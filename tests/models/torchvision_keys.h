@@ -46,6 +46,36 @@ inline void add_squeeze_excitation(TorchvisionKeys& keys, const std::string& pre
   keys.push_back({prefix + "fc2.bias", {channels}});
 }
 
+// How an inverted-residual block stores its 1x1 projection: as one
+// Conv2dNormActivation (MBConv, MobileNetV3), or as a Conv2d and a
+// BatchNorm2d of their own numbers (MobileNetV2).
+enum class Projection { conv_norm, conv_then_batch_norm };
+
+struct InvertedResidual {
+  int64_t in_channels, expanded_channels, out_channels, kernel;
+  int64_t squeeze_channels = 0;  // 0: no squeeze-and-excitation
+  Projection projection = Projection::conv_norm;
+};
+
+// An inverted-residual block's layers under `prefix`, numbered from 0: the 1x1
+// expansion (only where expanded_channels differs from in_channels), the
+// depthwise kernel x kernel convolution, the squeeze-and-excitation, and the
+// projection.
+inline void add_inverted_residual(TorchvisionKeys& keys, const std::string& prefix, const InvertedResidual& block) {
+  int64_t layer = 0;
+  const auto next_layer = [&] { return prefix + std::to_string(layer++) + "."; };
+  const int64_t expanded = block.expanded_channels;
+  if (expanded != block.in_channels) add_conv_norm(keys, next_layer(), expanded, block.in_channels, 1);
+  add_conv_norm(keys, next_layer(), expanded, 1, block.kernel);
+  if (block.squeeze_channels != 0) add_squeeze_excitation(keys, next_layer(), expanded, block.squeeze_channels);
+  if (block.projection == Projection::conv_norm) {
+    add_conv_norm(keys, next_layer(), block.out_channels, expanded, 1);
+  } else {
+    keys.push_back({next_layer() + "weight", {block.out_channels, expanded, 1, 1}});
+    add_batch_norm(keys, next_layer(), block.out_channels);
+  }
+}
+
 // Linear: weight (out, in) and bias.
 inline void add_linear(TorchvisionKeys& keys, const std::string& prefix, int64_t out_features, int64_t in_features) {
   keys.push_back({prefix + "weight", {out_features, in_features}});
