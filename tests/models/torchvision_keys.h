@@ -51,7 +51,8 @@ inline void add_squeeze_excitation(TorchvisionKeys& keys, const std::string& pre
 // BatchNorm2d of their own numbers (MobileNetV2).
 enum class Projection { conv_norm, conv_then_batch_norm };
 
-struct InvertedResidual {
+// One inverted-residual block as its keys show it: channels, depthwise kernel, parts.
+struct InvertedResidualLayout {
   int64_t in_channels, expanded_channels, out_channels, kernel;
   int64_t squeeze_channels = 0;  // 0: no squeeze-and-excitation
   Projection projection = Projection::conv_norm;
@@ -61,7 +62,8 @@ struct InvertedResidual {
 // expansion (only where expanded_channels differs from in_channels), the
 // depthwise kernel x kernel convolution, the squeeze-and-excitation, and the
 // projection.
-inline void add_inverted_residual(TorchvisionKeys& keys, const std::string& prefix, const InvertedResidual& block) {
+inline void add_inverted_residual(TorchvisionKeys& keys, const std::string& prefix,
+                                  const InvertedResidualLayout& block) {
   int64_t layer = 0;
   const auto next_layer = [&] { return prefix + std::to_string(layer++) + "."; };
   const int64_t expanded = block.expanded_channels;
