@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   std::string model_name = "resnet50", stem_name = "imagenet";
   int64_t batch = 32, warmup = 1;
   int threads = 1;
-  app.add_option("--model", model_name, "resnet18 .. resnet152, or convnet")->capture_default_str();
+  app.add_option("--model", model_name, "resnet18 .. resnet152, convnet, or another of the apps' --model names")->capture_default_str();
   app.add_option("--stem", stem_name, "ResNet stem: imagenet or cifar")->capture_default_str();
   app.add_option("--batch", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps before the measured one")->capture_default_str()->check(CLI::NonNegativeNumber);
