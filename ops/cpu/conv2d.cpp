@@ -168,6 +168,27 @@ T* weight_packing(const Geometry& g, int64_t m, int64_t k) {
   return scratch<T>(Conv2dSlot::packed_weight, PackedA<T>::storage_size(m, k));
 }
 
+// The im2col path's weight as its GEMMs read it: the active taps only,
+// (O, C*active), as op(W) = W (forward) or Wᵀ (backward_input), packed when
+// weight_packing says so; and the columns each batch group aims at. Counts
+// the convolution's flops.
+template <class T>
+struct ColumnWeight {
+  int64_t k;  // C*active, the rows of a column matrix
+  PackedA<T> packed;
+  int64_t target_columns;
+};
+template <class T>
+ColumnWeight<T> column_weight(const T* weight, const Geometry& g, const Taps& taps, Transpose transpose) {
+  const int64_t k = taps.col_rows(g);
+  weight = active_weight(weight, g, taps);  // (O, C*active)
+  profiler::add_flops(conv_flops(g, k));
+  const bool transposed = transpose == Transpose::yes;  // op(W): (m, depth)
+  const int64_t m = transposed ? k : g.out_channels, depth = transposed ? g.out_channels : k;
+  const PackedA<T> packed(transpose, m, depth, weight, k, weight_packing<T>(g, m, depth));
+  return {k, packed, packed.packed != nullptr ? kPackedTargetColumns : kTargetColumns};
+}
+
 // The column matrix of images n0 .. n0+images (C*active, images*Ho*Wo):
 // im2col into the columns slot, or, for one image under a pointwise kernel, the
 // image itself. Built here, its rows are gemm_b_stride apart, so that the
@@ -215,12 +236,8 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
   if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
     return forward_by_class(input, weight, bias, g, classes, output);
   }
-  const int64_t k = taps.col_rows(g);
-  weight = active_weight(weight, g, taps);  // (O, C*active)
-  profiler::add_flops(conv_flops(g, k));
-  const PackedA<T> packed_weight(Transpose::no, g.out_channels, k, weight, k, weight_packing<T>(g, g.out_channels, k));
-  const int64_t target = packed_weight.packed != nullptr ? kPackedTargetColumns : kTargetColumns;
-  for_each_group(g, plan_batch(g, target), [&](int64_t, int64_t n0, int64_t images) {
+  const ColumnWeight<T> w = column_weight(weight, g, taps, Transpose::no);
+  for_each_group(g, plan_batch(g, w.target_columns), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const Columns<T> col = group_columns(input, g, taps, n0, images);
     // One image writes straight into the output; several go through (O, G*Ho*Wo).
@@ -228,7 +245,7 @@ void forward(const T* input, const T* weight, const T* bias, const Geometry& g, 
     if (bias != nullptr) {
       for (int64_t o = 0; o < g.out_channels; ++o) std::fill(y + o * columns, y + (o + 1) * columns, bias[o]);
     }
-    gemm(packed_weight, Transpose::no, columns, T(1), col.data, col.ld, bias != nullptr ? T(1) : T(0), y, columns);
+    gemm(w.packed, Transpose::no, columns, T(1), col.data, col.ld, bias != nullptr ? T(1) : T(0), y, columns);
     if (images > 1) scatter_planes(y, images, g.out_channels, plane, output + n0 * output_size);
   });
 }
@@ -248,13 +265,9 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
   if (const std::vector<PositionClass> classes = position_classes(g, taps); !classes.empty()) {
     return backward_input_by_class(grad_output, weight, g, classes, grad_input, add);
   }
-  const int64_t k = taps.col_rows(g);
-  weight = active_weight(weight, g, taps);  // (O, C*active)
-  profiler::add_flops(conv_flops(g, k));
-  // Wᵀ.
-  const PackedA<T> packed_weight(Transpose::yes, k, g.out_channels, weight, k, weight_packing<T>(g, k, g.out_channels));
-  const int64_t target = packed_weight.packed != nullptr ? kPackedTargetColumns : kTargetColumns;
-  for_each_group(g, plan_batch(g, target), [&](int64_t, int64_t n0, int64_t images) {
+  const ColumnWeight<T> w = column_weight(weight, g, taps, Transpose::yes);  // Wᵀ
+  const int64_t k = w.k;
+  for_each_group(g, plan_batch(g, w.target_columns), [&](int64_t, int64_t n0, int64_t images) {
     const int64_t columns = images * plane;
     const T* dy = group_grad_output(grad_output, g, n0, images);  // (O, G*Ho*Wo)
     T* dx = grad_input + n0 * image_size;
@@ -262,7 +275,7 @@ void backward_input(const T* grad_output, const T* weight, const Geometry& g, T*
     // gradient (added to dx by the GEMM's beta).
     const bool direct = images == 1 && g.pointwise();
     T* col = direct ? dx : scratch<T>(Conv2dSlot::columns, k * columns);
-    gemm(packed_weight, Transpose::no, columns, T(1), dy, columns, direct && add ? T(1) : T(0), col, columns);
+    gemm(w.packed, Transpose::no, columns, T(1), dy, columns, direct && add ? T(1) : T(0), col, columns);
     if (direct) return;
     if (g.pointwise()) return scatter_planes(col, images, g.channels, plane, dx, add);  // col2im is a copy
     if (!add) {

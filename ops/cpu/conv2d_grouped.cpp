@@ -163,10 +163,23 @@ Conv2dParams dense(Conv2dParams params) {
   return params;
 }
 
+// `sizes` with dim `dim` cut to one group's `size` channels.
+Shape channel_run_sizes(Shape sizes, int64_t dim, int64_t size) {
+  sizes[dim] = size;
+  return sizes;
+}
+
 // Writes `part` into channels [g * size, (g + 1) * size) of dim `dim` of `whole`.
 void put_channel_run(const Tensor& whole, int64_t dim, int64_t g, int64_t size, const Tensor& part) {
   NoGradGuard no_grad;
   whole.slice(dim, g * size, (g + 1) * size).copy_(part);
+}
+
+// A grouped convolution as `groups` dense ones: group g's result,
+// dense_part(g), goes into run g of `size` channels of dim `dim` of `whole`.
+template <class DensePart>
+void per_group(const Tensor& whole, int64_t dim, int64_t groups, int64_t size, DensePart&& dense_part) {
+  for (int64_t g = 0; g < groups; ++g) put_channel_run(whole, dim, g, size, dense_part(g));
 }
 }  // namespace
 
@@ -184,11 +197,10 @@ Tensor conv2d_grouped_forward(const Tensor& input_in, const Tensor& weight_in, c
     });
   } else {
     const int64_t in_run = input.size(1) / groups, out_run = weight.size(0) / groups;
-    for (int64_t g = 0; g < groups; ++g) {
-      const Tensor part = conv2d_forward(channel_run(input, 1, g, in_run), channel_run(weight, 0, g, out_run),
-                                         bias.defined() ? channel_run(bias, 0, g, out_run) : Tensor(), dense(params));
-      put_channel_run(out, 1, g, out_run, part);
-    }
+    per_group(out, 1, groups, out_run, [&](int64_t g) {
+      return conv2d_forward(channel_run(input, 1, g, in_run), channel_run(weight, 0, g, out_run),
+                            bias.defined() ? channel_run(bias, 0, g, out_run) : Tensor(), dense(params));
+    });
   }
   return out.to(input_in.dtype());
 }
@@ -204,13 +216,11 @@ Tensor conv2d_grouped_backward_input(const Tensor& grad_output_in, const Tensor&
     });
   } else {
     const int64_t groups = params.groups, in_run = input_sizes[1] / groups, out_run = weight.size(0) / groups;
-    Shape run_sizes = input_sizes;
-    run_sizes[1] = in_run;
-    for (int64_t g = 0; g < groups; ++g) {
-      const Tensor part = conv2d_backward_input(channel_run(grad_output, 1, g, out_run),
-                                                channel_run(weight, 0, g, out_run), run_sizes, dense(params));
-      put_channel_run(grad_input, 1, g, in_run, part);
-    }
+    const Shape run_sizes = channel_run_sizes(input_sizes, 1, in_run);
+    per_group(grad_input, 1, groups, in_run, [&](int64_t g) {
+      return conv2d_backward_input(channel_run(grad_output, 1, g, out_run), channel_run(weight, 0, g, out_run),
+                                   run_sizes, dense(params));
+    });
   }
   return grad_input.to(grad_output_in.dtype());
 }
@@ -226,13 +236,11 @@ Tensor conv2d_grouped_backward_weight(const Tensor& grad_output_in, const Tensor
     });
   } else {
     const int64_t groups = params.groups, in_run = input.size(1) / groups, out_run = weight_sizes[0] / groups;
-    Shape run_sizes = weight_sizes;
-    run_sizes[0] = out_run;
-    for (int64_t g = 0; g < groups; ++g) {
-      const Tensor part = conv2d_backward_weight(channel_run(grad_output, 1, g, out_run),
-                                                 channel_run(input, 1, g, in_run), run_sizes, dense(params));
-      put_channel_run(grad_weight, 0, g, out_run, part);
-    }
+    const Shape run_sizes = channel_run_sizes(weight_sizes, 0, out_run);
+    per_group(grad_weight, 0, groups, out_run, [&](int64_t g) {
+      return conv2d_backward_weight(channel_run(grad_output, 1, g, out_run), channel_run(input, 1, g, in_run),
+                                    run_sizes, dense(params));
+    });
   }
   if (fits_result(out, weight_sizes, grad_output_in.dtype(), Device::cpu())) {
     Tensor written = out;
