@@ -26,9 +26,10 @@ CudaBatchNormKernels cuda_batch_norm_kernels();
 class ScopedCudaBatchNormKernels {
  public:
   explicit ScopedCudaBatchNormKernels(CudaBatchNormKernels kernels);
-  ~ScopedCudaBatchNormKernels();
+  // Not copyable: a copy would restore the previous choice twice.
   ScopedCudaBatchNormKernels(const ScopedCudaBatchNormKernels&) = delete;
   ScopedCudaBatchNormKernels& operator=(const ScopedCudaBatchNormKernels&) = delete;
+  ~ScopedCudaBatchNormKernels();
 
  private:
   int previous_;
