@@ -40,6 +40,9 @@ namespace math = batch_norm_math;
 using math::with_flag;
 
 constexpr int kBlockThreads = 256;
+// At least 4 resident blocks (half the SM's threads) of every pass: its
+// registers capped at 64, so that enough 16-byte loads are in flight.
+constexpr int kMinBlocksPerSm = 4;
 constexpr int kMaxCoefficients = 6;
 
 // V elements of T in 16 bytes (or one element when V = 1).
@@ -197,7 +200,7 @@ enum class Reduction {
 };
 
 template <class T, int V, bool ChannelsLast, Reduction R>
-static __global__ void __launch_bounds__(kBlockThreads)
+static __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     reduce_kernel(const T* x, const T* dy, const T* output, T* masked, ChannelInputs in, Layout l, float* partial) {
   using P = Place<ChannelsLast, V>;
   const P p(l);
@@ -281,7 +284,7 @@ static __global__ void finish_kernel(const float* partial, int64_t channels, int
 // ---- element-wise passes ----
 
 template <class T, int V, bool ChannelsLast, bool Relu, bool Residual>
-static __global__ void __launch_bounds__(kBlockThreads)
+static __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     apply_kernel(const T* x, const T* residual, T* y, ChannelInputs in, Layout l) {
   using P = Place<ChannelsLast, V>;
   const P p(l);
@@ -305,7 +308,7 @@ static __global__ void __launch_bounds__(kBlockThreads)
 
 // Training: dx = k (g - mean_dy) - p (x - mean); eval: dx = k g (math::backward).
 template <class T, int V, bool ChannelsLast, bool Masked, bool Training>
-static __global__ void __launch_bounds__(kBlockThreads)
+static __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     backward_apply_kernel(const T* dy, const T* x, T* dx, ChannelInputs in, const double* sums, double count, Layout l) {
   using P = Place<ChannelsLast, V>;
   const P p(l);
