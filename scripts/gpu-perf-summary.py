@@ -56,9 +56,17 @@ def gpu_state(work, name):
     return state
 
 
+BANDWIDTH_KEYS = ("shape", "dtype", "layout", "fusion", "pass", "kernels", "median_ms", "gbs", "pass_gbs", "peak_gbs",
+                  "fraction_of_peak", "speedup_vs_v1", "max_rel_diff", "check")
+
+
 def loom_figures(text):
-    """The loom benchmark's JSON line, or why there is none."""
+    """The loom benchmark's JSON line, or why there is none; batch_norm_bandwidth's
+    lines (one per configuration and kernels) as a "bandwidth" list."""
     lines = [r for r in json_lines(text) if str(r.get("bench", "")).startswith("loom")]
+    bandwidth = [r for r in lines if r.get("bench") == "loom batch_norm_bandwidth"]
+    if bandwidth:
+        return {"bandwidth": [{k: r.get(k) for k in BANDWIDTH_KEYS} for r in bandwidth]}
     if lines:
         r = lines[-1]
         keep = ("median_ms", "min_ms", "max_ms", "ms_per_step", "repeats", "steps", "warmup", "timing",
@@ -228,6 +236,17 @@ def print_table(path):
               f"{number(r.get('peer_best_median_ms')):>8} {str(r.get('peer_best_mode') or '-'):14} "
               f"{number(r.get('ratio_vs_peer_best'), 3):>9} {number(r.get('launches_per_step'), 0):>8} "
               f"{number(r.get('syncs_per_step'), 1):>6} {mib(r.get('loom_peak_bytes')):>8} {mib(r.get('peer_peak_bytes')):>8}")
+    bandwidth = [b for r in rows for v in (r.get("variants") or {}).values() if isinstance(v, dict)
+                 for b in v.get("bandwidth") or []]
+    if bandwidth:
+        print("gpu-perf: batch norm's passes in GB/s (bytes no implementation avoids / median time), "
+              "the fraction of the GPU's peak, and the speed-up over v1")
+        for b in bandwidth:
+            shape = "x".join(str(d) for d in b.get("shape") or [])
+            print(f"  {shape:16} {str(b.get('dtype')):5} {str(b.get('layout')):5} {str(b.get('fusion')):9} "
+                  f"{str(b.get('pass')):9} {str(b.get('kernels')):3} {number(b.get('gbs'), 0):>6} GB/s "
+                  f"{number(b.get('fraction_of_peak'), 3):>6} {number(b.get('speedup_vs_v1'), 2):>5}x "
+                  f"{str(b.get('check'))}")
 
 
 def main():

@@ -30,7 +30,12 @@
 # (vgg11_bn, vgg16_bn, mobilenet_v2, mobilenet_v3_small, mobilenet_v3_large,
 # efficientnet_b0, regnet_y_400mf, convnext_tiny): torchvision's model at 32 px,
 # batch 128, 10 classes, loom's resnet50_throughput --arch MODEL and the peer's
-# --arch MODEL (issue 52).
+# --arch MODEL (issue 52); and, named only, batch_norm_bandwidth: batch norm's
+# passes at three ResNet-50 shapes as GB/s against the GPU's bandwidth
+# (benchmarks/batch_norm_bandwidth, the CUDA kernels LOOM_CUDA_BATCH_NORM=v1 and
+# v2 interleaved inside each run, issue 46), per precision its dtype (O0 f32,
+# O2 f16, bf16 bf16), no peer and no per-kernel step; its rows' variants hold
+# the "bandwidth" lines and the table lists them.
 # Precisions (--amps, LOOM_PERF_AMPS; O2,bf16,O0 by default): loom's --amp O2 / bf16 / O0
 # against the peer's --dtype f16 / bf16 / f32 (TF32 off on both sides). The ConvNet
 # has O0 (peer eager_f32) and O2, measured as autocast f16 (loom --autocast f16, peer
@@ -101,6 +106,9 @@ workload_spec() {
     convnet_b100)
       binary=convnet_throughput loom_args="--batch-size 100 --data $(printf '%q' "${data:-}")" peer_kind=convnet
       peer_args="--batch-size 100 --data $(printf '%q' "${data:-}")" loom_cap=60 peer_cap=120 ;;
+    batch_norm_bandwidth)
+      binary=batch_norm_bandwidth loom_args="--shapes 128x256x32x32,128x2048x4x4,32x64x56x56" peer_kind=bandwidth
+      peer_args="" loom_cap=240 peer_cap=0 ;;
     *_s32_b128)
       local model=${1%_s32_b128}
       [[ " ${other_models//$'\n'/ } " == *" $model "* ]] || return 1
@@ -119,6 +127,9 @@ precision_spec() {
     resnet:bf16) loom_amp="--amp bf16" peer_amp="--dtype bf16" ;;
     convnet:O0) loom_amp="" peer_amp="--modes eager_f32" ;;
     convnet:O2) loom_amp="--autocast f16" peer_amp="--modes channels_last_autocast_f16" ;;
+    bandwidth:O0) loom_amp="--dtypes f32" peer_amp="" ;;
+    bandwidth:O2) loom_amp="--dtypes f16" peer_amp="" ;;
+    bandwidth:bf16) loom_amp="--dtypes bf16" peer_amp="" ;;
     *) return 1 ;;
   esac
 }
@@ -260,8 +271,8 @@ main() {
   local w a setting
   for w in ${workloads//,/ }; do
     workload_spec "$w" || {
-      echo "gpu-perf: unknown workload '$w' in --workloads (known: $all_workloads, and MODEL_s32_b128 for MODEL" \
-           "one of" $other_models")" >&2
+      echo "gpu-perf: unknown workload '$w' in --workloads (known: $all_workloads, batch_norm_bandwidth, and" \
+           "MODEL_s32_b128 for MODEL one of" $other_models")" >&2
       exit 2
     }
   done
@@ -315,6 +326,7 @@ main() {
   data_step_command
   [[ ,$workloads, == *,resnet50_* || ,$workloads, == *_s32_b128,* ]] && targets+=(resnet50_throughput)
   [[ ,$workloads, == *,convnet_b100,* ]] && { targets+=(convnet_throughput); need_data=1; }
+  [[ ,$workloads, == *,batch_norm_bandwidth,* ]] && targets+=(batch_norm_bandwidth)
   add_step configure 240 "" "$configure_cmd"
   (( need_data )) && add_step data 60 "" "$data_cmd"
   add_step build 300 "" "$q_self --internal build $q_build $jobs ${targets[*]}"
@@ -332,6 +344,8 @@ main() {
         key="$w.$a.${variant_names[$i]}"
         add_step "loom.$key" "$loom_cap" "$path" \
           "$q_self --internal loom $(printf '%q' "${variant_specs[$i]}") $q_path --device cuda $loom_args $loom_amp $timing"
+        # The bandwidth benchmark compares its kernels itself: no profile, no peer.
+        [[ $peer_kind == bandwidth ]] && continue
         kernel_steps+=("kernels.$key|$path|$q_self --internal kernels ${profiler%% *} $(printf '%q' "${profiler#* }") $(printf '%q' "$work/kernels.$key.csv") $(printf '%q' "${variant_specs[$i]}") $q_path --device cuda $loom_args $loom_amp --repeats 1 --steps 1 --warmup $warmup --cuda-profile-step")
         (( i == 0 )) || continue
         # The peer right after loom's first variant.

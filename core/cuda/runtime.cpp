@@ -115,6 +115,14 @@ int compute_capability(int index) {
   return major * 10 + minor;
 }
 
+double peak_memory_bandwidth_gbs(int index) {
+  require_device(index);
+  int clock_khz = 0, bus_bits = 0;
+  LOOM_CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, index));
+  LOOM_CHECK_CUDA(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index));
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+}
+
 int current_device() {
   int device = 0;
   LOOM_CHECK_CUDA(cudaGetDevice(&device));

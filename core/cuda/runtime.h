@@ -37,6 +37,10 @@ std::string device_ordinal_error(int index, int count, const char* visible_devic
 std::string device_name(int index);
 // The compute capability as major * 10 + minor (90 for sm_90).
 int compute_capability(int index);
+// The theoretical DRAM bandwidth in GB/s (10^9 bytes): the peak memory clock
+// times the bus width, twice per clock (DDR); 0 when the driver reports
+// neither. What memory-bound benchmarks report their GB/s against.
+double peak_memory_bandwidth_gbs(int index);
 // The calling thread's current device (cudaGetDevice / cudaSetDevice).
 int current_device();
 void set_device(int index);

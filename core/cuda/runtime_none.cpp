@@ -17,6 +17,7 @@ std::string device_count_error() { return {}; }
 void require_device(int) { no_cuda(); }
 std::string device_name(int) { no_cuda(); }
 int compute_capability(int) { no_cuda(); }
+double peak_memory_bandwidth_gbs(int) { no_cuda(); }
 int current_device() { no_cuda(); }
 void set_device(int) { no_cuda(); }
 int local_rank_device() { no_cuda(); }

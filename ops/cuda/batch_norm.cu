@@ -7,11 +7,14 @@
 // the CPU does; the per-channel math is the CPU's (ops/batch_norm_math.h). A
 // fused ReLU (Activation::relu) is applied in the forward's pass and its mask
 // recomputed from the input in the backward passes, as on the CPU.
+// LOOM_CUDA_BATCH_NORM=v2 sends the f32 / f16 / bf16 element passes of each
+// entry point to ops/cuda/batch_norm_v2.cu once the arguments are checked.
 #include <cmath>
 
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/batch_norm_math.h>
 #include <loom/ops/elementwise.h>
+#include <loom/ops/cuda/batch_norm_internal.cuh>
 #include <loom/ops/cuda/common.cuh>
 
 namespace loom::ops::cuda {
@@ -21,23 +24,6 @@ namespace {
 namespace math = batch_norm_math;
 using math::ChannelGeometry;
 using math::with_flag;
-
-// One value of a per-channel (C) tensor of any floating dtype; `fallback` when absent.
-__device__ __forceinline__ double channel_value(const void* p, DType t, int64_t c, double fallback) {
-  return p == nullptr ? fallback : load_as_double(p, t, c);
-}
-
-// A per-channel (C) tensor's pointer and dtype, for kernels; null when undefined.
-struct ChannelArray {
-  const void* data = nullptr;
-  DType dtype = DType::f32;
-};
-ChannelArray channel_array(const Tensor& t) {
-  if (!t.defined()) return {};
-  LOOM_CHECK(t.device().is_cuda() && t.dim() == 1 && t.strides()[0] == 1, "batch_norm: per-channel tensor ", t.str(),
-             " must be a contiguous CUDA vector");
-  return {t.raw_data(), t.dtype()};
-}
 
 // The fused ReLU's per-channel (scale, shift) in the accumulation type, for
 // kernels: dy counts only where x * scale + shift > 0. Null when there is no
@@ -315,6 +301,7 @@ Tensor batch_norm_stats(const Tensor& input_in) {
   const auto device_guard = on_device_of("batch_norm", input_in);
   const MemoryFormat format = memory_format_of(input_in);
   const Tensor x = in_memory_format(input_in, format);
+  if (batch_norm_v2::runs(x.dtype())) return batch_norm_v2::stats(x, math::channel_geometry(x, format));
   return channel_sums<false>(x, Tensor(), math::channel_geometry(x, format), {}, {}, 0.0);
 }
 
@@ -355,6 +342,10 @@ Tensor batch_norm_apply(const Tensor& input_in, const Tensor& mean, const Tensor
   const ChannelGeometry l = math::channel_geometry(x, format);
   Tensor y = empty_with_format(x.sizes(), x.dtype(), x.device(), format);
   if (l.numel() == 0) return y;
+  if (batch_norm_v2::runs(x.dtype())) {
+    batch_norm_v2::apply(x, residual, y, l, mean, var, weight, bias, eps, activation);
+    return y;
+  }
   const cudaStream_t stream = stream_of(x);
   const Tensor coefficients = apply_coefficients(mean, var, weight, bias, l.channels, eps, x.dtype(), x.device(), stream);
   visit_float(x.dtype(), "batch_norm", [&]<class T>() {
@@ -381,6 +372,7 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input
   const Tensor dy =
       in_memory_format(grad_output.dtype() == x.dtype() ? grad_output : grad_output.to(x.dtype()), format);
   const ChannelGeometry l = math::channel_geometry(x, format);
+  if (batch_norm_v2::runs(x.dtype())) return batch_norm_v2::backward_reduce(dy, x, l, mean, var, eps, relu);
   const Tensor mask = relu.enabled ? apply_coefficients(mean, var, relu.weight, relu.bias, l.channels, eps, x.dtype(),
                                                         x.device(), stream_of(x))
                                    : Tensor();
@@ -388,10 +380,19 @@ Tensor batch_norm_backward_reduce(const Tensor& grad_output, const Tensor& input
 }
 
 // Two launches: the masked gradient is written by relu's backward and the
-// sums read it back (the CPU twin fuses them; on a GPU this pass is small).
+// sums read it back (the CPU twin fuses them; v2 does too).
 std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& grad_output, const Tensor& output,
                                                                  const Tensor& input, const Tensor& mean,
                                                                  const Tensor& var, double eps) {
+  if (batch_norm_v2::runs(input.dtype()) && grad_output.dtype() == input.dtype() && output.dtype() == input.dtype() &&
+      grad_output.sizes() == input.sizes() && output.sizes() == input.sizes()) {
+    const auto device_guard = on_device_of("batch_norm backward", input);
+    const MemoryFormat format = memory_format_of(input);
+    const Tensor x = in_memory_format(input, format);
+    return batch_norm_v2::backward_reduce_relu_output(in_memory_format(grad_output, format),
+                                                      in_memory_format(output, format), x,
+                                                      math::channel_geometry(x, format), mean, var, eps);
+  }
   Tensor g = unary_backward(Unary::relu, grad_output, output);
   Tensor sums = batch_norm_backward_reduce(g, input, mean, var, eps);
   return {sums, g};
@@ -417,6 +418,10 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_
   const cudaStream_t stream = stream_of(dy);
   Tensor sums = training ? contiguous_input(grad_sums.dtype() == DType::f64 ? grad_sums : grad_sums.to(DType::f64))
                          : Tensor();
+  if (batch_norm_v2::runs(dy.dtype())) {
+    batch_norm_v2::backward_apply(dy, x, dx, l, mean, var, weight, sums, count, eps, relu);
+    return dx;
+  }
   Tensor buffer = Tensor::empty({4, l.channels}, DType::f64, dy.device());
   double* base = buffer.data<double>();
   const BackwardCoefficients coefficients{base, base + l.channels, base + 2 * l.channels, base + 3 * l.channels};

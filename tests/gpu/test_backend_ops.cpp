@@ -6,12 +6,15 @@
 // must agree within the dtype's tolerance (compare.h).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <vector>
 
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/generator.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/batch_norm_cuda_kernels.h>
 #include <loom/ops/cat.h>
 #include <loom/ops/conv2d.h>
 #include <loom/ops/dropout.h>
@@ -87,16 +90,10 @@ struct BatchNormInputs {
   bool residual;
 };
 
-// Checks a batch-norm variant, op(t, training) with
-// t = {input, weight, bias, running_mean, running_var, residual} (undefined
-// where the case has none), on CUDA against the CPU for every float dtype
-// (f16 / bf16 inputs with f32 parameters and statistics: mixed precision) and
-// each case, with the input NCHW and (4-d inputs) channels-last on the GPU:
-// the output, the running statistics updated in place, and the gradients of
-// the input, weight, bias and residual.
+// One run of check_batch_norm_variant's cases, with the CUDA kernels chosen now.
 template <size_t N>
-void check_batch_norm_variant(const char* name, const BatchNormCase (&cases)[N], BatchNormInputs draw,
-                              const std::function<Tensor(const TensorList&, bool)>& op) {
+void check_batch_norm_variant_once(const char* name, const BatchNormCase (&cases)[N], BatchNormInputs draw,
+                                   const std::function<Tensor(const TensorList&, bool)>& op) {
   for (DType dtype : kFloatTypes) {
     const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
     for (const BatchNormCase& c : cases) {
@@ -128,6 +125,24 @@ void check_batch_norm_variant(const char* name, const BatchNormCase (&cases)[N],
                  tol, channels_last);
       }
     }
+  }
+}
+
+// Checks a batch-norm variant, op(t, training) with
+// t = {input, weight, bias, running_mean, running_var, residual} (undefined
+// where the case has none), on CUDA against the CPU for every float dtype
+// (f16 / bf16 inputs with f32 parameters and statistics: mixed precision) and
+// each case, with the input NCHW and (4-d inputs) channels-last on the GPU:
+// the output, the running statistics updated in place, and the gradients of
+// the input, weight, bias and residual. Both sets of CUDA kernels
+// (LOOM_CUDA_BATCH_NORM=v1 and v2, ops/batch_norm_cuda_kernels.h) run every case.
+template <size_t N>
+void check_batch_norm_variant(const char* name, const BatchNormCase (&cases)[N], BatchNormInputs draw,
+                              const std::function<Tensor(const TensorList&, bool)>& op) {
+  for (ops::CudaBatchNormKernels kernels : {ops::CudaBatchNormKernels::v1, ops::CudaBatchNormKernels::v2}) {
+    const ops::ScopedCudaBatchNormKernels chosen(kernels);
+    INFO("CUDA batch-norm kernels ", kernels == ops::CudaBatchNormKernels::v1 ? "v1" : "v2");
+    check_batch_norm_variant_once(name, cases, draw, op);
   }
 }
 
@@ -336,6 +351,84 @@ TEST_CASE("batch_norm + ReLU fused equals batch_norm then relu on CUDA, and save
   check_close(fused_grads[0], x2.grad(), 1e-5, "fused input gradient");
   check_close(fused_grads[1], w2.grad(), 1e-5, "fused weight gradient");
   check_close(fused_grads[2], b2.grad(), 1e-5, "fused bias gradient");
+}
+
+// LOOM_CUDA_BATCH_NORM=v2's kernels (f32 accumulation) at ResNet-50's
+// batch-norm shapes against the CPU, each dtype, layout and fusion at least
+// once (CIFAR stem: 64 channels at 32x32 down to 2048 at 4x4; 1x1 planes; the
+// ImageNet stem's 64 at 56x56, batch 32). Tolerances: compare.h's per dtype
+// (relative to the largest CPU value: f32 1e-4 forward, 2e-4 backward; f16
+// 5e-3 / 1e-2; bf16 3e-2 / 6e-2). The f32 sums are expected within ~1e-6 of
+// f64's, far inside them. Where the ReLU's input is within 1e-4 of zero,
+// GPU and CPU statistics differing in the last bits may flip the mask (an
+// O(1) change of that element's gradient, for either set of kernels), so
+// those elements (about 1 in 10^4) are left out of the input and residual
+// gradients' comparison.
+TEST_CASE("batch_norm v2 at ResNet-50 shapes: forward, backward, ReLU and add-ReLU against the CPU") {
+  enum class Fusion { none, relu, add_relu };
+  struct ResNetCase {
+    Shape input;
+    DType dtype;
+    bool channels_last, training;
+    Fusion fusion;
+  };
+  const ResNetCase cases[] = {
+      {{128, 64, 32, 32}, DType::f16, true, true, Fusion::relu},         // layer1 bn1 / bn2
+      {{128, 2048, 4, 4}, DType::bf16, true, true, Fusion::add_relu},    // layer4 bn3 + identity
+      {{128, 128, 16, 16}, DType::f32, false, true, Fusion::add_relu},   // layer2's width at 16x16
+      {{128, 256, 8, 8}, DType::bf16, false, true, Fusion::none},        // layer3 bn1 / bn2
+      {{128, 512, 4, 4}, DType::f32, true, false, Fusion::none},         // layer4, eval
+      {{128, 2048, 1, 1}, DType::f16, false, true, Fusion::add_relu},    // 1x1 planes
+      {{128, 1024, 1, 1}, DType::bf16, true, true, Fusion::relu},        // 1x1 planes, channels-last
+      {{32, 64, 56, 56}, DType::f16, false, true, Fusion::relu},         // ImageNet stem, layer1
+      {{32, 64, 56, 56}, DType::f32, true, true, Fusion::add_relu},
+  };
+  const ops::ScopedCudaBatchNormKernels v2(ops::CudaBatchNormKernels::v2);
+  uint64_t seed = 700;
+  for (const ResNetCase& c : cases) {
+    INFO(label("batch_norm v2", c.dtype, c.input), c.channels_last ? " channels-last" : " NCHW", " fusion ",
+         static_cast<int>(c.fusion), c.training ? " train" : " eval");
+    const int64_t channels = c.input[1];
+    seed += 10;
+    // Weights of both signs, so that the mask is not the sign of xhat.
+    const TensorList inputs{leaf(c.input, seed, c.dtype, -2.0, 3.0), leaf({channels}, seed + 1, DType::f32, -1.5, 1.5),
+                            leaf({channels}, seed + 2, DType::f32), random_cpu({channels}, seed + 3, DType::f32),
+                            random_cpu({channels}, seed + 4, DType::f32, 0.5, 2.0),
+                            c.fusion == Fusion::add_relu ? leaf(c.input, seed + 5, c.dtype) : Tensor()};
+    // The ReLU's input in f64 on the CPU (before the running statistics move).
+    std::vector<double> keep;
+    if (c.fusion != Fusion::none) {
+      NoGradGuard no_grad;
+      Tensor pre = batch_norm(inputs[0].to(DType::f64), inputs[1].to(DType::f64), inputs[2].to(DType::f64),
+                              inputs[3].to(DType::f64), inputs[4].to(DType::f64), c.training, 0.1, 1e-5);
+      if (inputs[5].defined()) pre = add(pre, inputs[5].to(DType::f64));
+      for (double v : host_values(pre)) keep.push_back(std::abs(v) < 1e-4 ? 0.0 : 1.0);
+    }
+    TensorList gpu_inputs;
+    for (const Tensor& t : inputs) gpu_inputs.push_back(t.defined() ? to_gpu(t, c.channels_last) : Tensor());
+    const auto run = [&c](const TensorList& t) {
+      if (c.fusion == Fusion::add_relu) return batch_norm_add_relu(t[0], t[5], t[1], t[2], t[3], t[4], c.training);
+      return batch_norm(t[0], t[1], t[2], t[3], t[4], c.training, 0.1, 1e-5,
+                        c.fusion == Fusion::relu ? Activation::relu : Activation::none);
+    };
+    const Tensor cpu_y = run(inputs), gpu_y = run(gpu_inputs);
+    const Tolerance tol = tolerance_for(c.dtype);
+    check_close(gpu_y, cpu_y, tol.forward, "output", tol.floor);
+    check_close(gpu_inputs[3], inputs[3], tol.forward, "running mean", tol.floor);
+    check_close(gpu_inputs[4], inputs[4], tol.forward, "running var", tol.floor);
+    const Tensor upstream = random_cpu(c.input, seed + 6, c.dtype);
+    cpu_y.backward(upstream);
+    gpu_y.backward(upstream.to(kCuda));
+    check_close(gpu_inputs[1].grad(), inputs[1].grad(), tol.backward, "weight gradient", tol.floor);
+    check_close(gpu_inputs[2].grad(), inputs[2].grad(), tol.backward, "bias gradient", tol.floor);
+    const Tensor mask = keep.empty() ? Tensor() : Tensor::from_vector<double>(keep, c.input).to(c.dtype);
+    for (size_t i : {size_t{0}, size_t{5}}) {
+      if (!inputs[i].defined()) continue;
+      const Tensor gpu_grad = gpu_inputs[i].grad().to(Device::cpu()).contiguous(), cpu_grad = inputs[i].grad();
+      check_close(mask.defined() ? mul(gpu_grad, mask) : gpu_grad, mask.defined() ? mul(cpu_grad, mask) : cpu_grad,
+                  tol.backward, i == 0 ? "input gradient" : "residual gradient", tol.floor);
+    }
+  }
 }
 
 TEST_CASE("conv2d backward kernels: input alone, weight alone, both at once, into an output tensor") {

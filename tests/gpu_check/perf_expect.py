@@ -170,4 +170,22 @@ expect(any(r.startswith("perf.imagenet.O2 --device cuda --arch mobilenet_v2 --st
 expect(any(r.startswith("peer.resnet --arch mobilenet_v2 --stem imagenet --size 32 --batch 128 --dtype f16 ")
            for r in ran), "R", f"the peer given --arch mobilenet_v2: {ran}")
 
+# S: the batch-norm bandwidth workload, named: one loom step per precision (its
+# dtype), no peer and no per-kernel step, the bandwidth lines in the rows and the table.
+s, st, sampler, rc, wall, d = load("S")
+BANDWIDTH = "batch_norm_bandwidth"
+expect(rc == 0 and s.get("ok") is True, "S", f"exit status 0 and ok, not {rc}, {s.get('ok')}")
+statuses(st, {f"loom.{BANDWIDTH}.O2.default": "ok", f"loom.{BANDWIDTH}.O0.default": "ok"}, "S")
+expect(not any(n.startswith(("peer.", "kernels.")) for n in st), "S", f"no peer or kernels step: {sorted(st)}")
+rows = perf_rows(d, "S")
+expect(list(rows) == [(BANDWIDTH, "O2"), (BANDWIDTH, "O0")], "S", f"a row per precision: {list(rows)}")
+lines_o2 = rows.get((BANDWIDTH, "O2"), {}).get("variants", {}).get("default", {}).get("bandwidth", [])
+expect([(b.get("kernels"), b.get("dtype"), b.get("gbs"), b.get("speedup_vs_v1")) for b in lines_o2]
+       == [("v1", "f16", 1000.0, 1.0), ("v2", "f16", 2500.0, 2.5)], "S", f"the O2 row's bandwidth lines: {lines_o2}")
+ran = lines(os.path.join(d, "state", "ran.log"))
+expect(any(r.startswith("perf.batch_norm.f16 --device cuda --shapes 128x256x32x32,128x2048x4x4,32x64x56x56 "
+                        "--dtypes f16 --repeats ") for r in ran), "S", f"the benchmark given f16 for O2: {ran}")
+log = lines(os.path.join(d, "out", "gpu-perf.log"))
+expect(any(" v2 " in l and "2500 GB/s" in l and "2.50x" in l for l in log), "S", f"the bandwidth table: {log[-8:]}")
+
 report("gpu-perf rehearsal")

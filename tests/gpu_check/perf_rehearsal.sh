@@ -12,6 +12,8 @@
 #      given its time, per-kernel times under ncu
 #   R  a warm rerun on P's build: one of the other models (mobilenet_v2_s32_b128)
 #      at O2, loom's binary and the peer both given --arch
+#   S  a warm rerun on P's build: batch_norm_bandwidth at O2 and O0 (no peer, no
+#      per-kernel times), its bandwidth lines in perf.json and the table
 # and bad usage (one line, exit 2). perf_expect.py holds what each must show.
 #   tests/gpu_check/perf_rehearsal.sh REPO
 set -uo pipefail
@@ -50,8 +52,11 @@ finish_scenario Q
 BUILD=$tmp/P/build start_scenario R "${machine[@]}" LOOM_PERF_DEADLINE=60 LOOM_PERF_WORKLOADS=mobilenet_v2_s32_b128 \
   LOOM_PERF_AMPS=O2 LOOM_PERF_PROFILER=none LOOM_PERF_VARIANTS=default:
 finish_scenario R
+BUILD=$tmp/P/build start_scenario S "${machine[@]}" LOOM_PERF_DEADLINE=60 LOOM_PERF_WORKLOADS=batch_norm_bandwidth \
+  LOOM_PERF_AMPS=O2,O0 LOOM_PERF_VARIANTS=default:
+finish_scenario S
 
-for s in P Q R; do
+for s in P Q R S; do
   echo "---- scenario $s: rc $(cat "$tmp/$s/rc"), $(cat "$tmp/$s/wall_ms") ms; console:"
   grep -E "^gpu-perf: (===|.*skipped|.*not built)" "$tmp/$s/console.txt" | grep -v ": ===.*(limit" | cut -c11-120 | tr '\n' ';'
   echo

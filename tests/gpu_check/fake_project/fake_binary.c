@@ -3,7 +3,8 @@
 // step, bench.loom_convnet_*, bench.resnet50_cifar, train_mnist, or
 // train_mnist.<backend>_g<N> with --backend and -g: the staged.* steps;
 // train_resnet50_cifar), or for gpu-perf's runs (--repeats given)
-// perf.<stem or convnet>.<amp: O0, O2, bf16, autocast_f16>; it records its arguments in
+// perf.<stem or convnet>.<amp: O0, O2, bf16, autocast_f16> (batch_norm_bandwidth:
+// perf.batch_norm.<--dtypes>); it records its arguments in
 // $FAKE_STATE/ran.log, prints a line WITHOUT flushing (only line-buffered
 // output, as `stdbuf -oL` gives, shows it before a kill), then fails when the
 // key is in FAKE_FAIL, hangs when it is in FAKE_HANG (its pid in
@@ -56,10 +57,28 @@ static void print_perf_line(int argc, char** argv, const char* name, const char*
          f32 ? 2100000000 : 1100000000);
 }
 
+// batch_norm_bandwidth's lines: one configuration, v1 at 1000 GB/s and v2 at
+// 2500 of a 4800 GB/s peak.
+static void print_bandwidth_lines(const char* dtype) {
+  const char* kernels[] = {"v1", "v2"};
+  const double gbs[] = {1000.0, 2500.0};
+  for (int i = 0; i < 2; ++i)
+    printf("{\"bench\": \"loom batch_norm_bandwidth\", \"device\": \"cuda:0\", \"shape\": [128, 256, 32, 32], "
+           "\"dtype\": \"%s\", \"layout\": \"nhwc\", \"fusion\": \"relu\", \"pass\": \"forward\", "
+           "\"kernels\": \"%s\", \"median_ms\": %.5f, \"min_ms\": %.5f, \"bytes\": 67108864, \"gbs\": %.1f, "
+           "\"pass_bytes\": 100663296, \"pass_gbs\": %.1f, \"peak_gbs\": 4800.0, \"fraction_of_peak\": %.3f, "
+           "\"speedup_vs_v1\": %.3f, \"reference\": \"v1\", \"max_rel_diff\": 0, \"tolerance\": 0.01, "
+           "\"check\": \"passed\"}\n",
+           dtype, kernels[i], 67.108864 / gbs[i], 67.108864 / gbs[i], gbs[i], gbs[i] * 1.5, gbs[i] / 4800.0,
+           gbs[i] / gbs[0]);
+}
+
 static void print_help(const char* name) {
   printf("loom benchmark (fake)\nOptions:\n  -h,--help  Print this help message and exit\n");
   printf("  --steps INT\n  --warmup INT\n  --repeats INT\n  --device TEXT\n  --cuda-profile-step\n");
-  if (strcmp(name, "convnet_throughput") == 0) {
+  if (strcmp(name, "batch_norm_bandwidth") == 0) {
+    printf("  --shapes TEXT\n  --dtypes TEXT\n  --layouts TEXT\n  --fusions TEXT\n  --passes TEXT\n  --peak-gbs FLOAT\n");
+  } else if (strcmp(name, "convnet_throughput") == 0) {
     printf("  --batch-size INT\n  --data TEXT\n  --channels-last  on a GPU, feed NHWC images\n  --autocast TEXT\n");
   } else {
     printf("  --batch INT\n  --size INT\n  --stem TEXT\n  --amp TEXT:{O0,O1,O2,O3,bf16}=O0\n");
@@ -78,7 +97,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   char key[256];
-  if (perf) {
+  if (perf && strcmp(name, "batch_norm_bandwidth") == 0) {
+    snprintf(key, sizeof key, "perf.batch_norm.%s", value_of(argc, argv, "--dtypes"));
+  } else if (perf) {
     const char* amp = value_of(argc, argv, "--amp");
     const char* autocast = value_of(argc, argv, "--autocast");
     if (strcmp(name, "convnet_throughput") == 0) amp = strcmp(autocast, "f16") == 0 ? "autocast_f16" : "O0";
@@ -126,7 +147,9 @@ int main(int argc, char** argv) {
     }
     for (;;) sleep(1000);
   }
-  if (perf) {
+  if (strncmp(key, "perf.batch_norm.", 16) == 0) {
+    print_bandwidth_lines(value_of(argc, argv, "--dtypes"));
+  } else if (perf) {
     print_perf_line(argc, argv, name, key);
   } else if (strncmp(key, "gpu.", 4) == 0) {
     printf("CUDA devices: %s (NVIDIA H200)\n", gpus);
