@@ -69,8 +69,98 @@ std::vector<Tap> taps_inside(const Depthwise& d) {
   return taps;
 }
 
+// Stride 1 and dilation 1 with rows of at least 8 outputs (ConvNeXt's 7x7
+// over 8x8 planes, MobileNet's 3x3 over 16x16): each plane goes through a
+// zero-bordered copy (padded_h x padded_w), so that every tap reads or writes
+// a whole contiguous row and the row loop vectorizes. Each output (or input
+// gradient) sums the same products in the same order as the general path,
+// the padding's zeros aside.
+bool padded_plane_path(const Depthwise& d) {
+  const Conv2dParams& p = d.params;
+  return p.stride[0] == 1 && p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1 && d.out_w >= 8;
+}
+
+// The zero-bordered plane of padded_plane_path: (out_h + kernel_h - 1) x
+// (out_w + kernel_w - 1), the image at (padding[0], padding[1]).
+template <class T>
+struct PaddedPlane {
+  explicit PaddedPlane(const Depthwise& d)
+      : rows(d.out_h + d.kernel_h - 1), cols(d.out_w + d.kernel_w - 1), top(d.params.padding[0]),
+        left(d.params.padding[1]), values(static_cast<size_t>(rows * cols), T(0)) {}
+  // Copies an (height, width) image into the interior; the border stays zero.
+  void load(const T* image, const Depthwise& d) {
+    for (int64_t h = 0; h < d.height; ++h)
+      std::copy(image + h * d.width, image + (h + 1) * d.width, values.data() + (h + top) * cols + left);
+  }
+  // Copies the interior out into an (height, width) image.
+  void store(T* image, const Depthwise& d) const {
+    for (int64_t h = 0; h < d.height; ++h) {
+      const T* row = values.data() + (h + top) * cols + left;
+      std::copy(row, row + d.width, image + h * d.width);
+    }
+  }
+  int64_t rows, cols, top, left;
+  std::vector<T> values;
+};
+
+template <class T>
+void depthwise_forward_padded(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
+  const int64_t out_plane = d.out_h * d.out_w, planes = d.batch * d.out_channels();
+  parallel_for(0, planes, std::max<int64_t>(1, kGrain / std::max<int64_t>(out_plane, 1)), [&](int64_t begin,
+                                                                                              int64_t end) {
+    PaddedPlane<T> padded(d);
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const int64_t n = plane / d.out_channels(), o = plane % d.out_channels();
+      padded.load(x + (n * d.channels + o / d.multiplier) * d.height * d.width, d);
+      const T* taps = w + o * d.kernel_h * d.kernel_w;
+      T* out = y + plane * out_plane;
+      std::fill(out, out + out_plane, b != nullptr ? b[o] : T(0));
+      for (int64_t kh = 0; kh < d.kernel_h; ++kh) {
+        for (int64_t kw = 0; kw < d.kernel_w; ++kw) {
+          const T tap = taps[kh * d.kernel_w + kw];
+          for (int64_t oh = 0; oh < d.out_h; ++oh) {
+            const T* in_row = padded.values.data() + (oh + kh) * padded.cols + kw;
+            T* out_row = out + oh * d.out_w;
+            for (int64_t ow = 0; ow < d.out_w; ++ow) out_row[ow] += tap * in_row[ow];
+          }
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void depthwise_backward_input_padded(const T* dy, const T* w, const Depthwise& d, T* dx) {
+  const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, planes = d.batch * d.channels;
+  parallel_for(0, planes, std::max<int64_t>(1, kGrain / std::max<int64_t>(out_plane * d.multiplier, 1)),
+               [&](int64_t begin, int64_t end) {
+                 PaddedPlane<T> padded(d);
+                 for (int64_t plane = begin; plane < end; ++plane) {
+                   const int64_t n = plane / d.channels, c = plane % d.channels;
+                   std::fill(padded.values.begin(), padded.values.end(), T(0));
+                   for (int64_t m = 0; m < d.multiplier; ++m) {
+                     const int64_t o = c * d.multiplier + m;
+                     const T* grad_out = dy + (n * d.out_channels() + o) * out_plane;
+                     const T* taps = w + o * d.kernel_h * d.kernel_w;
+                     for (int64_t kh = 0; kh < d.kernel_h; ++kh) {
+                       for (int64_t kw = 0; kw < d.kernel_w; ++kw) {
+                         const T tap = taps[kh * d.kernel_w + kw];
+                         for (int64_t oh = 0; oh < d.out_h; ++oh) {
+                           T* in_row = padded.values.data() + (oh + kh) * padded.cols + kw;
+                           const T* out_row = grad_out + oh * d.out_w;
+                           for (int64_t ow = 0; ow < d.out_w; ++ow) in_row[ow] += tap * out_row[ow];
+                         }
+                       }
+                     }
+                   }
+                   padded.store(dx + plane * in_plane, d);
+                 }
+               });
+}
+
 template <class T>
 void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
+  if (padded_plane_path(d)) return depthwise_forward_padded(x, w, b, d, y);
   const int64_t out_plane = d.out_h * d.out_w, planes = d.batch * d.out_channels();
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
   const std::vector<Tap> inside = taps_inside(d);
@@ -98,6 +188,7 @@ void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T
 // spread back to the input positions each output read.
 template <class T>
 void depthwise_backward_input(const T* dy, const T* w, const Depthwise& d, T* dx) {
+  if (padded_plane_path(d)) return depthwise_backward_input_padded(dy, w, d, dx);
   const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, planes = d.batch * d.channels;
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
   const std::vector<Tap> inside = taps_inside(d);

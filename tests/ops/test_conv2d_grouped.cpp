@@ -45,8 +45,10 @@ TEST_CASE("depthwise conv2d equals a dense convolution of each channel alone") {
   const Tensor input = random_tensor({3, channels, 11, 9}, 61, -1.0, 1.0, DType::f32);
   const Tensor weight = random_tensor({channels * multiplier, 1, 3, 3}, 62, -1.0, 1.0, DType::f32);
   const Tensor bias = random_tensor({channels * multiplier}, 63, -1.0, 1.0, DType::f32);
+  // The last two take the padded-plane path (stride 1, rows of 8 or more outputs).
   for (const Conv2dParams dense : {Conv2dParams{}, Conv2dParams{.stride = {2, 2}, .padding = {2, 2}, .dilation = {2, 2}},
-                                   Conv2dParams{.stride = {1, 2}, .padding = {1, 0}}}) {
+                                   Conv2dParams{.stride = {1, 2}, .padding = {1, 0}}, Conv2dParams{.padding = {1, 1}},
+                                   Conv2dParams{.padding = {0, 2}}}) {
     Conv2dParams grouped = dense;
     grouped.groups = channels;
     const Tensor y = conv2d(input, weight, bias, grouped);
@@ -71,6 +73,9 @@ TEST_CASE("grouped and depthwise conv2d backward match finite differences") {
       {{1, 2, 7, 7}, {2, 1, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}, .groups = 2}},    // dilated
       {{2, 4, 5, 5}, {6, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}},                        // two groups
       {{1, 6, 4, 5}, {3, 2, 1, 1}, {.groups = 3}},                                           // 1x1 per group
+      // The padded-plane path (stride 1, rows of 8 or more outputs): ConvNeXt's 7x7, a multiplier of 2.
+      {{1, 2, 8, 9}, {2, 1, 7, 7}, {.padding = {3, 3}, .groups = 2}},
+      {{2, 2, 5, 10}, {4, 1, 3, 3}, {.padding = {1, 1}, .groups = 2}},
   };
   uint64_t seed = 70;
   for (const Case& c : cases) {
