@@ -8,6 +8,7 @@
 #include <loom/ops/conv2d.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include <loom/core/autograd.h>
@@ -158,8 +159,136 @@ void depthwise_backward_input_padded(const T* dy, const T* w, const Depthwise& d
                });
 }
 
+// Small planes (at most 16 outputs: ConvNeXt's 4x4, 2x2 and 1x1, MobileNet's
+// and EfficientNet's last stages) with one input channel per output channel:
+// per plane the general path's loops are a few elements long, so the tensors
+// go through (N, H, W, C) copies and each tap's products run along the
+// channels, which vectorizes. Each channel sums the same products in the same
+// order as the general path.
+bool channels_last_path(const Depthwise& d) {
+  return d.multiplier == 1 && d.out_h * d.out_w <= 16 && d.channels >= 8;
+}
+
+// (rows, columns) -> (columns, rows) for each of `count` matrices, in parallel over them.
+template <class T>
+void transpose_each(const T* in, int64_t count, int64_t rows, int64_t columns, T* out) {
+  parallel_for(0, count, std::max<int64_t>(1, kGrain / std::max<int64_t>(rows * columns, 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t i = begin; i < end; ++i) {
+                   const T* from = in + i * rows * columns;
+                   T* to = out + i * rows * columns;
+                   for (int64_t r = 0; r < rows; ++r)
+                     for (int64_t c = 0; c < columns; ++c) to[c * rows + r] = from[r * columns + c];
+                 }
+               });
+}
+
+// Uninitialised scratch of n values.
+template <class T>
+std::unique_ptr<T[]> scratch(int64_t n) {
+  return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+}
+
+template <class T>
+void depthwise_forward_channels_last(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
+  const int64_t channels = d.channels, in_plane = d.height * d.width, out_plane = d.out_h * d.out_w;
+  const int64_t sh = d.params.stride[0], sw = d.params.stride[1], taps_per_channel = d.kernel_h * d.kernel_w;
+  auto x_last = scratch<T>(d.batch * in_plane * channels);   // (N, H, W, C)
+  auto y_last = scratch<T>(d.batch * out_plane * channels);  // (N, Ho, Wo, C)
+  auto w_last = scratch<T>(taps_per_channel * channels);     // (kH * kW, C)
+  transpose_each(x, d.batch, channels, in_plane, x_last.get());
+  transpose_each(w, 1, channels, taps_per_channel, w_last.get());
+  const std::vector<Tap> inside = taps_inside(d);
+  parallel_for(0, d.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      T* out = y_last.get() + n * out_plane * channels;
+      for (int64_t p = 0; p < out_plane; ++p) {
+        T* values = out + p * channels;
+        for (int64_t c = 0; c < channels; ++c) values[c] = b != nullptr ? b[c] : T(0);
+      }
+      for (const Tap& t : inside) {
+        const T* taps = w_last.get() + t.index * channels;
+        for (int64_t oh = t.oh0; oh < t.oh1; ++oh) {
+          for (int64_t ow = t.ow0; ow < t.ow1; ++ow) {
+            const T* in = x_last.get() + (n * in_plane + (oh * sh + t.row_offset) * d.width + ow * sw + t.col_offset) *
+                                             channels;
+            T* values = out + (oh * d.out_w + ow) * channels;
+            for (int64_t c = 0; c < channels; ++c) values[c] += taps[c] * in[c];
+          }
+        }
+      }
+    }
+  });
+  transpose_each(y_last.get(), d.batch, out_plane, channels, y);
+}
+
+template <class T>
+void depthwise_backward_input_channels_last(const T* dy, const T* w, const Depthwise& d, T* dx) {
+  const int64_t channels = d.channels, in_plane = d.height * d.width, out_plane = d.out_h * d.out_w;
+  const int64_t sh = d.params.stride[0], sw = d.params.stride[1], taps_per_channel = d.kernel_h * d.kernel_w;
+  auto dy_last = scratch<T>(d.batch * out_plane * channels);  // (N, Ho, Wo, C)
+  auto dx_last = scratch<T>(d.batch * in_plane * channels);   // (N, H, W, C)
+  auto w_last = scratch<T>(taps_per_channel * channels);      // (kH * kW, C)
+  transpose_each(dy, d.batch, channels, out_plane, dy_last.get());
+  transpose_each(w, 1, channels, taps_per_channel, w_last.get());
+  const std::vector<Tap> inside = taps_inside(d);
+  parallel_for(0, d.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      T* grad_in = dx_last.get() + n * in_plane * channels;
+      std::fill(grad_in, grad_in + in_plane * channels, T(0));
+      for (const Tap& t : inside) {
+        const T* taps = w_last.get() + t.index * channels;
+        for (int64_t oh = t.oh0; oh < t.oh1; ++oh) {
+          for (int64_t ow = t.ow0; ow < t.ow1; ++ow) {
+            T* in = grad_in + ((oh * sh + t.row_offset) * d.width + ow * sw + t.col_offset) * channels;
+            const T* grad_out = dy_last.get() + (n * out_plane + oh * d.out_w + ow) * channels;
+            for (int64_t c = 0; c < channels; ++c) in[c] += taps[c] * grad_out[c];
+          }
+        }
+      }
+    }
+  });
+  transpose_each(dx_last.get(), d.batch, in_plane, channels, dx);
+}
+
+// Each block of channels sums its taps' products over the images and outputs
+// in the general path's order (n, then oh, then ow).
+template <class T>
+void depthwise_backward_weight_channels_last(const T* dy, const T* x, const Depthwise& d, T* dw) {
+  const int64_t channels = d.channels, in_plane = d.height * d.width, out_plane = d.out_h * d.out_w;
+  const int64_t sh = d.params.stride[0], sw = d.params.stride[1], taps_per_channel = d.kernel_h * d.kernel_w;
+  auto dy_last = scratch<T>(d.batch * out_plane * channels);  // (N, Ho, Wo, C)
+  auto x_last = scratch<T>(d.batch * in_plane * channels);    // (N, H, W, C)
+  auto dw_last = scratch<T>(taps_per_channel * channels);     // (kH * kW, C)
+  transpose_each(dy, d.batch, channels, out_plane, dy_last.get());
+  transpose_each(x, d.batch, channels, in_plane, x_last.get());
+  std::fill(dw_last.get(), dw_last.get() + taps_per_channel * channels, T(0));  // the taps that only read padding
+  const std::vector<Tap> inside = taps_inside(d);
+  constexpr int64_t kBlock = 64;  // channels per task
+  parallel_for(0, (channels + kBlock - 1) / kBlock, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t c0 = block * kBlock, width = std::min(kBlock, channels - c0);
+      for (const Tap& t : inside) {
+        T* total = dw_last.get() + t.index * channels + c0;
+        for (int64_t n = 0; n < d.batch; ++n) {
+          for (int64_t oh = t.oh0; oh < t.oh1; ++oh) {
+            for (int64_t ow = t.ow0; ow < t.ow1; ++ow) {
+              const T* in = x_last.get() +
+                            (n * in_plane + (oh * sh + t.row_offset) * d.width + ow * sw + t.col_offset) * channels + c0;
+              const T* grad_out = dy_last.get() + (n * out_plane + oh * d.out_w + ow) * channels + c0;
+              for (int64_t c = 0; c < width; ++c) total[c] += grad_out[c] * in[c];
+            }
+          }
+        }
+      }
+    }
+  });
+  transpose_each(dw_last.get(), 1, taps_per_channel, channels, dw);
+}
+
 template <class T>
 void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
+  if (channels_last_path(d)) return depthwise_forward_channels_last(x, w, b, d, y);
   if (padded_plane_path(d)) return depthwise_forward_padded(x, w, b, d, y);
   const int64_t out_plane = d.out_h * d.out_w, planes = d.batch * d.out_channels();
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
@@ -188,6 +317,7 @@ void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T
 // spread back to the input positions each output read.
 template <class T>
 void depthwise_backward_input(const T* dy, const T* w, const Depthwise& d, T* dx) {
+  if (channels_last_path(d)) return depthwise_backward_input_channels_last(dy, w, d, dx);
   if (padded_plane_path(d)) return depthwise_backward_input_padded(dy, w, d, dx);
   const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, planes = d.batch * d.channels;
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
@@ -218,6 +348,7 @@ void depthwise_backward_input(const T* dy, const T* w, const Depthwise& d, T* dx
 // d w[o, 0, kh, kw] = sum over images and outputs of dy[n, o] * x[n, o / M] at the tap's position.
 template <class T>
 void depthwise_backward_weight(const T* dy, const T* x, const Depthwise& d, T* dw) {
+  if (channels_last_path(d)) return depthwise_backward_weight_channels_last(dy, x, d, dw);
   const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, taps_per_channel = d.kernel_h * d.kernel_w;
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
   const std::vector<Tap> inside = taps_inside(d);

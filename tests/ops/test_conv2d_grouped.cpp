@@ -61,6 +61,35 @@ TEST_CASE("depthwise conv2d equals a dense convolution of each channel alone") {
   }
 }
 
+TEST_CASE("depthwise conv2d on small planes (the channels-last path) equals a dense convolution of each channel") {
+  // ConvNeXt's 7x7 over 4x4, 2x2 and 1x1 planes, and a strided 3x3 down to 2x2: at most 16 outputs a plane.
+  struct Case {
+    Shape input;
+    int64_t kernel;
+    Conv2dParams params;
+  };
+  const Case cases[] = {{{3, 16, 4, 4}, 7, {.padding = {3, 3}}},
+                        {{2, 24, 2, 2}, 7, {.padding = {3, 3}}},
+                        {{2, 9, 1, 1}, 7, {.padding = {3, 3}}},
+                        {{2, 70, 4, 3}, 3, {.stride = {2, 2}, .padding = {1, 1}}}};
+  uint64_t seed = 90;
+  for (const Case& c : cases) {
+    INFO("input ", shape_str(c.input), " kernel ", c.kernel);
+    const int64_t channels = c.input[1];
+    const Tensor input = random_tensor(c.input, seed++, -1.0, 1.0, DType::f32);
+    const Tensor weight = random_tensor({channels, 1, c.kernel, c.kernel}, seed++, -1.0, 1.0, DType::f32);
+    const Tensor bias = random_tensor({channels}, seed++, -1.0, 1.0, DType::f32);
+    Conv2dParams grouped = c.params;
+    grouped.groups = channels;
+    const Tensor y = conv2d(input, weight, bias, grouped);
+    for (int64_t k = 0; k < channels; ++k) {
+      const Tensor expected = conv2d(input.slice(1, k, k + 1).contiguous(), weight.slice(0, k, k + 1).contiguous(),
+                                     bias.slice(0, k, k + 1).contiguous(), c.params);
+      CHECK(relative_error(y.slice(1, k, k + 1).contiguous(), expected) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("grouped and depthwise conv2d backward match finite differences") {
   struct Case {
     Shape input, weight;
@@ -76,6 +105,10 @@ TEST_CASE("grouped and depthwise conv2d backward match finite differences") {
       // The padded-plane path (stride 1, rows of 8 or more outputs): ConvNeXt's 7x7, a multiplier of 2.
       {{1, 2, 8, 9}, {2, 1, 7, 7}, {.padding = {3, 3}, .groups = 2}},
       {{2, 2, 5, 10}, {4, 1, 3, 3}, {.padding = {1, 1}, .groups = 2}},
+      // The channels-last path (at most 16 outputs a plane, 8 or more channels): 7x7 over 2x2 and 1x1, strided 3x3.
+      {{2, 8, 2, 2}, {8, 1, 7, 7}, {.padding = {3, 3}, .groups = 8}},
+      {{2, 9, 1, 1}, {9, 1, 7, 7}, {.padding = {3, 3}, .groups = 9}},
+      {{1, 10, 4, 3}, {10, 1, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}, .groups = 10}},
   };
   uint64_t seed = 70;
   for (const Case& c : cases) {
