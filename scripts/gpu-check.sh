@@ -15,13 +15,14 @@
 #   build            `-k 0`: one compile error loses only what depends on it; each later
 #                    step runs when its binary exists
 #   gpu.runtime, gpu.backend_ops, gpu.training, gpu.nccl, gpu.host_staging,
-#   gpu.elastic_cuda, gpu.device_ordinal, gpu.data_loader, gpu.conv_graphs
+#   gpu.elastic_cuda, gpu.device_ordinal, gpu.data_loader, gpu.conv_graphs, gpu.batch_norm_v2
 #                    the gpu test suites, one ctest call each, every test cut at
 #                    LOOM_GPU_TEST_TIMEOUT (120 s); gpu.nccl runs at world N on N GPUs,
 #                    gpu.host_staging 2 and 4 ranks on GPU 0 over gloo and shm,
 #                    gpu.elastic_cuda checkpoints resumed at world 2 -> 1 -> 3 on GPU 0,
 #                    gpu.device_ordinal cuda:1 where two GPUs are visible, gpu.conv_graphs the
-#                    fused cuDNN graphs (issue 47, behind LOOM_CUDNN_GRAPH) against the unfused ops
+#                    fused cuDNN graphs (issue 47, behind LOOM_CUDNN_GRAPH) against the unfused ops,
+#                    gpu.batch_norm_v2 LOOM_CUDA_BATCH_NORM=v2 against the CPU at ResNet-50's shapes
 #   staged.*         train_mnist on CUDA over gloo and shm (collectives staged through host
 #                    memory), the ranks sharing GPU 0, 20 steps each: gloo -g 2 --sync-bn,
 #                    shm -g 4 --sync-bn, gloo -g 2 --zero, shm -g 2 --no-pad-last; then 2
@@ -209,7 +210,8 @@ main() {
   add_step data 60 "" "$data_cmd"
   add_step build 480 "" "$(printf '%q' "$self") --internal build $q_build $jobs $targets"
   local suite
-  for suite in runtime backend_ops training nccl host_staging elastic_cuda device_ordinal data_loader conv_graphs; do
+  for suite in runtime backend_ops training nccl host_staging elastic_cuda device_ordinal data_loader conv_graphs \
+      batch_norm_v2; do
     local binary=$build/tests/gpu/test_gpu
     [[ $suite == nccl || $suite == host_staging || $suite == elastic_cuda ]] && binary=$build/tests/gpu/test_gpu_nccl
     add_step "gpu.$suite" $(( test_timeout + 30 )) "$binary" "$ctest_cmd '^gpu\\.$suite\$'"
@@ -267,14 +269,13 @@ sanitizer_steps() {
   local test_gpu=$q_build/tests/gpu/test_gpu
   # memcheck: every case but those that mostly run cuDNN's algorithm variants, the
   # fused cuDNN graphs (behind LOOM_CUDNN_GRAPH, unproven; their plans compile
-  # kernels, slow under the tool), the ConvNet's CPU-referenced training (the
-  # apps below train under memcheck) and batch norm v2 at ResNet-50's shapes
-  # (millions of elements; the small batch-norm cases run v2 under the tool),
+  # kernels, slow under the tool) and the ConvNet's CPU-referenced training (the
+  # apps below train under memcheck); batch norm v2 at ResNet-50's shapes is in
+  # a suite of its own (the small batch-norm cases run v2 under the tool),
   # with loom's allocator not caching (LOOM_CUDA_NO_CACHING=1: each tensor its own
   # cudaMalloc, so that memcheck sees its bounds, not those of a 2 MiB segment).
   local memcheck="LOOM_CUDA_NO_CACHING=1 $tool memcheck"
   local skipped="conv2d with cuDNN*,conv2d backward kernels*,conv2d keeps the input*,the ConvNet*loss curve*,cuDNN graph*"
-  skipped+=",batch_norm v2 at ResNet-50 shapes*"
   add_step sanitizer.memcheck 180 "$build/tests/gpu/test_gpu" \
     "$memcheck $test_gpu --test-suite=runtime,backend_ops,training '--test-case-exclude=$skipped'"
   add_step sanitizer.memcheck_train_mnist 90 "$build/apps/train_mnist" \

@@ -14,8 +14,8 @@ STAGED = ("staged.gloo_g2_sync_bn", "staged.shm_g4_sync_bn", "staged.gloo_g2_zer
 SANITIZER = ("sanitizer.memcheck", "sanitizer.memcheck_train_mnist", "sanitizer.memcheck_resnet50_cifar",
              "sanitizer.racecheck", "sanitizer.synccheck")
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
-       "gpu.host_staging", "gpu.elastic_cuda", "gpu.device_ordinal", "gpu.data_loader", "gpu.conv_graphs", *STAGED,
-       *SANITIZER,
+       "gpu.host_staging", "gpu.elastic_cuda", "gpu.device_ordinal", "gpu.data_loader", "gpu.conv_graphs",
+       "gpu.batch_norm_v2", *STAGED, *SANITIZER,
        "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
        "bench.loom_convnet_channels_last_f16", "train_mnist", "bench.resnet50_cifar", "scaling.resnet50",
        "sanitizer.initcheck")
