@@ -48,11 +48,20 @@ void valid_outputs(int64_t offset, int64_t size, int64_t stride, int64_t outputs
 struct Tap {
   int64_t index;  // kh * kernel_w + kw
   int64_t oh0, oh1, ow0, ow1, row_offset, col_offset;
+  // Calls fn(output, input) for each output position (oh * out_w + ow) the
+  // tap reaches and the input position (h * width + w) it reads there, oh then ow.
+  template <class Fn>
+  void for_each_read(const Depthwise& d, Fn&& fn) const {
+    const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
+    for (int64_t oh = oh0; oh < oh1; ++oh)
+      for (int64_t ow = ow0; ow < ow1; ++ow)
+        fn(oh * d.out_w + ow, (oh * sh + row_offset) * d.width + ow * sw + col_offset);
+  }
 };
 
 // The taps that read inside the image, in (kh, kw) order: computed once per
 // call, not per plane, and without the taps that only read padding (a 7x7
-// kernel over ConvNeXt's 2x2 and 1x1 planes reads 16 and 1 of its 49 taps).
+// kernel over ConvNeXt's 2x2 and 1x1 planes reads 9 and 1 of its 49 taps).
 std::vector<Tap> taps_inside(const Depthwise& d) {
   const Conv2dParams& p = d.params;
   std::vector<Tap> taps;
@@ -104,6 +113,29 @@ struct PaddedPlane {
   std::vector<T> values;
 };
 
+// One plane's taps in (kh, kw) order, row by row: forward (ToOutputs) the
+// output plane += tap * the padded input's rows; for the input gradient the
+// padded plane's rows += tap * the output gradient's.
+template <bool ToOutputs, class T>
+void accumulate_padded_taps(const Depthwise& d, const T* taps, PaddedPlane<T>& padded, const T* grad_output,
+                            T* output) {
+  for (int64_t kh = 0; kh < d.kernel_h; ++kh) {
+    for (int64_t kw = 0; kw < d.kernel_w; ++kw) {
+      const T tap = taps[kh * d.kernel_w + kw];
+      for (int64_t oh = 0; oh < d.out_h; ++oh) {
+        T* padded_row = padded.values.data() + (oh + kh) * padded.cols + kw;
+        if constexpr (ToOutputs) {
+          T* out_row = output + oh * d.out_w;
+          for (int64_t ow = 0; ow < d.out_w; ++ow) out_row[ow] += tap * padded_row[ow];
+        } else {
+          const T* grad_row = grad_output + oh * d.out_w;
+          for (int64_t ow = 0; ow < d.out_w; ++ow) padded_row[ow] += tap * grad_row[ow];
+        }
+      }
+    }
+  }
+}
+
 template <class T>
 void depthwise_forward_padded(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
   const int64_t out_plane = d.out_h * d.out_w, planes = d.batch * d.out_channels();
@@ -116,16 +148,7 @@ void depthwise_forward_padded(const T* x, const T* w, const T* b, const Depthwis
       const T* taps = w + o * d.kernel_h * d.kernel_w;
       T* out = y + plane * out_plane;
       std::fill(out, out + out_plane, b != nullptr ? b[o] : T(0));
-      for (int64_t kh = 0; kh < d.kernel_h; ++kh) {
-        for (int64_t kw = 0; kw < d.kernel_w; ++kw) {
-          const T tap = taps[kh * d.kernel_w + kw];
-          for (int64_t oh = 0; oh < d.out_h; ++oh) {
-            const T* in_row = padded.values.data() + (oh + kh) * padded.cols + kw;
-            T* out_row = out + oh * d.out_w;
-            for (int64_t ow = 0; ow < d.out_w; ++ow) out_row[ow] += tap * in_row[ow];
-          }
-        }
-      }
+      accumulate_padded_taps<true, T>(d, taps, padded, nullptr, out);
     }
   });
 }
@@ -143,16 +166,7 @@ void depthwise_backward_input_padded(const T* dy, const T* w, const Depthwise& d
                      const int64_t o = c * d.multiplier + m;
                      const T* grad_out = dy + (n * d.out_channels() + o) * out_plane;
                      const T* taps = w + o * d.kernel_h * d.kernel_w;
-                     for (int64_t kh = 0; kh < d.kernel_h; ++kh) {
-                       for (int64_t kw = 0; kw < d.kernel_w; ++kw) {
-                         const T tap = taps[kh * d.kernel_w + kw];
-                         for (int64_t oh = 0; oh < d.out_h; ++oh) {
-                           T* in_row = padded.values.data() + (oh + kh) * padded.cols + kw;
-                           const T* out_row = grad_out + oh * d.out_w;
-                           for (int64_t ow = 0; ow < d.out_w; ++ow) in_row[ow] += tap * out_row[ow];
-                         }
-                       }
-                     }
+                     accumulate_padded_taps<false, T>(d, taps, padded, grad_out, nullptr);
                    }
                    padded.store(dx + plane * in_plane, d);
                  }
@@ -189,66 +203,38 @@ std::unique_ptr<T[]> scratch(int64_t n) {
   return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
 }
 
-template <class T>
-void depthwise_forward_channels_last(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
+// Forward (ToOutputs: output = bias + taps * input) or the input gradient
+// (taps * output gradient) through (N, *, C) copies: image by image, each
+// tap in (kh, kw) order adds its products along the channels at every
+// (output, input) pair it reads.
+template <bool ToOutputs, class T>
+void depthwise_channels_last(const T* source, const T* w, const T* bias, const Depthwise& d, T* target) {
   const int64_t channels = d.channels, in_plane = d.height * d.width, out_plane = d.out_h * d.out_w;
-  const int64_t sh = d.params.stride[0], sw = d.params.stride[1], taps_per_channel = d.kernel_h * d.kernel_w;
-  auto x_last = scratch<T>(d.batch * in_plane * channels);   // (N, H, W, C)
-  auto y_last = scratch<T>(d.batch * out_plane * channels);  // (N, Ho, Wo, C)
-  auto w_last = scratch<T>(taps_per_channel * channels);     // (kH * kW, C)
-  transpose_each(x, d.batch, channels, in_plane, x_last.get());
+  const int64_t source_plane = ToOutputs ? in_plane : out_plane, target_plane = ToOutputs ? out_plane : in_plane;
+  const int64_t taps_per_channel = d.kernel_h * d.kernel_w;
+  auto source_last = scratch<T>(d.batch * source_plane * channels);  // (N, *, C)
+  auto target_last = scratch<T>(d.batch * target_plane * channels);  // (N, *, C)
+  auto w_last = scratch<T>(taps_per_channel * channels);             // (kH * kW, C)
+  transpose_each(source, d.batch, channels, source_plane, source_last.get());
   transpose_each(w, 1, channels, taps_per_channel, w_last.get());
   const std::vector<Tap> inside = taps_inside(d);
   parallel_for(0, d.batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      T* out = y_last.get() + n * out_plane * channels;
-      for (int64_t p = 0; p < out_plane; ++p) {
-        T* values = out + p * channels;
-        for (int64_t c = 0; c < channels; ++c) values[c] = b != nullptr ? b[c] : T(0);
-      }
+      const T* from = source_last.get() + n * source_plane * channels;
+      T* to = target_last.get() + n * target_plane * channels;
+      for (int64_t p = 0; p < target_plane; ++p)  // the bias first, as the general path
+        for (int64_t c = 0; c < channels; ++c) to[p * channels + c] = bias != nullptr ? bias[c] : T(0);
       for (const Tap& t : inside) {
         const T* taps = w_last.get() + t.index * channels;
-        for (int64_t oh = t.oh0; oh < t.oh1; ++oh) {
-          for (int64_t ow = t.ow0; ow < t.ow1; ++ow) {
-            const T* in = x_last.get() + (n * in_plane + (oh * sh + t.row_offset) * d.width + ow * sw + t.col_offset) *
-                                             channels;
-            T* values = out + (oh * d.out_w + ow) * channels;
-            for (int64_t c = 0; c < channels; ++c) values[c] += taps[c] * in[c];
-          }
-        }
+        t.for_each_read(d, [&](int64_t output, int64_t input) {
+          T* values = to + (ToOutputs ? output : input) * channels;
+          const T* in = from + (ToOutputs ? input : output) * channels;
+          for (int64_t c = 0; c < channels; ++c) values[c] += taps[c] * in[c];
+        });
       }
     }
   });
-  transpose_each(y_last.get(), d.batch, out_plane, channels, y);
-}
-
-template <class T>
-void depthwise_backward_input_channels_last(const T* dy, const T* w, const Depthwise& d, T* dx) {
-  const int64_t channels = d.channels, in_plane = d.height * d.width, out_plane = d.out_h * d.out_w;
-  const int64_t sh = d.params.stride[0], sw = d.params.stride[1], taps_per_channel = d.kernel_h * d.kernel_w;
-  auto dy_last = scratch<T>(d.batch * out_plane * channels);  // (N, Ho, Wo, C)
-  auto dx_last = scratch<T>(d.batch * in_plane * channels);   // (N, H, W, C)
-  auto w_last = scratch<T>(taps_per_channel * channels);      // (kH * kW, C)
-  transpose_each(dy, d.batch, channels, out_plane, dy_last.get());
-  transpose_each(w, 1, channels, taps_per_channel, w_last.get());
-  const std::vector<Tap> inside = taps_inside(d);
-  parallel_for(0, d.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      T* grad_in = dx_last.get() + n * in_plane * channels;
-      std::fill(grad_in, grad_in + in_plane * channels, T(0));
-      for (const Tap& t : inside) {
-        const T* taps = w_last.get() + t.index * channels;
-        for (int64_t oh = t.oh0; oh < t.oh1; ++oh) {
-          for (int64_t ow = t.ow0; ow < t.ow1; ++ow) {
-            T* in = grad_in + ((oh * sh + t.row_offset) * d.width + ow * sw + t.col_offset) * channels;
-            const T* grad_out = dy_last.get() + (n * out_plane + oh * d.out_w + ow) * channels;
-            for (int64_t c = 0; c < channels; ++c) in[c] += taps[c] * grad_out[c];
-          }
-        }
-      }
-    }
-  });
-  transpose_each(dx_last.get(), d.batch, in_plane, channels, dx);
+  transpose_each(target_last.get(), d.batch, target_plane, channels, target);
 }
 
 // Each block of channels sums its taps' products over the images and outputs
@@ -256,7 +242,7 @@ void depthwise_backward_input_channels_last(const T* dy, const T* w, const Depth
 template <class T>
 void depthwise_backward_weight_channels_last(const T* dy, const T* x, const Depthwise& d, T* dw) {
   const int64_t channels = d.channels, in_plane = d.height * d.width, out_plane = d.out_h * d.out_w;
-  const int64_t sh = d.params.stride[0], sw = d.params.stride[1], taps_per_channel = d.kernel_h * d.kernel_w;
+  const int64_t taps_per_channel = d.kernel_h * d.kernel_w;
   auto dy_last = scratch<T>(d.batch * out_plane * channels);  // (N, Ho, Wo, C)
   auto x_last = scratch<T>(d.batch * in_plane * channels);    // (N, H, W, C)
   auto dw_last = scratch<T>(taps_per_channel * channels);     // (kH * kW, C)
@@ -271,14 +257,13 @@ void depthwise_backward_weight_channels_last(const T* dy, const T* x, const Dept
       for (const Tap& t : inside) {
         T* total = dw_last.get() + t.index * channels + c0;
         for (int64_t n = 0; n < d.batch; ++n) {
-          for (int64_t oh = t.oh0; oh < t.oh1; ++oh) {
-            for (int64_t ow = t.ow0; ow < t.ow1; ++ow) {
-              const T* in = x_last.get() +
-                            (n * in_plane + (oh * sh + t.row_offset) * d.width + ow * sw + t.col_offset) * channels + c0;
-              const T* grad_out = dy_last.get() + (n * out_plane + oh * d.out_w + ow) * channels + c0;
-              for (int64_t c = 0; c < width; ++c) total[c] += grad_out[c] * in[c];
-            }
-          }
+          const T* image = x_last.get() + n * in_plane * channels + c0;
+          const T* grad_image = dy_last.get() + n * out_plane * channels + c0;
+          t.for_each_read(d, [&](int64_t output, int64_t input) {
+            const T* in = image + input * channels;
+            const T* grad_out = grad_image + output * channels;
+            for (int64_t c = 0; c < width; ++c) total[c] += grad_out[c] * in[c];
+          });
         }
       }
     }
@@ -288,7 +273,7 @@ void depthwise_backward_weight_channels_last(const T* dy, const T* x, const Dept
 
 template <class T>
 void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T* y) {
-  if (channels_last_path(d)) return depthwise_forward_channels_last(x, w, b, d, y);
+  if (channels_last_path(d)) return depthwise_channels_last<true>(x, w, b, d, y);
   if (padded_plane_path(d)) return depthwise_forward_padded(x, w, b, d, y);
   const int64_t out_plane = d.out_h * d.out_w, planes = d.batch * d.out_channels();
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
@@ -317,7 +302,7 @@ void depthwise_forward(const T* x, const T* w, const T* b, const Depthwise& d, T
 // spread back to the input positions each output read.
 template <class T>
 void depthwise_backward_input(const T* dy, const T* w, const Depthwise& d, T* dx) {
-  if (channels_last_path(d)) return depthwise_backward_input_channels_last(dy, w, d, dx);
+  if (channels_last_path(d)) return depthwise_channels_last<false, T>(dy, w, nullptr, d, dx);
   if (padded_plane_path(d)) return depthwise_backward_input_padded(dy, w, d, dx);
   const int64_t in_plane = d.height * d.width, out_plane = d.out_h * d.out_w, planes = d.batch * d.channels;
   const int64_t sh = d.params.stride[0], sw = d.params.stride[1];
