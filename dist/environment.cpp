@@ -14,6 +14,8 @@
 #include <limits>
 #include <vector>
 
+#include <unistd.h>
+
 #include <loom/core/error.h>
 #include <loom/core/json_string.h>
 
@@ -285,13 +287,22 @@ namespace {
 bool write_torchelastic_error_file(const std::string& message, const EnvironmentLookup& environment) {
   auto path = environment("TORCHELASTIC_ERROR_FILE");
   if (!path || path->empty()) return true;
-  std::ofstream file(*path, std::ios::trunc);
+  // Written beside it and renamed into place: torchrun reads the file of every
+  // failed worker, and a worker killed mid-write (torchrun stops the others
+  // when one fails) must leave no empty or partial file, which its JSON
+  // parser would fail on.
+  const std::string temporary = str(*path, ".tmp.", ::getpid());
+  std::ofstream file(temporary, std::ios::trunc);
   // torchrun's summary prints py_callstack when present: the message itself here.
   file << "{\"message\": {\"message\": " << json_string(message) << ", \"extraInfo\": {\"py_callstack\": "
        << json_string(message) << ", \"timestamp\": \""
        << static_cast<long long>(std::time(nullptr)) << "\"}}}\n";
   file.close();
-  return static_cast<bool>(file);
+  if (!file || std::rename(temporary.c_str(), path->c_str()) != 0) {
+    std::remove(temporary.c_str());
+    return false;
+  }
+  return true;
 }
 
 }  // namespace loom::dist
