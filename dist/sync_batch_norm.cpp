@@ -14,10 +14,16 @@ BatchStatisticsReduction all_reduce_statistics(std::shared_ptr<ProcessGroup> gro
   LOOM_CHECK(group != nullptr, "all_reduce_statistics: the process group is null");
   BatchStatisticsReduction reduction;
   // (2, C) f64 sums and the element count, summed over ranks in one collective.
-  reduction.forward = [group](const Tensor& sums, int64_t count) {
-    Tensor counts = Tensor::full({1}, static_cast<double>(count), DType::f64, sums.device());
-    group->all_reduce({sums, counts}, ReduceOp::sum)->wait();
-    return static_cast<int64_t>(std::llround(counts.item()));
+  reduction.forward = [group](const Tensor& sums, int64_t count) -> StatisticsCount {
+    Tensor total = Tensor::full({1}, static_cast<double>(count), DType::f64, sums.device());
+    group->all_reduce({sums, total}, ReduceOp::sum)->wait();
+    // The kernels read the total where they run: the host does not wait for
+    // the all-reduce (a GPU would idle once per layer). This rank's count is
+    // a lower bound of the total, and when it is more than one batch norm's
+    // check holds without the total; a rank with at most one element per
+    // channel reads the total for that check.
+    if (count > 1) return {count, total};
+    return static_cast<int64_t>(std::llround(total.item()));
   };
   // Every rank's input gradient depends on every rank's output gradient.
   reduction.backward = [group](const Tensor& grad_sums) { group->all_reduce(grad_sums, ReduceOp::sum)->wait(); };

@@ -37,12 +37,19 @@ void check_batch_norm_arguments(const char* op, const Tensor& input, const Tenso
              ": running_mean and running_var must be both defined or both undefined");
 }
 
+void ops::check_statistics_count(const char* op, const StatisticsCount& count, Device device) {
+  LOOM_CHECK(count.known > 0, op, ": statistics over ", count.known, " elements per channel");
+  const Tensor& total = count.total;
+  LOOM_CHECK(!total.defined() || (total.dtype() == DType::f64 && total.numel() == 1 && total.device() == device), op,
+             ": the total count must be an f64 tensor of one element on ", device.str(), ", got ", total.str());
+}
+
 namespace {
 // The mean and variance a forward normalises with, and the elements per
 // channel they cover (over every participant once reduced).
 struct ForwardStatistics {
   Tensor mean, var;  // (C)
-  int64_t count = 0;
+  StatisticsCount count;
 };
 
 // batch_norm's statistics for `op` (its name in errors): in training the
@@ -57,7 +64,7 @@ ForwardStatistics forward_statistics(const char* op, const Tensor& input, const 
   const int64_t channels = input.size(1);
   ForwardStatistics out;
   out.count = channels == 0 ? 0 : input.numel() / channels;
-  LOOM_CHECK(!training || reduce || out.count > 1, op, ": training needs more than one value per channel, got input ",
+  LOOM_CHECK(!training || reduce || out.count.known > 1, op, ": training needs more than one value per channel, got input ",
              shape_str(input.sizes()));
   NoGradGuard no_grad;
   if (!training) {
@@ -67,9 +74,10 @@ ForwardStatistics forward_statistics(const char* op, const Tensor& input, const 
   }
   const Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
   if (reduce) {
-    out.count = reduce.forward(stats, out.count);
-    LOOM_CHECK(out.count > 1, op, ": training needs more than one value per channel over all participants, got ",
-               out.count, " (this one's input is ", shape_str(input.sizes()), ")");
+    out.count = reduce.forward(stats, out.count.known);
+    // A total on the device is at least `known`, which the reduction makes more than one.
+    LOOM_CHECK(out.count.known > 1, op, ": training needs more than one value per channel over all participants, got ",
+               out.count.known, " (this one's input is ", shape_str(input.sizes()), ")");
   }
   const Tensor mean_var =
       LOOM_DISPATCH(input, batch_norm_gather_stats, stats, out.count, running_mean, running_var, momentum);

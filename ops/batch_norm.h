@@ -44,14 +44,29 @@ namespace loom {
 // ConvNet and ResNet) without the separate ReLU's two full passes.
 enum class Activation { none, relu };
 
+// How many elements per channel batch statistics cover. Usually the host
+// knows it (a number converts). SyncBatchNorm's total is summed over ranks
+// by the statistics' all-reduce into `total`, an f64 (1) tensor on the
+// statistics' device, and the kernels read it there (PyTorch's
+// batch_norm_gather_stats_with_counts): the host never waits for the
+// collective to learn it.
+struct StatisticsCount {
+  StatisticsCount(int64_t known = 0) : known(known) {}  // NOLINT(google-explicit-constructor): a count the host knows
+  StatisticsCount(int64_t at_least, Tensor total) : known(at_least), total(std::move(total)) {}
+  // The count when `total` is undefined; else a lower bound of the total
+  // (this participant's own count), for the host's checks.
+  int64_t known = 0;
+  Tensor total;
+};
+
 // Where training mode's batch statistics come from: by default this call's
 // batch alone; a reduction sums them over more (SyncBatchNorm: every rank of
 // a process group, dist/sync_batch_norm.h), so one op serves both.
 struct BatchStatisticsReduction {
   // Forward: sums the (2, C) f64 per-channel (sum, sum of squares) in place
   // over every participant; given this batch's elements per channel, returns
-  // the total.
-  std::function<int64_t(const Tensor& sums, int64_t count)> forward;
+  // the total (on the device, or known on the host).
+  std::function<StatisticsCount(const Tensor& sums, int64_t count)> forward;
   // Backward: sums the (2, C) f64 per-channel (sum dy, sum dy * xhat) in
   // place over every participant, for the input gradient (the weight and bias
   // gradients stay this call's own).
@@ -95,6 +110,11 @@ void check_batch_norm_arguments(const char* op, const Tensor& input, const Tenso
                                 const Tensor& running_mean, const Tensor& running_var);
 
 namespace ops {
+// The checks every backend makes of the count its kernels divide by, with
+// messages prefixed by `op`: a positive `known`; a defined `total` an f64 (1)
+// tensor on `device`.
+void check_statistics_count(const char* op, const StatisticsCount& count, Device device);
+
 // The fused ReLU of a forward under Activation::relu, as backward sees it: dy
 // is masked to where the forward's output was positive, recomputed from the
 // input (weight * xhat + bias > 0, ops/batch_norm_math.h) rather than read

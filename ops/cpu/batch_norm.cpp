@@ -111,15 +111,14 @@ Tensor batch_norm_stats(const Tensor& input_in) {
   });
 }
 
-Tensor batch_norm_gather_stats(const Tensor& stats, int64_t count, const Tensor& running_mean,
+Tensor batch_norm_gather_stats(const Tensor& stats, const StatisticsCount& count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum) {
-  LOOM_CHECK(count > 0, "batch_norm: statistics over ", count, " elements per channel");
+  const double n = element_count("batch_norm", count);
   const int64_t channels = stats.size(1);
   const std::vector<double> sums = stats.to_vector<double>();
   Tensor mean_var = Tensor::empty({2, channels}, DType::f64);
   double* mean = mean_var.data<double>();
   double* var = mean + channels;
-  const double n = static_cast<double>(count);
   for (int64_t c = 0; c < channels; ++c) {
     const math::Statistics s = math::statistics(sums[c], sums[channels + c], n);
     mean[c] = s.mean;

@@ -322,8 +322,8 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& g
 }
 
 Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& input_in, const Tensor& mean,
-                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps, const FusedRelu& relu) {
+                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums,
+                                 const StatisticsCount& count, double eps, const FusedRelu& relu) {
   const Tensor grad_output = cpu_compute_input(grad_output_in);
   // Eval mode without a fused ReLU needs no input.
   const Tensor input = relu.enabled || grad_sums.defined() ? cpu_compute_input(input_in) : Tensor();
@@ -379,10 +379,9 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output_in, const Tensor& inp
     });
     return grad_input.to(grad_output_in.dtype());
   }
-  LOOM_CHECK(count > 0, "batch_norm backward: sums over ", count, " elements per channel");
+  const double n = element_count("batch_norm backward", count);
   const std::vector<double> m = per_channel(mean, l.channels, 0.0);
   const std::vector<double> sums = grad_sums.to_vector<double>();
-  const double n = static_cast<double>(count);
   visit_compute_dtype(grad_output.dtype(), "batch_norm backward", [&]<class T>() {
     const T* x = input.data<T>();
     const T* dy = grad_output.data<T>();

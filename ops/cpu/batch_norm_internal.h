@@ -10,6 +10,7 @@
 
 #include <loom/core/parallel.h>
 #include <loom/core/tensor.h>
+#include <loom/ops/batch_norm.h>
 #include <loom/ops/batch_norm_math.h>
 #include <loom/ops/cpu/scratch.h>
 
@@ -38,6 +39,13 @@ T masked(T dy, const T* x, int64_t i, T a, T b) {
 inline std::vector<double> per_channel(const Tensor& t, int64_t channels, double fallback) {
   if (!t.defined()) return std::vector<double>(static_cast<size_t>(channels), fallback);
   return t.to_vector<double>();
+}
+
+// The elements per channel the kernels divide by, checked (a total on the
+// device is in host memory here).
+inline double element_count(const char* op, const StatisticsCount& count) {
+  check_statistics_count(op, count, Device::cpu());
+  return count.total.defined() ? count.total.data<double>()[0] : static_cast<double>(count.known);
 }
 
 inline std::vector<double> inverse_std(const std::vector<double>& var, double eps) {

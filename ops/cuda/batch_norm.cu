@@ -189,8 +189,10 @@ Tensor channel_sums(const Tensor& x, const Tensor& dy, const ChannelGeometry& l,
 
 // mean_var (2, C) f64 from sums over `count` elements; running stats updated
 // in place (unbiased variance), as PyTorch does.
-static __global__ void gather_stats_kernel(const double* stats, int64_t channels, double count, void* running_mean,
-                                           void* running_var, DType running_dtype, double momentum, double* mean_var) {
+static __global__ void gather_stats_kernel(const double* stats, int64_t channels, ElementCount elements,
+                                           void* running_mean, void* running_var, DType running_dtype, double momentum,
+                                           double* mean_var) {
+  const double count = elements.value();
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
     const math::Statistics s = math::statistics(stats[c], stats[channels + c], count);
     mean_var[c] = s.mean;
@@ -258,8 +260,9 @@ struct BackwardCoefficients {
 };
 
 static __global__ void backward_coefficients_kernel(ChannelArray mean, ChannelArray var, ChannelArray weight,
-                                                    const double* sums, int64_t channels, double count, double eps,
-                                                    BackwardCoefficients out) {
+                                                    const double* sums, int64_t channels, ElementCount elements,
+                                                    double eps, BackwardCoefficients out) {
+  const double count = elements.value();
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
     const double var_c = channel_value(var.data, var.dtype, c, 1.0);
     const double weight_c = channel_value(weight.data, weight.dtype, c, 1.0);
@@ -305,10 +308,10 @@ Tensor batch_norm_stats(const Tensor& input_in) {
   return channel_sums<false>(x, Tensor(), math::channel_geometry(x, format), {}, {}, 0.0);
 }
 
-Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tensor& running_mean,
+Tensor batch_norm_gather_stats(const Tensor& stats_in, const StatisticsCount& count, const Tensor& running_mean,
                                const Tensor& running_var, double momentum) {
   const auto device_guard = on_device_of("batch_norm", stats_in);
-  LOOM_CHECK(count > 0, "batch_norm: statistics over ", count, " elements per channel");
+  const ElementCount elements = element_count("batch_norm", count, stats_in.device());
   const Tensor stats = contiguous_input(stats_in.dtype() == DType::f64 ? stats_in : stats_in.to(DType::f64));
   const int64_t channels = stats.size(1);
   Tensor mean_var = Tensor::empty({2, channels}, DType::f64, stats.device());
@@ -322,7 +325,7 @@ Tensor batch_norm_gather_stats(const Tensor& stats_in, int64_t count, const Tens
     rv = const_cast<void*>(channel_array(running_var).data);
   }
   gather_stats_kernel<<<blocks_for(channels), kThreads, 0, stream_of(stats)>>>(
-      stats.data<double>(), channels, static_cast<double>(count), rm, rv,
+      stats.data<double>(), channels, elements, rm, rv,
       running_mean.defined() ? running_mean.dtype() : DType::f32, momentum, mean_var.data<double>());
   LOOM_CHECK_LAUNCH();
   return mean_var;
@@ -399,12 +402,13 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce_relu_output(const Tensor& g
 }
 
 Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_in, const Tensor& mean,
-                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count,
-                                 double eps, const FusedRelu& relu) {
+                                 const Tensor& var, const Tensor& weight, const Tensor& grad_sums,
+                                 const StatisticsCount& count, double eps, const FusedRelu& relu) {
   LOOM_CHECK(!relu.pooled, "batch_norm backward: a pooled gradient (batch_norm_relu_max_pool2d) has CPU kernels only");
   const auto device_guard = on_device_of("batch_norm backward", grad_output);
   const bool training = grad_sums.defined();
-  LOOM_CHECK(!training || count > 0, "batch_norm backward: sums over ", count, " elements per channel");
+  const ElementCount elements =
+      training ? element_count("batch_norm backward", count, grad_output.device()) : ElementCount{};
   // dx follows the input's memory order; in eval mode without a fused ReLU the input is not read.
   const bool reads_input = training || relu.enabled;
   const MemoryFormat format = memory_format_of(reads_input ? input_in : grad_output);
@@ -419,7 +423,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_
   Tensor sums = training ? contiguous_input(grad_sums.dtype() == DType::f64 ? grad_sums : grad_sums.to(DType::f64))
                          : Tensor();
   if (batch_norm_v2::runs(dy.dtype())) {
-    batch_norm_v2::backward_apply(dy, x, dx, l, mean, var, weight, sums, count, eps, relu);
+    batch_norm_v2::backward_apply(dy, x, dx, l, mean, var, weight, sums, elements, eps, relu);
     return dx;
   }
   Tensor buffer = Tensor::empty({4, l.channels}, DType::f64, dy.device());
@@ -427,7 +431,7 @@ Tensor batch_norm_backward_apply(const Tensor& grad_output, const Tensor& input_
   const BackwardCoefficients coefficients{base, base + l.channels, base + 2 * l.channels, base + 3 * l.channels};
   backward_coefficients_kernel<<<blocks_for(l.channels), kThreads, 0, stream>>>(
       channel_array(mean), channel_array(var), channel_array(weight), training ? sums.data<double>() : nullptr,
-      l.channels, static_cast<double>(count), eps, coefficients);
+      l.channels, elements, eps, coefficients);
   LOOM_CHECK_LAUNCH();
   const Tensor mask_coefficients =
       relu.enabled ? apply_coefficients(mean, var, relu.weight, relu.bias, l.channels, eps, dy.dtype(), dy.device(), stream)

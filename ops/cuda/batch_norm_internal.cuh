@@ -29,6 +29,18 @@ __device__ __forceinline__ double channel_value(const void* p, DType t, int64_t 
   return p == nullptr ? fallback : load_as_double(p, t, c);
 }
 
+// The elements per channel kernels divide by (StatisticsCount): `known`, or
+// the total at `total` in device memory, read by the kernel where it runs.
+struct ElementCount {
+  double known = 0;
+  const double* total = nullptr;
+  __device__ __forceinline__ double value() const { return total != nullptr ? *total : known; }
+};
+inline ElementCount element_count(const char* op, const StatisticsCount& count, Device device) {
+  check_statistics_count(op, count, device);
+  return {static_cast<double>(count.known), count.total.defined() ? count.total.data<double>() : nullptr};
+}
+
 }  // namespace loom::ops::cuda_detail
 
 // v2's steps for inputs already in one memory format (x, dy, residual, output
@@ -56,7 +68,7 @@ std::pair<Tensor, Tensor> backward_reduce_relu_output(const Tensor& dy, const Te
 // Writes batch_norm_backward_apply's result into dx; x undefined when not read
 // (eval without a fused ReLU), grad_sums (f64) undefined in eval.
 void backward_apply(const Tensor& dy, const Tensor& x, const Tensor& dx, const ChannelGeometry& l, const Tensor& mean,
-                    const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count, double eps,
-                    const FusedRelu& relu);
+                    const Tensor& var, const Tensor& weight, const Tensor& grad_sums, cuda_detail::ElementCount count,
+                    double eps, const FusedRelu& relu);
 
 }  // namespace loom::ops::cuda::batch_norm_v2

@@ -309,7 +309,8 @@ static __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
 // Training: dx = k (g - mean_dy) - p (x - mean); eval: dx = k g (math::backward).
 template <class T, int V, bool ChannelsLast, bool Masked, bool Training>
 static __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
-    backward_apply_kernel(const T* dy, const T* x, T* dx, ChannelInputs in, const double* sums, double count, Layout l) {
+    backward_apply_kernel(const T* dy, const T* x, T* dx, ChannelInputs in, const double* sums, ElementCount count,
+                          Layout l) {
   using P = Place<ChannelsLast, V>;
   const P p(l);
   float k[6][P::kChannels];  // k, mean_dy, mean, p, mask scale, mask shift
@@ -319,7 +320,8 @@ static __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
                             const double weight_c = channel_value(in.weight.data, in.weight.dtype, c, 1.0);
                             if constexpr (Training) {
                               const math::Backward b =
-                                  math::backward(var_c, weight_c, in.eps, sums[c], sums[l.channels + c], count);
+                                  math::backward(var_c, weight_c, in.eps, sums[c], sums[l.channels + c],
+                                                 count.value());
                               out[0] = static_cast<float>(b.k);
                               out[1] = static_cast<float>(b.mean_dy);
                               out[2] = static_cast<float>(channel_value(in.mean.data, in.mean.dtype, c, 0.0));
@@ -495,8 +497,8 @@ std::pair<Tensor, Tensor> backward_reduce_relu_output(const Tensor& dy, const Te
 }
 
 void backward_apply(const Tensor& dy, const Tensor& x, const Tensor& dx, const ChannelGeometry& l, const Tensor& mean,
-                    const Tensor& var, const Tensor& weight, const Tensor& grad_sums, int64_t count, double eps,
-                    const FusedRelu& relu) {
+                    const Tensor& var, const Tensor& weight, const Tensor& grad_sums, ElementCount count,
+                    double eps, const FusedRelu& relu) {
   const Plan p = plan(l, {dy, x, dx}, dy.dtype(), device_blocks(dy));
   const ChannelInputs in{channel_array(mean),      channel_array(var),         channel_array(weight),
                          channel_array(relu.bias), channel_array(relu.weight), eps};
@@ -506,7 +508,7 @@ void backward_apply(const Tensor& dy, const Tensor& x, const Tensor& dx, const C
       with_flag(training, [&]<bool Training>() {
         backward_apply_kernel<T, V, ChannelsLast, Masked, Training><<<p.grid, p.block, 0, stream_of(dy)>>>(
             dy.data<T>(), x.defined() ? x.data<T>() : nullptr, const_cast<T*>(dx.data<T>()), in,
-            Training ? grad_sums.data<double>() : nullptr, static_cast<double>(count), p.layout);
+            Training ? grad_sums.data<double>() : nullptr, count, p.layout);
         LOOM_CHECK_LAUNCH();
       });
     });

@@ -271,6 +271,20 @@ TEST_SUITE("sync_batch_norm") {
     expect_near(a->running_var, b->running_var, 1e-14, "running_var");
   }
 
+  TEST_CASE("all_reduce_statistics leaves the total count on the device unless the host needs it") {
+    // The kernels read a device total; the host reads it only when its own
+    // count cannot show that the total is more than one (batch norm's check).
+    BatchStatisticsReduction reduction = all_reduce_statistics(world_of_one());
+    const StatisticsCount many = reduction.forward(Tensor::zeros({2, 3}, DType::f64), 12);
+    CHECK(many.known == 12);
+    REQUIRE(many.total.defined());
+    CHECK(many.total.dtype() == DType::f64);
+    CHECK(many.total.to_vector<double>() == std::vector<double>{12.0});
+    const StatisticsCount one = reduction.forward(Tensor::zeros({2, 3}, DType::f64), 1);
+    CHECK(one.known == 1);
+    CHECK(!one.total.defined());
+  }
+
   TEST_CASE("convert_sync_batchnorm keeps names, tensors and mode") {
     auto model = std::make_shared<nn::ConvNet>();
     auto before = model->state_dict();

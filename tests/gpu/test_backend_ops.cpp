@@ -353,6 +353,38 @@ TEST_CASE("batch_norm + ReLU fused equals batch_norm then relu on CUDA, and save
   check_close(fused_grads[2], b2.grad(), 1e-5, "fused bias gradient");
 }
 
+// SyncBatchNorm passes its total count as a device tensor (no host wait for
+// the all-reduce): both sets of kernels must divide by it exactly as by the
+// number, here with a wrong lower bound on the host to show which they read.
+TEST_CASE("batch_norm kernels read a total count on the device as they read a known one") {
+  const int64_t count = 4 * 5 * 7;
+  const Tensor total = Tensor::full({1}, static_cast<double>(count), DType::f64, kCuda);
+  for (ops::CudaBatchNormKernels kernels : {ops::CudaBatchNormKernels::v1, ops::CudaBatchNormKernels::v2}) {
+    const ops::ScopedCudaBatchNormKernels chosen(kernels);
+    for (DType dtype : {DType::f32, DType::f16}) {
+      INFO((kernels == ops::CudaBatchNormKernels::v1 ? "v1 " : "v2 "), dtype_name(dtype));
+      const Tensor x = to_gpu(random_cpu({4, 6, 5, 7}, 61, dtype, -2.0, 3.0));
+      const Tensor dy = to_gpu(random_cpu({4, 6, 5, 7}, 62, dtype));
+      const Tensor weight = to_gpu(random_cpu({6}, 63, DType::f32, 0.5, 1.5));
+      const Tensor stats = ops::cuda::batch_norm_stats(x);
+      TensorList results[2];
+      for (int on_device = 0; on_device < 2; ++on_device) {
+        const StatisticsCount n = on_device ? StatisticsCount(count / 3, total) : StatisticsCount(count);
+        const Tensor running_mean = Tensor::zeros({6}, DType::f32, kCuda);
+        const Tensor running_var = Tensor::full({6}, 1.0, DType::f32, kCuda);
+        const Tensor mean_var = ops::cuda::batch_norm_gather_stats(stats, n, running_mean, running_var, 0.1);
+        const Tensor mean = mean_var.slice(0, 0, 1).reshape({6}), var = mean_var.slice(0, 1, 2).reshape({6});
+        const Tensor sums = ops::cuda::batch_norm_backward_reduce(dy, x, mean, var, 1e-5);
+        const Tensor dx = ops::cuda::batch_norm_backward_apply(dy, x, mean, var, weight, sums, n, 1e-5);
+        results[on_device] = {mean_var, running_var, dx};
+      }
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        CHECK(host_values(results[1][i]) == host_values(results[0][i]));
+      }
+    }
+  }
+}
+
 // LOOM_CUDA_BATCH_NORM=v2's kernels (f32 accumulation) at ResNet-50's
 // batch-norm shapes against the CPU, each dtype, layout and fusion at least
 // once (CIFAR stem: 64 channels at 32x32 down to 2048 at 4x4; 1x1 planes; the

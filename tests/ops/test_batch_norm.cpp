@@ -124,18 +124,36 @@ TEST_CASE("batch_norm steps compose across a split batch as SyncBatchNorm will u
   const Tensor halves[2] = {x.slice(0, 0, 3).contiguous(), x.slice(0, 3, 6).contiguous()};
   const Tensor dy_halves[2] = {dy.slice(0, 0, 3).contiguous(), dy.slice(0, 3, 6).contiguous()};
   const int64_t count = 6 * 3 * 3;
-  Tensor stats = cpu::batch_norm_stats(halves[0]);
-  stats.add_(cpu::batch_norm_stats(halves[1]));  // the all-reduce
-  Tensor mean_var = cpu::batch_norm_gather_stats(stats, count, Tensor(), Tensor(), 0.1);
-  Tensor mean = mean_var.slice(0, 0, 1).reshape({4}), var = mean_var.slice(0, 1, 2).reshape({4});
-  Tensor sums = cpu::batch_norm_backward_reduce(dy_halves[0], halves[0], mean, var, eps);
-  sums.add_(cpu::batch_norm_backward_reduce(dy_halves[1], halves[1], mean, var, eps));  // the all-reduce
-  for (int r = 0; r < 2; ++r) {
-    Tensor y = cpu::batch_norm_apply(halves[r], mean, var, weight, bias, eps);
-    CHECK(max_abs_diff(y, expected.slice(0, 3 * r, 3 * r + 3)) < 1e-12);
-    Tensor dx = cpu::batch_norm_backward_apply(dy_halves[r], halves[r], mean, var, weight, sums, count, eps);
-    CHECK(max_abs_diff(dx, whole.grad().slice(0, 3 * r, 3 * r + 3)) < 1e-12);
+  // The total known on the host, and (as SyncBatchNorm passes it) summed in a
+  // tensor, with one half's count as the host's lower bound: the kernels
+  // must divide by the tensor's.
+  const StatisticsCount totals[2] = {count, {count / 2, Tensor::full({1}, static_cast<double>(count), DType::f64)}};
+  for (const StatisticsCount& total : totals) {
+    INFO("total ", total.total.defined() ? "in a tensor" : "known");
+    Tensor stats = cpu::batch_norm_stats(halves[0]);
+    stats.add_(cpu::batch_norm_stats(halves[1]));  // the all-reduce
+    Tensor mean_var = cpu::batch_norm_gather_stats(stats, total, Tensor(), Tensor(), 0.1);
+    Tensor mean = mean_var.slice(0, 0, 1).reshape({4}), var = mean_var.slice(0, 1, 2).reshape({4});
+    Tensor sums = cpu::batch_norm_backward_reduce(dy_halves[0], halves[0], mean, var, eps);
+    sums.add_(cpu::batch_norm_backward_reduce(dy_halves[1], halves[1], mean, var, eps));  // the all-reduce
+    for (int r = 0; r < 2; ++r) {
+      Tensor y = cpu::batch_norm_apply(halves[r], mean, var, weight, bias, eps);
+      CHECK(max_abs_diff(y, expected.slice(0, 3 * r, 3 * r + 3)) < 1e-12);
+      Tensor dx = cpu::batch_norm_backward_apply(dy_halves[r], halves[r], mean, var, weight, sums, total, eps);
+      CHECK(max_abs_diff(dx, whole.grad().slice(0, 3 * r, 3 * r + 3)) < 1e-12);
+    }
   }
+}
+
+TEST_CASE("batch_norm kernels refuse a malformed total count") {
+  namespace cpu = ops::cpu;
+  const Tensor stats = Tensor::full({2, 3}, 1.0, DType::f64);
+  CHECK_THROWS_WITH(cpu::batch_norm_gather_stats(stats, 0, Tensor(), Tensor(), 0.1),
+                    doctest::Contains("statistics over 0 elements"));
+  CHECK_THROWS_WITH(cpu::batch_norm_gather_stats(stats, {4, Tensor::full({1}, 8.0, DType::f32)}, Tensor(), Tensor(), 0.1),
+                    doctest::Contains("the total count must be an f64 tensor of one element"));
+  CHECK_THROWS_WITH(cpu::batch_norm_gather_stats(stats, {4, Tensor::full({2}, 8.0, DType::f64)}, Tensor(), Tensor(), 0.1),
+                    doctest::Contains("the total count must be an f64 tensor of one element"));
 }
 
 TEST_CASE("batch_norm with f16 and bf16 inputs keeps f32 parameters") {
