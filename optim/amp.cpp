@@ -70,8 +70,11 @@ ops::AutocastGuard MixedPrecisionOptimizer::autocast() const {
 
 void MixedPrecisionOptimizer::zero_grad() {
   unscaled_ = false;
+  // Dropped, not zero-filled: the next backward's ops write each gradient
+  // straight into its DDP bucket view or a fresh buffer, with no fill before
+  // and no add after (two launches a parameter a step on a GPU).
   for (Tensor& parameter : parameters_) {
-    if (parameter.grad().defined()) parameter.mutable_grad().zero_();
+    if (parameter.grad().defined()) parameter.set_grad(Tensor());
   }
 }
 

@@ -78,7 +78,9 @@ class MixedPrecisionOptimizer {
   [[nodiscard]] ops::AutocastGuard autocast() const;
   // loss * the current loss scale (f32); call backward() on it.
   Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
-  // Zeroes the model's gradients in place (DDP's bucket views survive).
+  // Drops the model's gradients (PyTorch's zero_grad(set_to_none=True)): a
+  // parameter the next backward does not reach has none, and the optimizer
+  // skips it. Under DDP the next backward writes into the bucket views again.
   void zero_grad();
   // After backward (and after DDP's wait_for_gradients()): unscales the
   // gradients (into the masters' at O2 / O3 / bf16) checking for inf / NaN,

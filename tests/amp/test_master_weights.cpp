@@ -228,6 +228,32 @@ TEST_SUITE("master_weights") {
     CHECK(train_step(model, *optimizer, 302));  // and the next clean step steps
   }
 
+  TEST_CASE("zero_grad drops the model's gradients, and a parameter without one is not stepped") {
+    // Dropped rather than zero-filled, so that the next backward's ops write
+    // each gradient straight into a fresh buffer or DDP's bucket (no fill, no add).
+    for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O2}) {
+      INFO(amp::opt_level_name(level));
+      manual_seed(6);
+      nn::ConvNet model;
+      auto optimizer = amp::initialize(model, sgd(0.1, 0.9), level, optim::GradScalerOptions().init_scale(1024));
+      REQUIRE(train_step(model, *optimizer, 500));  // momentum buffers now move every parameter
+      optimizer->zero_grad();
+      for (auto& [name, p] : model.named_parameters()) CHECK_MESSAGE(!p.grad().defined(), name);
+      const Tensor frozen = model.named_parameters().back().second;
+      const std::vector<float> before = frozen.to_vector<float>();
+      auto [images, labels] = random_batch(501, amp::input_dtype(level));
+      Tensor loss;
+      {
+        auto autocast = optimizer->autocast();
+        loss = cross_entropy(model(images), labels);
+      }
+      optimizer->scale_loss(loss).backward();
+      Tensor(frozen).set_grad(Tensor());  // as if backward had not reached it
+      REQUIRE(optimizer->step());
+      CHECK(frozen.to_vector<float>() == before);
+    }
+  }
+
   TEST_CASE("masters start from the model as it is at the first step (after DDP's broadcast)") {
     manual_seed(4);
     nn::ConvNet model;
