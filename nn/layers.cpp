@@ -99,7 +99,10 @@ void BatchNorm2d::count_batch() {
       ++num_batches_tracked.data<int64_t>()[0];
     } else {
       // On the device, without item(): that would wait for the GPU at every step.
-      num_batches_tracked.add_(Tensor::ones({}, DType::i64, num_batches_tracked.device()));
+      if (!one_.defined() || one_.device() != num_batches_tracked.device()) {
+        one_ = Tensor::ones({}, DType::i64, num_batches_tracked.device());
+      }
+      num_batches_tracked.add_(one_);
     }
   }
 }

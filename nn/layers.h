@@ -113,6 +113,11 @@ class BatchNorm2d : public Module {
   // In training mode, adds one to num_batches_tracked (when it is tracked).
   void count_batch();
   BatchNormOptions options_;
+
+ private:
+  // An i64 one on num_batches_tracked's device, made once (not per step):
+  // on a GPU each batch's count is one launch, the add, instead of two.
+  Tensor one_;
 };
 
 class ReLU : public Module {

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include <loom/core/cuda/counters.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/nn/convnet.h>
+#include <loom/nn/layers.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/grad_scaler.h>
 #include <loom/optim/optimizer.h>
@@ -185,6 +187,23 @@ TEST_CASE("channels-last f16 training on the GPU learns") {
   INFO("losses every 10 steps: ", losses.front(), " ... ", losses.back());
   for (double l : losses) CHECK(std::isfinite(l));
   CHECK(losses.back() < 0.5 * losses.front());
+}
+
+TEST_CASE("BatchNorm2d counts a training batch in one launch on the GPU, and counts right") {
+  nn::BatchNorm2d bn(4);
+  bn.to(kCuda);
+  const Tensor x = to_gpu(random_cpu({2, 4, 3, 3}, 71, DType::f32));
+  bn(x);  // the first batch also makes the counter's one
+  const cuda::Counters counted_before = cuda::counters();
+  bn(x);
+  const int64_t counted = (cuda::counters() - counted_before).kernel_launches;
+  const Tensor tracked = bn.num_batches_tracked;
+  bn.num_batches_tracked = Tensor();  // not tracked: nothing to count
+  const cuda::Counters uncounted_before = cuda::counters();
+  bn(x);
+  const int64_t uncounted = (cuda::counters() - uncounted_before).kernel_launches;
+  CHECK(counted - uncounted == 1);
+  CHECK(tracked.to(Device::cpu()).to_vector<int64_t>() == std::vector<int64_t>{2});
 }
 
 }  // TEST_SUITE
