@@ -2,10 +2,8 @@
 #include <loom/ops/batch_norm_cuda_kernels.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
-#include <loom/core/error.h>
+#include <loom/core/environment.h>
 
 namespace loom::ops {
 
@@ -15,12 +13,10 @@ std::atomic<int> override_kernels{kNoOverride};  // a CudaBatchNormKernels, or k
 }  // namespace
 
 CudaBatchNormKernels cuda_batch_norm_kernels_from_environment() {
-  const char* value = std::getenv("LOOM_CUDA_BATCH_NORM");
-  const std::string text = value == nullptr ? "" : value;
-  LOOM_CHECK(text.empty() || text == "v1" || text == "v2",
-             "LOOM_CUDA_BATCH_NORM must be v1 (the default: f64 accumulation) or v2 (16-byte loads, f32 "
-             "accumulation, fewer passes), not '", text, "'");
-  return text == "v2" ? CudaBatchNormKernels::v2 : CudaBatchNormKernels::v1;
+  return environment_choice("LOOM_CUDA_BATCH_NORM", {{"v1", "the default: f64 accumulation"},
+                                                     {"v2", "16-byte loads, f32 accumulation, fewer passes"}}) == 1
+             ? CudaBatchNormKernels::v2
+             : CudaBatchNormKernels::v1;
 }
 
 CudaBatchNormKernels cuda_batch_norm_kernels() {

@@ -1,6 +1,7 @@
 // The caching allocator's bookkeeping (see caching_allocator.h). Plain C++:
 // compiled in every build so that its tests run without a GPU.
 #include <loom/core/cuda/caching_allocator.h>
+#include <loom/core/environment.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -50,11 +51,11 @@ CachingAllocator::CachingAllocator(int device, std::unique_ptr<AllocatorBackend>
     : device_(device), backend_(std::move(backend)), caching_(caching) {}
 
 CachingAllocator::Caching CachingAllocator::caching_from_environment() {
-  const char* value = std::getenv("LOOM_CUDA_NO_CACHING");
-  const std::string text = value == nullptr ? "" : value;
-  LOOM_CHECK(text.empty() || text == "0" || text == "1", "LOOM_CUDA_NO_CACHING must be 0 or 1 (1: no caching "
-             "allocator, every tensor its own cudaMalloc), not '", text, "'");
-  return text == "1" ? Caching::off : Caching::on;
+  return environment_choice("LOOM_CUDA_NO_CACHING",
+                            {{"0", "the default: the caching allocator"},
+                             {"1", "no caching allocator, every tensor its own cudaMalloc"}}) == 1
+             ? Caching::off
+             : Caching::on;
 }
 
 CachingAllocator::~CachingAllocator() {

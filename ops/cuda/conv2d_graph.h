@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include <loom/core/environment.h>
 #include <loom/core/tensor.h>
 #include <loom/ops/conv2d.h>
 
@@ -46,10 +47,9 @@ bool conv_graphs_enabled();
 // LOOM_CUDNN_GRAPH's meaning: unset, empty or "0" off, "1" on; any other
 // value throws loom::Error naming the variable and what it takes.
 inline bool conv_graphs_switch(const char* value) {
-  const std::string text = value == nullptr ? "" : value;
-  LOOM_CHECK(text.empty() || text == "0" || text == "1", "LOOM_CUDNN_GRAPH must be 0 or 1 (1: the fused cuDNN ",
-             "convolution graphs, not yet proven on a GPU), not '", text, "'");
-  return text == "1";
+  return choose_from("LOOM_CUDNN_GRAPH", value,
+                     {{"0", "the default: unfused"},
+                      {"1", "the fused cuDNN convolution graphs, not yet proven on a GPU"}}) == 1;
 }
 
 // Which graph a plan is for.
