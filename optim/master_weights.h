@@ -28,6 +28,15 @@ enum class MasterRefresh {
   from_model,
 };
 
+// How copy_to_model writes CUDA parameters: one copy per parameter (the
+// default, proven on GPUs) or fused, one launch per list of up to 36
+// (optim/cuda/fused_update.h; not yet run on a GPU).
+enum class MasterCopy { per_tensor, fused };
+// LOOM_CUDA_MASTER_COPY: unset, empty or "per_tensor" is per_tensor, "fused"
+// fused; anything else is a loom::Error naming the variable. Reads the
+// environment on every call; copy_to_model reads it once per process.
+MasterCopy master_copy_from_environment();
+
 class MasterWeights {
  public:
   // One f32 master per parameter that requires grad, in the given order. The
@@ -51,7 +60,8 @@ class MasterWeights {
   // overflowed; then the optimizer step must be skipped.
   [[nodiscard]] bool load_gradients(const GradScaler& scaler);
   // model parameters = masters rounded to nearest even in the parameters'
-  // dtype, written in place (the module's and DDP's handles stay valid).
+  // dtype, written in place (the module's and DDP's handles stay valid);
+  // on GPUs as LOOM_CUDA_MASTER_COPY says.
   void copy_to_model();
 
   // "<parameter name>" -> f32 master, for a checkpoint's extra tensors.

@@ -128,6 +128,19 @@ static __global__ void unscale_kernel(UnscaleList list, acc_t<S> factor, int* fo
   if (bad) *found = 1;
 }
 
+// destination = source in the destination's dtype (copy_tensors), through
+// the destination's accumulation type: the rounding of Tensor::copy_.
+template <class S, class D>
+static __global__ void copy_kernel(UnscaleList list) {
+  int64_t begin, end;
+  const int t = block_tensor(list.chunks, begin, end);
+  const S* in = static_cast<const S*>(list.source[t]);
+  D* out = static_cast<D*>(list.destination[t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    out[i] = from_acc<D>(static_cast<acc_t<D>>(to_acc(in[i])));
+  }
+}
+
 struct GradientList {
   void* grad[kMaxTensors];
   Chunks chunks;
@@ -344,6 +357,38 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
     any |= value != 0;
   }
   return any;
+}
+
+void copy_tensors(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations) {
+  LOOM_CHECK(sources.size() == destinations.size(), "fused copy: ", sources.size(), " sources but ",
+             destinations.size(), " destinations");
+  // One for_each_batch per destination dtype; it groups the sources by (device, dtype).
+  std::map<int, std::pair<std::vector<Tensor>, std::vector<Tensor>>> by_destination_dtype;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Tensor &s = sources[i], &d = destinations[i];
+    check_cuda("fused copy", s);
+    LOOM_CHECK(d.defined() && d.device() == s.device() && d.numel() == s.numel() && d.is_contiguous() &&
+                   s.is_contiguous() && is_floating(s.dtype()) && is_floating(d.dtype()),
+               "fused copy: destination ", d.defined() ? d.str() : "undefined", " does not match source ", s.str(),
+               " (floating dtypes, same device and size, both contiguous)");
+    auto& [from, to] = by_destination_dtype[static_cast<int>(d.dtype())];
+    from.push_back(s);
+    to.push_back(d);
+  }
+  for (auto& [dtype, pairs] : by_destination_dtype) {
+    const auto& [from, to] = pairs;
+    for_each_batch<UnscaleList>(
+        "fused copy", from,
+        [&](UnscaleList& list, size_t k, size_t i) {
+          list.source[k] = from[i].raw_data();
+          list.destination[k] = to[i].raw_data();
+        },
+        [&]<class S>(const UnscaleList& list, unsigned blocks, cudaStream_t stream) {
+          visit_float(static_cast<DType>(dtype), "fused copy", [&]<class D>() {
+            copy_kernel<S, D><<<blocks, kThreads, 0, stream>>>(list);
+          });
+        });
+  }
 }
 
 double norm_terms(const std::vector<Tensor>& gradients, double norm_type) {

@@ -41,6 +41,14 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
 [[nodiscard]] bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
                                      double factor);
 
+// destinations[i] = sources[i] in the destination's dtype, rounded as
+// Tensor::copy_ rounds (to nearest even), for contiguous CUDA tensors of
+// equal sizes, each pair on one device: one launch per list of up to 36
+// pairs of one (device, source dtype, destination dtype) instead of one per
+// pair. AMP's master -> model copy under LOOM_CUDA_MASTER_COPY=fused
+// (optim/master_weights.h).
+void copy_tensors(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations);
+
 // Gradient clipping (optim/clip_grad.h) on the GPU. norm_terms: the terms of
 // the p-norm of all `gradients` folded in f64 (Σ |g|^p, or max |g| for an
 // infinite p; optim/clip_grad_math.h), per block on the device and the blocks

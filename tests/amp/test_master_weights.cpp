@@ -9,8 +9,10 @@
 #endif
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include <loom/core/autograd.h>
 #include <loom/core/generator.h>
@@ -18,6 +20,7 @@
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/amp.h>
+#include <loom/optim/master_weights.h>
 #include "tests/amp/helpers.h"
 
 using namespace loom;
@@ -251,6 +254,27 @@ TEST_SUITE("master_weights") {
       Tensor(frozen).set_grad(Tensor());  // as if backward had not reached it
       REQUIRE(optimizer->step());
       CHECK(frozen.to_vector<float>() == before);
+    }
+  }
+
+  TEST_CASE("LOOM_CUDA_MASTER_COPY: unset, empty or per_tensor is per_tensor, fused is fused, anything else an error") {
+    const char* saved = std::getenv("LOOM_CUDA_MASTER_COPY");
+    const std::string previous = saved == nullptr ? "" : saved;
+    ::unsetenv("LOOM_CUDA_MASTER_COPY");
+    CHECK(optim::master_copy_from_environment() == optim::MasterCopy::per_tensor);
+    for (const char* per_tensor : {"", "per_tensor"}) {
+      ::setenv("LOOM_CUDA_MASTER_COPY", per_tensor, 1);
+      CHECK(optim::master_copy_from_environment() == optim::MasterCopy::per_tensor);
+    }
+    ::setenv("LOOM_CUDA_MASTER_COPY", "fused", 1);
+    CHECK(optim::master_copy_from_environment() == optim::MasterCopy::fused);
+    ::setenv("LOOM_CUDA_MASTER_COPY", "1", 1);
+    CHECK_THROWS_WITH_AS(optim::master_copy_from_environment(),
+                         doctest::Contains("LOOM_CUDA_MASTER_COPY must be per_tensor ("), Error);
+    if (saved != nullptr) {
+      ::setenv("LOOM_CUDA_MASTER_COPY", previous.c_str(), 1);
+    } else {
+      ::unsetenv("LOOM_CUDA_MASTER_COPY");
     }
   }
 
