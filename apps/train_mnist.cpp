@@ -112,12 +112,7 @@ int run(const Flags& flags, int argc, char** argv) {
   return trainer.fit(loaders.train, &loaders.test).exit_code();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Train the tutorials' ConvNet on MNIST / Fashion-MNIST with loom"};
-  apps::argparse_option_rules(app);
-  Flags flags;
+void add_flags(CLI::App& app, Flags& flags) {
   apps::add_count(app, "--epochs", flags.epochs, "number of epochs", 0);
   apps::add_count(app, "--batch-size", flags.batch_size, "images per step", 1);
   app.add_option("--lr", flags.lr, "learning rate")->capture_default_str()->check(apps::at_least(0));
@@ -141,6 +136,12 @@ int main(int argc, char** argv) {
   app.add_option("--save", flags.save,
                  "after training, rank 0 writes the model's state_dict here as safetensors under PyTorch's names "
                  "(the tutorial's torch.save(net.state_dict(), PATH))");
-  return apps::run_app(app, "train_mnist", apps::one_dash_long_options(argc, argv, {"-nr"}),
-                       [&] { return run(flags, argc, argv); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return apps::run_app<Flags>("train_mnist", "Train the tutorials' ConvNet on MNIST / Fashion-MNIST with loom",
+                              apps::one_dash_long_options(argc, argv, {"-nr"}), add_flags,
+                              [&](const Flags& flags) { return run(flags, argc, argv); });
 }

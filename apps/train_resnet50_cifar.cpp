@@ -113,12 +113,7 @@ int run(const Flags& flags, int argc, char** argv) {
   return trainer.fit(loaders.train, &loaders.test).exit_code();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Train a ResNet on CIFAR-10 with loom (the SLURM DDP tutorial)"};
-  apps::argparse_option_rules(app);
-  Flags flags;
+void add_flags(CLI::App& app, Flags& flags) {
   apps::add_count(app, "-b,--batch-size", flags.batch_size, "global batch size, split evenly across the processes", 1);
   apps::add_count(app, "-e,--epochs", flags.epochs, "total epochs to run", 0);
   apps::add_checkpoint_flags(app, flags.checkpoints);
@@ -145,5 +140,11 @@ int main(int argc, char** argv) {
   flags.common.log_interval = 10;
   apps::add_common_flags(app, flags.common);
   apps::add_version_flag(app, "train_resnet50_cifar");
-  return apps::run_app(app, "train_resnet50_cifar", {argv, argv + argc}, [&] { return run(flags, argc, argv); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return apps::run_app<Flags>("train_resnet50_cifar", "Train a ResNet on CIFAR-10 with loom (the SLURM DDP tutorial)",
+                              {argv, argv + argc}, add_flags, [&](const Flags& flags) { return run(flags, argc, argv); });
 }

@@ -180,4 +180,17 @@ data::Compose with_model_crop(const std::string& model, const data::SampleShape&
 // run), exit 1. Returns the exit code.
 int run_app(CLI::App& app, const char* program, std::vector<std::string> arguments, const std::function<int()>& run);
 
+// run_app for a command line built here: `description`'s CLI11 app with
+// argparse's option rules (argparse_option_rules), given its options and
+// their defaults in `Flags` by add_flags(app, flags); then run(flags).
+template <class Flags>
+int run_app(const char* program, const std::string& description, std::vector<std::string> arguments,
+            const std::function<void(CLI::App&, Flags&)>& add_flags, const std::function<int(const Flags&)>& run) {
+  CLI::App app{description};
+  argparse_option_rules(app);
+  Flags flags;
+  add_flags(app, flags);
+  return run_app(app, program, std::move(arguments), [&] { return run(flags); });
+}
+
 }  // namespace loom::apps

@@ -459,54 +459,23 @@ uint64_t DebugProcessGroup::collectives_called() const { return state_->entered.
 
 std::string DebugProcessGroup::desync_report(uint64_t sequence) const { return state_->read_report(sequence); }
 
-template <class Call>
-WorkHandle DebugProcessGroup::run(const CollectiveFingerprint& call_fingerprint, Call&& call) {
+DebugProcessGroup::Entered DebugProcessGroup::enter(const CollectiveFingerprint& call_fingerprint) {
   State& state = *state_;
-  std::lock_guard lock(state.call_mutex);
+  std::unique_lock lock(state.call_mutex);
   CollectiveFingerprint fingerprint = call_fingerprint;
   fingerprint.sequence = state.next_sequence++;
   state.enter(fingerprint);
   if (state.options.level() == DistributedDebugLevel::detail) state.check_across_ranks(fingerprint);
-  WorkHandle work;
-  try {
-    work = call();
-  } catch (...) {
-    // A backend that reports an earlier failure when the next collective is
-    // called (nccl) gets the report too; argument errors pass unchanged.
-    if (!state.failed.load()) throw;
-    std::rethrow_exception(state.annotate(std::current_exception(), fingerprint.sequence));
-  }
-  return std::make_shared<TracedWork>(std::move(work), state_, fingerprint.sequence);
+  return {std::move(lock), fingerprint.sequence};
 }
 
-WorkHandle DebugProcessGroup::all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
-  return run(CollectiveFingerprint::of_all_reduce(tensors, op), [&] { return inner_->all_reduce(tensors, op); });
+std::exception_ptr DebugProcessGroup::reported_failure(uint64_t sequence) const {
+  if (!state_->failed.load()) return nullptr;
+  return state_->annotate(std::current_exception(), sequence);
 }
 
-WorkHandle DebugProcessGroup::broadcast(const Tensor& tensor, int root) {
-  return run(CollectiveFingerprint::of_broadcast(tensor, root), [&] { return inner_->broadcast(tensor, root); });
-}
-
-WorkHandle DebugProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  return run(CollectiveFingerprint::of_all_gather(input), [&] { return inner_->all_gather(outputs, input); });
-}
-
-WorkHandle DebugProcessGroup::all_gather_into(const Tensor& output, const Tensor& input) {
-  return run(CollectiveFingerprint::of_all_gather(input), [&] { return inner_->all_gather_into(output, input); });
-}
-
-WorkHandle DebugProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
-  return run(CollectiveFingerprint::of_reduce_scatter(output, op),
-             [&] { return inner_->reduce_scatter(output, inputs, op); });
-}
-
-WorkHandle DebugProcessGroup::reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op) {
-  return run(CollectiveFingerprint::of_reduce_scatter(output, op),
-             [&] { return inner_->reduce_scatter_from(output, input, op); });
-}
-
-WorkHandle DebugProcessGroup::barrier() {
-  return run(CollectiveFingerprint::of_barrier(), [&] { return inner_->barrier(); });
+WorkHandle DebugProcessGroup::traced(WorkHandle work, uint64_t sequence) const {
+  return std::make_shared<TracedWork>(std::move(work), state_, sequence);
 }
 
 Tensor DebugProcessGroup::new_buffer(int64_t numel, DType dtype, Device device) {

@@ -8,7 +8,9 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -101,15 +103,32 @@ class DebugProcessGroup final : public ProcessGroup {
   const char* backend_name() const override { return inner_->backend_name(); }
   Device device() const override { return inner_->device(); }
 
+  // Each collective is inner's, through run().
   using ProcessGroup::all_reduce;
-  WorkHandle all_reduce(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum) override;
-  WorkHandle broadcast(const Tensor& tensor, int root = 0) override;
-  WorkHandle all_gather(const std::vector<Tensor>& outputs, const Tensor& input) override;
-  WorkHandle all_gather_into(const Tensor& output, const Tensor& input) override;
+  WorkHandle all_reduce(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum) override {
+    return run(CollectiveFingerprint::of_all_reduce(tensors, op), [&] { return inner_->all_reduce(tensors, op); });
+  }
+  WorkHandle broadcast(const Tensor& tensor, int root = 0) override {
+    return run(CollectiveFingerprint::of_broadcast(tensor, root), [&] { return inner_->broadcast(tensor, root); });
+  }
+  WorkHandle all_gather(const std::vector<Tensor>& outputs, const Tensor& input) override {
+    return run(CollectiveFingerprint::of_all_gather(input), [&] { return inner_->all_gather(outputs, input); });
+  }
+  WorkHandle all_gather_into(const Tensor& output, const Tensor& input) override {
+    return run(CollectiveFingerprint::of_all_gather(input), [&] { return inner_->all_gather_into(output, input); });
+  }
   WorkHandle reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                            ReduceOp op = ReduceOp::sum) override;
-  WorkHandle reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) override;
-  WorkHandle barrier() override;
+                            ReduceOp op = ReduceOp::sum) override {
+    return run(CollectiveFingerprint::of_reduce_scatter(output, op),
+               [&] { return inner_->reduce_scatter(output, inputs, op); });
+  }
+  WorkHandle reduce_scatter_from(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) override {
+    return run(CollectiveFingerprint::of_reduce_scatter(output, op),
+               [&] { return inner_->reduce_scatter_from(output, input, op); });
+  }
+  WorkHandle barrier() override {
+    return run(CollectiveFingerprint::of_barrier(), [&] { return inner_->barrier(); });
+  }
   Tensor new_buffer(int64_t numel, DType dtype, Device device) override;
 
   void set_timeout(Milliseconds timeout) override;
@@ -128,8 +147,38 @@ class DebugProcessGroup final : public ProcessGroup {
  private:
   struct State;
   class TracedWork;
+
+  // A collective entered on this group: its number, and the group's call
+  // lock, held until inner's call has returned, so that the numbers follow
+  // the order of the calls.
+  struct Entered {
+    std::unique_lock<std::mutex> lock;
+    uint64_t sequence = 0;
+  };
+  // Numbers the collective and publishes it; at DETAIL, first checks it
+  // across ranks (throws when they differ).
+  Entered enter(const CollectiveFingerprint& fingerprint);
+  // The exception being handled, from inner's call of collective `sequence`,
+  // with the desync report, when the group has failed (a backend that reports
+  // an earlier failure when the next collective is called: nccl); null
+  // otherwise: argument errors pass unchanged.
+  std::exception_ptr reported_failure(uint64_t sequence) const;
+  // inner's Work for collective `sequence`, seen through the wrapper.
+  WorkHandle traced(WorkHandle work, uint64_t sequence) const;
+
+  // Runs `call`, the collective on inner, entered and with its Work traced.
   template <class Call>
-  WorkHandle run(const CollectiveFingerprint& fingerprint, Call&& call);
+  WorkHandle run(const CollectiveFingerprint& fingerprint, Call&& call) {
+    Entered entered = enter(fingerprint);
+    WorkHandle work;
+    try {
+      work = call();
+    } catch (...) {
+      if (std::exception_ptr reported = reported_failure(entered.sequence)) std::rethrow_exception(reported);
+      throw;
+    }
+    return traced(std::move(work), entered.sequence);
+  }
 
   std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<State> state_;  // shared with the Works, which may outlive the group

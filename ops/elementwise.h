@@ -53,10 +53,6 @@ inline Tensor operator*(const Tensor& x, double s) { return scale(x, s); }
 inline Tensor operator*(double s, const Tensor& x) { return scale(x, s); }
 inline Tensor operator+(const Tensor& x, double v) { return add_scalar(x, v); }
 
-namespace ops {
-enum class Binary { add, sub, mul };
-}  // namespace ops
-
 // The kernels, CPU and CUDA twins declared once (ops/elementwise_kernels.def).
 namespace ops::cpu {
 #include <loom/ops/elementwise_kernels.def>

@@ -14,6 +14,8 @@
 
 namespace loom::ops {
 
+// The ops the binary and the unary kernels of both backends switch on.
+enum class Binary { add, sub, mul };
 enum class Unary { relu, gelu, silu, hardswish, hardsigmoid, relu6, sigmoid };
 
 // What backward reads besides the output gradient: the op's input or its output.

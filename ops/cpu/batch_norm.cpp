@@ -20,10 +20,6 @@
 #include <loom/ops/cpu/simd.h>
 #include <loom/ops/dispatch.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace loom::ops::cpu {
 namespace {
 // The kernels' shared parts (batch_norm_internal.h).

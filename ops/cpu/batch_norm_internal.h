@@ -14,6 +14,11 @@
 #include <loom/ops/batch_norm_math.h>
 #include <loom/ops/cpu/scratch.h>
 
+// The intrinsics of both files' AVX2 row kernels.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace loom::ops::cpu::batch_norm_detail {
 namespace math = batch_norm_math;
 using math::ChannelGeometry;

@@ -196,17 +196,12 @@ Plan finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, const
   return plan;
 }
 
-fe::graph::Conv_fprop_attributes fprop_geometry(const Conv2dParams& p) {
-  return fe::graph::Conv_fprop_attributes()
-      .set_name("conv")
-      .set_padding({p.padding[0], p.padding[1]})
-      .set_stride({p.stride[0], p.stride[1]})
-      .set_dilation({p.dilation[0], p.dilation[1]});
-}
-
-fe::graph::Conv_dgrad_attributes dgrad_geometry(const Conv2dParams& p) {
-  return fe::graph::Conv_dgrad_attributes()
-      .set_name("dgrad")
+// The attributes of a convolution pass (Conv_fprop_attributes,
+// Conv_dgrad_attributes) named `name`, with p's geometry.
+template <class Attributes>
+Attributes conv_geometry(const char* name, const Conv2dParams& p) {
+  return Attributes()
+      .set_name(name)
       .set_padding({p.padding[0], p.padding[1]})
       .set_stride({p.stride[0], p.stride[1]})
       .set_dilation({p.dilation[0], p.dilation[1]});
@@ -224,7 +219,7 @@ Plan build_prologue_stats(cudnnHandle_t handle, DType dtype, const Shape& x_size
   auto scaled = graph->pointwise(x, scale, pointwise("scale", fe::PointwiseMode_t::MUL));
   auto shifted = graph->pointwise(scaled, bias, pointwise("bias", fe::PointwiseMode_t::ADD));
   auto active = graph->pointwise(shifted, pointwise("relu", fe::PointwiseMode_t::RELU_FWD));
-  auto y = graph->conv_fprop(active, w, fprop_geometry(params));
+  auto y = graph->conv_fprop(active, w, conv_geometry<fe::graph::Conv_fprop_attributes>("conv", params));
   y->set_output(true).set_uid(kY).set_data_type(graph_type(dtype)).set_dim(y_sizes).set_stride(
       channels_last_strides(y_sizes));
   auto [sum, sq_sum] = graph->genstats(y, fe::graph::Genstats_attributes().set_name("stats"));
@@ -245,7 +240,7 @@ Plan build_dgrad_relu_bn(cudnnHandle_t handle, DType dtype, const Shape& x_sizes
   auto invstd = graph->tensor(per_channel("invstd", kInvstd, channels));
   auto gamma = graph->tensor(per_channel("gamma", kGamma, channels));
   auto beta = graph->tensor(per_channel("beta", kBeta, channels));
-  auto da = graph->conv_dgrad(dy, w, dgrad_geometry(params));
+  auto da = graph->conv_dgrad(dy, w, conv_geometry<fe::graph::Conv_dgrad_attributes>("dgrad", params));
   da->set_dim(x_sizes).set_stride(channels_last_strides(x_sizes));
   // z = (x - mean) * invstd * gamma + beta, the batch norm's output: the ReLU's mask.
   auto centred = graph->pointwise(x, mean, pointwise("centre", fe::PointwiseMode_t::SUB));

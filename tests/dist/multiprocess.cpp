@@ -193,10 +193,14 @@ std::vector<RankResult> spawn_ranks(const std::string& scenario, int world, cons
   return results;
 }
 
+std::shared_ptr<TCPStore> local_store() {
+  using namespace std::chrono_literals;
+  return std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+}
+
 std::shared_ptr<ProcessGroup> world_of_one() {
   using namespace std::chrono_literals;
-  auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
-  return std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
+  return std::make_shared<ProcessGroupGloo>(local_store(), 0, 1, GlooOptions().timeout(5s));
 }
 
 std::shared_ptr<ProcessGroup> group_from_environment(std::chrono::milliseconds timeout) {

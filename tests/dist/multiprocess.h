@@ -16,6 +16,7 @@
 #include <loom/core/error.h>
 #include <loom/dist/environment.h>
 #include <loom/dist/process_group.h>
+#include <loom/dist/store.h>
 
 namespace loom::dist::testing {
 
@@ -117,8 +118,10 @@ inline EnvironmentLookup environment_from(std::map<std::string, std::string> val
 int env_int(const char* name);
 std::string env_string(const char* name);
 
-// A gloo group of one rank (its own TCPStore server on a free port), for
-// in-process tests.
+// A TCPStore server on a free port of 127.0.0.1 (5 s timeout), for in-process tests.
+std::shared_ptr<TCPStore> local_store();
+
+// A gloo group of one rank (on a local_store()), for in-process tests.
 std::shared_ptr<ProcessGroup> world_of_one();
 
 // init_process_group over env:// on LOOM_TEST_BACKEND's backend (gloo when

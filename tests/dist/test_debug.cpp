@@ -26,10 +26,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::shared_ptr<TCPStore> local_store() {
-  return std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
-}
-
 // A client of the job's rendezvous store (rank 0 hosts it), for the
 // scenarios' own handshakes.
 TCPStore job_store() {

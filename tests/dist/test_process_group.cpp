@@ -408,7 +408,7 @@ TEST_SUITE("process_group") {
   }
 
   TEST_CASE("shm: a world of one, in process") {
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    auto store = local_store();
     ProcessGroupShm group(store, 0, 1, ShmOptions().timeout(5s));
     CHECK(group.chunk_bytes() == (size_t{1} << 20));
     check_world_of_one(group);
@@ -418,7 +418,7 @@ TEST_SUITE("process_group") {
 
   TEST_CASE("shm: a rank that cannot map rank 0's segment makes every rank give up, naming it") {
     // Rank 1 of 2, in process: rank 0 "published" a segment this process cannot open.
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    auto store = local_store();
     // (token, name, creator's pid and descriptor: one this process does not have open)
     store->set("shm/segment", str("7 /loom-test-absent-", ::getpid(), " ", ::getpid(), " 999"));
     store->set("shm/status/0", "ok");
@@ -429,7 +429,7 @@ TEST_SUITE("process_group") {
     std::string thrown = error_of([&] { ProcessGroupShm(store, 1, 2, ShmOptions().timeout(5s)); });
     CHECK(contains(thrown, "Use the gloo backend for ranks on several hosts"));
     // And a rank that can map it gives up too when another rank reports it cannot.
-    auto store2 = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    auto store2 = local_store();
     store2->set("shm/status/1", "cannot open it");
     CHECK(ProcessGroupShm::try_create(store2, 0, 2, ShmOptions().timeout(5s), &why) == nullptr);
     CHECK(contains(why, "rank 1: cannot open it"));
@@ -445,7 +445,7 @@ TEST_SUITE("process_group") {
   }
 
   TEST_CASE("a world of one, in process; misuse is reported when the collective is called") {
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    auto store = local_store();
     ProcessGroupGloo group(store, 0, 1, GlooOptions().timeout(5s));
     check_world_of_one(group);
   }
@@ -496,7 +496,7 @@ TEST_SUITE("process_group") {
     CHECK(defaults.store() == nullptr);
     CHECK(defaults.group_name() == "default");
     CHECK(defaults.device_index() == -1);
-    auto store = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions().is_server(true).timeout(5s));
+    auto store = local_store();
     const InitOptions set = InitOptions()
                                 .backend(Backend::shm)
                                 .init_method("file:///x")

@@ -1,6 +1,6 @@
-// efficientnet_b0: torchvision's state_dict keys and shapes (written out
-// below from torchvision/models/efficientnet.py's MBConvConfig settings for
-// B0, MBConv and EfficientNet), parameter count, the stochastic-depth
+// efficientnet_b0: torchvision's state_dict keys and shapes (written out in
+// tests/models/torchvision_keys.h from torchvision/models/efficientnet.py's
+// MBConvConfig settings for B0, MBConv and EfficientNet), parameter count, the stochastic-depth
 // probabilities, and a training step on CIFAR-size images.
 #include <doctest/doctest.h>
 
@@ -14,46 +14,11 @@
 
 using namespace loom;
 
-namespace {
-using loom::testing::add_conv_norm;
-
-// torchvision.models.efficientnet_b0(num_classes=10).state_dict(): features.0
-// and features.8 are Conv2dNormActivation; features.1-7 the stages, each
-// block's `block` Sequential([expand], depthwise, SqueezeExcitation (fc1,
-// fc2), project); classifier.1 the linear layer. The stages follow B0's
-// MBConvConfig rows (expand ratio, kernel, output channels, layers; the
-// stride changes no key); squeeze-and-excitation squeezes to a quarter of the
-// block's input channels.
-loom::testing::TorchvisionKeys torchvision_keys() {
-  struct Stage {
-    int64_t expand_ratio, kernel, out_channels, layers;
-  };
-  const Stage stages[] = {{1, 3, 16, 1},  {6, 3, 24, 2},  {6, 5, 40, 2}, {6, 3, 80, 3},
-                          {6, 5, 112, 3}, {6, 5, 192, 4}, {6, 3, 320, 1}};
-  loom::testing::TorchvisionKeys keys;
-  add_conv_norm(keys, "features.0.", 32, 3, 3);
-  int64_t in_channels = 32;
-  for (int64_t stage = 0; stage < 7; ++stage) {
-    const Stage& setting = stages[stage];
-    for (int64_t i = 0; i < setting.layers; ++i) {
-      const std::string block = "features." + std::to_string(stage + 1) + "." + std::to_string(i) + ".block.";
-      loom::testing::add_inverted_residual(keys, block, {.in_channels = in_channels,
-                                                         .expanded_channels = in_channels * setting.expand_ratio,
-                                                         .out_channels = setting.out_channels,
-                                                         .kernel = setting.kernel,
-                                                         .squeeze_channels = in_channels / 4});
-      in_channels = setting.out_channels;
-    }
-  }
-  add_conv_norm(keys, "features.8.", 1280, 320, 1);
-  loom::testing::add_linear(keys, "classifier.1.", 10, 1280);
-  return keys;
-}
-}  // namespace
 TEST_SUITE_BEGIN("efficientnet");
 
 TEST_CASE("efficientnet_b0 has torchvision's state_dict keys, shapes and parameter count") {
-  const loom::testing::TorchvisionKeys keys = torchvision_keys();
+  const loom::testing::TorchvisionKeys keys =
+      loom::testing::inverted_residual_network_keys(loom::testing::InvertedResidualNetwork::efficientnet_b0);
   const auto model = nn::efficientnet_b0(nn::EfficientNetOptions().num_classes(10));
   // torchvision's 5,288,548 (1000 classes) less 1281 * 990.
   loom::testing::check_torchvision_state(*model, keys, 4020358);

@@ -1,7 +1,8 @@
-// MobileNetV2: torchvision's state_dict keys and shapes (written out below
-// from torchvision/models/mobilenetv2.py's module tree), parameter count,
-// initialisation, forward on CIFAR-size images, and an inverted-residual
-// block's backward against finite differences.
+// MobileNetV2: torchvision's state_dict keys and shapes (written out in
+// tests/models/torchvision_keys.h from torchvision/models/mobilenetv2.py's
+// module tree), parameter count, initialisation, forward on CIFAR-size
+// images, and an inverted-residual block's backward against finite
+// differences.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -16,48 +17,15 @@
 
 using namespace loom;
 using loom::testing::random_tensor;
+constexpr auto kMobileNetV2 = loom::testing::InvertedResidualNetwork::mobilenet_v2;
 
-namespace {
-using loom::testing::add_conv_norm;
-
-// torchvision.models.mobilenet_v2(num_classes=10).state_dict(): every key, in
-// order, with its shape. features.0 and features.18 are Conv2dNormActivation
-// (0: Conv2d, 1: BatchNorm2d, 2: ReLU6); features.1 (expand ratio 1) has
-// conv.0 (depthwise Conv2dNormActivation), conv.1 (1x1 Conv2d), conv.2
-// (BatchNorm2d); features.2-17 add the 1x1 expansion as conv.0. The blocks
-// follow mobilenetv2.py's inverted_residual_setting rows (expand ratio t,
-// output channels c, repeats n; the stride changes no key).
-loom::testing::TorchvisionKeys torchvision_keys() {
-  struct Setting {
-    int64_t expand_ratio, out_channels, repeats;
-  };
-  const Setting settings[] = {{1, 16, 1}, {6, 24, 2}, {6, 32, 3}, {6, 64, 4}, {6, 96, 3}, {6, 160, 3}, {6, 320, 1}};
-  loom::testing::TorchvisionKeys keys;
-  add_conv_norm(keys, "features.0.", 32, 3, 3);
-  int64_t feature = 1, in_channels = 32;
-  for (const Setting& setting : settings) {
-    for (int64_t i = 0; i < setting.repeats; ++i, ++feature) {
-      loom::testing::add_inverted_residual(keys, "features." + std::to_string(feature) + ".conv.",
-                                           {.in_channels = in_channels,
-                                            .expanded_channels = in_channels * setting.expand_ratio,
-                                            .out_channels = setting.out_channels,
-                                            .kernel = 3,
-                                            .projection = loom::testing::Projection::conv_then_batch_norm});
-      in_channels = setting.out_channels;
-    }
-  }
-  add_conv_norm(keys, "features.18.", 1280, 320, 1);
-  loom::testing::add_linear(keys, "classifier.1.", 10, 1280);
-  return keys;
-}
-
-}  // namespace
 TEST_SUITE_BEGIN("mobilenet_v2");
 
 TEST_CASE("mobilenet_v2 has torchvision's state_dict keys, shapes and parameter count") {
   const auto model = nn::mobilenet_v2(nn::MobileNetV2Options().num_classes(10));
   // 2,236,682 with 10 classes: torchvision's 3,504,872 less 1281 * (1000 - 10).
-  loom::testing::check_torchvision_state(*model, torchvision_keys(), 2236682);
+  const loom::testing::TorchvisionKeys keys = loom::testing::inverted_residual_network_keys(kMobileNetV2);
+  loom::testing::check_torchvision_state(*model, keys, 2236682);
   CHECK(nn::count_parameters(*nn::mobilenet_v2()) == 3504872);
 }
 
@@ -77,7 +45,7 @@ TEST_CASE("mobilenet_v2 initialisation: kaiming normal (fan_out) convolutions, n
     if (name.ends_with("bias")) CHECK(loom::testing::max_abs(t) == 0.0);
   }
   // The last 1x1 convolution, (1280, 320, 1, 1): std sqrt(2 / 1280).
-  const size_t key_count = torchvision_keys().size();
+  const size_t key_count = loom::testing::inverted_residual_network_keys(kMobileNetV2).size();
   const std::vector<float> w = model->state_dict()[key_count - 8].second.to_vector<float>();
   double squares = 0;
   for (float v : w) squares += static_cast<double>(v) * v;

@@ -84,6 +84,63 @@ inline void add_linear(TorchvisionKeys& keys, const std::string& prefix, int64_t
   keys.push_back({prefix + "bias", {out_features}});
 }
 
+// torchvision's two networks of inverted-residual stages in one frame.
+enum class InvertedResidualNetwork { mobilenet_v2, efficientnet_b0 };
+
+// torchvision.models.<network>(num_classes=10).state_dict(): every key, in
+// order, with its shape. Both networks: features.0 a 3x3
+// Conv2dNormActivation (0: Conv2d, 1: BatchNorm2d) from RGB to 32 channels;
+// the blocks of the network's settings rows (mobilenetv2.py's
+// inverted_residual_setting, B0's MBConvConfig rows in efficientnet.py:
+// expand ratio, depthwise kernel, output channels, layers; the stride changes
+// no key); a 1x1 Conv2dNormActivation to 1280 channels; classifier.1 the
+// linear layer (classifier.0 is a dropout).
+// mobilenet_v2 numbers its blocks features.1-17, each one's layers under
+// conv: features.1 (expand ratio 1) has conv.0 (depthwise
+// Conv2dNormActivation), conv.1 (1x1 Conv2d), conv.2 (BatchNorm2d);
+// features.2-17 add the 1x1 expansion as conv.0.
+// efficientnet_b0 numbers its stages features.1-7 and their blocks within,
+// each block's layers under block: Sequential([expand], depthwise,
+// SqueezeExcitation (fc1, fc2), project), squeezing to a quarter of the
+// block's input channels.
+inline TorchvisionKeys inverted_residual_network_keys(InvertedResidualNetwork network) {
+  struct Stage {
+    int64_t expand_ratio, kernel, out_channels, layers;
+  };
+  const bool mobilenet = network == InvertedResidualNetwork::mobilenet_v2;
+  const std::vector<Stage> stages =
+      mobilenet ? std::vector<Stage>{{1, 3, 16, 1}, {6, 3, 24, 2}, {6, 3, 32, 3}, {6, 3, 64, 4},
+                                     {6, 3, 96, 3}, {6, 3, 160, 3}, {6, 3, 320, 1}}
+                : std::vector<Stage>{{1, 3, 16, 1},  {6, 3, 24, 2},  {6, 5, 40, 2}, {6, 3, 80, 3},
+                                     {6, 5, 112, 3}, {6, 5, 192, 4}, {6, 3, 320, 1}};
+  TorchvisionKeys keys;
+  add_conv_norm(keys, "features.0.", 32, 3, 3);
+  int64_t feature = 1, in_channels = 32;
+  for (size_t stage = 0; stage < stages.size(); ++stage) {
+    const Stage& setting = stages[stage];
+    for (int64_t layer = 0; layer < setting.layers; ++layer) {
+      InvertedResidualLayout block{.in_channels = in_channels,
+                                   .expanded_channels = in_channels * setting.expand_ratio,
+                                   .out_channels = setting.out_channels,
+                                   .kernel = setting.kernel};
+      std::string prefix;
+      if (mobilenet) {
+        block.projection = Projection::conv_then_batch_norm;
+        prefix = "features." + std::to_string(feature++) + ".conv.";
+      } else {
+        block.squeeze_channels = in_channels / 4;
+        prefix = "features." + std::to_string(stage + 1) + "." + std::to_string(layer) + ".block.";
+      }
+      add_inverted_residual(keys, prefix, block);
+      in_channels = setting.out_channels;
+    }
+  }
+  const size_t last = mobilenet ? static_cast<size_t>(feature) : stages.size() + 1;
+  add_conv_norm(keys, "features." + std::to_string(last) + ".", 1280, in_channels, 1);
+  add_linear(keys, "classifier.1.", 10, 1280);
+  return keys;
+}
+
 // Every key of model.state_dict(), in order, equals torchvision's, with its shape.
 inline void check_torchvision_keys(const nn::Module& model, const TorchvisionKeys& expected) {
   const nn::NamedTensors state = model.state_dict();
