@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include <loom/core/memory_format.h>
 #include <loom/core/profiler.h>
 
 namespace loom {
@@ -75,7 +76,8 @@ AccumulateGrad::AccumulateGrad(Tensor variable) : Node("AccumulateGrad"), variab
 
 bool AccumulateGrad::buffer_fits() const {
   const TensorImpl& leaf = *variable_.impl();
-  return fits_result(buffer_, leaf.sizes, leaf.dtype, variable_.device());
+  return buffer_.defined() && buffer_.sizes() == leaf.sizes && buffer_.dtype() == leaf.dtype &&
+         buffer_.device() == variable_.device() && is_in_memory_format(buffer_, memory_format_of(variable_));
 }
 
 void AccumulateGrad::set_gradient_buffer(const Tensor& buffer) {
@@ -84,7 +86,9 @@ void AccumulateGrad::set_gradient_buffer(const Tensor& buffer) {
                    buffer.device() == variable_.device(),
                "set_gradient_buffer: buffer ", buffer.str(), " for tensor ", variable_.str(),
                "; it must have the tensor's shape, dtype and device");
-    LOOM_CHECK(buffer.is_contiguous(), "set_gradient_buffer: buffer ", buffer.str(), " is not contiguous");
+    const MemoryFormat format = memory_format_of(variable_);
+    LOOM_CHECK(is_in_memory_format(buffer, format), "set_gradient_buffer: buffer ", buffer.str(), " is not ",
+               format == MemoryFormat::nchw ? "contiguous" : "channels-last", ", as the tensor is");
     LOOM_CHECK(!buffer.requires_grad(), "set_gradient_buffer: the buffer must not require grad");
   }
   buffer_ = buffer;
@@ -106,13 +110,18 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
     impl.grad.add_(gradient);
   } else if (buffer_fits()) {
     // The producing op wrote the buffer (gradient_destination), or it is copied there.
-    if (!(gradient.is_contiguous() && gradient.raw_data() == buffer_.raw_data())) Tensor(buffer_).copy_(gradient);
+    if (!(same_dense_layout(gradient, buffer_) && gradient.raw_data() == buffer_.raw_data()))
+      Tensor(buffer_).copy_(gradient);
     impl.grad = buffer_;
   } else {
     // Keep the incoming tensor when nobody else can see it; otherwise copy.
+    // .grad is laid out as the leaf is (PyTorch's gradient layout contract):
+    // a channels-last parameter's gradient is channels-last.
     if (gradient.dtype() != impl.dtype) gradient = gradient.to(impl.dtype);
-    if (!gradient.is_contiguous() || gradient.storage().use_count() > 1 || gradient.impl_ptr().use_count() > 1) {
-      gradient = gradient.clone();
+    const MemoryFormat format = memory_format_of(variable_);
+    if (!is_in_memory_format(gradient, format) || gradient.storage().use_count() > 1 ||
+        gradient.impl_ptr().use_count() > 1) {
+      gradient = format == MemoryFormat::nchw ? gradient.clone() : copy_in_memory_format(gradient, format);
     }
     impl.grad = gradient.detach();
   }

@@ -100,8 +100,9 @@ class AccumulateGrad final : public Node {
   TensorList apply(TensorList&& grad_outputs) override;
   Tensor gradient_buffer(uint32_t input_nr) const override;
   const Tensor& variable() const { return variable_; }
-  // `buffer` must have the variable's shape, dtype and device and be
-  // contiguous; its values are overwritten by the backward passes that fill
+  // `buffer` must have the variable's shape, dtype and device and its
+  // layout (contiguous, or channels-last for a channels-last variable:
+  // core/memory_format.h); its values are overwritten by the backward passes that fill
   // it. Undefined clears it. A buffer that no longer fits the variable (after
   // Tensor::set_data) is passed over.
   void set_gradient_buffer(const Tensor& buffer);

@@ -9,6 +9,7 @@
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/tensor_kernels.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/parallel.h>
 
 namespace loom {
@@ -191,12 +192,15 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined("add_");
   LOOM_CHECK(other.numel() == numel(), "add_: tensors of ", numel(), " and ", other.numel(), " elements");
   Tensor src = other.device() == device() ? other : other.to(device());
-  if (!is_contiguous() || !src.is_contiguous() || src.dtype() != dtype()) {
-    Tensor converted = Tensor::empty(sizes(), dtype(), device());
+  // Two tensors in one dense layout (both contiguous, or both channels-last:
+  // a channels-last parameter and its gradient) add element by element in memory.
+  const bool same_layout = (is_contiguous() && src.is_contiguous()) || same_dense_layout(*this, src);
+  if (!same_layout || src.dtype() != dtype()) {
+    Tensor converted = empty_with_format(sizes(), dtype(), device(), memory_format_of(*this));
     converted.copy_(src);
     src = converted;
   }
-  if (!is_contiguous()) {
+  if (!is_contiguous() && !same_dense_layout(*this, src)) {
     Tensor sum = contiguous().clone();
     sum.add_(src, alpha);
     copy_(sum);
@@ -226,7 +230,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double factor) {
   check_defined("mul_");
-  LOOM_CHECK(is_contiguous(), "mul_ needs a contiguous tensor");
+  LOOM_CHECK(in_a_memory_format(*this), "mul_ needs a contiguous or channels-last tensor");
   if (device().is_cuda()) {
     cuda::scale(raw_data(), dtype(), numel(), factor, cuda::current_stream(device().index));
     return *this;

@@ -155,13 +155,15 @@ void Module::zero_grad(bool set_to_none) {
 namespace {
 // Converts `t` in place (Tensor::set_data: every handle to it, e.g. an
 // optimizer's, sees the converted data, as with PyTorch's module.to()); its
-// gradient is converted with it.
+// gradient is converted with it. A channels-last tensor stays so (PyTorch's
+// preserve_format): to(MemoryFormat) may come before to(DType).
 void convert(Tensor& t, Device device, DType dtype) {
   if (!t.defined() || (t.device() == device && t.dtype() == dtype)) return;
   NoGradGuard no_grad;
   const Tensor grad = t.grad();
-  t.set_data(t.to(device).to(dtype));
-  if (grad.defined()) t.set_grad(grad.to(device).to(dtype));
+  const MemoryFormat format = memory_format_of(t);
+  t.set_data(in_memory_format(t.to(device).to(dtype), format));
+  if (grad.defined()) t.set_grad(in_memory_format(grad.to(device).to(dtype), memory_format_of(grad)));
 }
 }  // namespace
 
@@ -180,6 +182,23 @@ void Module::to(DType dtype, const std::vector<std::string>& keep) {
         if (slot->defined() && is_floating(slot->dtype())) convert(*slot, slot->device(), dtype);
       }
     }
+  }
+}
+
+void Module::to(MemoryFormat format) {
+  for (auto& [name, slot] : all_tensor_slots(true, true)) {
+    Tensor& t = *slot;
+    if (!t.defined() || t.dim() != 4 || is_in_memory_format(t, format)) continue;
+    // DDP set this parameter's gradient buffer to a view of its bucket in the old layout.
+    if (auto node = t.impl()->grad_accumulator.lock()) {
+      LOOM_CHECK(!std::static_pointer_cast<AccumulateGrad>(node)->gradient_buffer().defined(), "Module::to(",
+                 format == MemoryFormat::nhwc ? "channels-last" : "NCHW", "): parameter '", name,
+                 "' already has a gradient buffer (a DistributedDataParallel wraps this module); change the "
+                 "memory format before wrapping the module");
+    }
+    const Tensor grad = t.grad();
+    t.set_data(copy_in_memory_format(t, format));
+    if (grad.defined()) t.set_grad(copy_in_memory_format(grad, format));
   }
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/memory_format.h>
 #include <loom/core/tensor.h>
 
 namespace loom::nn {
@@ -92,6 +93,15 @@ class Module {
   // to(Device); modules listed in `keep` (by type name, e.g. "BatchNorm2d")
   // keep theirs (apex O2 keeps BN in f32).
   void to(DType dtype, const std::vector<std::string>& keep = {});
+  // Re-lays every 4-d parameter and buffer (and gradient) in `format`, in
+  // place as to(Device) (PyTorch's module.to(memory_format=...)): with nhwc
+  // the convolution weights are stored channels-last, so the CUDA kernels
+  // take them as they are, and each one's .grad is channels-last too. Call
+  // it before building the optimizer, MasterWeights and DDP, as PyTorch
+  // asks: DDP's buckets are laid out when it is built (a module already
+  // wrapped is refused here), and an optimizer's state made before
+  // refuses the next step.
+  void to(MemoryFormat format);
 
   // Replaces child `name` (e.g. to convert BatchNorm2d to SyncBatchNorm), and
   // the member it was registered with, if any; returns the module it
