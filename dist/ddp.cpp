@@ -12,6 +12,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/profiler.h>
 
 namespace loom::dist {
@@ -426,8 +427,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     for (size_t index : members) {
       Reducer::Parameter& parameter = reducer.parameters[index];
       parameter.bucket = reducer.buckets.size();
-      parameter.grad_view = make_view(bucket.buffer, parameter.tensor.sizes(),
-                                      contiguous_strides(parameter.tensor.sizes()), offset);
+      // Laid out as the parameter is (a channels-last weight's view is
+      // channels-last), so that its gradient is computed straight into it.
+      const Shape& sizes = parameter.tensor.sizes();
+      parameter.grad_view = make_view(bucket.buffer, sizes,
+                                      strides_for_format(sizes, memory_format_of(parameter.tensor)), offset);
       if (parameter.tensor.grad().defined()) parameter.grad_view.copy_(parameter.tensor.grad());
       parameter.tensor.set_grad(parameter.grad_view);
       // Backward computes a fresh gradient (zero_grad(set_to_none) leaves .grad

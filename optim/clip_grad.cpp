@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include <loom/core/autograd.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/parallel.h>
 #include <loom/optim/clip_grad_math.h>
 #include <loom/optim/cuda/fused_update.h>
@@ -86,7 +87,8 @@ void clip_grads_with_norm_(const std::vector<Tensor>& parameters, double max_nor
   if (clip_coef >= 1.0) return;  // PyTorch clamps to 1 and multiplies: the same values
   NoGradGuard no_grad;
   for (Tensor gradient : gradients_of(parameters)) {
-    LOOM_CHECK(gradient.is_contiguous(), "clip_grad_norm_: gradient ", gradient.str(), " is not contiguous");
+    LOOM_CHECK(in_a_memory_format(gradient), "clip_grad_norm_: gradient ", gradient.str(),
+               " is neither contiguous nor channels-last");
     gradient.mul_(clip_coef);
   }
 }
@@ -106,7 +108,8 @@ void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) 
   check_bound("clip_grad_value_", "clip_value", clip_value);
   std::vector<Tensor> on_gpu;
   for (const Tensor& gradient : gradients_of(parameters)) {
-    LOOM_CHECK(gradient.is_contiguous(), "clip_grad_value_: gradient ", gradient.str(), " is not contiguous");
+    LOOM_CHECK(in_a_memory_format(gradient), "clip_grad_value_: gradient ", gradient.str(),
+               " is neither contiguous nor channels-last");
     LOOM_CHECK(is_floating(gradient.dtype()), "clip_grad_value_: gradient ", gradient.str(), " is not floating-point");
     if (gradient.device().is_cuda()) {
       on_gpu.push_back(gradient);

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include <loom/core/autograd.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/parallel.h>
 #include <loom/ops/elementwise.h>
 #include <loom/optim/cuda/fused_update.h>
@@ -72,8 +73,10 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
     LOOM_CHECK(is_floating(source.dtype()), "unscale: gradient ", source.str(), " is not floating-point");
     LOOM_CHECK(destination.dtype() == DType::f32 || destination.dtype() == source.dtype(), "unscale: destination ",
                destination.str(), " must be f32 or the gradient's dtype (", dtype_name(source.dtype()), ")");
-    const Tensor input = source.is_contiguous() ? source : source.contiguous();
-    LOOM_CHECK(destination.is_contiguous(), "unscale: destination ", destination.str(), " is not contiguous");
+    LOOM_CHECK(in_a_memory_format(destination), "unscale: destination ", destination.str(),
+               " is neither contiguous nor channels-last");
+    // The source in the destination's memory order (a channels-last gradient unscaled in place stays so).
+    const Tensor input = in_memory_format(source, memory_format_of(destination));
     visit_dtype(input.dtype(), [&]<class S>() {
       if constexpr (std::is_integral_v<S>) {
         LOOM_FAIL("unreachable: integer gradient");

@@ -5,6 +5,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/environment.h>
+#include <loom/core/memory_format.h>
 #include <loom/optim/cuda/fused_update.h>
 
 namespace loom::optim {
@@ -14,7 +15,9 @@ MasterWeights::MasterWeights(const nn::NamedTensors& parameters, MasterRefresh r
     if (!parameter.requires_grad()) continue;
     LOOM_CHECK(is_floating(parameter.dtype()), "MasterWeights: parameter '", name, "' is ", parameter.str(),
                "; expected a floating-point parameter");
-    LOOM_CHECK(parameter.is_contiguous(), "MasterWeights: parameter '", name, "' is not contiguous");
+    // Masters are contiguous whatever the parameter's layout: the copies between them convert it.
+    LOOM_CHECK(in_a_memory_format(parameter), "MasterWeights: parameter '", name,
+               "' is neither contiguous nor channels-last");
     names_.push_back(name);
     parameters_.push_back(parameter);
     Tensor master = Tensor::zeros(parameter.sizes(), DType::f32, parameter.device());

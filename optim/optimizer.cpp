@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include <loom/core/autograd.h>
+#include <loom/core/memory_format.h>
 #include <loom/core/parallel.h>
 #include <loom/ops/cpu/simd.h>
 #include <loom/optim/cuda/fused_update.h>
@@ -18,7 +19,23 @@ constexpr int64_t kGrain = 1 << 13;
 
 void check_param(const Tensor& p) {
   LOOM_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameters must be leaf tensors that require grad");
-  LOOM_CHECK(p.is_contiguous(), "optimizer: parameter ", p.str(), " is not contiguous");
+  LOOM_CHECK(in_a_memory_format(p), "optimizer: parameter ", p.str(),
+             " is neither contiguous nor channels-last");
+}
+
+// A new state tensor (momentum, moments) laid out as `param` is, so that the
+// update walks the parameter, its gradient and its state in one memory order.
+Tensor empty_state_like(const Tensor& param) {
+  return empty_with_format(param.sizes(), param.dtype(), param.device(), memory_format_of(param));
+}
+
+// Throws unless `state` (made for `param`) is still laid out as `param` is:
+// Module::to(MemoryFormat) after the state was made would have the update
+// pair up elements of different positions.
+void check_state_layout(const Tensor& state, const Tensor& param) {
+  LOOM_CHECK(same_dense_layout(state, param), "optimizer: parameter ", param.str(),
+             " changed its memory format after the optimizer's state for it was made; call "
+             "Module::to(MemoryFormat) before building the optimizer");
 }
 
 // SGD's update of elements [begin, end), one case (momentum, first step,
@@ -104,11 +121,11 @@ __attribute__((target("avx2"))) void adam_update_avx2(float* __restrict w, const
 }
 #endif
 
-// The gradient as a contiguous tensor of the parameter's dtype.
+// The gradient in the parameter's dtype and layout (contiguous or channels-last).
 Tensor grad_of(const Tensor& p) {
   Tensor g = p.grad();
   if (g.dtype() != p.dtype()) g = g.to(p.dtype());
-  return g.contiguous();
+  return in_memory_format(g, memory_format_of(p));
 }
 
 const Tensor* find_state(const nn::NamedTensors& state, const std::string& name) {
@@ -123,7 +140,7 @@ const Tensor* find_state(const nn::NamedTensors& state, const std::string& name)
 Tensor restore_like(const Tensor& saved, const std::string& name, const Tensor& param) {
   LOOM_CHECK(saved.sizes() == param.sizes(), "optimizer state '", name, "' has shape ", shape_str(saved.sizes()),
              ", parameter has ", shape_str(param.sizes()));
-  return Tensor::empty(param.sizes(), param.dtype(), param.device()).copy_(saved);
+  return empty_state_like(param).copy_(saved);
 }
 }  // namespace
 
@@ -166,7 +183,8 @@ void SGD::step() {
       Tensor g = grad_of(p);
       Tensor& buffer = param_states_[gi][pi].buffer;
       const bool first = !buffer.defined();
-      if (o.momentum() != 0 && first) buffer = Tensor::empty(p.sizes(), p.dtype(), p.device());
+      if (o.momentum() != 0 && first) buffer = empty_state_like(p);
+      if (buffer.defined()) check_state_layout(buffer, p);
       if (p.device().is_cuda()) {
         cuda_params.push_back(p);
         cuda_grads.push_back(g);
@@ -236,9 +254,11 @@ void Adam::step() {
       Tensor g = grad_of(p);
       AdamMoments& s = param_states_[gi][pi];
       if (!s.exp_avg.defined()) {
-        s.exp_avg = Tensor::zeros(p.sizes(), p.dtype(), p.device());
-        s.exp_avg_sq = Tensor::zeros(p.sizes(), p.dtype(), p.device());
+        s.exp_avg = empty_state_like(p).zero_();
+        s.exp_avg_sq = empty_state_like(p).zero_();
       }
+      check_state_layout(s.exp_avg, p);
+      check_state_layout(s.exp_avg_sq, p);
       ++s.step;
       if (p.device().is_cuda()) {
         cuda_params.push_back(p);

@@ -181,10 +181,12 @@ static __global__ void clamp_kernel(GradientList list, acc_t<T> limit) {
 }
 
 void check_update_tensor(const char* what, const Tensor& t, const Tensor& param) {
-  LOOM_CHECK(t.defined() && t.device() == param.device() && t.dtype() == param.dtype() && t.is_contiguous() &&
-                 t.numel() == param.numel(),
+  // Both contiguous, or both channels-last (Module::to(MemoryFormat)): one memory order.
+  LOOM_CHECK(t.defined() && t.device() == param.device() && t.dtype() == param.dtype() &&
+                 t.numel() == param.numel() &&
+                 ((t.is_contiguous() && param.is_contiguous()) || same_dense_layout(t, param)),
              "fused optimizer update: ", what, " ", t.defined() ? t.str() : "undefined", " does not match parameter ",
-             param.str(), " (same dtype, device, size; contiguous)");
+             param.str(), " (same dtype, device, size; both contiguous or both channels-last)");
 }
 
 // Indices of `params` grouped by (device, dtype), each group in order and cut
@@ -299,15 +301,16 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
 bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor) {
   LOOM_CHECK(sources.size() == destinations.size(), "unscale: ", sources.size(), " gradients but ",
              destinations.size(), " destinations");
-  std::vector<Tensor> inputs;  // contiguous sources
+  std::vector<Tensor> inputs;  // sources in their destinations' memory order
   for (size_t i = 0; i < sources.size(); ++i) {
     check_cuda("unscale", sources[i]);
     const Tensor& d = destinations[i];
-    LOOM_CHECK(d.defined() && d.device() == sources[i].device() && d.is_contiguous() &&
+    LOOM_CHECK(d.defined() && d.device() == sources[i].device() && in_a_memory_format(d) &&
                    d.numel() == sources[i].numel() && (d.dtype() == DType::f32 || d.dtype() == sources[i].dtype()),
                "unscale: destination ", d.defined() ? d.str() : "undefined", " does not match gradient ",
-               sources[i].str(), " (same device and size, contiguous, f32 or the gradient's dtype)");
-    inputs.push_back(contiguous_input(sources[i]));
+               sources[i].str(), " (same device and size, contiguous or channels-last, f32 or the gradient's dtype)");
+    // The source in the destination's memory order (a channels-last gradient unscaled in place stays so).
+    inputs.push_back(in_memory_format(sources[i], memory_format_of(d)));
   }
   // One batch per (device, source dtype, destination dtype).
   std::map<std::tuple<int, int, int>, std::vector<size_t>> groups;
@@ -395,7 +398,8 @@ double norm_terms(const std::vector<Tensor>& gradients, double norm_type) {
   const NormTerms terms{norm_type, std::isinf(norm_type)};
   for (const Tensor& g : gradients) {
     check_cuda("clip_grad_norm_", g);
-    LOOM_CHECK(g.is_contiguous(), "clip_grad_norm_: gradient ", g.str(), " is not contiguous");
+    LOOM_CHECK(in_a_memory_format(g), "clip_grad_norm_: gradient ", g.str(),
+               " is neither contiguous nor channels-last");
   }
   // Every batch's kernel is queued before the first partial sums are read
   // back, so the host waits for the device once, not once per batch.
@@ -424,7 +428,8 @@ double norm_terms(const std::vector<Tensor>& gradients, double norm_type) {
 void clamp_(const std::vector<Tensor>& gradients, double clip_value) {
   for (const Tensor& g : gradients) {
     check_cuda("clip_grad_value_", g);
-    LOOM_CHECK(g.is_contiguous(), "clip_grad_value_: gradient ", g.str(), " is not contiguous");
+    LOOM_CHECK(in_a_memory_format(g), "clip_grad_value_: gradient ", g.str(),
+               " is neither contiguous nor channels-last");
   }
   for_each_batch<GradientList>(
       "clip_grad_value_", gradients, [&](GradientList& list, size_t k, size_t i) { list.grad[k] = gradients[i].raw_data(); },
