@@ -358,9 +358,12 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input_in,
   const MemoryFormat format = memory_format_of(input_in);
   const Tensor x = in_memory_format(input_in, format), dy = in_memory_format(grad_output, format);
   // cuDNN writes the weight gradient in the input's memory order: straight
-  // into `out` when it fits and that order is NCHW, else copied into it.
-  const bool fits_out = fits_result(out, weight_sizes, grad_output.dtype(), grad_output.device());
-  const bool into_out = fits_out && format == MemoryFormat::nchw;
+  // into `out` when it fits and lies in that order (a contiguous gradient
+  // buffer under NCHW input; a channels-last one, Module::to(MemoryFormat),
+  // under channels-last input), else copied into it.
+  const bool fits_out = out.defined() && out.sizes() == weight_sizes && out.dtype() == grad_output.dtype() &&
+                        out.device() == grad_output.device() && in_a_memory_format(out);
+  const bool into_out = fits_out && is_in_memory_format(out, format);
   Tensor dw = into_out ? out : empty_with_format(weight_sizes, dy.dtype(), dy.device(), format);
   if (dw.numel() == 0) return dw;
   if (x.size(0) == 0 || dy.numel() == 0) {
