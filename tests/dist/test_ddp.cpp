@@ -16,6 +16,7 @@
 #include <loom/core/autograd.h>
 #include <loom/core/error.h>
 #include <loom/core/generator.h>
+#include <loom/core/memory_format.h>
 #include <loom/dist/ddp.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
@@ -105,12 +106,22 @@ std::vector<std::pair<std::string, Shape>> resnet18_parameter_shapes() {
 }
 
 // conv -> batch norm -> relu -> linear in f64, initialised from `seed`: every
-// op whose backward writes parameter gradients into their buckets.
-std::shared_ptr<nn::Module> tiny_conv_model(uint64_t seed) {
+// op whose backward writes parameter gradients into their buckets. With
+// `front_channels` > 0, a 3x3 conv (1 -> front_channels, padding 1) and a
+// relu come first, so that the second conv's weight (2, front_channels, 3, 3)
+// lies differently in NCHW and channels-last.
+std::shared_ptr<nn::Module> tiny_conv_model(uint64_t seed, int64_t front_channels = 0) {
   manual_seed(seed);
-  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(1, 2, 3), std::make_shared<nn::BatchNorm2d>(2), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(2 * 4 * 4, 3)});
+  auto model = std::make_shared<nn::Sequential>();
+  if (front_channels > 0) {
+    model->push_back(std::make_shared<nn::Conv2d>(1, front_channels, 3, 1, 1));
+    model->push_back(std::make_shared<nn::ReLU>());
+  }
+  model->push_back(std::make_shared<nn::Conv2d>(std::max<int64_t>(front_channels, 1), 2, 3));
+  model->push_back(std::make_shared<nn::BatchNorm2d>(2));
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(std::make_shared<nn::Flatten>());
+  model->push_back(std::make_shared<nn::Linear>(2 * 4 * 4, 3));
   model->to(DType::f64);
   return model;
 }
@@ -287,6 +298,30 @@ TEST_SUITE("ddp") {
     // Without DDP the buckets are no longer where gradients go.
     for (auto& named : model->named_parameters())
       CHECK_MESSAGE(!grad_accumulator(named.second)->gradient_buffer().defined(), named.first);
+  }
+
+  TEST_CASE("world of one: channels-last parameters have channels-last bucket views; to() after DDP is refused") {
+    auto group = world_of_one();
+    auto model = tiny_conv_model(11, 3);
+    model->to(MemoryFormat::nhwc);  // before DDP, as PyTorch asks
+    auto reference = tiny_conv_model(11, 3);
+    DistributedDataParallel ddp(model, group, bucket_caps(64, 256));
+    for (int step = 0; step < 2; ++step) {
+      model->zero_grad(true);
+      reference->zero_grad(true);
+      mse(ddp.forward(images(0, 4)), targets(0, 4)).backward();
+      mse(reference->forward(images(0, 4)), targets(0, 4)).backward();
+      expect_gradients_in_buckets(ddp, *model);
+      expect_close(model->named_parameters(), reference->named_parameters(), "channels-last gradients", true);
+    }
+    int channels_last = 0;
+    for (auto& [name, parameter] : model->named_parameters()) {
+      CHECK_MESSAGE(same_dense_layout(parameter.grad(), parameter), name);
+      channels_last += memory_format_of(parameter) == MemoryFormat::nhwc;
+    }
+    CHECK(channels_last == 1);  // the second conv's (2, 3, 3, 3) weight; the first's (3, 1, 3, 3) lies alike in both
+    CHECK_THROWS_WITH_AS(model->to(MemoryFormat::nchw), doctest::Contains("change the memory format before wrapping"),
+                         Error);
   }
 
   TEST_CASE("world of one: unused parameters") {

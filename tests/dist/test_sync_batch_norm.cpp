@@ -15,6 +15,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/generator.h>
+#include <loom/core/memory_format.h>
 #include <loom/data/sampler.h>
 #include <loom/dist/ddp.h>
 #include <loom/dist/metrics.h>
@@ -395,18 +396,23 @@ LOOM_DIST_SCENARIO("sync_bn_convnet_equivalence") {
 // typed members and the downsample Sequentials' alike, must be synchronized:
 // layer4's batch norms see one value per channel and image, so a rank-local
 // one would give clearly different statistics.
+namespace {
+// (count, 3, 8, 8) f64 images with a class-dependent offset (labels n % 10).
+Tensor small_rgb_images(const std::vector<int64_t>& indices) {
+  constexpr int64_t kSide = 8;
+  std::vector<double> values;
+  for (int64_t n : indices)
+    for (int64_t k = 0; k < 3 * kSide * kSide; ++k) values.push_back(0.1 * (n % 10) + hashed(n * 192 + k, 5));
+  return Tensor::from_vector_as(values, {static_cast<int64_t>(indices.size()), 3, kSide, kSide}, DType::f64);
+}
+}  // namespace
+
 LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
   auto group = group_from_environment(30s);
   constexpr int kSteps = 3;
-  constexpr int64_t kGlobalBatch = 8, kSide = 8;
+  constexpr int64_t kGlobalBatch = 8;
   const auto options = nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar).width(4);
-  // (count, 3, 8, 8) f64 images with a class-dependent offset (labels n % 10).
-  auto images = [](const std::vector<int64_t>& indices) {
-    std::vector<double> values;
-    for (int64_t n : indices)
-      for (int64_t k = 0; k < 3 * kSide * kSide; ++k) values.push_back(0.1 * (n % 10) + hashed(n * 192 + k, 5));
-    return Tensor::from_vector_as(values, {static_cast<int64_t>(indices.size()), 3, kSide, kSide}, DType::f64);
-  };
+  const ImagesOf images = small_rgb_images;
 
   manual_seed(21 + group->rank());  // different on every rank until DDP broadcasts rank 0's
   std::shared_ptr<nn::ResNet> resnet = nn::resnet18(options);
@@ -430,6 +436,41 @@ LOOM_DIST_SCENARIO("sync_bn_resnet_equivalence") {
                                  .sampler_seed = 9,
                                  .sgd = optim::SGDOptions(0.05).momentum(0.9).weight_decay(5e-4),
                                  .images = images});
+  group->barrier()->wait();
+}
+
+// DDP over a channels-last ResNet-18 (Module::to(MemoryFormat::nhwc), PyTorch's
+// model.to(memory_format=torch.channels_last)) with SyncBatchNorm (so that 2
+// ranks x 4 images see the 8 images' statistics): its convolution weights'
+// bucket views are channels-last, and it ends where one NCHW process on the
+// 8 images does (f64: only the summation order differs), with the weights and
+// their gradients still channels-last.
+LOOM_DIST_SCENARIO("ddp_channels_last_resnet_equivalence") {
+  auto group = group_from_environment(30s);
+  const auto options = nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar).width(4);
+  manual_seed(21 + group->rank());  // different on every rank until DDP broadcasts rank 0's
+  std::shared_ptr<nn::ResNet> model = nn::resnet18(options);
+  model->to(DType::f64);
+  model->to(MemoryFormat::nhwc);
+  manual_seed(21);
+  auto reference = nn::resnet18(options);
+  reference->to(DType::f64);
+  expect_ddp_equals_one_process(group, convert_sync_batchnorm(model, group), *reference,
+                                {.set_size = 16,
+                                 .global_batch = 8,
+                                 .steps = 2,
+                                 .sampler_seed = 9,
+                                 .sgd = optim::SGDOptions(0.05).momentum(0.9).weight_decay(5e-4),
+                                 .images = small_rgb_images});
+  // The stem's and the blocks' 3x3 weights (a 1x1 one is both contiguous and channels-last).
+  int channels_last = 0;
+  for (auto& [name, parameter] : model->named_parameters()) {
+    if (parameter.dim() != 4 || parameter.size(2) == 1) continue;
+    expect(memory_format_of(parameter) == MemoryFormat::nhwc, "'", name, "' is no longer channels-last");
+    expect(memory_format_of(parameter.grad()) == MemoryFormat::nhwc, "'", name, "'s gradient is not channels-last");
+    ++channels_last;
+  }
+  expect(channels_last == 17, channels_last, " channels-last 3x3 weights; ResNet-18 has 17");
   group->barrier()->wait();
 }
 
@@ -483,5 +524,12 @@ TEST_SUITE("metrics") {
     AccuracyCounts local{.correct = 3, .total = 4};
     CHECK(all_reduce_accuracy(local, nullptr).correct == 3);
     CHECK(all_reduce_accuracy(local, nullptr).accuracy() == doctest::Approx(0.75));
+  }
+}
+
+// DDP's buckets for channels-last parameters; beside the scenario above for its Training helpers.
+TEST_SUITE("ddp") {
+  TEST_CASE("channels-last ResNet-18 under DDP, 2 x 4 images, equals 1 NCHW process x 8 images") {
+    expect_all_ok(spawn_ranks("ddp_channels_last_resnet_equivalence", 2, {.deadline = std::chrono::seconds(50)}));
   }
 }
