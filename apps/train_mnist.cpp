@@ -64,7 +64,7 @@ int run(const Flags& flags, int argc, char** argv) {
   manual_seed(common.seed);
   // The ResNets take 1-channel images with the ImageNet stem (the ResNet-101 tutorial); the others repeat the channel.
   std::shared_ptr<nn::Module> model = apps::make_model(flags.model, loaded.num_classes, shape.channels);
-  model->to(rank.device);  // before DDP and the optimizer take the parameters
+  apps::place_model(*model, common, rank.device);  // (--channels-last) before the optimizer and DDP take it
   std::shared_ptr<dist::ProcessGroup> group = apps::make_process_group(common, rank.backend, rank.device, rank.world);
   if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);
   // apex's amp.initialize: the model in the level's dtypes (--amp O2: f16 but batch norm), the

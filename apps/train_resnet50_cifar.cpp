@@ -47,7 +47,7 @@ int run(const Flags& flags, int argc, char** argv) {
   manual_seed(common.seed);
   std::shared_ptr<nn::Module> model = apps::make_model(flags.model, loaded.num_classes, loaded.sample_shape().channels,
                                                       nn::parse_resnet_stem(flags.stem));
-  model->to(rank.device);  // before the optimizer and DDP take the parameters
+  apps::place_model(*model, common, rank.device);  // (--channels-last) before the optimizer and DDP take it
   if (common.sync_bn) model = dist::convert_sync_batchnorm(model, group);  // same tensors: checkpoints unchanged
   // apex's amp.initialize: the model in the level's dtypes, SGD over what it steps (f32 masters at O2 / O3 /
   // bf16), with --zero over this rank's shard.

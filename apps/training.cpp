@@ -160,6 +160,9 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                "for N processes), so ranks may run one batch fewer, and the uneven end of each epoch runs inside "
                "Join (PyTorch's torch.distributed.algorithms.Join; gradients divided by the world size). No effect "
                "with one process; not with --sync-bn");
+  app.add_flag("--channels-last", flags.channels_last,
+               "channels-last (NHWC) memory format: the model's convolution weights and the loaders' batches, as "
+               "PyTorch's model.to(memory_format=torch.channels_last); for f16 / bf16 on a GPU (tensor cores)");
   // Flags that exclude each other: a usage error, before -g spawns any rank.
   app.parse_complete_callback([&flags] {
     if (flags.no_pad_last && flags.sync_bn)
@@ -308,12 +311,18 @@ std::shared_ptr<amp::MixedPrecisionOptimizer> initialize_optimizer(nn::Module& m
   return optimizer;
 }
 
+void place_model(nn::Module& model, const CommonFlags& flags, Device device) {
+  model.to(device);
+  if (flags.channels_last) model.to(MemoryFormat::nhwc);
+}
+
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device) {
   return data::DataLoaderOptions()
       .batch_size(batch_size)
       .num_workers(flags.workers)
       .seed(flags.seed)
       .dtype(amp::input_dtype(amp::parse_opt_level(flags.amp)))
+      .memory_format(flags.memory_format())
       .pin_memory(device.is_cuda())
       .device(device);
 }

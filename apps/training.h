@@ -49,11 +49,13 @@ struct CommonFlags {
   int64_t accumulate_steps = 1;   // batches per optimizer step
   bool zero = false;              // the optimizer state sharded over the processes (ZeRO stage 1)
   bool no_pad_last = false;       // no DistributedSampler padding; uneven epoch ends inside dist::Join
+  bool channels_last = false;     // the model's weights and the loaders' batches NHWC
+  MemoryFormat memory_format() const { return channels_last ? MemoryFormat::nhwc : MemoryFormat::nchw; }
 };
 
 // Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
 // --log-interval, --timeout, --progress, --metrics, --tensorboard, --trace,
-// --clip-grad-norm, --accumulate-steps, --zero and --no-pad-last, and rejects at
+// --clip-grad-norm, --accumulate-steps, --zero, --no-pad-last and --channels-last, and rejects at
 // parse time the flags that exclude each other (app's parse_complete_callback). Every
 // flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);
@@ -132,9 +134,14 @@ std::shared_ptr<amp::MixedPrecisionOptimizer> initialize_optimizer(nn::Module& m
                                                                    const std::shared_ptr<dist::ProcessGroup>& group,
                                                                    const amp::OptimizerFactory& make_optimizer);
 
+// The model on `device` and, with --channels-last, its 4-d parameters and
+// buffers channels-last (Module::to(MemoryFormat)). Before DDP and the
+// optimizer take the parameters.
+void place_model(nn::Module& model, const CommonFlags& flags, Device device);
+
 // The loaders' options: `batch_size` images, --workers threads, --seed, the
-// input dtype of --amp, batches delivered on `device` (CUDA: pinned staging,
-// copies on the loader's own stream).
+// input dtype of --amp, NHWC batches with --channels-last, batches delivered
+// on `device` (CUDA: pinned staging, copies on the loader's own stream).
 data::DataLoaderOptions loader_options(const CommonFlags& flags, int64_t batch_size, Device device);
 
 // The Trainer's options from the flags both apps take, in one place:

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_option("--data", data_dir);
   app.add_option("--device", device_name, "cpu, cuda or cuda:N");
-  app.add_flag("--channels-last", channels_last, "on a GPU, feed NHWC (channels-last) images");
+  app.add_flag("--channels-last", channels_last, "on a GPU, the model's weights and the images NHWC (channels-last)");
   app.add_flag("--tf32", tf32, "on a GPU, let f32 convolutions and matrix products use TF32 tensor cores");
   app.add_option("--autocast", autocast, "run the forward under autocast in f16 or bf16 (as torch.autocast)")
       ->check(CLI::IsMember({"f16", "bf16"}));
@@ -68,16 +68,14 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) cuda::require_device(device.index);
     cuda::set_allow_tf32(tf32);
     // The batch as the model takes it: on the device, NHWC with --channels-last.
+    const MemoryFormat format = channels_last && device.is_cuda() ? MemoryFormat::nhwc : MemoryFormat::nchw;
     auto to_device = [&](const Tensor& images) {
       if (!device.is_cuda()) return images;
-      if (!channels_last) return images.to(device);
-      const int64_t n = images.size(0), c = images.size(1), h = images.size(2), w = images.size(3);
-      Tensor nhwc = make_view(Tensor::empty({n, h, w, c}, images.dtype(), device), images.sizes(),
-                              {h * w * c, 1, w * c, c}, 0);
-      return nhwc.copy_(images);
+      return in_memory_format(images.to(device), format);
     };
     nn::ConvNet model;
     model.to(device);
+    model.to(format);  // before the optimizer takes the parameters
     optim::SGD optimizer(model.parameters(), optim::SGDOptions(0.01).momentum(0.9));
     data::DataLoader loader(split.train, data::Compose({data::ToTensor{}}),
                             data::DataLoaderOptions().batch_size(batch_size).num_workers(1),

@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp_name, "O0 (f32), O1, O2, O3 or bf16, as the apps' --amp")
       ->capture_default_str()
       ->check(CLI::IsMember({"O0", "O1", "O2", "O3", "bf16"}));
+  bool channels_last = false;
+  app.add_flag("--channels-last", channels_last,
+               "the model's weights and the images channels-last (NHWC), as the apps' --channels-last");
   app.add_option("--profile", profile_steps, "after the timed steps, profile this many more per op and layer (stderr)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) cuda::set_device(device.index);
     auto model = apps::make_model(arch, 10, 3, nn::parse_resnet_stem(stem));
     model->to(device);
+    const MemoryFormat format = channels_last ? MemoryFormat::nhwc : MemoryFormat::nchw;
+    model->to(format);  // before the optimizer takes the parameters
     // With the CIFAR stem at 0.01 the loss on the repeated batch climbs for
     // about 10 steps (to ~9, PyTorch 2.15's as loom's) before it falls, so
     // whether it is below the first loss after 20 steps is chance; at 0.001
@@ -89,7 +94,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> label_values(batch);
     for (auto& label : label_values) label = static_cast<int64_t>(gen.below(10));
     const Tensor labels = Tensor::from_vector(label_values, {batch}).to(device);
-    images = images.to(amp::input_dtype(amp_level)).to(device);
+    images = in_memory_format(images.to(amp::input_dtype(amp_level)).to(device), format);
     // One step: the forward pass and loss under the level's autocast, the
     // scaled loss backward, the step (skipped on inf / NaN gradients at O2).
     const auto train_step = [&] {
@@ -141,10 +146,12 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"size\": %lld, \"device\": \"%s\", \"amp\": \"%s\", "
+        "\"channels_last\": %s, "
         "\"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"warmup\": %lld, \"train_s\": %.3f, "
         "\"images_per_s\": %.1f, \"step_ms\": %.3f, \"lr\": %g, \"loss_first\": %.4f, \"loss_last\": %.4f, "
         "\"skipped_steps\": %lld, \"peak_rss_mb\": %.1f%s}\n",
-        arch.c_str(), stem.c_str(), static_cast<long long>(size), device.str().c_str(), amp_name.c_str(), threads,
+        arch.c_str(), stem.c_str(), static_cast<long long>(size), device.str().c_str(), amp_name.c_str(),
+        channels_last ? "true" : "false", threads,
         static_cast<long long>(batch), static_cast<long long>(steps), static_cast<long long>(warmup), seconds,
         static_cast<double>(batch) * 1000.0 / timing.median_ms(), timing.median_ms(), lr, losses.front(),
         losses.back(), static_cast<long long>(optimizer->scaler().skipped_steps()),

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # train_resnet50_cifar run as a user would: on CIFAR-10-format files made here,
 # 2 epochs with per-epoch checkpoints, then a resume from the epoch-1
-# checkpoint that must reproduce the epoch-2 checkpoint byte for byte; the
-# synthetic-data path; two processes with DDP on loopback, also with
-# --sync-bn, evaluating a test set of odd size (21 images) so that every image
-# must be counted exactly once; and bad input, each case exiting non-zero with
-# exactly one line on stderr that names the problem.
+# checkpoint that must reproduce the epoch-2 checkpoint byte for byte, as must
+# a --channels-last run; the synthetic-data path; two processes with DDP on
+# loopback, also with --sync-bn, evaluating a test set of odd size (21
+# images) so that every image must be counted exactly once; and bad input,
+# each case exiting non-zero with exactly one line on stderr that names the
+# problem.
 set -u
 bin=$1
 source "$(dirname "$0")/../apps/dist_common.sh"
@@ -78,6 +79,18 @@ cmp -s "$work/a/checkpoint/1GPU_2epoch.checkpoint" "$work/d/checkpoint/1GPU_2epo
 [[ "$(grep '^>>> Test accuracy' "$work/a/out.txt")" == "$(grep '^>>> Test accuracy' "$work/d/out.txt")" ]] ||
   fail "resume from step 3: different test accuracy"
 ((failures == failures_before)) && echo "ok   resumed mid-epoch from step 3: every later checkpoint byte-identical"
+
+# 2c. --channels-last: NHWC weights and batches. On the CPU the kernels take
+# their inputs contiguous, so the run computes the same values and its
+# epoch-2 checkpoint (weights, momentum buffers, all state) is byte-identical.
+mkdir -p "$work/nhwc"
+if ! (cd "$work/nhwc" && timeout 120 "$bin" "${common[@]}" -e 2 --channels-last >out.txt 2>err.txt); then
+  fail "--channels-last run: $(cat "$work/nhwc/err.txt")"
+elif cmp -s "$work/a/checkpoint/1GPU_2epoch.checkpoint" "$work/nhwc/checkpoint/1GPU_2epoch.checkpoint"; then
+  echo "ok   --channels-last run: its epoch-2 checkpoint is byte-identical to the NCHW run's"
+else
+  fail "--channels-last run: its epoch-2 checkpoint differs from the NCHW run's"
+fi
 
 # expect_run DESCRIPTION DIR EXPECTED_TEXT... -- ARGS...: the app with ARGS,
 # run in DIR, must exit 0 with every EXPECTED_TEXT in its output (stdout and
