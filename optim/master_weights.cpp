@@ -15,15 +15,17 @@ MasterWeights::MasterWeights(const nn::NamedTensors& parameters, MasterRefresh r
     if (!parameter.requires_grad()) continue;
     LOOM_CHECK(is_floating(parameter.dtype()), "MasterWeights: parameter '", name, "' is ", parameter.str(),
                "; expected a floating-point parameter");
-    // Masters are contiguous whatever the parameter's layout: the copies between them convert it.
     LOOM_CHECK(in_a_memory_format(parameter), "MasterWeights: parameter '", name,
                "' is neither contiguous nor channels-last");
     names_.push_back(name);
     parameters_.push_back(parameter);
-    Tensor master = Tensor::zeros(parameter.sizes(), DType::f32, parameter.device());
+    // A master and its gradient lie as the parameter does (channels-last
+    // too): the copies between them and the unscale run in memory order.
+    const MemoryFormat format = memory_format_of(parameter);
+    Tensor master = empty_with_format(parameter.sizes(), DType::f32, parameter.device(), format).zero_();
     master.set_requires_grad(true);
     masters_.push_back(master);
-    master_grads_.push_back(Tensor::zeros(parameter.sizes(), DType::f32, parameter.device()));
+    master_grads_.push_back(empty_with_format(parameter.sizes(), DType::f32, parameter.device(), format).zero_());
   }
   LOOM_CHECK(!masters_.empty(), "MasterWeights: the model has no parameter that requires grad");
 }
