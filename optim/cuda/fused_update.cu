@@ -370,10 +370,12 @@ void copy_tensors(const std::vector<Tensor>& sources, const std::vector<Tensor>&
   for (size_t i = 0; i < sources.size(); ++i) {
     const Tensor &s = sources[i], &d = destinations[i];
     check_cuda("fused copy", s);
-    LOOM_CHECK(d.defined() && d.device() == s.device() && d.numel() == s.numel() && d.is_contiguous() &&
-                   s.is_contiguous() && is_floating(s.dtype()) && is_floating(d.dtype()),
+    // Both contiguous, or both channels-last (masters of a channels-last model): one memory order.
+    LOOM_CHECK(d.defined() && d.device() == s.device() && d.numel() == s.numel() &&
+                   ((d.is_contiguous() && s.is_contiguous()) || same_dense_layout(d, s)) && is_floating(s.dtype()) &&
+                   is_floating(d.dtype()),
                "fused copy: destination ", d.defined() ? d.str() : "undefined", " does not match source ", s.str(),
-               " (floating dtypes, same device and size, both contiguous)");
+               " (floating dtypes, same device and size, both contiguous or both channels-last)");
     auto& [from, to] = by_destination_dtype[static_cast<int>(d.dtype())];
     from.push_back(s);
     to.push_back(d);
