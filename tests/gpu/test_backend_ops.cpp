@@ -11,8 +11,10 @@
 #include <initializer_list>
 #include <vector>
 
+#include <loom/core/cuda/counters.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/generator.h>
+#include <loom/core/memory_format.h>
 #include <loom/ops/batch_norm.h>
 #include <loom/ops/batch_norm_cuda_kernels.h>
 #include <loom/ops/cat.h>
@@ -487,6 +489,24 @@ TEST_CASE("conv2d backward kernels: input alone, weight alone, both at once, int
       check_close(dw, dw_cpu, tol.backward, "weight of both");
       CHECK(dw.is_same(out));
       check_close(out, dw_cpu, tol.backward, "the output tensor");
+      // Into an output laid out as the input (a channels-last model's DDP
+      // bucket view under channels-last input): cuDNN writes it there, no
+      // copy after; and a channels-last weight is taken as it is, no re-layout.
+      const MemoryFormat format = channels_last ? MemoryFormat::nhwc : MemoryFormat::nchw;
+      Tensor laid_out = empty_with_format(w.sizes(), dtype, kCuda, format).zero_();
+      cuda::Counters before = cuda::counters();
+      const Tensor dw3 = ops::cuda::conv2d_backward_weight(gdy, gx, w.sizes(), params, laid_out);
+      const cuda::Counters backward = cuda::counters() - before;
+      CHECK(dw3.is_same(laid_out));
+      CHECK(backward.kernel_launches == 0);
+      CHECK(backward.device_copies == 0);
+      check_close(laid_out, dw_cpu, tol.backward, "the output laid out as the input");
+      before = cuda::counters();
+      const Tensor y = ops::cuda::conv2d_forward(gx, gw, Tensor(), params);
+      const cuda::Counters forward = cuda::counters() - before;
+      CHECK(forward.kernel_launches == 0);  // cuDNN's pass alone
+      CHECK(forward.device_copies == 0);
+      check_close(y, ops::cpu::conv2d_forward(x, w, Tensor(), params), tol.forward, "forward");
       // An output that does not fit (another dtype) is left alone.
       Tensor other = Tensor::zeros(w.sizes(), DType::f64, kCuda);
       const Tensor dw2 = ops::cuda::conv2d_backward_weight(gdy, gx, w.sizes(), params, other);
