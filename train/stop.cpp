@@ -85,44 +85,57 @@ struct StopAgreement::HostCopy {
   Tensor value;
 };
 
-StopAgreement::StopAgreement(std::shared_ptr<dist::ProcessGroup> group) : group_(std::move(group)) {
+StopAgreement::StopAgreement(std::shared_ptr<dist::ProcessGroup> group, int depth) : group_(std::move(group)) {
+  LOOM_CHECK(depth >= 0, "StopAgreement: depth must be >= 0 (0: automatic), got ", depth);
   if (!group_) return;
-  flag_ = Tensor::zeros({1}, DType::f32, group_->device());
-  if (flag_.device().is_cuda()) host_copy_ = std::make_unique<HostCopy>(flag_.device().index);
+  const Device device = group_->device();
+  if (depth == 0) depth = device.is_cuda() ? 2 : 1;
+  slots_.resize(static_cast<size_t>(depth));
+  for (Slot& slot : slots_) {
+    slot.flag = Tensor::zeros({1}, DType::f32, device);
+    if (device.is_cuda()) slot.host_copy = std::make_unique<HostCopy>(device.index);
+  }
 }
 
 StopAgreement::~StopAgreement() = default;
 
 int StopAgreement::poll() {
   if (!group_) return StopSignals::received();
-  if (pending_) {
+  Slot& slot = slots_[next_];
+  next_ = (next_ + 1) % slots_.size();
+  if (slot.pending) {
     int agreed = 0;
-    if (host_copy_) {
-      host_copy_->copied.synchronize();  // the all-reduce of a step ago, and its copy
-      pending_->wait();                  // raises its error, if it failed
-      agreed = static_cast<int>(host_copy_->value.data<float>()[0]);
+    if (slot.host_copy) {
+      // The all-reduce of `depth` steps ago and its copy; no wait once done.
+      if (!slot.host_copy->copied.query()) slot.host_copy->copied.synchronize();
+      slot.pending->wait();  // raises its error, if it failed
+      agreed = static_cast<int>(slot.host_copy->value.data<float>()[0]);
     } else {
-      pending_->wait();
-      agreed = static_cast<int>(flag_.item());
+      slot.pending->wait();
+      agreed = static_cast<int>(slot.flag.item());
     }
-    pending_.reset();
+    slot.pending.reset();
     if (agreed != 0) return agreed;
   }
-  flag_.fill_(static_cast<double>(StopSignals::received()));
-  pending_ = group_->all_reduce({flag_}, dist::ReduceOp::max);
-  if (host_copy_) {
-    cuda::StreamGuard on_side_stream(host_copy_->stream);
-    pending_->wait();  // the side stream, not the compute stream, waits for the all-reduce
-    cuda::copy_bytes_async(host_copy_->value.raw_data(), false, flag_.raw_data(), true, sizeof(float),
-                           host_copy_->stream);
-    host_copy_->copied.record(host_copy_->stream);
+  slot.flag.fill_(static_cast<double>(StopSignals::received()));
+  slot.pending = group_->all_reduce({slot.flag}, dist::ReduceOp::max);
+  if (slot.host_copy) {
+    cuda::StreamGuard on_side_stream(slot.host_copy->stream);
+    slot.pending->wait();  // the side stream, not the compute stream, waits for the all-reduce
+    cuda::copy_bytes_async(slot.host_copy->value.raw_data(), false, slot.flag.raw_data(), true, sizeof(float),
+                           slot.host_copy->stream);
+    slot.host_copy->copied.record(slot.host_copy->stream);
   }
   return 0;
 }
 
 void StopAgreement::finish() {
-  if (pending_) pending_->wait();
-  pending_.reset();
+  // In the order they were issued (a collective order every rank shares).
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    Slot& slot = slots_[(next_ + k) % slots_.size()];
+    if (slot.pending) slot.pending->wait();
+    slot.pending.reset();
+  }
 }
 
 }  // namespace loom::train

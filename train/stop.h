@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <loom/core/tensor.h>
 #include <loom/dist/process_group.h>
@@ -38,27 +39,37 @@ void print_preempted(int rank, int signal, int64_t step, const std::optional<std
 int parse_signal_name(const std::string& name);
 
 // Makes every rank stop after the same step: poll() after each step shares
-// each rank's flag through an all-reduce (max) issued at that step and read at
-// the next one, so its latency hides behind a step. Every rank must call
-// poll() equally often. With a CUDA flag (NCCL), the agreed flag comes back
-// through pinned memory on a side stream, so that reading it waits for the
-// all-reduce issued a step ago, never for the step just queued on the compute
-// stream (a .item() would).
+// each rank's flag through an all-reduce (max) issued at that step and read
+// `depth` polls later, so its latency hides behind the steps between. Every
+// rank must call poll() equally often. With a CUDA flag (NCCL) the depth is
+// 2 and the agreed flag comes back through pinned memory on a side stream:
+// reading it waits, at most, for the all-reduce issued two steps ago, never
+// for the steps queued since on the compute stream (a .item() would), and
+// not at all (no host sync) once that copy is done, as it is whenever the
+// host runs less than two steps ahead of the GPU. A CPU flag's depth is 1.
 class StopAgreement {
  public:
-  explicit StopAgreement(std::shared_ptr<dist::ProcessGroup> group);
+  // depth: 0 chooses 2 for a CUDA group, 1 otherwise; a rank stops `depth`
+  // polls after the poll that first saw its signal, at most.
+  explicit StopAgreement(std::shared_ptr<dist::ProcessGroup> group, int depth = 0);
   ~StopAgreement();
   // The signal every rank agrees to stop for now, or 0 to continue.
   int poll();
-  // Waits for the outstanding all-reduce (before other collectives).
+  // Waits for the outstanding all-reduces (before other collectives).
   void finish();
+  int depth() const { return static_cast<int>(slots_.size()); }
 
  private:
-  struct HostCopy;  // the CUDA flag's copy in pinned memory
+  struct HostCopy;  // a CUDA flag's copy in pinned memory
+  // One all-reduce in flight: polls take the slots in turn.
+  struct Slot {
+    Tensor flag;
+    std::shared_ptr<dist::Work> pending;
+    std::unique_ptr<HostCopy> host_copy;
+  };
   std::shared_ptr<dist::ProcessGroup> group_;
-  Tensor flag_;
-  std::shared_ptr<dist::Work> pending_;
-  std::unique_ptr<HostCopy> host_copy_;
+  std::vector<Slot> slots_;
+  size_t next_ = 0;  // the slot of the next poll
 };
 
 }  // namespace loom::train

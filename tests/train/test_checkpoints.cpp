@@ -4,12 +4,15 @@
 #include <doctest/doctest.h>
 
 #include <loom/core/error.h>
+#include <loom/dist/process_group_gloo.h>
+#include <loom/dist/store.h>
 #include <loom/train/checkpoints.h>
 #include <loom/train/resume.h>
 #include <loom/train/stop.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -169,6 +172,31 @@ TEST_SUITE("train.checkpoints") {
     CHECK_MESSAGE(text.find("Skipping checkpoint " + beyond.string()) != std::string::npos, text);
     CHECK_MESSAGE(text.find("1GPU_step25.checkpoint, it is truncated or corrupt: checkpoint") != std::string::npos,
                   text);
+  }
+
+  TEST_CASE("the agreement reads each all-reduce `depth` polls after issuing it, and finish() drains them") {
+    using namespace std::chrono_literals;
+    auto store = std::make_shared<loom::dist::TCPStore>("127.0.0.1", 0, loom::dist::TCPStoreOptions().is_server(true).timeout(5s));
+    auto group = std::make_shared<loom::dist::ProcessGroupGloo>(store, 0, 1, loom::dist::GlooOptions().timeout(5s));
+    CHECK(loom::train::StopAgreement(group).depth() == 1);  // a CPU group
+    CHECK_THROWS_WITH_AS(loom::train::StopAgreement(group, -1), doctest::Contains("depth must be >= 0"), loom::Error);
+    for (int depth : {1, 2, 3}) {
+      INFO("depth ", depth);
+      loom::train::StopSignals::install(SIGUSR1);
+      loom::train::StopAgreement agreement(group, depth);
+      CHECK(agreement.depth() == depth);
+      for (int i = 0; i < 4; ++i) CHECK(agreement.poll() == 0);
+      ::raise(SIGUSR1);
+      // This poll issues the flag; `depth` polls later it comes back.
+      for (int i = 0; i < depth; ++i) CHECK(agreement.poll() == 0);
+      CHECK(agreement.poll() == SIGUSR1);
+      agreement.finish();
+      agreement.finish();  // nothing left: returns at once
+      loom::train::StopSignals::reset();
+    }
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGUSR1, SIG_DFL);
   }
 
   TEST_CASE("a stop signal only sets the flag; without a group the agreement is the local flag") {
