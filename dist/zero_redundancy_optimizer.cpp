@@ -193,11 +193,11 @@ void ZeroRedundancyOptimizer::check_same_parameters_on_every_rank() const {
   }
 }
 
-void ZeroRedundancyOptimizer::step() {
+void ZeroRedundancyOptimizer::step_if_finite(const Tensor& found_inf) {
   consolidated_to_.reset();
   consolidated_.clear();
   local_->set_lr(0, lr(0));
-  local_->step();
+  local_->step_if_finite(found_inf);
   NoGradGuard no_grad;
   for (int rank = 0; rank < group_->size(); ++rank)
     broadcast_coalesced(*group_, shard_tensors_[static_cast<size_t>(rank)], rank);

@@ -65,7 +65,12 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   // no state, as in the unsharded optimizer), then broadcasts every shard
   // from its rank, so that every rank ends with the same parameters: the
   // unsharded optimizer's update of the same (averaged) gradients. Collective.
-  void step() override;
+  void step() override { step_if_finite(Tensor()); }
+  // The same, the local optimizer skipping its update when `found_inf` is
+  // set (Optimizer::step_if_finite: on the GPU for a local SGD); every rank
+  // holds the same flag, so every rank skips, and the broadcasts resend the
+  // unchanged shards.
+  void step_if_finite(const Tensor& found_inf) override;
 
   // Every rank sends its shard's state to rank `to`, which keeps it (on the
   // CPU) for state() until the next step() or load_state(). Collective; called

@@ -62,6 +62,11 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(nn::Module& model, const Optimi
   }
   optimizer_ = make_optimizer(masters_ ? masters_->masters() : parameters_);
   LOOM_CHECK(optimizer_ != nullptr, "amp: the optimizer factory returned no optimizer");
+  // LOOM_CUDA_LOSS_SCALE=device: the scale and the overflow flags live on the parameters' GPU.
+  if (scaler_.enabled() && !parameters_.empty() && parameters_.front().device().is_cuda() &&
+      optim::loss_scale_state_from_environment() == optim::LossScaleState::device) {
+    scaler_.to(parameters_.front().device());
+  }
 }
 
 ops::AutocastGuard MixedPrecisionOptimizer::autocast() const {
@@ -85,17 +90,23 @@ std::vector<Tensor> MixedPrecisionOptimizer::model_gradients() const {
   return gradients;
 }
 
-bool MixedPrecisionOptimizer::unscale_gradients() {
+const Tensor& MixedPrecisionOptimizer::unscale_flag() {
   if (unscaled_) return found_inf_;
-  found_inf_ = false;
   if (masters_) {
     found_inf_ = masters_->load_gradients(scaler_);
   } else if (scaler_.enabled()) {
     const std::vector<Tensor> gradients = model_gradients();
     found_inf_ = scaler_.unscale(gradients, gradients);  // in place: the weights are the masters
+  } else {
+    found_inf_ = Tensor();
   }
   unscaled_ = true;
   return found_inf_;
+}
+
+bool MixedPrecisionOptimizer::unscale_gradients() {
+  const Tensor& found_inf = unscale_flag();
+  return found_inf.defined() && found_inf.item() != 0;
 }
 
 double MixedPrecisionOptimizer::clip_grad_norm(double max_norm, double norm_type) {
@@ -106,15 +117,16 @@ double MixedPrecisionOptimizer::clip_grad_norm(double max_norm, double norm_type
   return total_norm;
 }
 
-bool MixedPrecisionOptimizer::step() {
-  const bool found_inf = unscale_gradients();
+void MixedPrecisionOptimizer::step() {
+  const Tensor found_inf = unscale_flag();
   unscaled_ = false;
-  scaler_.update(found_inf);
-  last_step_skipped_ = found_inf;
-  if (found_inf) return false;
-  optimizer_->step();
+  last_found_inf_ = found_inf;
+  if (found_inf.defined()) scaler_.update(found_inf);
+  optimizer_->step_if_finite(found_inf);
+  // After a skipped step the masters are unchanged and the model already
+  // holds their rounding: the copy rewrites the same values, and needs no
+  // decision on the host.
   if (masters_) masters_->copy_to_model();
-  return true;
 }
 
 void MixedPrecisionOptimizer::save_state(nn::TrainingState& state) const {

@@ -85,14 +85,18 @@ class MixedPrecisionOptimizer {
   // After backward (and after DDP's wait_for_gradients()): unscales the
   // gradients (into the masters' at O2 / O3 / bf16) checking for inf / NaN,
   // unless unscale_gradients() already did this step, advances the loss-scale
-  // schedule, and unless a gradient overflowed steps the optimizer and rounds
-  // the masters into the model. Returns whether the optimizer stepped.
-  bool step();
+  // schedule, and unless a gradient overflowed steps the optimizer
+  // (Optimizer::step_if_finite) and rounds the masters into the model.
+  // With the loss scale on the GPU (LOOM_CUDA_LOSS_SCALE=device) and SGD the
+  // host never waits for the device here; last_step_skipped() says whether
+  // it skipped.
+  void step();
   // GradScaler.unscale_: unscales the gradients into the tensors the
   // optimizer steps (stepped_parameters()' .grad) once per step; a second
   // call before step() or zero_grad() does nothing. Returns whether a
   // gradient overflowed (step() will skip: on every rank, since under DDP
-  // every rank unscales the same averaged gradients).
+  // every rank unscales the same averaged gradients), which on a GPU waits
+  // for the unscale.
   bool unscale_gradients();
   // optim::clip_grad_norm_ between backward (DDP's wait included) and step():
   // unscales first (unscale_gradients), then clips the unscaled gradients the
@@ -112,7 +116,9 @@ class MixedPrecisionOptimizer {
   const optim::GradScaler& scaler() const { return scaler_; }
   // Null at O0 and O1.
   const optim::MasterWeights* master_weights() const { return masters_ ? &*masters_ : nullptr; }
-  bool last_step_skipped() const { return last_step_skipped_; }
+  // Whether the last step() skipped its update for inf / NaN gradients; with
+  // the loss scale on a GPU this reads its flag back (the host waits).
+  bool last_step_skipped() const { return last_found_inf_.defined() && last_found_inf_.item() != 0; }
 
   // Writes the optimizer's state into state.optimizer and the masters
   // ("amp.master.<parameter>"), the loss scaler ("amp.grad_scaler.<field>") and
@@ -128,6 +134,9 @@ class MixedPrecisionOptimizer {
 
  private:
   std::vector<Tensor> model_gradients() const;
+  // The step's overflow flag (GradScaler::unscale), unscaling first unless
+  // done since the last step() / zero_grad(); undefined without loss scaling.
+  const Tensor& unscale_flag();
 
   OptLevel level_;
   Properties properties_;
@@ -135,9 +144,9 @@ class MixedPrecisionOptimizer {
   std::optional<optim::MasterWeights> masters_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::GradScaler scaler_;
-  bool last_step_skipped_ = false;
-  bool unscaled_ = false;   // unscale_gradients() ran since the last step() / zero_grad()
-  bool found_inf_ = false;  // what it found
+  bool unscaled_ = false;  // unscale_flag() ran since the last step() / zero_grad()
+  Tensor found_inf_;       // what it found
+  Tensor last_found_inf_;  // the flag of the last step()
 };
 
 // apex's amp.initialize: converts `model` to the level's dtypes (in place;

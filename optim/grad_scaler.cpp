@@ -6,10 +6,12 @@
 #include <type_traits>
 
 #include <loom/core/autograd.h>
+#include <loom/core/environment.h>
 #include <loom/core/memory_format.h>
 #include <loom/core/parallel.h>
 #include <loom/ops/elementwise.h>
 #include <loom/optim/cuda/fused_update.h>
+#include <loom/optim/grad_scaler_math.h>
 
 namespace loom::optim {
 namespace {
@@ -94,7 +96,20 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
   return found;
 }
 
-GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), scale_(options.init_scale()) {
+LossScaleState loss_scale_state_from_environment() {
+  return environment_choice("LOOM_CUDA_LOSS_SCALE",
+                            {{"host", "the default: the overflow flag read back every step"},
+                             {"device", "scale, schedule and skip on the GPU, not yet proven on a GPU"}}) == 1
+             ? LossScaleState::device
+             : LossScaleState::host;
+}
+
+GradScaler::GradScaler(const GradScalerOptions& options)
+    : options_(options),
+      scale_(Tensor::scalar(options.init_scale(), DType::f64)),
+      loss_scale_(Tensor::scalar(options.init_scale(), DType::f32)),
+      growth_tracker_(Tensor::scalar(0, DType::i64)),
+      skipped_steps_(Tensor::scalar(0, DType::i64)) {
   const GradScalerOptions& o = options_;
   LOOM_CHECK(o.min_scale() > 0 && o.min_scale() <= o.max_scale(), "GradScaler: need 0 < min_scale <= max_scale, got [",
              o.min_scale(), ", ", o.max_scale(), "]");
@@ -106,17 +121,25 @@ GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), sc
   LOOM_CHECK(o.growth_interval() > 0, "GradScaler: growth_interval must be positive, got ", o.growth_interval());
 }
 
-Tensor GradScaler::scale(const Tensor& loss) const {
-  if (!enabled()) return loss;
-  return ::loom::scale(loss.dtype() == DType::f64 ? loss : loss.to(DType::f32), scale_);
+void GradScaler::to(Device device) {
+  if (device == this->device()) return;
+  for (Tensor* t : {&scale_, &loss_scale_, &growth_tracker_, &skipped_steps_}) *t = t->to(device);
 }
 
-bool GradScaler::unscale(const std::vector<Tensor>& gradients, const std::vector<Tensor>& destinations) const {
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!enabled()) return loss;
+  const Tensor wide = loss.dtype() == DType::f64 ? loss : loss.to(DType::f32);
+  if (device().is_cpu()) return ::loom::scale(wide, get_scale());
+  // On the device: a product with the scale tensor, nothing read back.
+  return wide * (wide.dtype() == DType::f64 ? scale_ : loss_scale_);
+}
+
+Tensor GradScaler::unscale(const std::vector<Tensor>& gradients, const std::vector<Tensor>& destinations) const {
+  LOOM_CHECK(gradients.size() == destinations.size(), "unscale: ", gradients.size(), " gradients but ",
+             destinations.size(), " destinations");
   if (!enabled()) {
     // Nothing to look for: a converting copy. (unscale_and_check reads its
     // flag back, which on CUDA would stop the host every step at bf16 and O3.)
-    LOOM_CHECK(gradients.size() == destinations.size(), "unscale: ", gradients.size(), " gradients but ",
-               destinations.size(), " destinations");
     NoGradGuard no_grad;
     for (size_t k = 0; k < gradients.size(); ++k) {
       const Tensor& gradient = gradients[k];
@@ -125,37 +148,67 @@ bool GradScaler::unscale(const std::vector<Tensor>& gradients, const std::vector
                  k, " (", destinations[k].str(), ") does not match gradient ", gradient.str());
       Tensor(destinations[k]).copy_(gradient);
     }
-    return false;
+    return Tensor();
   }
-  return unscale_and_check(gradients, destinations, 1.0 / scale_);
+  if (device().is_cpu()) {
+    const bool found = unscale_and_check(gradients, destinations, 1.0 / get_scale());
+    return Tensor::scalar(found ? 1 : 0, DType::i32);
+  }
+  // On the GPU: the kernels read the scale and raise the flag where they run.
+  std::vector<Tensor> sources, targets;
+  for (size_t k = 0; k < gradients.size(); ++k) {
+    if (!gradients[k].defined()) continue;
+    LOOM_CHECK(gradients[k].device() == device(), "unscale: gradient ", gradients[k].str(),
+               " is not on the loss scaler's device (", device().str(), ")");
+    sources.push_back(gradients[k]);
+    targets.push_back(destinations[k]);
+  }
+  Tensor found_inf = Tensor::zeros({}, DType::i32, device());
+  if (!sources.empty()) cuda::unscale_and_check(sources, targets, scale_, found_inf);
+  return found_inf;
 }
 
-void GradScaler::update(bool found_inf) {
+void GradScaler::update(const Tensor& found_inf) {
   if (!enabled()) return;
-  if (found_inf) {
-    scale_ = std::max(scale_ * options_.backoff_factor(), options_.min_scale());
-    growth_tracker_ = 0;
-    ++skipped_steps_;
+  LOOM_CHECK(found_inf.defined() && found_inf.numel() == 1 && found_inf.dtype() == DType::i32,
+             "GradScaler::update: found_inf must be the i32 flag unscale() returned, got ",
+             found_inf.defined() ? found_inf.str() : "an undefined tensor");
+  const ScaleSchedule schedule{options_.growth_factor(), options_.backoff_factor(), options_.min_scale(),
+                               options_.max_scale(), options_.growth_interval()};
+  if (device().is_cuda()) {
+    LOOM_CHECK(found_inf.device() == device(), "GradScaler::update: found_inf is on ", found_inf.device().str(),
+               ", the scale on ", device().str());
+    cuda::update_scale(scale_, loss_scale_, growth_tracker_, skipped_steps_, found_inf, schedule);
     return;
   }
-  if (++growth_tracker_ == options_.growth_interval()) {
-    scale_ = std::min(scale_ * options_.growth_factor(), options_.max_scale());
-    growth_tracker_ = 0;
-  }
+  double scale = get_scale();
+  int64_t growth_tracker = this->growth_tracker(), skipped_steps = this->skipped_steps();
+  schedule.advance(scale, growth_tracker, skipped_steps, found_inf.item() != 0);
+  scale_.fill_(scale);
+  loss_scale_.fill_(scale);
+  growth_tracker_.fill_(static_cast<double>(growth_tracker));
+  skipped_steps_.fill_(static_cast<double>(skipped_steps));
 }
 
+double GradScaler::get_scale() const { return enabled() ? scale_.item() : 1.0; }
+int64_t GradScaler::growth_tracker() const { return static_cast<int64_t>(growth_tracker_.item()); }
+int64_t GradScaler::skipped_steps() const { return static_cast<int64_t>(skipped_steps_.item()); }
+
 nn::NamedTensors GradScaler::state() const {
-  return {{"scale", Tensor::scalar(scale_, DType::f64)},
-          {"growth_tracker", Tensor::scalar(static_cast<double>(growth_tracker_), DType::i64)},
-          {"skipped_steps", Tensor::scalar(static_cast<double>(skipped_steps_), DType::i64)}};
+  return {{"scale", Tensor::scalar(scale_.item(), DType::f64)},
+          {"growth_tracker", Tensor::scalar(static_cast<double>(growth_tracker()), DType::i64)},
+          {"skipped_steps", Tensor::scalar(static_cast<double>(skipped_steps()), DType::i64)}};
 }
 
 void GradScaler::load_state(const nn::NamedTensors& state) {
   const double scale = find_entry(state, "scale").item();
   LOOM_CHECK(std::isfinite(scale) && scale > 0, "GradScaler state: scale ", scale, " is not a positive number");
-  scale_ = scale;
-  growth_tracker_ = static_cast<int64_t>(find_entry(state, "growth_tracker").item());
-  skipped_steps_ = static_cast<int64_t>(find_entry(state, "skipped_steps").item());
+  const double growth_tracker = find_entry(state, "growth_tracker").item();
+  const double skipped_steps = find_entry(state, "skipped_steps").item();
+  scale_.fill_(scale);
+  loss_scale_.fill_(scale);
+  growth_tracker_.fill_(growth_tracker);
+  skipped_steps_.fill_(skipped_steps);
 }
 
 }  // namespace loom::optim

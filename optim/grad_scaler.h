@@ -47,45 +47,66 @@ class GradScalerOptions {
 [[nodiscard]] bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
                                      double factor);
 
+// Where a GradScaler on a GPU run keeps its scale and overflow flag
+// (LOOM_CUDA_LOSS_SCALE, read by amp::MixedPrecisionOptimizer):
+//   host    unset, empty or "host", the default, proven on GPUs: the state
+//           lives on the CPU and every O1 / O2 step reads the overflow flag
+//           back (one wait for the device per step);
+//   device  the scale, its schedule and the flag stay on the GPU, SGD skips
+//           an overflowed step there and nothing is read back (not yet run
+//           on a GPU).
+// Anything else is a loom::Error naming the variable and its values.
+enum class LossScaleState { host, device };
+LossScaleState loss_scale_state_from_environment();
+
 class GradScaler {
  public:
   explicit GradScaler(const GradScalerOptions& options = {});
+
+  // Moves the scale, its schedule and the overflow flags to `device` (they
+  // start on the CPU). On a GPU, scale(), unscale() and update() then run
+  // there without the host waiting; get_scale() and the counters read back.
+  void to(Device device);
+  Device device() const { return scale_.device(); }
 
   // loss * scale, recorded by autograd, computed in f32 (an f16 loss would
   // overflow at the default scale); the loss itself when disabled.
   Tensor scale(const Tensor& loss) const;
 
   // Divides the gradients by the scale into `destinations` (see
-  // unscale_and_check) and returns whether any was inf or NaN. When disabled
-  // it copies them and returns false.
-  [[nodiscard]] bool unscale(const std::vector<Tensor>& gradients, const std::vector<Tensor>& destinations) const;
+  // unscale_and_check) and returns the step's overflow flag: an i32 scalar on
+  // device(), 1 when a quotient was inf or NaN, else 0. With the state on the
+  // CPU and the gradients on a GPU, making it waited for the GPU. When
+  // disabled it copies the gradients and returns an undefined tensor (nothing
+  // was looked for).
+  [[nodiscard]] Tensor unscale(const std::vector<Tensor>& gradients, const std::vector<Tensor>& destinations) const;
 
-  // Advances the schedule after a step's unscale: on overflow the scale is
-  // multiplied by backoff_factor (not below min_scale) and the count of clean
-  // steps restarts; otherwise the count grows, and when it reaches
-  // growth_interval the scale is multiplied by growth_factor (not above
-  // max_scale) and the count restarts. Nothing happens when disabled.
-  void update(bool found_inf);
+  // Advances the schedule (optim/grad_scaler_math.h) by a step whose
+  // unscale() returned `found_inf`, where the state lives: on a GPU in one
+  // kernel. Nothing happens when disabled.
+  void update(const Tensor& found_inf);
 
-  double get_scale() const { return enabled() ? scale_ : 1.0; }
+  // These read the state back (on a GPU the host waits for it): for logs
+  // and tests, not for every step.
+  double get_scale() const;
   // Clean steps since the last change of the scale (PyTorch's growth tracker).
-  int64_t growth_tracker() const { return growth_tracker_; }
+  int64_t growth_tracker() const;
   // Steps skipped for inf / NaN since construction (or the restored state).
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const;
   bool enabled() const { return options_.enabled(); }
   const GradScalerOptions& options() const { return options_; }
 
-  // "scale" (f64), "growth_tracker" and "skipped_steps" (i64): what a checkpoint
-  // needs to continue the schedule exactly.
+  // "scale" (f64), "growth_tracker" and "skipped_steps" (i64) on the CPU:
+  // what a checkpoint needs to continue the schedule exactly.
   nn::NamedTensors state() const;
   // Restores state(); throws naming a missing entry.
   void load_state(const nn::NamedTensors& state);
 
  private:
   GradScalerOptions options_;
-  double scale_;
-  int64_t growth_tracker_ = 0;
-  int64_t skipped_steps_ = 0;
+  // Scalars on device(): the scale (f64), the same in f32 (what the loss is
+  // multiplied by), the growth tracker and the skipped steps (i64).
+  Tensor scale_, loss_scale_, growth_tracker_, skipped_steps_;
 };
 
 }  // namespace loom::optim

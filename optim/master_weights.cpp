@@ -40,12 +40,12 @@ void MasterWeights::ensure_initialized() {
   if (!initialized_ || refresh_ == MasterRefresh::from_model) copy_from_model();
 }
 
-bool MasterWeights::load_gradients(const GradScaler& scaler) {
+Tensor MasterWeights::load_gradients(const GradScaler& scaler) {
   ensure_initialized();
   std::vector<Tensor> gradients;
   gradients.reserve(parameters_.size());
   for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
-  const bool found_inf = scaler.unscale(gradients, master_grads_);
+  Tensor found_inf = scaler.unscale(gradients, master_grads_);
   for (size_t i = 0; i < masters_.size(); ++i) masters_[i].set_grad(gradients[i].defined() ? master_grads_[i] : Tensor());
   return found_inf;
 }

@@ -7,7 +7,10 @@
 //   MasterWeights masters(model.named_parameters());
 //   optim::SGD sgd(masters.masters(), optim::SGDOptions(0.01));
 //   ... backward ...
-//   if (!masters.load_gradients(scaler)) { sgd.step(); masters.copy_to_model(); }
+//   const Tensor found_inf = masters.load_gradients(scaler);
+//   sgd.step_if_finite(found_inf);
+//   scaler.update(found_inf);
+//   masters.copy_to_model();
 #pragma once
 
 #include <string>
@@ -56,12 +59,13 @@ class MasterWeights {
   void copy_from_model();
   // Every master's .grad = its parameter's .grad / scale, in one pass that
   // checks for inf / NaN; a parameter without a gradient leaves its master
-  // without one (the optimizer skips it). Returns whether a gradient
-  // overflowed; then the optimizer step must be skipped.
-  [[nodiscard]] bool load_gradients(const GradScaler& scaler);
+  // without one (the optimizer skips it). Returns the scaler's overflow flag
+  // (GradScaler::unscale): the optimizer step must be skipped when it is set.
+  [[nodiscard]] Tensor load_gradients(const GradScaler& scaler);
   // model parameters = masters rounded to nearest even in the parameters'
   // dtype, written in place (the module's and DDP's handles stay valid);
-  // on GPUs as LOOM_CUDA_MASTER_COPY says.
+  // on GPUs as LOOM_CUDA_MASTER_COPY says. After a skipped step it writes the
+  // values the model already holds.
   void copy_to_model();
 
   // "<parameter name>" -> f32 master, for a checkpoint's extra tensors.

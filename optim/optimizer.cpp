@@ -157,6 +157,10 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+void Optimizer::step_if_finite(const Tensor& found_inf) {
+  if (!found_inf.defined() || found_inf.item() == 0) step();
+}
+
 void Optimizer::add_group(std::vector<Tensor> params, double lr) {
   LOOM_CHECK(lr >= 0, "optimizer: learning rate must be >= 0, got ", lr);
   for (auto& p : params) check_param(p);
@@ -170,7 +174,24 @@ void SGDOptions::check() const {
   LOOM_CHECK(!nesterov() || (momentum() > 0 && dampening() == 0), "SGD: nesterov needs momentum > 0 and dampening 0");
 }
 
-void SGD::step() {
+void SGD::step_if_finite(const Tensor& found_inf) {
+  bool on_device = found_inf.defined() && found_inf.device().is_cuda();
+  for (size_t gi = 0; gi < groups_.size() && on_device; ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size() && on_device; ++pi) {
+      const Tensor& p = groups_[gi].params[pi];
+      if (!p.grad().defined()) continue;
+      on_device = p.device() == found_inf.device() &&
+                  (options_[gi].momentum() == 0 || param_states_[gi][pi].buffer.defined());
+    }
+  }
+  if (on_device) {
+    update(found_inf);
+  } else {
+    Optimizer::step_if_finite(found_inf);
+  }
+}
+
+void SGD::update(const Tensor& skip_if) {
   NoGradGuard no_grad;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const SGDOptions& o = options_[gi];
@@ -218,7 +239,7 @@ void SGD::step() {
     }
     if (!cuda_params.empty()) {
       cuda::sgd_step(cuda_params, cuda_grads, cuda_buffers, cuda_first,
-                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()});
+                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()}, skip_if);
     }
   }
 }

@@ -17,6 +17,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every parameter that has a gradient.
   virtual void step() = 0;
+  // step() unless `found_inf`, GradScaler's overflow flag (an i32 scalar),
+  // is non-zero: amp's skip of an overflowed step. An undefined flag (no
+  // loss scaling) always steps. This default reads the flag, which on a GPU
+  // waits for the step's unscale; SGD decides on the GPU where it can.
+  virtual void step_if_finite(const Tensor& found_inf);
   // Drops the gradients (PyTorch 2's default), or zeroes them in place with
   // set_to_none = false.
   void zero_grad(bool set_to_none = true);
@@ -131,7 +136,16 @@ struct MomentumBuffer {
 class SGD : public OptimizerWithGroups<SGDOptions, MomentumBuffer> {
  public:
   using OptimizerWithGroups::OptimizerWithGroups;
-  void step() override;
+  void step() override { update(Tensor()); }
+  // With the flag on the GPU that holds every parameter with a gradient, and
+  // every momentum buffer already made, the fused kernels read the flag
+  // where they run: nothing is read back. Otherwise (a first step makes the
+  // buffers on the host's decision) the default.
+  void step_if_finite(const Tensor& found_inf) override;
+
+ private:
+  // One update; with `skip_if` (on the GPU) the kernels skip it when it is set.
+  void update(const Tensor& skip_if);
 };
 
 // AdamOptions(1e-3).betas(0.9, 0.999).weight_decay(0.01), PyTorch's Adam.

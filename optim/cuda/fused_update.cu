@@ -47,8 +47,9 @@ struct SgdList {
 
 template <class T>
 static __global__ void sgd_kernel(SgdList list, acc_t<T> lr, acc_t<T> momentum, acc_t<T> damp, acc_t<T> weight_decay,
-                                  bool use_momentum, bool nesterov) {
+                                  bool use_momentum, bool nesterov, const int* skip) {
   using A = acc_t<T>;
+  if (skip != nullptr && *skip != 0) return;  // an overflowed step (GradScaler's flag)
   int64_t begin, end;
   const int t = block_tensor(list.chunks, begin, end);
   T* p = static_cast<T*>(list.param[t]);
@@ -111,10 +112,12 @@ struct UnscaleList {
   Chunks chunks;
 };
 
-// destination = source * factor in the accumulation type; *found = 1 when a
-// product is not finite (only ever written with 1, so no atomics are needed).
+// destination = source * factor in the accumulation type, the factor being
+// 1 / *scale when `scale` is given; *found = 1 when a product is not finite
+// (only ever written with 1, so no atomics are needed).
 template <class S, class D>
-static __global__ void unscale_kernel(UnscaleList list, acc_t<S> factor, int* found) {
+static __global__ void unscale_kernel(UnscaleList list, acc_t<S> factor, const double* scale, int* found) {
+  if (scale != nullptr) factor = static_cast<acc_t<S>>(1.0 / *scale);  // as the host computes it
   int64_t begin, end;
   const int t = block_tensor(list.chunks, begin, end);
   const S* in = static_cast<const S*>(list.source[t]);
@@ -126,6 +129,13 @@ static __global__ void unscale_kernel(UnscaleList list, acc_t<S> factor, int* fo
     out[i] = from_acc<D>(static_cast<acc_t<D>>(v));
   }
   if (bad) *found = 1;
+}
+
+// GradScaler::update (optim/grad_scaler_math.h) by one thread.
+static __global__ void update_scale_kernel(double* scale, float* loss_scale, int64_t* growth_tracker,
+                                           int64_t* skipped_steps, const int* found_inf, ScaleSchedule schedule) {
+  schedule.advance(*scale, *growth_tracker, *skipped_steps, *found_inf != 0);
+  *loss_scale = static_cast<float>(*scale);
 }
 
 // destination = source in the destination's dtype (copy_tensors), through
@@ -189,6 +199,13 @@ void check_update_tensor(const char* what, const Tensor& t, const Tensor& param)
              param.str(), " (same dtype, device, size; both contiguous or both channels-last)");
 }
 
+// Throws unless `t` is a one-element CUDA tensor of `dtype` on `device`.
+void check_scalar(const char* what, const Tensor& t, DType dtype, Device device) {
+  LOOM_CHECK(t.defined() && t.numel() == 1 && t.dtype() == dtype && t.device() == device, "loss scale: ", what,
+             " must be a one-element ", dtype_name(dtype), " tensor on ", device.str(), ", got ",
+             t.defined() ? t.str() : "an undefined tensor");
+}
+
 // Indices of `params` grouped by (device, dtype), each group in order and cut
 // into lists of at most kMaxTensors non-empty tensors.
 std::vector<std::vector<size_t>> batches(const std::vector<Tensor>& params) {
@@ -241,7 +258,8 @@ void for_each_batch(const char* op, const std::vector<Tensor>& params, Fill&& fi
 }  // namespace
 
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-              const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper) {
+              const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper,
+              const Tensor& skip_if) {
   const bool use_momentum = hyper.momentum != 0;
   LOOM_CHECK(grads.size() == params.size() && (!use_momentum || (momentum_buffers.size() == params.size() &&
                                                                  first_step.size() == params.size())),
@@ -251,7 +269,9 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
     check_cuda("fused SGD", params[i]);
     check_update_tensor("gradient", grads[i], params[i]);
     if (use_momentum) check_update_tensor("momentum buffer", momentum_buffers[i], params[i]);
+    if (skip_if.defined()) check_scalar("the skip flag", skip_if, DType::i32, params[i].device());
   }
+  const int* skip = skip_if.defined() ? skip_if.data<int32_t>() : nullptr;
   for_each_batch<SgdList>(
       "fused SGD", params,
       [&](SgdList& list, size_t k, size_t i) {
@@ -264,7 +284,8 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
         using A = acc_t<T>;
         sgd_kernel<T><<<blocks, kThreads, 0, stream>>>(list, static_cast<A>(hyper.lr), static_cast<A>(hyper.momentum),
                                                        static_cast<A>(1 - hyper.dampening),
-                                                       static_cast<A>(hyper.weight_decay), use_momentum, hyper.nesterov);
+                                                       static_cast<A>(hyper.weight_decay), use_momentum, hyper.nesterov,
+                                                       skip);
       });
 }
 
@@ -298,7 +319,14 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
       });
 }
 
-bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor) {
+namespace {
+// Queues GradScaler's unscale kernels: one list per (device, source dtype,
+// destination dtype) of up to kMaxTensors pairs, multiplying by `factor` or,
+// with `scale`, by 1 / *scale; an inf or NaN sets the int at
+// flag_on(device, stream), which the caller zeroed.
+template <class FlagOn>
+void queue_unscale(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor,
+                   const double* scale, FlagOn&& flag_on) {
   LOOM_CHECK(sources.size() == destinations.size(), "unscale: ", sources.size(), " gradients but ",
              destinations.size(), " destinations");
   std::vector<Tensor> inputs;  // sources in their destinations' memory order
@@ -312,24 +340,16 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
     // The source in the destination's memory order (a channels-last gradient unscaled in place stays so).
     inputs.push_back(in_memory_format(sources[i], memory_format_of(d)));
   }
-  // One batch per (device, source dtype, destination dtype).
   std::map<std::tuple<int, int, int>, std::vector<size_t>> groups;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].numel() == 0) continue;
     groups[{inputs[i].device().index, static_cast<int>(inputs[i].dtype()), static_cast<int>(destinations[i].dtype())}]
         .push_back(i);
   }
-  std::vector<std::pair<int, ::loom::cuda::DeviceBuffer>> flags;  // (device, int flag)
   for (auto& [key, indices] : groups) {
     const int device = std::get<0>(key);
     const ::loom::cuda::DeviceGuard device_guard(device);  // the memset and kernels run on the current device
-    auto flag = std::find_if(flags.begin(), flags.end(), [&](const auto& f) { return f.first == device; });
-    if (flag == flags.end()) {
-      flags.emplace_back(device, ::loom::cuda::DeviceBuffer(sizeof(int), device));
-      flag = flags.end() - 1;
-      LOOM_CHECK_CUDA(cudaMemsetAsync(flag->second.data(), 0, sizeof(int), stream_of(inputs[indices.front()])));
-    }
-    int* found = static_cast<int*>(flag->second.data());
+    int* found = flag_on(device, stream_of(inputs[indices.front()]));
     for (size_t start = 0; start < indices.size(); start += kMaxTensors) {
       const std::vector<size_t> batch(indices.begin() + start,
                                       indices.begin() + std::min(indices.size(), start + kMaxTensors));
@@ -344,15 +364,29 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
       visit_float(like.dtype(), "unscale", [&]<class S>() {
         if (to_f32) {
           unscale_kernel<S, float><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
-              list, static_cast<acc_t<S>>(factor), found);
+              list, static_cast<acc_t<S>>(factor), scale, found);
         } else {
           unscale_kernel<S, S><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(like)>>>(
-              list, static_cast<acc_t<S>>(factor), found);
+              list, static_cast<acc_t<S>>(factor), scale, found);
         }
         LOOM_CHECK_LAUNCH();
       });
     }
   }
+}
+}  // namespace
+
+bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations, double factor) {
+  std::vector<std::pair<int, ::loom::cuda::DeviceBuffer>> flags;  // (device, int flag)
+  queue_unscale(sources, destinations, factor, nullptr, [&](int device, cudaStream_t stream) {
+    auto flag = std::find_if(flags.begin(), flags.end(), [&](const auto& f) { return f.first == device; });
+    if (flag == flags.end()) {
+      flags.emplace_back(device, ::loom::cuda::DeviceBuffer(sizeof(int), device));
+      flag = flags.end() - 1;
+      LOOM_CHECK_CUDA(cudaMemsetAsync(flag->second.data(), 0, sizeof(int), stream));
+    }
+    return static_cast<int*>(flag->second.data());
+  });
   bool any = false;
   for (auto& [device, buffer] : flags) {
     int value = 0;
@@ -360,6 +394,34 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
     any |= value != 0;
   }
   return any;
+}
+
+void unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
+                       const Tensor& scale, const Tensor& found_inf) {
+  check_cuda("unscale", scale);
+  check_scalar("scale", scale, DType::f64, scale.device());
+  check_scalar("found_inf", found_inf, DType::i32, scale.device());
+  queue_unscale(sources, destinations, 1.0, scale.data<double>(), [&](int device, cudaStream_t) {
+    LOOM_CHECK(device == scale.device().index, "unscale: a gradient is on cuda:", device, ", the loss scale on ",
+               scale.device().str());
+    return found_inf.data<int32_t>();
+  });
+}
+
+void update_scale(const Tensor& scale, const Tensor& loss_scale, const Tensor& growth_tracker,
+                  const Tensor& skipped_steps, const Tensor& found_inf, const ScaleSchedule& schedule) {
+  check_cuda("loss scale update", scale);
+  const Device device = scale.device();
+  check_scalar("scale", scale, DType::f64, device);
+  check_scalar("loss_scale", loss_scale, DType::f32, device);
+  check_scalar("growth_tracker", growth_tracker, DType::i64, device);
+  check_scalar("skipped_steps", skipped_steps, DType::i64, device);
+  check_scalar("found_inf", found_inf, DType::i32, device);
+  const ::loom::cuda::DeviceGuard device_guard(device.index);
+  update_scale_kernel<<<1, 1, 0, stream_of(scale)>>>(scale.data<double>(), loss_scale.data<float>(),
+                                                     growth_tracker.data<int64_t>(), skipped_steps.data<int64_t>(),
+                                                     found_inf.data<int32_t>(), schedule);
+  LOOM_CHECK_LAUNCH();
 }
 
 void copy_tensors(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations) {

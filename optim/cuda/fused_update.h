@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <loom/core/tensor.h>
+#include <loom/optim/grad_scaler_math.h>
 
 namespace loom::optim::cuda {
 
@@ -20,9 +21,12 @@ struct SgdHyper {
 // For each i: step = g + wd * p; with momentum, buf = first_step[i] ? step :
 // momentum * buf + (1 - dampening) * step and step = nesterov ? step +
 // momentum * buf : buf; then p -= lr * step. `momentum_buffers` is empty when
-// momentum is 0.
+// momentum is 0. With `skip_if` (GradScaler's i32 overflow flag on the
+// parameters' GPU) the kernels leave everything as it is when it is non-zero:
+// the skip of an overflowed step decided on the device.
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-              const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper);
+              const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper,
+              const Tensor& skip_if = Tensor());
 
 struct AdamHyper {
   double lr, beta1, beta2, eps, weight_decay;
@@ -40,6 +44,18 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
 // list of tensors; reading the flag waits for the device once.
 [[nodiscard]] bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
                                      double factor);
+// The same with nothing read back (LOOM_CUDA_LOSS_SCALE=device): the factor
+// is 1 / scale, read by the kernels from `scale` (an f64 scalar), and an inf
+// or NaN sets `found_inf` (an i32 scalar, which the caller zeroed) to 1; both
+// on the sources' GPU.
+void unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations,
+                       const Tensor& scale, const Tensor& found_inf);
+
+// GradScaler::update on the GPU: one single-thread kernel advances `schedule`
+// on the scalars scale (f64), growth_tracker and skipped_steps (i64) by the
+// flag found_inf (i32) and writes the new scale into loss_scale (f32) too.
+void update_scale(const Tensor& scale, const Tensor& loss_scale, const Tensor& growth_tracker,
+                  const Tensor& skipped_steps, const Tensor& found_inf, const ScaleSchedule& schedule);
 
 // destinations[i] = sources[i] in the destination's dtype, rounded as
 // Tensor::copy_ rounds (to nearest even), for contiguous CUDA tensors of

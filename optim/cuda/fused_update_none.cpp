@@ -5,7 +5,7 @@
 namespace loom::optim::cuda {
 
 void sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-              const std::vector<bool>&, const SgdHyper&) {
+              const std::vector<bool>&, const SgdHyper&, const Tensor&) {
   ::loom::cuda::require_device(0);
 }
 
@@ -17,6 +17,14 @@ void adam_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std
 bool unscale_and_check(const std::vector<Tensor>&, const std::vector<Tensor>&, double) {
   ::loom::cuda::require_device(0);
   return false;
+}
+
+void unscale_and_check(const std::vector<Tensor>&, const std::vector<Tensor>&, const Tensor&, const Tensor&) {
+  ::loom::cuda::require_device(0);
+}
+
+void update_scale(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const ScaleSchedule&) {
+  ::loom::cuda::require_device(0);
 }
 
 void copy_tensors(const std::vector<Tensor>&, const std::vector<Tensor>&) { ::loom::cuda::require_device(0); }

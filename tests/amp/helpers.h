@@ -45,7 +45,8 @@ inline bool train_step(nn::Module& model, amp::MixedPrecisionOptimizer& optimize
   }
   optimizer.zero_grad();
   optimizer.scale_loss(loss).backward();
-  return optimizer.step();
+  optimizer.step();
+  return !optimizer.last_step_skipped();
 }
 
 inline bool train_step(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer, uint64_t seed) {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include <loom/core/cuda/counters.h>
@@ -12,6 +13,7 @@
 #include <loom/nn/layers.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/cuda/fused_update.h>
+#include <loom/optim/amp.h>
 #include <loom/optim/grad_scaler.h>
 #include <loom/optim/optimizer.h>
 #include "tests/gpu/compare.h"
@@ -229,6 +231,116 @@ TEST_CASE("BatchNorm2d counts a training batch in one launch on the GPU, and cou
   const int64_t uncounted = (cuda::counters() - uncounted_before).kernel_launches;
   CHECK(counted - uncounted == 1);
   CHECK(tracked.to(Device::cpu()).to_vector<int64_t>() == std::vector<int64_t>{2});
+}
+
+TEST_CASE("the loss scale on the GPU (LOOM_CUDA_LOSS_SCALE=device): kernels equal the host's, bit for bit") {
+  // The unscale reading the scale from the device equals the host-factor
+  // unscale, flag included; the update kernel follows the host schedule
+  // through growth, back-off and both bounds.
+  const optim::GradScalerOptions options =
+      optim::GradScalerOptions().init_scale(6.0).growth_interval(2).min_scale(0.75).max_scale(24.0);
+  optim::GradScaler host(options), device(options);
+  device.to(kCuda);
+  REQUIRE(device.device() == kCuda);
+  const std::vector<int> flags = {0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0};
+  for (size_t step = 0; step < flags.size(); ++step) {
+    INFO("step ", step);
+    std::vector<Tensor> cpu_sources, gpu_sources, cpu_destinations, gpu_destinations;
+    for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+      Tensor g = random_cpu({5000}, 90 + step, dtype, -1000, 1000);
+      if (flags[step] != 0 && dtype == DType::bf16) g.slice(0, 4321, 4322).fill_(std::nan(""));
+      cpu_sources.push_back(g);
+      gpu_sources.push_back(g.to(kCuda));
+      cpu_destinations.push_back(Tensor::empty({5000}, DType::f32));
+      gpu_destinations.push_back(Tensor::empty({5000}, DType::f32, kCuda));
+    }
+    const cuda::Counters before = cuda::counters();
+    const Tensor gpu_flag = device.unscale(gpu_sources, gpu_destinations);
+    device.update(gpu_flag);
+    const cuda::Counters spent = cuda::counters() - before;
+    CHECK(spent.host_syncs() == 0);
+    CHECK(spent.kernel_launches <= 3);  // the unscale's lists and the update (the flag's zero is a fill)
+    const Tensor cpu_flag = host.unscale(cpu_sources, cpu_destinations);
+    host.update(cpu_flag);
+    CHECK(gpu_flag.device() == kCuda);
+    CHECK(host_values(gpu_flag) == std::vector<double>{static_cast<double>(flags[step])});
+    CHECK(host_values(cpu_flag) == std::vector<double>{static_cast<double>(flags[step])});
+    if (flags[step] == 0) {
+      for (size_t i = 0; i < cpu_sources.size(); ++i) {
+        CHECK(host_values(gpu_destinations[i]) == host_values(cpu_destinations[i]));
+      }
+    }
+    CHECK(device.get_scale() == host.get_scale());
+    CHECK(device.growth_tracker() == host.growth_tracker());
+    CHECK(device.skipped_steps() == host.skipped_steps());
+    // The loss is multiplied by the same scale, on the device.
+    const Tensor loss = Tensor::scalar(0.3125);
+    CHECK(host_values(device.scale(loss.to(kCuda))) == host_values(host.scale(loss)));
+  }
+  CHECK(host.skipped_steps() == 5);
+  // A checkpoint of the device state restores into a host one.
+  optim::GradScaler restored(options);
+  restored.load_state(device.state());
+  CHECK(restored.get_scale() == device.get_scale());
+}
+
+TEST_CASE("amp O2 with SGD and the loss scale on the GPU: the host's steps bit for bit, skip included, no host sync") {
+  // Two ConvNets from one initialisation, amp O2 with SGD momentum, the same
+  // batches; one keeps the loss scale on the host (the default), the other
+  // on the GPU. Step 3's gradients are poisoned: both skip it.
+  const auto make = [](bool on_device) {
+    manual_seed(5);
+    auto model = std::make_shared<nn::ConvNet>();
+    model->to(kCuda);
+    if (on_device) setenv("LOOM_CUDA_LOSS_SCALE", "device", 1);
+    auto optimizer = amp::initialize(
+        *model, [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.02).momentum(0.9)); },
+        amp::OptLevel::O2, optim::GradScalerOptions().init_scale(1024).growth_interval(3));
+    unsetenv("LOOM_CUDA_LOSS_SCALE");
+    return std::make_pair(model, std::shared_ptr<amp::MixedPrecisionOptimizer>(std::move(optimizer)));
+  };
+  auto [host_model, host_optimizer] = make(false);
+  auto [device_model, device_optimizer] = make(true);
+  CHECK(host_optimizer->scaler().device() == Device::cpu());
+  CHECK(device_optimizer->scaler().device() == kCuda);
+  for (int step = 0; step < 8; ++step) {
+    INFO("step ", step);
+    const SyntheticBatch batch = synthetic_batch(64, 3000 + step);
+    const Tensor images = batch.images.to(DType::f16).to(kCuda), labels = batch.labels.to(kCuda);
+    for (auto* run : {&host_optimizer, &device_optimizer}) {
+      amp::MixedPrecisionOptimizer& optimizer = **run;
+      nn::ConvNet& model = run == &host_optimizer ? *host_model : *device_model;
+      const cuda::Counters before = cuda::counters();
+      Tensor loss;
+      {
+        auto autocast = optimizer.autocast();
+        loss = cross_entropy(model(images), labels);
+      }
+      optimizer.zero_grad();
+      optimizer.scale_loss(loss).backward();
+      if (step == 3) {
+        make_view(model.named_parameters()[0].second.mutable_grad(), {1}, {1}, 7)
+            .fill_(std::numeric_limits<double>::infinity());
+      }
+      optimizer.step();
+      const int64_t syncs = (cuda::counters() - before).host_syncs();
+      // The first step makes the momentum buffers on the host's decision.
+      if (run == &device_optimizer && step > 0) CHECK(syncs == 0);
+      if (run == &host_optimizer) CHECK(syncs >= 1);
+    }
+    CHECK(device_optimizer->last_step_skipped() == (step == 3));
+    CHECK(host_optimizer->last_step_skipped() == (step == 3));
+    CHECK(device_optimizer->scaler().get_scale() == host_optimizer->scaler().get_scale());
+  }
+  CHECK(device_optimizer->scaler().skipped_steps() == 1);
+  const auto host_state = host_model->state_dict(), device_state = device_model->state_dict();
+  for (size_t i = 0; i < host_state.size(); ++i) {
+    INFO(host_state[i].first);
+    CHECK(host_values(device_state[i].second) == host_values(host_state[i].second));
+  }
+  const auto host_masters = host_optimizer->master_weights()->masters();
+  const auto device_masters = device_optimizer->master_weights()->masters();
+  for (size_t i = 0; i < host_masters.size(); ++i) CHECK(host_values(device_masters[i]) == host_values(host_masters[i]));
 }
 
 }  // TEST_SUITE

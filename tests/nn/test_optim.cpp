@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <loom/optim/lr_scheduler.h>
@@ -123,6 +124,56 @@ TEST_CASE("parameter groups have their own learning rates; state round-trips") {
   a.copy_(a2);
   resumed.step();
   CHECK(a.to_vector<double>() == after_original.to_vector<double>());
+}
+
+TEST_CASE("step_if_finite skips the whole update when GradScaler's flag is set, and steps as step() otherwise") {
+  // Each optimizer twice from the same start: one steps plainly, the other
+  // through step_if_finite with an overflow flag at its second step. A
+  // skipped step leaves the parameters and every state (momentum, moments,
+  // Adam's step count) as they were, so the flagged run ends one step behind
+  // with the same values as a plain run of the clean steps only.
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+  const std::vector<std::pair<const char*, Make>> makes = {
+      {"SGD momentum", [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9).dampening(0.1).weight_decay(0.01));
+       }},
+      {"Adam", [](std::vector<Tensor> p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions(0.01)); }},
+      {"AdamW", [](std::vector<Tensor> p) { return optim::make_adamw(p, 0.01, 0.1); }}};
+  const std::vector<std::vector<double>> grads = {{0.5, -1.0, 2.0}, {1e30, 3.0, -0.25}, {-0.75, 0.125, 1.5}};
+  const Tensor clean = Tensor::scalar(0, DType::i32), overflow = Tensor::scalar(1, DType::i32);
+  for (auto& [name, make] : makes) {
+    INFO(name);
+    Tensor flagged = Tensor::from_vector<double>({1.0, -2.0, 0.5}, {3}).set_requires_grad(true);
+    Tensor plain = flagged.detach().clone().set_requires_grad(true);
+    auto flagged_optimizer = make({flagged});
+    auto plain_optimizer = make({plain});
+    for (size_t step = 0; step < grads.size(); ++step) {
+      flagged.set_grad(Tensor::from_vector(grads[step], {3}));
+      const std::vector<double> before = flagged.to_vector<double>();
+      const nn::NamedTensors state_before = flagged_optimizer->state();
+      flagged_optimizer->step_if_finite(step == 1 ? overflow : clean);
+      if (step == 1) {
+        CHECK(flagged.to_vector<double>() == before);
+        const nn::NamedTensors state_after = flagged_optimizer->state();
+        REQUIRE(state_after.size() == state_before.size());
+        for (size_t k = 0; k < state_after.size(); ++k) {
+          INFO(state_after[k].first);
+          CHECK(state_after[k].second.to(DType::f64).to_vector<double>() ==
+                state_before[k].second.to(DType::f64).to_vector<double>());
+        }
+        continue;
+      }
+      plain.set_grad(Tensor::from_vector(grads[step], {3}));
+      plain_optimizer->step();
+    }
+    CHECK(flagged.to_vector<double>() == plain.to_vector<double>());
+    // No flag (no loss scaling): a plain step.
+    flagged.set_grad(Tensor::from_vector(grads[0], {3}));
+    plain.set_grad(Tensor::from_vector(grads[0], {3}));
+    flagged_optimizer->step_if_finite(Tensor());
+    plain_optimizer->step();
+    CHECK(flagged.to_vector<double>() == plain.to_vector<double>());
+  }
 }
 
 TEST_CASE("StepLR and CosineAnnealingLR follow PyTorch's closed forms") {
