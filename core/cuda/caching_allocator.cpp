@@ -19,6 +19,7 @@ struct CachingAllocator::Block {
   size_t size = 0;       // rounded
   size_t requested = 0;  // while live
   StreamHandle stream = nullptr;
+  uint64_t pool = 0;       // the private pool of its segment, 0 for the general pools
   bool small = false;      // belongs to the small pool
   bool allocated = false;  // live or pending; false only while in a pool
   int pending_events = 0;
@@ -28,6 +29,7 @@ struct CachingAllocator::Block {
 };
 
 bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
+  if (a->pool != b->pool) return a->pool < b->pool;
   if (a->stream != b->stream) return std::less<StreamHandle>()(a->stream, b->stream);
   if (a->size != b->size) return a->size < b->size;
   return std::less<char*>()(a->ptr, b->ptr);
@@ -79,21 +81,24 @@ size_t CachingAllocator::segment_size(size_t size) {
   return (size + kLargeRounding - 1) / kLargeRounding * kLargeRounding;
 }
 
-CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t size, StreamHandle stream) {
+CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t size, StreamHandle stream,
+                                                           uint64_t private_pool) {
   Block key;
+  key.pool = private_pool;
   key.stream = stream;
   key.size = size;
   auto it = pool.lower_bound(&key);
-  if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  if (it == pool.end() || (*it)->pool != private_pool || (*it)->stream != stream) return nullptr;
   Block* block = *it;
   pool.erase(it);
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment(size_t size, StreamHandle stream) {
+CachingAllocator::Block* CachingAllocator::new_segment(size_t size, StreamHandle stream, uint64_t private_pool) {
   const size_t bytes = caching_ == Caching::on ? segment_size(size) : size;
   void* ptr = backend_->allocate(bytes);
-  if (ptr == nullptr) {
+  // (During a capture nothing may wait for the device: no retry then.)
+  if (ptr == nullptr && capturing_.empty()) {
     // Memory may be held by frees waiting on other streams and by cached
     // segments nobody uses: give both back and try once more.
     ++stats_.oom_retries;
@@ -117,6 +122,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, StreamHandle
   block->ptr = static_cast<char*>(ptr);
   block->size = bytes;
   block->stream = stream;
+  block->pool = private_pool;
   block->small = size <= kSmallRequest;
   return block;
 }
@@ -129,6 +135,7 @@ void CachingAllocator::split(Block* block, size_t size, Pool& pool) {
   rest->ptr = block->ptr + size;
   rest->size = remaining;
   rest->stream = block->stream;
+  rest->pool = block->pool;
   rest->small = block->small;
   rest->prev = block;
   rest->next = block->next;
@@ -141,15 +148,17 @@ void CachingAllocator::split(Block* block, size_t size, Pool& pool) {
 void* CachingAllocator::allocate(size_t nbytes, StreamHandle stream) {
   if (nbytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  process_pending(false);
+  if (capturing_.empty()) process_pending(false);  // no event queries during a capture
+  const auto captured = capturing_.find(stream);
+  const uint64_t private_pool = captured == capturing_.end() ? 0 : captured->second;
   // Without caching, the request's exact size in a segment of its own: nothing to find or split.
   const size_t size = caching_ == Caching::on ? round_size(nbytes) : nbytes;
   Pool& pool = pool_for(size);
-  Block* block = caching_ == Caching::on ? find_free_block(pool, size, stream) : nullptr;
+  Block* block = caching_ == Caching::on ? find_free_block(pool, size, stream, private_pool) : nullptr;
   if (block != nullptr) {
     ++stats_.cache_hits;
   } else {
-    block = new_segment(size, stream);
+    block = new_segment(size, stream, private_pool);
   }
   split(block, size, block->small ? small_pool_ : large_pool_);
   block->allocated = true;
@@ -255,7 +264,8 @@ void CachingAllocator::release_cached_segments() {
   for (Pool* pool : {&small_pool_, &large_pool_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* block = *it;
-      if (block->prev != nullptr || block->next != nullptr) {
+      // Split segments are in use; a private pool's belong to its graph.
+      if (block->prev != nullptr || block->next != nullptr || block->pool != 0) {
         ++it;
         continue;
       }
@@ -289,6 +299,69 @@ void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void CachingAllocator::begin_private_pool(uint64_t id, StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  LOOM_CHECK(id != 0, "CUDA allocator: private pool 0 is the general pool");
+  LOOM_CHECK(caching_ == Caching::on, "CUDA graphs need the caching allocator; unset LOOM_CUDA_NO_CACHING");
+  LOOM_CHECK(!released_pools_.contains(id), "CUDA allocator: private pool ", id, " was released");
+  LOOM_CHECK(!capturing_.contains(stream), "CUDA allocator: the stream already allocates from private pool ",
+             capturing_.at(stream));
+  capturing_.emplace(stream, id);
+}
+
+void CachingAllocator::end_private_pool(StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  LOOM_CHECK(capturing_.erase(stream) == 1, "CUDA allocator: end_private_pool on a stream that began none");
+}
+
+void CachingAllocator::release_private_pool(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (id == 0 || !released_pools_.insert(id).second) return;
+  for (const auto& [stream, pool] : capturing_) {
+    LOOM_CHECK(pool != id, "CUDA allocator: private pool ", id, " released while a capture allocates from it");
+  }
+  for (Pool* pool : {&small_pool_, &large_pool_}) {
+    std::vector<Block*> moved;
+    for (auto it = pool->begin(); it != pool->end();) {
+      if ((*it)->pool == id) {
+        moved.push_back(*it);
+        it = pool->erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (Block* block : moved) {
+      block->pool = 0;
+      pool->insert(block);
+    }
+  }
+  for (auto& [ptr, block] : live_) {
+    if (block->pool == id) block->pool = 0;
+  }
+  for (const PendingFree& p : pending_) {
+    if (p.block->pool == id) p.block->pool = 0;
+  }
+}
+
+size_t CachingAllocator::private_pool_bytes(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (id == 0) return 0;
+  size_t bytes = 0;
+  for (const Pool* pool : {&small_pool_, &large_pool_}) {
+    for (const Block* block : *pool) {
+      if (block->pool == id) bytes += block->size;
+    }
+  }
+  for (const auto& [ptr, block] : live_) {
+    if (block->pool == id) bytes += block->size;
+  }
+  std::set<const Block*> waiting;  // a block waits for one event per stream that used it
+  for (const PendingFree& p : pending_) {
+    if (p.block->pool == id && waiting.insert(p.block).second) bytes += p.block->size;
+  }
+  return bytes;
 }
 
 size_t CachingAllocator::block_size(const void* ptr) const {

@@ -12,6 +12,15 @@
 // releases every cached segment that is wholly free, and retries once before
 // throwing an error that reports the request and its counters.
 //
+// Private pools are for CUDA graphs (cuda::Graph): between
+// begin_private_pool(id, stream) and end_private_pool(stream), requests on
+// `stream` are served from segments of pool `id` only, and the blocks of
+// those segments, freed during the capture or after it, return to pool `id`:
+// no other work reuses the memory a graph's replays write. Pending frees are
+// not processed while a pool is being captured (an event query is not
+// allowed then). release_private_pool(id), once the graph is gone, hands the
+// pool's segments back to the general pools.
+//
 // The bookkeeping is plain C++; the device calls go through an
 // AllocatorBackend, so tests can drive it without a GPU.
 #pragma once
@@ -82,6 +91,20 @@ class CachingAllocator {
   // Releases cached segments that are wholly free (after waiting for pending frees).
   void empty_cache();
 
+  // Serves the requests on `stream` from private pool `id` (non-zero) until
+  // end_private_pool(stream): a graph's capture. A pool may be captured
+  // into again (graphs that share memory) until released. Throws if
+  // `stream` is already routed to a pool or `id` was released.
+  void begin_private_pool(uint64_t id, StreamHandle stream);
+  void end_private_pool(StreamHandle stream);
+  // The pool's free blocks join the general pools (wholly free segments stay
+  // cached); its live blocks do when freed. After the graph that used it is
+  // destroyed.
+  void release_private_pool(uint64_t id);
+  // Bytes reserved by private pool `id`'s segments (0 for an unknown pool):
+  // for tests and memory reports.
+  size_t private_pool_bytes(uint64_t id) const;
+
   MemoryStats stats() const;
   void reset_peak();
   int device() const { return device_; }
@@ -99,8 +122,8 @@ class CachingAllocator {
 
   Pool& pool_for(size_t size) { return size <= kSmallRequest ? small_pool_ : large_pool_; }
   static size_t segment_size(size_t size);
-  Block* find_free_block(Pool& pool, size_t size, StreamHandle stream);
-  Block* new_segment(size_t size, StreamHandle stream);
+  Block* find_free_block(Pool& pool, size_t size, StreamHandle stream, uint64_t private_pool);
+  Block* new_segment(size_t size, StreamHandle stream, uint64_t private_pool);
   void split(Block* block, size_t size, Pool& pool);
   void release_block(Block* block);  // back to its pool, merged with free neighbours
   void process_pending(bool wait);
@@ -118,6 +141,8 @@ class CachingAllocator {
     void* event;
   };
   std::vector<PendingFree> pending_;  // in free order
+  std::unordered_map<StreamHandle, uint64_t> capturing_;  // stream -> private pool it allocates from
+  std::set<uint64_t> released_pools_;
   MemoryStats stats_;
 };
 

@@ -14,6 +14,8 @@ constexpr std::array<int64_t Counters::*, 9> kFields{
     &Counters::device_to_host_copies, &Counters::blocking_copies,   &Counters::graph_fallbacks};
 static_assert(sizeof(Counters) == kFields.size() * sizeof(int64_t), "a field of Counters is missing from kFields");
 std::array<std::atomic<int64_t>, kFields.size()> g_counts{};
+thread_local bool t_capturing = false;
+thread_local CaptureSyncs t_capture_syncs;
 
 void bump(int64_t Counters::*field) noexcept {
   for (size_t i = 0; i < kFields.size(); ++i) {
@@ -47,11 +49,23 @@ void reset_counters() {
   for (auto& count : g_counts) count.store(0, std::memory_order_relaxed);
 }
 
+const char* host_sync_name(HostSync kind) {
+  switch (kind) {
+    case HostSync::stream_synchronize: return "stream_synchronize";
+    case HostSync::event_synchronize: return "event_synchronize";
+    case HostSync::device_synchronize: return "device_synchronize";
+    case HostSync::device_to_host_copy: return "device_to_host_copy";
+    case HostSync::blocking_copy: return "blocking_copy";
+  }
+  return "host sync";
+}
+
 namespace detail {
 void count_kernel_launch() noexcept { bump(&Counters::kernel_launches); }
 void count_library_call() noexcept { bump(&Counters::library_calls); }
 void count_device_copy() noexcept { bump(&Counters::device_copies); }
 void count_host_sync(HostSync kind) noexcept {
+  if (t_capturing && t_capture_syncs.count++ == 0) t_capture_syncs.first = kind;
   switch (kind) {
     case HostSync::stream_synchronize: bump(&Counters::stream_synchronizes); break;
     case HostSync::event_synchronize: bump(&Counters::event_synchronizes); break;
@@ -61,6 +75,12 @@ void count_host_sync(HostSync kind) noexcept {
   }
 }
 void count_graph_fallback() noexcept { bump(&Counters::graph_fallbacks); }
+CaptureSyncs set_capturing(bool capturing) noexcept {
+  const CaptureSyncs seen = t_capture_syncs;
+  t_capturing = capturing;
+  t_capture_syncs = {};
+  return seen;
+}
 }  // namespace detail
 
 }  // namespace loom::cuda

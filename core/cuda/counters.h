@@ -56,6 +56,16 @@ Counters counters();
 void reset_counters();
 
 enum class HostSync { stream_synchronize, event_synchronize, device_synchronize, device_to_host_copy, blocking_copy };
+// "stream_synchronize", ...: the kind's name, for messages.
+const char* host_sync_name(HostSync kind);
+
+// The host syncs the calling thread asked for while it captured a CUDA graph
+// (cuda::Graph::capture, which sets the mark): a capture cannot hold one, and
+// its error names the first.
+struct CaptureSyncs {
+  int64_t count = 0;
+  HostSync first = HostSync::stream_synchronize;
+};
 
 namespace detail {
 // Called by the CUDA layer where it makes the call; cheap (one relaxed atomic add).
@@ -64,6 +74,9 @@ void count_library_call() noexcept;
 void count_device_copy() noexcept;
 void count_host_sync(HostSync kind) noexcept;
 void count_graph_fallback() noexcept;
+// Marks the calling thread as capturing a graph (true) or not, and returns
+// the host syncs it counted since the mark was set.
+CaptureSyncs set_capturing(bool capturing) noexcept;
 }  // namespace detail
 
 }  // namespace loom::cuda

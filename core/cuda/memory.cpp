@@ -127,6 +127,18 @@ void record_stream(void* ptr, int device, StreamView stream) {
 MemoryStats memory_stats(int device) { return device_allocator(device).stats(); }
 void reset_peak_memory_stats(int device) { device_allocator(device).reset_peak(); }
 void empty_cache(int device) { device_allocator(device).empty_cache(); }
+void begin_private_pool(int device, uint64_t pool, StreamView stream) {
+  device_allocator(device).begin_private_pool(pool, stream.handle());
+}
+void end_private_pool(int device, StreamView stream) { device_allocator(device).end_private_pool(stream.handle()); }
+void release_private_pool(int device, uint64_t pool) noexcept {
+  try {
+    device_allocator(device).release_private_pool(pool);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: could not release the CUDA graph memory pool %llu of cuda:%d: %s\n",
+                 static_cast<unsigned long long>(pool), device, e.what());
+  }
+}
 
 std::string memory_summary(int device) {
   const MemoryStats s = memory_stats(device);

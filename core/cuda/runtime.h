@@ -93,6 +93,11 @@ MemoryStats memory_stats(int device);
 void reset_peak_memory_stats(int device);
 // Returns cached, unused memory to the device.
 void empty_cache(int device);
+// A CUDA graph's private memory pool on `device` (CachingAllocator's
+// begin_private_pool / end_private_pool / release_private_pool): cuda::Graph.
+void begin_private_pool(int device, uint64_t pool, StreamView stream);
+void end_private_pool(int device, StreamView stream);
+void release_private_pool(int device, uint64_t pool) noexcept;
 // One line: "cuda:0 allocated 12.0 MiB (peak 40.1 MiB), reserved 64.0 MiB (peak 64.0 MiB), ...".
 std::string memory_summary(int device);
 

@@ -1,5 +1,6 @@
 // The CUDA runtime of a build without CUDA: no devices, clear errors, and
 // destructors / frees that do nothing.
+#include <loom/core/cuda/graph.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/tensor_kernels.h>
 #include <loom/core/error.h>
@@ -51,6 +52,16 @@ void record_stream(void*, int, StreamView) { no_cuda(); }
 MemoryStats memory_stats(int) { no_cuda(); }
 void reset_peak_memory_stats(int) { no_cuda(); }
 void empty_cache(int) { no_cuda(); }
+void begin_private_pool(int, uint64_t, StreamView) { no_cuda(); }
+void end_private_pool(int, StreamView) { no_cuda(); }
+void release_private_pool(int, uint64_t) noexcept {}
+
+struct Graph::Captured {};
+Graph::Graph(int device) : device_(device), pool_(0) { require_device(device); }
+Graph::~Graph() = default;
+void Graph::capture(const std::function<void()>&) { no_cuda(); }
+void Graph::replay() { no_cuda(); }
+bool Graph::captured() const { return false; }
 std::string memory_summary(int) { no_cuda(); }
 
 void* allocate_pinned(size_t) { no_cuda(); }

@@ -3,6 +3,7 @@
 // are driven on a real device in tests/gpu/test_runtime.cpp).
 #include <doctest/doctest.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -94,4 +95,21 @@ TEST_CASE("without a device nothing is counted: the calls fail before they count
   CHECK_THROWS_AS(cuda::synchronize(0), Error);
   CHECK_THROWS_AS(cuda::current_stream(0).synchronize(), Error);
   CHECK(cuda::counters() == cuda::Counters{});
+}
+
+TEST_CASE("a graph capture's mark collects the thread's host syncs, the first by kind") {
+  using cuda::HostSync;
+  CHECK(cuda::detail::set_capturing(true).count == 0);
+  cuda::detail::count_kernel_launch();  // launches are what a capture holds: not collected
+  cuda::detail::count_host_sync(HostSync::device_to_host_copy);
+  cuda::detail::count_host_sync(HostSync::stream_synchronize);
+  // Another thread's syncs are its own.
+  std::thread([] { cuda::detail::count_host_sync(HostSync::event_synchronize); }).join();
+  const cuda::CaptureSyncs seen = cuda::detail::set_capturing(false);
+  CHECK(seen.count == 2);
+  CHECK(seen.first == HostSync::device_to_host_copy);
+  CHECK(std::string(cuda::host_sync_name(seen.first)) == "device_to_host_copy");
+  // Without the mark nothing is collected.
+  cuda::detail::count_host_sync(HostSync::blocking_copy);
+  CHECK(cuda::detail::set_capturing(false).count == 0);
 }

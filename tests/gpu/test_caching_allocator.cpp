@@ -2,7 +2,8 @@
 // rounding, pools and segments, splitting and merging, per-stream reuse,
 // frees deferred by record_stream, release-and-retry on out-of-memory, the
 // error message, the counters, and the allocator without caching
-// (LOOM_CUDA_NO_CACHING, for compute-sanitizer's memcheck).
+// (LOOM_CUDA_NO_CACHING, for compute-sanitizer's memcheck); private pools
+// for CUDA graphs.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -322,5 +323,106 @@ TEST_CASE("LOOM_CUDA_NO_CACHING: 1 turns caching off, 0 or unset leaves it on, a
     ::setenv("LOOM_CUDA_NO_CACHING", previous.c_str(), 1);
   } else {
     ::unsetenv("LOOM_CUDA_NO_CACHING");
+  }
+}
+
+TEST_CASE("a private pool (a CUDA graph's capture) keeps its memory from other work until released") {
+  Fixture f;
+  const StreamHandle captured = fake_stream(1), other = fake_stream(2);
+  void* before = f.allocator->allocate(4000, captured);  // general pool, outside any capture
+  f.allocator->free(before);
+  f.allocator->begin_private_pool(7, captured);
+  // The general pool's free block is not used by the capture: a segment of its own.
+  void* a = f.allocator->allocate(4000, captured);
+  CHECK(a != before);
+  void* b = f.allocator->allocate(3 * MiB, captured);
+  CHECK(f.allocator->private_pool_bytes(7) == 2 * MiB + 20 * MiB);
+  // Freed during the capture, a block is reused within the same capture.
+  f.allocator->free(a);
+  void* a_again = f.allocator->allocate(4000, captured);
+  CHECK(a_again == a);
+  // Another stream, not captured, allocates from the general pools.
+  void* elsewhere = f.allocator->allocate(4000, other);
+  CHECK(f.allocator->private_pool_bytes(7) == 22 * MiB);
+  f.allocator->end_private_pool(captured);
+  // After the capture the pool's memory is the graph's: freed blocks go back
+  // to it, not to the general pools, and empty_cache keeps its segments.
+  f.allocator->free(a_again);
+  f.allocator->free(b);
+  void* later = f.allocator->allocate(4000, captured);
+  CHECK(later != a);
+  f.allocator->free(later);
+  f.allocator->free(elsewhere);
+  f.allocator->empty_cache();
+  CHECK(f.allocator->stats().reserved_bytes == 22 * MiB);
+  CHECK(f.allocator->private_pool_bytes(7) == 22 * MiB);
+  // A second capture into the same pool (graphs that share memory) reuses it.
+  f.allocator->begin_private_pool(7, captured);
+  void* shared = f.allocator->allocate(3 * MiB, captured);
+  CHECK(shared == b);
+  f.allocator->free(shared);
+  f.allocator->end_private_pool(captured);
+  // Released (the graph destroyed), the pool's segments become ordinary cache.
+  f.allocator->release_private_pool(7);
+  CHECK(f.allocator->private_pool_bytes(7) == 0);
+  void* reused = f.allocator->allocate(4000, captured);
+  CHECK(reused == a);
+  f.allocator->free(reused);
+  f.allocator->empty_cache();
+  CHECK(f.allocator->stats().reserved_bytes == 0);
+  CHECK(f.device->used() == 0);
+}
+
+TEST_CASE("a private pool's live blocks join the general pools when freed after the release") {
+  Fixture f;
+  const StreamHandle captured = fake_stream(1);
+  f.allocator->begin_private_pool(3, captured);
+  void* output = f.allocator->allocate(5 * MiB, captured);  // e.g. a graph's loss, kept after the capture
+  f.allocator->end_private_pool(captured);
+  f.allocator->release_private_pool(3);
+  f.allocator->release_private_pool(3);  // twice: nothing more happens
+  f.allocator->free(output);
+  f.allocator->empty_cache();
+  CHECK(f.allocator->stats().reserved_bytes == 0);
+}
+
+TEST_CASE("private pools refuse misuse, and a capture neither queries events nor retries out of memory") {
+  SUBCASE("misuse") {
+    Fixture f;
+    const StreamHandle s = fake_stream(1);
+    CHECK_THROWS_WITH_AS(f.allocator->begin_private_pool(0, s), doctest::Contains("general pool"), loom::Error);
+    CHECK_THROWS_WITH_AS(f.allocator->end_private_pool(s), doctest::Contains("began none"), loom::Error);
+    f.allocator->begin_private_pool(1, s);
+    CHECK_THROWS_WITH_AS(f.allocator->begin_private_pool(2, s), doctest::Contains("already allocates from private pool 1"),
+                         loom::Error);
+    CHECK_THROWS_WITH_AS(f.allocator->release_private_pool(1), doctest::Contains("while a capture allocates"),
+                         loom::Error);
+    f.allocator->end_private_pool(s);
+    f.allocator->release_private_pool(1);
+    CHECK_THROWS_WITH_AS(f.allocator->begin_private_pool(1, s), doctest::Contains("was released"), loom::Error);
+    auto owned = std::make_unique<FakeDevice>(64 * MiB);
+    CachingAllocator uncached(0, std::move(owned), CachingAllocator::Caching::off);
+    CHECK_THROWS_WITH_AS(uncached.begin_private_pool(1, s), doctest::Contains("LOOM_CUDA_NO_CACHING"), loom::Error);
+  }
+  SUBCASE("no waiting during a capture") {
+    Fixture f(30 * MiB);
+    const StreamHandle captured = fake_stream(1), other = fake_stream(2);
+    void* shared = f.allocator->allocate(4000, other);
+    f.allocator->record_stream(shared, captured);
+    f.allocator->free(shared);  // pending on an event of `captured`
+    void* cached = f.allocator->allocate(15 * MiB, other);
+    f.allocator->free(cached);  // a wholly free 20 MiB segment, cached
+    f.allocator->begin_private_pool(5, captured);
+    // 2 + 16 MiB of the 30 are reserved; another 20 MiB would need the cache
+    // released, which waits for the device: not during a capture.
+    CHECK_THROWS_WITH_AS(f.allocator->allocate(3 * MiB, captured), doctest::Contains("out of memory"), loom::Error);
+    CHECK(f.allocator->stats().oom_retries == 0);
+    void* small = f.allocator->allocate(4000, captured);
+    f.allocator->end_private_pool(captured);
+    f.allocator->free(small);
+    f.allocator->release_private_pool(5);
+    f.device->complete_events();
+    f.allocator->empty_cache();
+    CHECK(f.allocator->stats().reserved_bytes == 0);
   }
 }
