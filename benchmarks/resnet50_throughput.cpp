@@ -8,11 +8,13 @@
 // one JSON line: images/s, ms per step over --repeats runs of --steps (median, min, max;
 // benchmarks/step_timing.h: CUDA events on a GPU), launches and host waits per step, peak RSS and GPU memory. The
 // losses are read after the timed steps.
+// With --cuda-graph (a GPU) the timed steps are replays of one captured step (core/cuda/graph.h).
 //   resnet50_throughput --batch 32 --steps 10 --threads 2 [--stem cifar] [--device cuda --amp O2 --repeats 3]
 #include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "apps/app_common.h"
 #include "apps/training.h"
@@ -20,6 +22,7 @@
 #include <loom/core/generator.h>
 #include "benchmarks/gemm_peak.h"
 #include "benchmarks/step_timing.h"
+#include <loom/core/cuda/graph.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/profiler.h>
 #include <loom/core/parallel.h>
@@ -62,6 +65,10 @@ int main(int argc, char** argv) {
   bool channels_last = false;
   app.add_flag("--channels-last", channels_last,
                "the model's weights and the images channels-last (NHWC), as the apps' --channels-last");
+  bool cuda_graph = false;
+  app.add_flag("--cuda-graph", cuda_graph,
+               "on a GPU: after the warm-up, capture one training step as a CUDA graph and time its replays (the "
+               "loss scale kept on the GPU; not yet run on a GPU)");
   app.add_option("--profile", profile_steps, "after the timed steps, profile this many more per op and layer (stderr)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
@@ -70,6 +77,9 @@ int main(int argc, char** argv) {
     manual_seed(0);
     const Device device = parse_device(device_name);
     if (device.is_cuda()) cuda::set_device(device.index);
+    LOOM_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs a GPU (--device cuda), not ", device.str());
+    LOOM_CHECK(!cuda_graph || warmup >= 1, "--cuda-graph needs --warmup of at least 1: the eager steps make the "
+               "optimizer's state and cuDNN's plans, which a capture cannot");
     auto model = apps::make_model(arch, 10, 3, nn::parse_resnet_stem(stem));
     model->to(device);
     const MemoryFormat format = channels_last ? MemoryFormat::nhwc : MemoryFormat::nchw;
@@ -87,6 +97,7 @@ int main(int argc, char** argv) {
           return std::make_unique<optim::SGD>(std::move(parameters), optim::SGDOptions(lr).momentum(0.9));
         },
         amp_level);
+    if (cuda_graph) optimizer->place_loss_scale(device);  // a captured step cannot read the overflow flag back
     // (batch, 3, size, size) standard-normal images and uniform labels, as the peer's randn / randint.
     Generator gen(1);
     Tensor images = Tensor::empty({batch, 3, size, size});
@@ -114,7 +125,22 @@ int main(int argc, char** argv) {
       return loss;
     };
 
-    const auto [timing, losses] = bench::time_training(device, warmup, repeats, steps, profile_one_step, train_step);
+    // --cuda-graph: the warm-up eager, then one step captured, whose replays
+    // are timed (each keeps a copy of the step's loss, read afterwards).
+    std::optional<cuda::Graph> graph;
+    Tensor captured_loss;
+    if (cuda_graph) {
+      for (int64_t step = 0; step < warmup; ++step) train_step();
+      graph.emplace(device.index);
+      graph->capture([&] { captured_loss = train_step(); });
+    }
+    const auto replay_step = [&] {
+      graph->replay();
+      return captured_loss.clone();
+    };
+    const auto [timing, losses] =
+        cuda_graph ? bench::time_training(device, 0, repeats, steps, profile_one_step, replay_step)
+                   : bench::time_training(device, warmup, repeats, steps, profile_one_step, train_step);
     const double seconds = timing.total_ms / 1000;
     // The same batch every step: SGD must bring its loss down. Compared as the
     // means of the first and the last half of the steps, since dropout and
@@ -146,12 +172,12 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "{\"bench\": \"loom %s train\", \"stem\": \"%s\", \"size\": %lld, \"device\": \"%s\", \"amp\": \"%s\", "
-        "\"channels_last\": %s, "
+        "\"channels_last\": %s, \"cuda_graph\": %s, "
         "\"threads\": %d, \"batch\": %lld, \"steps\": %lld, \"warmup\": %lld, \"train_s\": %.3f, "
         "\"images_per_s\": %.1f, \"step_ms\": %.3f, \"lr\": %g, \"loss_first\": %.4f, \"loss_last\": %.4f, "
         "\"skipped_steps\": %lld, \"peak_rss_mb\": %.1f%s}\n",
         arch.c_str(), stem.c_str(), static_cast<long long>(size), device.str().c_str(), amp_name.c_str(),
-        channels_last ? "true" : "false", threads,
+        channels_last ? "true" : "false", cuda_graph ? "true" : "false", threads,
         static_cast<long long>(batch), static_cast<long long>(steps), static_cast<long long>(warmup), seconds,
         static_cast<double>(batch) * 1000.0 / timing.median_ms(), timing.median_ms(), lr, losses.front(),
         losses.back(), static_cast<long long>(optimizer->scaler().skipped_steps()),

@@ -114,6 +114,10 @@ class MixedPrecisionOptimizer {
   optim::Optimizer& optimizer() { return *optimizer_; }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
   const optim::GradScaler& scaler() const { return scaler_; }
+  // Moves the loss scale's state to `device` (GradScaler::to): onto the
+  // parameters' GPU for steps without a host sync, as a CUDA graph's capture
+  // needs (LOOM_CUDA_LOSS_SCALE=device does this at construction).
+  void place_loss_scale(Device device) { scaler_.to(device); }
   // Null at O0 and O1.
   const optim::MasterWeights* master_weights() const { return masters_ ? &*masters_ : nullptr; }
   // Whether the last step() skipped its update for inf / NaN gradients; with

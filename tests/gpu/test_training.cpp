@@ -5,12 +5,15 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <tuple>
 #include <limits>
 
 #include <loom/core/cuda/counters.h>
+#include <loom/core/cuda/graph.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/nn/convnet.h>
 #include <loom/nn/layers.h>
+#include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
 #include <loom/optim/cuda/fused_update.h>
 #include <loom/optim/amp.h>
@@ -341,6 +344,87 @@ TEST_CASE("amp O2 with SGD and the loss scale on the GPU: the host's steps bit f
   const auto host_masters = host_optimizer->master_weights()->masters();
   const auto device_masters = device_optimizer->master_weights()->masters();
   for (size_t i = 0; i < host_masters.size(); ++i) CHECK(host_values(device_masters[i]) == host_values(host_masters[i]));
+}
+
+TEST_CASE("a training step captured as a CUDA graph replays the eager step bit for bit, O0 and O2") {
+  // Two ConvNets from one initialisation and the same batches: one trains
+  // eagerly; the other takes one eager step (the momentum buffers, cuDNN's
+  // plans), then captures a step and replays it, the batch copied into the
+  // captured input before each replay.
+  for (const amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O2}) {
+    INFO(amp::opt_level_name(level));
+    const DType input_dtype = amp::input_dtype(level);
+    const auto make = [&] {
+      manual_seed(9);
+      auto model = std::make_shared<nn::ConvNet>();
+      model->to(kCuda);
+      std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
+          *model,
+          [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.02).momentum(0.9)); },
+          level, optim::GradScalerOptions().init_scale(1024));
+      optimizer->place_loss_scale(kCuda);
+      return std::make_pair(model, optimizer);
+    };
+    auto [eager_model, eager_optimizer] = make();
+    auto [graph_model, graph_optimizer] = make();
+    const auto step = [](nn::ConvNet& model, amp::MixedPrecisionOptimizer& optimizer, const Tensor& images,
+                         const Tensor& labels) {
+      optimizer.zero_grad();
+      Tensor loss;
+      {
+        auto autocast = optimizer.autocast();
+        loss = cross_entropy(model(images), labels);
+      }
+      optimizer.scale_loss(loss).backward();
+      optimizer.step();
+      return loss;
+    };
+    const auto batch_on_gpu = [&](int index) {
+      const SyntheticBatch batch = synthetic_batch(32, 4000 + index);
+      return std::make_pair(batch.images.to(input_dtype).to(kCuda), batch.labels.to(kCuda));
+    };
+    Tensor static_images, static_labels, static_loss;
+    std::tie(static_images, static_labels) = batch_on_gpu(0);
+    step(*graph_model, *graph_optimizer, static_images, static_labels);
+    cuda::Graph graph(0);
+    CHECK_FALSE(graph.captured());
+    graph.capture([&] { static_loss = step(*graph_model, *graph_optimizer, static_images, static_labels); });
+    REQUIRE(graph.captured());
+    std::vector<double> eager_losses, graph_losses;
+    for (int index = 0; index < 6; ++index) {
+      const auto [images, labels] = batch_on_gpu(index);
+      eager_losses.push_back(step(*eager_model, *eager_optimizer, images, labels).item());
+      if (index == 0) continue;  // the graph model's eager first step
+      static_images.copy_(images);
+      static_labels.copy_(labels);
+      const cuda::Counters before = cuda::counters();
+      graph.replay();
+      const cuda::Counters spent = cuda::counters() - before;
+      CHECK(spent.launches() == 1);
+      CHECK(spent.host_syncs() == 0);
+      graph_losses.push_back(static_loss.item());
+    }
+    for (size_t i = 0; i < graph_losses.size(); ++i) CHECK(graph_losses[i] == eager_losses[i + 1]);
+    const auto eager_state = eager_model->state_dict(), graph_state = graph_model->state_dict();
+    for (size_t i = 0; i < eager_state.size(); ++i) {
+      INFO(eager_state[i].first);
+      CHECK(host_values(graph_state[i].second) == host_values(eager_state[i].second));
+    }
+  }
+}
+
+TEST_CASE("a step that waits for the device cannot be captured, and the error says which wait") {
+  const Tensor x = to_gpu(random_cpu({64}, 3, DType::f32));
+  cuda::Graph graph(0);
+  CHECK_THROWS_WITH_AS(graph.replay(), doctest::Contains("nothing was captured"), loom::Error);
+  const std::string message = error_message([&] { graph.capture([&] { (void)sum(x * x).item(); }); });
+  check_mentions(message, {"cannot be captured as a CUDA graph", "device_to_host_copy"});
+  CHECK_FALSE(graph.captured());
+  // The device is usable afterwards, and a capture without the wait succeeds.
+  Tensor y;
+  graph.capture([&] { y = x * x; });
+  graph.replay();
+  CHECK(host_values(y) == host_values(x.to(Device::cpu()) * x.to(Device::cpu())));
 }
 
 }  // TEST_SUITE
