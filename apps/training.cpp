@@ -163,6 +163,11 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_flag("--channels-last", flags.channels_last,
                "channels-last (NHWC) memory format: the model's convolution weights and the loaders' batches, as "
                "PyTorch's model.to(memory_format=torch.channels_last); for f16 / bf16 on a GPU (tensor cores)");
+  app.add_flag("--cuda-graph", flags.cuda_graph,
+               "on a GPU, each training step the replay of one CUDA graph captured at the second step (one launch "
+               "from the host; the epoch's smaller last batch runs eagerly); one process, without "
+               "--accumulate-steps and --clip-grad-norm, else the steps run eagerly and rank 0 says why. Not yet "
+               "run on a GPU");
   // Flags that exclude each other: a usage error, before -g spawns any rank.
   app.parse_complete_callback([&flags] {
     if (flags.no_pad_last && flags.sync_bn)
@@ -184,6 +189,8 @@ RankContext start_rank(const CommonFlags& flags, const CheckpointFlags& checkpoi
              "(loomrun --nproc_per_node=2, srun -n 2, train_mnist -g 2) or leave --zero out");
   set_threads(flags, context.world);
   context.device = resolve_training_device(flags.device, context.launch.local_rank);
+  LOOM_CHECK(!flags.cuda_graph || context.device.is_cuda(), "--cuda-graph captures each training step as a CUDA "
+             "graph, which needs a GPU (--device cuda), not --device ", context.device.str());
   context.backend = choose_backend(flags.backend, context.device);
   return context;
 }
@@ -339,6 +346,7 @@ train::TrainerOptions trainer_options(const char* program, int argc, char** argv
       .trace_path(flags.trace)
       .clip_grad_norm(flags.clip_grad_norm)
       .accumulate_steps(flags.accumulate_steps)
+      .cuda_graph(flags.cuda_graph)
       .join(flags.no_pad_last ? std::optional(dist::JoinOptions()) : std::nullopt)
       .checkpoints(checkpoint_options(checkpoints))
       .stop_signal(train::parse_signal_name(checkpoints.signal))

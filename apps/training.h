@@ -50,12 +50,13 @@ struct CommonFlags {
   bool zero = false;              // the optimizer state sharded over the processes (ZeRO stage 1)
   bool no_pad_last = false;       // no DistributedSampler padding; uneven epoch ends inside dist::Join
   bool channels_last = false;     // the model's weights and the loaders' batches NHWC
+  bool cuda_graph = false;        // each training step the replay of one CUDA graph (GPU)
   MemoryFormat memory_format() const { return channels_last ? MemoryFormat::nhwc : MemoryFormat::nchw; }
 };
 
 // Adds --device, --backend, --amp, --sync-bn, --workers, --threads, --seed,
 // --log-interval, --timeout, --progress, --metrics, --tensorboard, --trace,
-// --clip-grad-norm, --accumulate-steps, --zero, --no-pad-last and --channels-last, and rejects at
+// --clip-grad-norm, --accumulate-steps, --zero, --no-pad-last, --channels-last and --cuda-graph, and rejects at
 // parse time the flags that exclude each other (app's parse_complete_callback). Every
 // flag both apps take is added here, so a new one is one line.
 void add_common_flags(CLI::App& app, CommonFlags& flags);

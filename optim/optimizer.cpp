@@ -157,6 +157,18 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+void Optimizer::set_lr(size_t group, double lr) {
+  Group& g = groups_.at(group);
+  g.lr = lr;
+  if (g.lr_tensor.defined()) g.lr_tensor.fill_(lr);
+}
+
+void Optimizer::keep_lr_on_device(Device device) {
+  for (Group& g : groups_) {
+    if (!g.lr_tensor.defined() || g.lr_tensor.device() != device) g.lr_tensor = Tensor::full({}, g.lr, DType::f64, device);
+  }
+}
+
 void Optimizer::step_if_finite(const Tensor& found_inf) {
   if (!found_inf.defined() || found_inf.item() == 0) step();
 }
@@ -189,6 +201,25 @@ void SGD::step_if_finite(const Tensor& found_inf) {
   } else {
     Optimizer::step_if_finite(found_inf);
   }
+}
+
+std::optional<std::string> SGD::capture_refusal() const {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& group = groups_[gi];
+    if (!group.lr_tensor.defined() || !group.lr_tensor.device().is_cuda()) {
+      return std::string("SGD keeps its learning rate on the host (Optimizer::keep_lr_on_device makes a device copy)");
+    }
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const Tensor& p = group.params[pi];
+      if (!p.grad().defined()) continue;
+      if (p.device() != group.lr_tensor.device()) return "parameter " + p.str() + " is not on the learning rate's GPU";
+      if (options_[gi].momentum() != 0 && !param_states_[gi][pi].buffer.defined()) {
+        return std::string("SGD's momentum buffers are made by its first step, on the host's decision: take one "
+                           "step before the capture");
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 void SGD::update(const Tensor& skip_if) {
@@ -239,7 +270,9 @@ void SGD::update(const Tensor& skip_if) {
     }
     if (!cuda_params.empty()) {
       cuda::sgd_step(cuda_params, cuda_grads, cuda_buffers, cuda_first,
-                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()}, skip_if);
+                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()}, skip_if,
+                     groups_[gi].lr_tensor.defined() && groups_[gi].lr_tensor.device().is_cuda() ? groups_[gi].lr_tensor
+                                                                                                 : Tensor());
     }
   }
 }

@@ -29,9 +29,25 @@ class Optimizer {
   size_t num_groups() const { return groups_.size(); }
   const std::vector<Tensor>& group_params(size_t group) const { return groups_.at(group).params; }
   double lr(size_t group = 0) const { return groups_.at(group).lr; }
-  void set_lr(size_t group, double lr) { groups_.at(group).lr = lr; }
+  // Also writes the group's device rate (keep_lr_on_device), a fill queued
+  // on that device's current stream.
+  void set_lr(size_t group, double lr);
   void set_lr(double lr) {
-    for (auto& g : groups_) g.lr = lr;
+    for (size_t g = 0; g < groups_.size(); ++g) set_lr(g, lr);
+  }
+  // Keeps every group's learning rate also as an f64 scalar tensor on
+  // `device`, which set_lr updates and SGD's fused CUDA kernels read where
+  // they run: a step captured as a CUDA graph (core/cuda/graph.h) then
+  // follows the rates set between its replays (schedules, warm-up).
+  void keep_lr_on_device(Device device);
+  // The group's device rate; undefined unless keep_lr_on_device was called.
+  const Tensor& lr_tensor(size_t group) const { return groups_.at(group).lr_tensor; }
+  // Why a step of this optimizer cannot be captured as a CUDA graph, or
+  // nothing when it can: its step must queue device work only, with every
+  // value that changes between steps read from device memory. This default
+  // says that the optimizer does not support capture.
+  virtual std::optional<std::string> capture_refusal() const {
+    return std::string("the optimizer's step uses host values that change every step (only SGD's can be captured)");
   }
   // The rate every LR schedule of the group scales (PyTorch's
   // group['initial_lr']): the group's rate when the first schedule asked,
@@ -57,6 +73,7 @@ class Optimizer {
     std::vector<Tensor> params;
     double lr;
     std::optional<double> initial_lr{};  // set by the first LR schedule
+    Tensor lr_tensor{};                  // keep_lr_on_device's copy of lr
   };
   void add_group(std::vector<Tensor> params, double lr);
   std::vector<Group> groups_;
@@ -137,6 +154,9 @@ class SGD : public OptimizerWithGroups<SGDOptions, MomentumBuffer> {
  public:
   using OptimizerWithGroups::OptimizerWithGroups;
   void step() override { update(Tensor()); }
+  // Nothing once the rates are kept on the device, every parameter that has
+  // a gradient is on it, and every momentum buffer is made (after a step).
+  std::optional<std::string> capture_refusal() const override;
   // With the flag on the GPU that holds every parameter with a gradient, and
   // every momentum buffer already made, the fused kernels read the flag
   // where they run: nothing is read back. Otherwise (a first step makes the

@@ -10,6 +10,7 @@
 #include <loom/dist/join.h>
 #include <loom/ops/elementwise.h>
 #include <loom/ops/loss.h>
+#include <loom/train/captured_step.h>
 #include <loom/train/monitor.h>
 #include <loom/train/resume.h>
 #include <loom/train/stop.h>
@@ -98,6 +99,20 @@ MicroBatches run_micro_batches(nn::Module& trained, data::DataLoader& data, int6
   return micro;
 }
 
+// One optimizer step of one batch through `captured` (TrainerOptions::cuda_graph):
+// the batch's forward, backward and optimizer step, replayed or eager.
+MicroBatches run_captured_step(data::DataLoader& data, CapturedStep& captured) {
+  MicroBatches micro;
+  std::optional<data::Batch> batch = data.next();
+  if (!batch) return micro;
+  micro.data_wait_seconds = data.last_wait_seconds();
+  micro.loss = captured.run(*batch);
+  micro.batches = 1;
+  micro.images = batch->size();
+  micro.last = std::move(*batch);
+  return micro;
+}
+
 // What every rank agrees on at the end of an epoch run inside a Join: the
 // images all ranks trained on, whether any rank left the epoch before its
 // data ended (max_steps, an agreed stop), and the stop signal any rank has
@@ -169,6 +184,21 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
   // and averages the gradients during backward.
   if (group && !ddp_) ddp_ = std::make_shared<dist::DistributedDataParallel>(model_, options_.process_group(), options_.ddp());
   nn::Module& trained = ddp_ ? static_cast<nn::Module&>(*ddp_) : *model_;
+  // --cuda-graph: each step one graph's replay, where the run allows.
+  std::optional<CapturedStep> captured;
+  if (options_.cuda_graph()) {
+    LOOM_CHECK(device.is_cuda(), "TrainerOptions::cuda_graph (--cuda-graph) needs the model on a GPU, not on ",
+               device.str());
+    const std::optional<std::string> why =
+        CapturedStep::refusal(device, world_, options_.accumulate_steps(), options_.clip_grad_norm());
+    if (!why) {
+      captured.emplace(trained, optimizer, [this](nn::Module& m, const data::Batch& b) {
+        return step_function_ ? step_function_(m, b) : cross_entropy(m(b.images), b.labels);
+      }, device, leader);
+    } else if (leader) {
+      std::fprintf(stderr, "--cuda-graph: the training steps run eagerly: %s\n", why->c_str());
+    }
+  }
 
   // `step` and `steps_per_epoch` count batches (what the loader and the
   // checkpoints count); an optimizer step takes `accumulate` of them, the
@@ -269,7 +299,9 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     auto finish_step = [&] {  // after DDP averaged the gradients
       Update update;
       if (options_.clip_grad_norm() > 0) update.grad_norm = optimizer.clip_grad_norm(options_.clip_grad_norm());
-      optimizer.step();  // unscales the averaged gradients (unless clipping did); skips the step on inf / NaN
+      // Unscales the averaged gradients (unless clipping did); skips the step on
+      // inf / NaN. A captured step took it already.
+      if (!captured) optimizer.step();
       update.lr = inner.lr(0);
       if (per_step_schedule) scheduler_->step();
       ++steps;
@@ -289,7 +321,9 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
       begin_step();
       // One optimizer step: `group_size` batches, the all-reduce on the last only.
       const int64_t group_size = std::min(accumulate, epoch_batches - step);
-      MicroBatches micro = run_micro_batches(trained, train_data, group_size, optimizer, ddp_.get(), step_function_);
+      MicroBatches micro = captured ? run_captured_step(train_data, *captured)
+                                    : run_micro_batches(trained, train_data, group_size, optimizer, ddp_.get(),
+                                                        step_function_);
       images += micro.images;
       epoch_images += micro.images;
       if (micro.batches == 0) break;  // the loader ended early

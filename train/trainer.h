@@ -103,6 +103,13 @@ class TrainerOptions {
   LOOM_OPTION(std::string, metrics_path);
   // Directory rank 0 writes TensorBoard scalars into; '': none.
   LOOM_OPTION(std::string, tensorboard_dir);
+  // Each optimizer step as the replay of one CUDA graph (train/captured_step.h):
+  // the first step eager, the second captured, the epoch's smaller last
+  // batch eager; the learning rates and the loss scale kept on the GPU. Needs
+  // the model on a GPU (else refused); with several processes, gradient
+  // accumulation or clipping the steps run eagerly, as they do after a
+  // failed capture, and rank 0 says why on stderr. Not yet run on a GPU.
+  LOOM_OPTION(bool, cuda_graph) = false;
   // Chrome trace file (one per rank, FILE.rank<k>.json, when several run); '': none.
   LOOM_OPTION(std::string, trace_path);
   // The run's settings, written into checkpoints; a resume notes each one that changed.

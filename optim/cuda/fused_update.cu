@@ -47,9 +47,10 @@ struct SgdList {
 
 template <class T>
 static __global__ void sgd_kernel(SgdList list, acc_t<T> lr, acc_t<T> momentum, acc_t<T> damp, acc_t<T> weight_decay,
-                                  bool use_momentum, bool nesterov, const int* skip) {
+                                  bool use_momentum, bool nesterov, const int* skip, const double* device_lr) {
   using A = acc_t<T>;
   if (skip != nullptr && *skip != 0) return;  // an overflowed step (GradScaler's flag)
+  if (device_lr != nullptr) lr = static_cast<A>(*device_lr);  // as the host converts it
   int64_t begin, end;
   const int t = block_tensor(list.chunks, begin, end);
   T* p = static_cast<T*>(list.param[t]);
@@ -201,7 +202,7 @@ void check_update_tensor(const char* what, const Tensor& t, const Tensor& param)
 
 // Throws unless `t` is a one-element CUDA tensor of `dtype` on `device`.
 void check_scalar(const char* what, const Tensor& t, DType dtype, Device device) {
-  LOOM_CHECK(t.defined() && t.numel() == 1 && t.dtype() == dtype && t.device() == device, "loss scale: ", what,
+  LOOM_CHECK(t.defined() && t.numel() == 1 && t.dtype() == dtype && t.device() == device, "fused update: ", what,
              " must be a one-element ", dtype_name(dtype), " tensor on ", device.str(), ", got ",
              t.defined() ? t.str() : "an undefined tensor");
 }
@@ -259,7 +260,7 @@ void for_each_batch(const char* op, const std::vector<Tensor>& params, Fill&& fi
 
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
               const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper,
-              const Tensor& skip_if) {
+              const Tensor& skip_if, const Tensor& lr) {
   const bool use_momentum = hyper.momentum != 0;
   LOOM_CHECK(grads.size() == params.size() && (!use_momentum || (momentum_buffers.size() == params.size() &&
                                                                  first_step.size() == params.size())),
@@ -270,8 +271,10 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
     check_update_tensor("gradient", grads[i], params[i]);
     if (use_momentum) check_update_tensor("momentum buffer", momentum_buffers[i], params[i]);
     if (skip_if.defined()) check_scalar("the skip flag", skip_if, DType::i32, params[i].device());
+    if (lr.defined()) check_scalar("the learning rate", lr, DType::f64, params[i].device());
   }
   const int* skip = skip_if.defined() ? skip_if.data<int32_t>() : nullptr;
+  const double* device_lr = lr.defined() ? lr.data<double>() : nullptr;
   for_each_batch<SgdList>(
       "fused SGD", params,
       [&](SgdList& list, size_t k, size_t i) {
@@ -285,7 +288,7 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
         sgd_kernel<T><<<blocks, kThreads, 0, stream>>>(list, static_cast<A>(hyper.lr), static_cast<A>(hyper.momentum),
                                                        static_cast<A>(1 - hyper.dampening),
                                                        static_cast<A>(hyper.weight_decay), use_momentum, hyper.nesterov,
-                                                       skip);
+                                                       skip, device_lr);
       });
 }
 

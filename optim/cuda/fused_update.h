@@ -24,9 +24,11 @@ struct SgdHyper {
 // momentum is 0. With `skip_if` (GradScaler's i32 overflow flag on the
 // parameters' GPU) the kernels leave everything as it is when it is non-zero:
 // the skip of an overflowed step decided on the device.
+// With `lr` (an f64 scalar on the parameters' GPU: Optimizer::keep_lr_on_device)
+// the kernels read the learning rate from it instead of hyper.lr.
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
               const std::vector<Tensor>& momentum_buffers, const std::vector<bool>& first_step, const SgdHyper& hyper,
-              const Tensor& skip_if = Tensor());
+              const Tensor& skip_if = Tensor(), const Tensor& lr = Tensor());
 
 struct AdamHyper {
   double lr, beta1, beta2, eps, weight_decay;

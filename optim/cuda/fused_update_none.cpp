@@ -5,7 +5,7 @@
 namespace loom::optim::cuda {
 
 void sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-              const std::vector<bool>&, const SgdHyper&, const Tensor&) {
+              const std::vector<bool>&, const SgdHyper&, const Tensor&, const Tensor&) {
   ::loom::cuda::require_device(0);
 }
 

@@ -91,6 +91,8 @@ done
 expect_error "CUDA on a machine without it" "CUDA" --device cuda --data "$work/truncated"
 # Checked before any rendezvous, as in train_resnet50_cifar (apps/training.h: choose_backend).
 expect_error "--backend nccl for CPU training" "nccl" --backend nccl --device cpu --data "$work/good"
+expect_error "--cuda-graph without a GPU" "--cuda-graph captures each training step as a CUDA graph, which needs a GPU (--device cuda), not --device cpu" \
+  --cuda-graph --device cpu --data "$work/good"
 # An environment variable with a value it does not take (read at the first 5x5 convolution).
 bin_without_env=$bin
 bin=$work/with-env.sh

@@ -176,6 +176,34 @@ TEST_CASE("step_if_finite skips the whole update when GradScaler's flag is set, 
   }
 }
 
+TEST_CASE("learning rates kept on the device follow set_lr; what keeps an optimizer's step from a CUDA graph, said") {
+  Tensor p = Tensor::from_vector<float>({1.0f, 2.0f}, {2}).set_requires_grad(true);
+  Tensor q = Tensor::from_vector<float>({3.0f}, {1}).set_requires_grad(true);
+  optim::SGD sgd({p}, optim::SGDOptions(0.5).momentum(0.9));
+  sgd.add_param_group({q}, optim::SGDOptions(0.25));
+  CHECK_FALSE(sgd.lr_tensor(0).defined());
+  CHECK(sgd.capture_refusal()->find("learning rate on the host") != std::string::npos);
+  sgd.keep_lr_on_device(Device::cpu());
+  REQUIRE(sgd.lr_tensor(1).defined());
+  CHECK(sgd.lr_tensor(0).dtype() == DType::f64);
+  CHECK(sgd.lr_tensor(0).item() == 0.5);
+  CHECK(sgd.lr_tensor(1).item() == 0.25);
+  sgd.set_lr(1, 0.125);
+  CHECK(sgd.lr_tensor(1).item() == 0.125);
+  CHECK(sgd.lr_tensor(0).item() == 0.5);
+  sgd.set_lr(0.0625);
+  CHECK(sgd.lr_tensor(0).item() == 0.0625);
+  CHECK(sgd.lr_tensor(1).item() == 0.0625);
+  // A schedule's rates reach the device copy too.
+  optim::StepLR schedule(sgd, 1, 0.5);
+  schedule.step();
+  CHECK(sgd.lr_tensor(0).item() == sgd.lr(0));
+  // On the CPU the rates stay a host copy's: still no capture.
+  CHECK(sgd.capture_refusal()->find("learning rate on the host") != std::string::npos);
+  optim::Adam adam(std::vector<Tensor>{p}, optim::AdamOptions());
+  CHECK(adam.capture_refusal()->find("only SGD's can be captured") != std::string::npos);
+}
+
 TEST_CASE("StepLR and CosineAnnealingLR follow PyTorch's closed forms") {
   Tensor p = Tensor::ones({1}).set_requires_grad(true);
   optim::SGD opt({p}, optim::SGDOptions(0.1));

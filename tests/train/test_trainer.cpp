@@ -23,6 +23,7 @@
 #include <loom/optim/amp.h>
 #include <loom/optim/lr_scheduler.h>
 #include <loom/optim/optimizer.h>
+#include <loom/train/captured_step.h>
 #include <loom/train/stop.h>
 #include <loom/train/trainer.h>
 
@@ -277,6 +278,24 @@ TEST_SUITE("train.trainer") {
                          doctest::Contains("log_interval must be >= 1"), Error);
     CHECK_THROWS_WITH_AS(train::Trainer(s.model, s.optimizer, train::TrainerOptions().trace_path("/no/such/dir/t.json")),
                          doctest::Contains("/no/such/dir/t.json: cannot write this file"), Error);
+    // A CUDA graph of the step needs the model on a GPU: refused before the first step.
+    train::Trainer graphed(s.model, s.optimizer, train::TrainerOptions().cuda_graph(true));
+    const std::vector<double> before = parameters_of(*s.model);
+    CHECK_THROWS_WITH_AS(quiet_fit(graphed, s.train_loader, nullptr),
+                         doctest::Contains("cuda_graph (--cuda-graph) needs the model on a GPU, not on cpu"), Error);
+    CHECK(parameters_of(*s.model) == before);
     restore_default_signals();
+  }
+
+  TEST_CASE("a CUDA graph of the step: what makes the Trainer run the steps eagerly, said") {
+    using train::CapturedStep;
+    CHECK(CapturedStep::refusal(Device::cuda(0), 1, 1, 0) == std::nullopt);
+    CHECK(CapturedStep::refusal(Device::cpu(), 1, 1, 0)->find("not a GPU") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), 2, 1, 0)->find("one process only") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), 1, 4, 0)->find("--accumulate-steps") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), 1, 1, 1.0)->find("--clip-grad-norm") != std::string::npos);
+    Setup s = make_setup();
+    CHECK_THROWS_WITH_AS(CapturedStep(*s.model, *s.optimizer, {}, Device::cpu(), false),
+                         doctest::Contains("CUDA graphs need a GPU, not cpu"), Error);
   }
 }
