@@ -8,6 +8,7 @@
 
 #include <loom/core/cuda/check.h>
 #include <loom/core/cuda/counters.h>
+#include <loom/core/cuda/handles.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/stream.h>
 #include <loom/core/error.h>
@@ -53,6 +54,10 @@ void Graph::capture(const std::function<void()>& work) {
   side.wait(ready);  // the capture's work comes after what is queued already
   const StreamGuard on_side(side);
   const cudaStream_t stream = static_cast<cudaStream_t>(side.handle());
+  // This thread's cuBLAS and cuDNN handles made and bound to the side stream
+  // now: making or binding one inside the capture could allocate or wait.
+  (void)cublas_handle(side);
+  (void)cudnn_handle(side);
   begin_private_pool(device_, pool_, side);
   LOOM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   detail::set_capturing(true);
