@@ -21,9 +21,11 @@
 #include <string>
 #include <thread>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <loom/core/autograd.h>
+#include <loom/core/cuda/counters.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/stream.h>
 #include <loom/core/error.h>
@@ -34,6 +36,7 @@
 #include <loom/dist/store.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
+#include <loom/train/stop.h>
 #include "tests/dist/multiprocess.h"
 #include "tests/dist/tiny_mlp.h"
 #include "tests/gpu/no_gpu.h"
@@ -334,11 +337,38 @@ LOOM_DIST_SCENARIO("nccl_init_timeout") {
   std::_Exit(0);  // the aborted communicator's threads may still be winding down
 }
 
+// The stop agreement on a CUDA group: depth 2, rank 0's signal stops every
+// rank at the same poll, two polls after the one that issued it, and a poll
+// whose copy is done (the host not ahead of the GPU) makes no host sync.
+LOOM_DIST_SCENARIO("nccl_stop_agreement") {
+  auto group = nccl_group();
+  const int rank = group->rank();
+  const Device device = group->device();
+  train::StopSignals::install(SIGUSR1);
+  train::StopAgreement agreement(group);
+  expect(agreement.depth() == 2, "a CUDA group's depth is ", agreement.depth(), ", expected 2");
+  const auto settled_poll = [&] {
+    cuda::synchronize(device.index);  // every all-reduce and copy done
+    const cuda::Counters before = cuda::counters();
+    const int agreed = agreement.poll();
+    const int64_t syncs = (cuda::counters() - before).host_syncs();
+    expect(syncs == 0, "rank ", rank, ": a poll after the device finished made ", syncs, " host syncs");
+    return agreed;
+  };
+  for (int i = 0; i < 3; ++i) expect(settled_poll() == 0, "rank ", rank, ": poll ", i, " stopped with no signal");
+  if (rank == 0) ::raise(SIGUSR1);
+  for (int i = 0; i < 2; ++i) expect(settled_poll() == 0, "rank ", rank, ": stopped ", i, " polls after the signal");
+  expect(settled_poll() == SIGUSR1, "rank ", rank, ": did not stop two polls after rank 0's signal");
+  agreement.finish();
+  train::StopSignals::reset();
+}
+
 TEST_SUITE("nccl") {
   TEST_CASE("world 1: collectives, stream ordering, DDP") {
     run_ranks("nccl_collectives", 1);
     run_ranks("nccl_stream_order", 1);
     run_ranks("nccl_ddp", 1);
+    run_ranks("nccl_stop_agreement", 1);
     run_ranks("nccl_init_timeout", 1, 60s);
   }
 
@@ -351,6 +381,7 @@ TEST_SUITE("nccl") {
     run_ranks("nccl_collectives", 2);
     run_ranks("nccl_stream_order", 2);
     run_ranks("nccl_ddp", 2);
+    run_ranks("nccl_stop_agreement", 2);
     if (gpus > 2) {
       run_ranks("nccl_collectives", gpus);
       run_ranks("nccl_ddp", gpus);
