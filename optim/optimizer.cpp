@@ -295,13 +295,50 @@ void AdamOptions::check() const {
   LOOM_CHECK(eps() >= 0 && weight_decay() >= 0, "Adam: eps and weight_decay must be >= 0");
 }
 
-void Adam::step() {
+void Adam::step_if_finite(const Tensor& found_inf) {
+  bool on_device = found_inf.defined() && found_inf.device().is_cuda();
+  for (size_t gi = 0; gi < groups_.size() && on_device; ++gi) {
+    for (const Tensor& p : groups_[gi].params) {
+      if (p.grad().defined() && p.device() != found_inf.device()) on_device = false;
+    }
+  }
+  if (on_device) {
+    update(found_inf);
+  } else {
+    Optimizer::step_if_finite(found_inf);
+  }
+}
+
+std::optional<std::string> Adam::capture_refusal() const {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& group = groups_[gi];
+    if (!group.lr_tensor.defined() || !group.lr_tensor.device().is_cuda()) {
+      return std::string("Adam keeps its learning rate on the host (Optimizer::keep_lr_on_device makes a device copy)");
+    }
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const Tensor& p = group.params[pi];
+      if (!p.grad().defined()) continue;
+      if (p.device() != group.lr_tensor.device()) return "parameter " + p.str() + " is not on the learning rate's GPU";
+      const AdamMoments& s = param_states_[gi][pi];
+      if (!s.exp_avg.defined() || !s.device_step.defined()) {
+        return std::string("Adam's moments and step counts are made by its first step: take one step before the "
+                           "capture");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+void Adam::update(const Tensor& skip_if) {
   NoGradGuard no_grad;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const AdamOptions& o = options_[gi];
     const double lr = groups_[gi].lr;
+    const Tensor& lr_tensor = groups_[gi].lr_tensor;
+    const bool lr_on_gpu = lr_tensor.defined() && lr_tensor.device().is_cuda();
     std::vector<Tensor> cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs;  // one fused kernel per dtype
     std::vector<int64_t> cuda_steps;
+    std::vector<Tensor> cuda_device_steps;
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       Tensor& p = groups_[gi].params[pi];
       if (!p.grad().defined()) continue;
@@ -313,13 +350,19 @@ void Adam::step() {
       }
       check_state_layout(s.exp_avg, p);
       check_state_layout(s.exp_avg_sq, p);
-      ++s.step;
+      // A skip decided on the GPU, or a rate read there (a captured step):
+      // the count moves to the GPU for good, and the kernels advance it.
+      if (p.device().is_cuda() && !s.device_step.defined() && (skip_if.defined() || lr_on_gpu)) {
+        s.device_step = Tensor::full({}, static_cast<double>(s.step), DType::f64, p.device());
+      }
+      if (!s.device_step.defined()) ++s.step;
       if (p.device().is_cuda()) {
         cuda_params.push_back(p);
         cuda_grads.push_back(g);
         cuda_exp_avgs.push_back(s.exp_avg);
         cuda_exp_avg_sqs.push_back(s.exp_avg_sq);
         cuda_steps.push_back(s.step);
+        cuda_device_steps.push_back(s.device_step);
         continue;
       }
       const double bias_correction1 = 1 - std::pow(o.beta1(), static_cast<double>(s.step));
@@ -350,7 +393,8 @@ void Adam::step() {
     }
     if (!cuda_params.empty()) {
       cuda::adam_step(cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs, cuda_steps,
-                      {lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay(), o.decoupled_weight_decay()});
+                      {lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay(), o.decoupled_weight_decay()},
+                      cuda_device_steps, skip_if, lr_on_gpu ? lr_tensor : Tensor());
     }
   }
 }
@@ -359,7 +403,7 @@ void AdamMoments::save(const std::string& prefix, nn::NamedTensors& out) const {
   if (!exp_avg.defined()) return;
   out.emplace_back(prefix + "exp_avg", exp_avg);
   out.emplace_back(prefix + "exp_avg_sq", exp_avg_sq);
-  out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(step), DType::i64));
+  out.emplace_back(prefix + "step", Tensor::full({}, static_cast<double>(count()), DType::i64));
 }
 
 void AdamMoments::load(const nn::NamedTensors& state, const std::string& prefix, const Tensor& param) {
@@ -375,6 +419,7 @@ void AdamMoments::load(const nn::NamedTensors& state, const std::string& prefix,
   exp_avg = std::move(restored_avg);
   exp_avg_sq = std::move(restored_avg_sq);
   step = static_cast<int64_t>(saved_step->item());
+  if (device_step.defined()) device_step.fill_(static_cast<double>(step));
 }
 
 }  // namespace loom::optim

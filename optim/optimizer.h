@@ -47,7 +47,8 @@ class Optimizer {
   // value that changes between steps read from device memory. This default
   // says that the optimizer does not support capture.
   virtual std::optional<std::string> capture_refusal() const {
-    return std::string("the optimizer's step uses host values that change every step (only SGD's can be captured)");
+    return std::string("the optimizer's step uses host values that change every step (SGD's and Adam's can be "
+                       "captured)");
   }
   // The rate every LR schedule of the group scales (PyTorch's
   // group['initial_lr']): the group's rate when the first schedule asked,
@@ -191,10 +192,16 @@ class AdamOptions {
 };
 
 // A parameter's Adam state: its moment estimates, undefined until its first
-// step, and its step count; saved as "exp_avg", "exp_avg_sq" and "step".
+// step, and its step count; saved as "exp_avg", "exp_avg_sq" and "step". On
+// a GPU whose steps are skipped there (step_if_finite with a flag on the
+// GPU) or captured (keep_lr_on_device), the count moves into `device_step`,
+// an f64 scalar the fused kernels advance unless the step is skipped.
 struct AdamMoments {
   Tensor exp_avg, exp_avg_sq;
   int64_t step = 0;
+  Tensor device_step;  // when defined, it holds the count (`step` is stale)
+  // The count, read from the device when it is there.
+  int64_t count() const { return device_step.defined() ? static_cast<int64_t>(device_step.item()) : step; }
   void save(const std::string& prefix, nn::NamedTensors& out) const;
   void load(const nn::NamedTensors& state, const std::string& prefix, const Tensor& param);
 };
@@ -202,7 +209,17 @@ struct AdamMoments {
 class Adam : public OptimizerWithGroups<AdamOptions, AdamMoments> {
  public:
   using OptimizerWithGroups::OptimizerWithGroups;
-  void step() override;
+  void step() override { update(Tensor()); }
+  // With the flag on the GPU that holds every parameter with a gradient, the
+  // fused kernels skip on it and advance the step counts on the device
+  // (AdamMoments::device_step): nothing is read back. Otherwise the default.
+  void step_if_finite(const Tensor& found_inf) override;
+  // Nothing once the rates are on the GPU and every moment and device step
+  // count is made (after a step).
+  std::optional<std::string> capture_refusal() const override;
+
+ private:
+  void update(const Tensor& skip_if);
 };
 
 // torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8,

@@ -76,20 +76,44 @@ struct AdamList {
   void* exp_avg_sq[kMaxTensors];
   double step_size[kMaxTensors];       // lr / (1 - beta1^step)
   double sqrt_correction[kMaxTensors];  // sqrt(1 - beta2^step)
+  double* device_step[kMaxTensors];     // the count on the device, or null: step_size and sqrt_correction hold
   Chunks chunks;
 };
 
+// What the kernels need to compute the bias corrections of a count on the
+// device, as the host does (in f64), and the rate there.
+struct AdamDevice {
+  const int* skip;         // GradScaler's flag, or null
+  const double* lr;        // the rate on the device, or null: host_lr
+  double host_lr, beta1, beta2, weight_decay;
+};
+
+// One thread per tensor of the list: its device count + 1, unless skipped.
+static __global__ void advance_steps_kernel(AdamList list, const int* skip) {
+  if (skip != nullptr && *skip != 0) return;
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < list.chunks.count && list.device_step[t] != nullptr) *list.device_step[t] += 1;
+}
+
 template <class T>
 static __global__ void adam_kernel(AdamList list, acc_t<T> beta1, acc_t<T> beta2, acc_t<T> eps, acc_t<T> weight_decay,
-                                   acc_t<T> decay, bool decoupled) {
+                                   acc_t<T> decay, bool decoupled, AdamDevice device) {
   using A = acc_t<T>;
+  if (device.skip != nullptr && *device.skip != 0) return;  // an overflowed step (GradScaler's flag)
   int64_t begin, end;
   const int t = block_tensor(list.chunks, begin, end);
+  if (device.lr != nullptr) decay = static_cast<A>(1 - *device.lr * device.weight_decay);
+  double step_size_f64 = list.step_size[t], sqrt_correction_f64 = list.sqrt_correction[t];
+  if (list.device_step[t] != nullptr) {  // the host's formulas (adam_step) on the device's count
+    const double step = *list.device_step[t], lr = device.lr != nullptr ? *device.lr : device.host_lr;
+    step_size_f64 = lr / (1 - pow(device.beta1, step));
+    sqrt_correction_f64 = sqrt(1 - pow(device.beta2, step));
+  }
   T* p = static_cast<T*>(list.param[t]);
   const T* g = static_cast<const T*>(list.grad[t]);
   T* m = static_cast<T*>(list.exp_avg[t]);
   T* v = static_cast<T*>(list.exp_avg_sq[t]);
-  const A step_size = static_cast<A>(list.step_size[t]), sqrt_correction = static_cast<A>(list.sqrt_correction[t]);
+  const A step_size = static_cast<A>(step_size_f64), sqrt_correction = static_cast<A>(sqrt_correction_f64);
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     A w = to_acc(p[i]);
     A grad = to_acc(g[i]);
@@ -293,16 +317,24 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
 }
 
 void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
-               const std::vector<Tensor>& exp_avg_sqs, const std::vector<int64_t>& steps, const AdamHyper& hyper) {
+               const std::vector<Tensor>& exp_avg_sqs, const std::vector<int64_t>& steps, const AdamHyper& hyper,
+               const std::vector<Tensor>& device_steps, const Tensor& skip_if, const Tensor& lr) {
   LOOM_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size() &&
-                 steps.size() == params.size(),
+                 steps.size() == params.size() && (device_steps.empty() || device_steps.size() == params.size()),
              "fused Adam: ", params.size(), " parameters but ", grads.size(), " gradients");
   for (size_t i = 0; i < params.size(); ++i) {
     check_cuda("fused Adam", params[i]);
     check_update_tensor("gradient", grads[i], params[i]);
     check_update_tensor("exp_avg", exp_avgs[i], params[i]);
     check_update_tensor("exp_avg_sq", exp_avg_sqs[i], params[i]);
+    if (!device_steps.empty() && device_steps[i].defined())
+      check_scalar("the step count", device_steps[i], DType::f64, params[i].device());
+    if (skip_if.defined()) check_scalar("the skip flag", skip_if, DType::i32, params[i].device());
+    if (lr.defined()) check_scalar("the learning rate", lr, DType::f64, params[i].device());
   }
+  const AdamDevice device{skip_if.defined() ? skip_if.data<int32_t>() : nullptr,
+                          lr.defined() ? lr.data<double>() : nullptr, hyper.lr, hyper.beta1, hyper.beta2,
+                          hyper.weight_decay};
   for_each_batch<AdamList>(
       "fused Adam", params,
       [&](AdamList& list, size_t k, size_t i) {
@@ -313,12 +345,21 @@ void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
         const double step = static_cast<double>(steps[i]);
         list.step_size[k] = hyper.lr / (1 - std::pow(hyper.beta1, step));
         list.sqrt_correction[k] = std::sqrt(1 - std::pow(hyper.beta2, step));
+        list.device_step[k] =
+            !device_steps.empty() && device_steps[i].defined() ? device_steps[i].data<double>() : nullptr;
       },
       [&]<class T>(const AdamList& list, unsigned blocks, cudaStream_t stream) {
         using A = acc_t<T>;
+        bool counts_on_device = false;
+        for (int k = 0; k < list.chunks.count; ++k) counts_on_device |= list.device_step[k] != nullptr;
+        if (counts_on_device) {
+          advance_steps_kernel<<<1, kMaxTensors, 0, stream>>>(list, device.skip);
+          LOOM_CHECK_LAUNCH();
+        }
         adam_kernel<T><<<blocks, kThreads, 0, stream>>>(
             list, static_cast<A>(hyper.beta1), static_cast<A>(hyper.beta2), static_cast<A>(hyper.eps),
-            static_cast<A>(hyper.weight_decay), static_cast<A>(1 - hyper.lr * hyper.weight_decay), hyper.decoupled);
+            static_cast<A>(hyper.weight_decay), static_cast<A>(1 - hyper.lr * hyper.weight_decay), hyper.decoupled,
+            device);
       });
 }
 

@@ -36,9 +36,15 @@ struct AdamHyper {
 };
 
 // For each i, at step count steps[i] (already incremented): PyTorch's Adam /
-// AdamW update of params[i] and its moments.
+// AdamW update of params[i] and its moments. Where device_steps[i] is
+// defined (an f64 scalar on the parameter's GPU: AdamMoments::device_step),
+// the count is that one instead, advanced by one on the device first, and
+// the bias corrections are computed there; `skip_if` and `lr` as sgd_step's
+// (a skipped step advances no count). `device_steps` may be empty.
 void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
-               const std::vector<Tensor>& exp_avg_sqs, const std::vector<int64_t>& steps, const AdamHyper& hyper);
+               const std::vector<Tensor>& exp_avg_sqs, const std::vector<int64_t>& steps, const AdamHyper& hyper,
+               const std::vector<Tensor>& device_steps = {}, const Tensor& skip_if = Tensor(),
+               const Tensor& lr = Tensor());
 
 // GradScaler's unscale on the GPU: destinations[i] = sources[i] * factor (in
 // f32, f64 for f64 sources) for contiguous destinations of f32 or the

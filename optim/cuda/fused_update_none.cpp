@@ -10,7 +10,8 @@ void sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std:
 }
 
 void adam_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-               const std::vector<Tensor>&, const std::vector<int64_t>&, const AdamHyper&) {
+               const std::vector<Tensor>&, const std::vector<int64_t>&, const AdamHyper&, const std::vector<Tensor>&,
+               const Tensor&, const Tensor&) {
   ::loom::cuda::require_device(0);
 }
 

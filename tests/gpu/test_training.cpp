@@ -485,4 +485,47 @@ TEST_CASE("the Trainer's --cuda-graph steps end where its eager steps do, bit fo
   }
 }
 
+TEST_CASE("Adam with GradScaler's flag on the GPU: counts on the device, a skipped step skipped there, as the host's") {
+  // The same Adam / AdamW on the GPU twice: one reads a host flag (its counts
+  // on the host), the other takes the flag on the GPU (its counts move
+  // there). Step 2 is flagged. The bias corrections are computed in f64 on
+  // the device (its pow may differ from the host's in the last bit).
+  for (const bool decoupled : {false, true}) {
+    INFO((decoupled ? "AdamW" : "Adam"));
+    std::vector<Tensor> host_params, device_params;
+    for (const Shape& shape : {Shape{16, 1, 5, 5}, Shape{10000}, Shape{3}}) {
+      const Tensor p = random_cpu(shape, 61 + host_params.size(), DType::f32);
+      host_params.push_back(to_gpu(p).set_requires_grad(true));
+      device_params.push_back(to_gpu(p).set_requires_grad(true));
+    }
+    const optim::AdamOptions options =
+        optim::AdamOptions(1e-2).weight_decay(1e-2).decoupled_weight_decay(decoupled);
+    optim::Adam host(host_params, options), device(device_params, options);
+    for (int step = 0; step < 4; ++step) {
+      for (size_t i = 0; i < host_params.size(); ++i) {
+        const Tensor g = random_cpu(host_params[i].sizes(), 200 * step + i, DType::f32);
+        host_params[i].set_grad(g.to(kCuda));
+        device_params[i].set_grad(g.to(kCuda));
+      }
+      const int flag = step == 2 ? 1 : 0;
+      host.step_if_finite(Tensor::scalar(flag, DType::i32));
+      const cuda::Counters before = cuda::counters();
+      device.step_if_finite(Tensor::scalar(flag, DType::i32).to(kCuda));
+      if (step > 0) CHECK((cuda::counters() - before).host_syncs() == 0);
+    }
+    for (size_t i = 0; i < host_params.size(); ++i) {
+      check_close(device_params[i], host_params[i].to(Device::cpu()), 1e-6, "parameter " + std::to_string(i));
+    }
+    const auto host_state = host.state(), device_state = device.state();
+    REQUIRE(host_state.size() == device_state.size());
+    for (size_t k = 0; k < host_state.size(); ++k) {
+      INFO(host_state[k].first);
+      if (host_state[k].first.ends_with(".step")) {
+        CHECK(device_state[k].second.item() == 3);
+        CHECK(host_state[k].second.item() == 3);
+      }
+    }
+  }
+}
+
 }  // TEST_SUITE
