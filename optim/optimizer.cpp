@@ -186,17 +186,43 @@ void SGDOptions::check() const {
   LOOM_CHECK(!nesterov() || (momentum() > 0 && dampening() == 0), "SGD: nesterov needs momentum > 0 and dampening 0");
 }
 
-void SGD::step_if_finite(const Tensor& found_inf) {
-  bool on_device = found_inf.defined() && found_inf.device().is_cuda();
-  for (size_t gi = 0; gi < groups_.size() && on_device; ++gi) {
-    for (size_t pi = 0; pi < groups_[gi].params.size() && on_device; ++pi) {
-      const Tensor& p = groups_[gi].params[pi];
-      if (!p.grad().defined()) continue;
-      on_device = p.device() == found_inf.device() &&
-                  (options_[gi].momentum() == 0 || param_states_[gi][pi].buffer.defined());
+bool Optimizer::flag_on_parameters_gpu(const Tensor& found_inf) const {
+  if (!found_inf.defined() || !found_inf.device().is_cuda()) return false;
+  for (const Group& group : groups_) {
+    for (const Tensor& p : group.params) {
+      if (p.grad().defined() && p.device() != found_inf.device()) return false;
     }
   }
-  if (on_device) {
+  return true;
+}
+
+std::optional<std::string> Optimizer::rates_capture_refusal(const char* who) const {
+  for (const Group& group : groups_) {
+    if (!group.lr_tensor.defined() || !group.lr_tensor.device().is_cuda()) {
+      return str(who, " keeps its learning rate on the host (Optimizer::keep_lr_on_device makes a device copy)");
+    }
+    for (const Tensor& p : group.params) {
+      if (p.grad().defined() && p.device() != group.lr_tensor.device())
+        return "parameter " + p.str() + " is not on the learning rate's GPU";
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether every parameter with a gradient has its momentum buffer (or needs none).
+bool SGD::buffers_made() const {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      if (groups_[gi].params[pi].grad().defined() && options_[gi].momentum() != 0 &&
+          !param_states_[gi][pi].buffer.defined())
+        return false;
+    }
+  }
+  return true;
+}
+
+void SGD::step_if_finite(const Tensor& found_inf) {
+  if (flag_on_parameters_gpu(found_inf) && buffers_made()) {
     update(found_inf);
   } else {
     Optimizer::step_if_finite(found_inf);
@@ -204,20 +230,10 @@ void SGD::step_if_finite(const Tensor& found_inf) {
 }
 
 std::optional<std::string> SGD::capture_refusal() const {
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const Group& group = groups_[gi];
-    if (!group.lr_tensor.defined() || !group.lr_tensor.device().is_cuda()) {
-      return std::string("SGD keeps its learning rate on the host (Optimizer::keep_lr_on_device makes a device copy)");
-    }
-    for (size_t pi = 0; pi < group.params.size(); ++pi) {
-      const Tensor& p = group.params[pi];
-      if (!p.grad().defined()) continue;
-      if (p.device() != group.lr_tensor.device()) return "parameter " + p.str() + " is not on the learning rate's GPU";
-      if (options_[gi].momentum() != 0 && !param_states_[gi][pi].buffer.defined()) {
-        return std::string("SGD's momentum buffers are made by its first step, on the host's decision: take one "
-                           "step before the capture");
-      }
-    }
+  if (auto why = rates_capture_refusal("SGD")) return why;
+  if (!buffers_made()) {
+    return std::string("SGD's momentum buffers are made by its first step, on the host's decision: take one step "
+                       "before the capture");
   }
   return std::nullopt;
 }
@@ -296,13 +312,7 @@ void AdamOptions::check() const {
 }
 
 void Adam::step_if_finite(const Tensor& found_inf) {
-  bool on_device = found_inf.defined() && found_inf.device().is_cuda();
-  for (size_t gi = 0; gi < groups_.size() && on_device; ++gi) {
-    for (const Tensor& p : groups_[gi].params) {
-      if (p.grad().defined() && p.device() != found_inf.device()) on_device = false;
-    }
-  }
-  if (on_device) {
+  if (flag_on_parameters_gpu(found_inf)) {
     update(found_inf);
   } else {
     Optimizer::step_if_finite(found_inf);
@@ -310,17 +320,11 @@ void Adam::step_if_finite(const Tensor& found_inf) {
 }
 
 std::optional<std::string> Adam::capture_refusal() const {
+  if (auto why = rates_capture_refusal("Adam")) return why;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const Group& group = groups_[gi];
-    if (!group.lr_tensor.defined() || !group.lr_tensor.device().is_cuda()) {
-      return std::string("Adam keeps its learning rate on the host (Optimizer::keep_lr_on_device makes a device copy)");
-    }
-    for (size_t pi = 0; pi < group.params.size(); ++pi) {
-      const Tensor& p = group.params[pi];
-      if (!p.grad().defined()) continue;
-      if (p.device() != group.lr_tensor.device()) return "parameter " + p.str() + " is not on the learning rate's GPU";
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       const AdamMoments& s = param_states_[gi][pi];
-      if (!s.exp_avg.defined() || !s.device_step.defined()) {
+      if (groups_[gi].params[pi].grad().defined() && (!s.exp_avg.defined() || !s.device_step.defined())) {
         return std::string("Adam's moments and step counts are made by its first step: take one step before the "
                            "capture");
       }

@@ -70,6 +70,13 @@ class Optimizer {
   virtual void gather_state(int to) { (void)to; }
 
  protected:
+  // Whether `found_inf` is on a GPU that holds every parameter with a
+  // gradient: the kernels of a fused update can read it there.
+  bool flag_on_parameters_gpu(const Tensor& found_inf) const;
+  // The part of capture_refusal that SGD and Adam share: the rates kept on a
+  // GPU that holds every parameter with a gradient; `who` names the optimizer.
+  std::optional<std::string> rates_capture_refusal(const char* who) const;
+
   struct Group {
     std::vector<Tensor> params;
     double lr;
@@ -165,6 +172,7 @@ class SGD : public OptimizerWithGroups<SGDOptions, MomentumBuffer> {
   void step_if_finite(const Tensor& found_inf) override;
 
  private:
+  bool buffers_made() const;
   // One update; with `skip_if` (on the GPU) the kernels skip it when it is set.
   void update(const Tensor& skip_if);
 };
