@@ -23,4 +23,11 @@ size_t choose_from(const char* name, const char* text, std::initializer_list<Env
 // choose_from(name, getenv(name), choices): reads the environment on every call.
 size_t environment_choice(const char* name, std::initializer_list<EnvironmentChoice> choices);
 
+// A switch of two settings, `off` (the default) and `on`, read as
+// environment_choice reads them: off_value or on_value.
+template <class T>
+T environment_switch(const char* name, EnvironmentChoice off, T off_value, EnvironmentChoice on, T on_value) {
+  return environment_choice(name, {off, on}) == 1 ? on_value : off_value;
+}
+
 }  // namespace loom

@@ -97,11 +97,10 @@ bool unscale_and_check(const std::vector<Tensor>& sources, const std::vector<Ten
 }
 
 LossScaleState loss_scale_state_from_environment() {
-  return environment_choice("LOOM_CUDA_LOSS_SCALE",
-                            {{"host", "the default: the overflow flag read back every step"},
-                             {"device", "scale, schedule and skip on the GPU, not yet proven on a GPU"}}) == 1
-             ? LossScaleState::device
-             : LossScaleState::host;
+  return environment_switch("LOOM_CUDA_LOSS_SCALE", {"host", "the default: the overflow flag read back every step"},
+                            LossScaleState::host,
+                            {"device", "scale, schedule and skip on the GPU, not yet proven on a GPU"},
+                            LossScaleState::device);
 }
 
 GradScaler::GradScaler(const GradScalerOptions& options)

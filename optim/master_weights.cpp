@@ -51,11 +51,9 @@ Tensor MasterWeights::load_gradients(const GradScaler& scaler) {
 }
 
 MasterCopy master_copy_from_environment() {
-  return environment_choice("LOOM_CUDA_MASTER_COPY",
-                            {{"per_tensor", "the default: one copy per parameter"},
-                             {"fused", "one launch per 36 parameters, not yet proven on a GPU"}}) == 1
-             ? MasterCopy::fused
-             : MasterCopy::per_tensor;
+  return environment_switch("LOOM_CUDA_MASTER_COPY", {"per_tensor", "the default: one copy per parameter"},
+                            MasterCopy::per_tensor, {"fused", "one launch per 36 parameters, not yet proven on a GPU"},
+                            MasterCopy::fused);
 }
 
 void MasterWeights::copy_to_model() {

@@ -209,16 +209,15 @@ std::optional<std::string> Optimizer::rates_capture_refusal(const char* who) con
   return std::nullopt;
 }
 
+Tensor Optimizer::gpu_lr(size_t group) const {
+  const Tensor& lr = groups_.at(group).lr_tensor;
+  return lr.defined() && lr.device().is_cuda() ? lr : Tensor();
+}
+
 // Whether every parameter with a gradient has its momentum buffer (or needs none).
 bool SGD::buffers_made() const {
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
-      if (groups_[gi].params[pi].grad().defined() && options_[gi].momentum() != 0 &&
-          !param_states_[gi][pi].buffer.defined())
-        return false;
-    }
-  }
-  return true;
+  return !any_with_gradient(
+      [&](const MomentumBuffer& state, size_t gi) { return options_[gi].momentum() != 0 && !state.buffer.defined(); });
 }
 
 void SGD::step_if_finite(const Tensor& found_inf) {
@@ -286,9 +285,7 @@ void SGD::update(const Tensor& skip_if) {
     }
     if (!cuda_params.empty()) {
       cuda::sgd_step(cuda_params, cuda_grads, cuda_buffers, cuda_first,
-                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()}, skip_if,
-                     groups_[gi].lr_tensor.defined() && groups_[gi].lr_tensor.device().is_cuda() ? groups_[gi].lr_tensor
-                                                                                                 : Tensor());
+                     {lr, o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()}, skip_if, gpu_lr(gi));
     }
   }
 }
@@ -321,14 +318,8 @@ void Adam::step_if_finite(const Tensor& found_inf) {
 
 std::optional<std::string> Adam::capture_refusal() const {
   if (auto why = rates_capture_refusal("Adam")) return why;
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
-      const AdamMoments& s = param_states_[gi][pi];
-      if (groups_[gi].params[pi].grad().defined() && (!s.exp_avg.defined() || !s.device_step.defined())) {
-        return std::string("Adam's moments and step counts are made by its first step: take one step before the "
-                           "capture");
-      }
-    }
+  if (any_with_gradient([](const AdamMoments& s, size_t) { return !s.exp_avg.defined() || !s.device_step.defined(); })) {
+    return std::string("Adam's moments and step counts are made by its first step: take one step before the capture");
   }
   return std::nullopt;
 }
@@ -338,8 +329,7 @@ void Adam::update(const Tensor& skip_if) {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const AdamOptions& o = options_[gi];
     const double lr = groups_[gi].lr;
-    const Tensor& lr_tensor = groups_[gi].lr_tensor;
-    const bool lr_on_gpu = lr_tensor.defined() && lr_tensor.device().is_cuda();
+    const Tensor lr_tensor = gpu_lr(gi);
     std::vector<Tensor> cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs;  // one fused kernel per dtype
     std::vector<int64_t> cuda_steps;
     std::vector<Tensor> cuda_device_steps;
@@ -356,7 +346,7 @@ void Adam::update(const Tensor& skip_if) {
       check_state_layout(s.exp_avg_sq, p);
       // A skip decided on the GPU, or a rate read there (a captured step):
       // the count moves to the GPU for good, and the kernels advance it.
-      if (p.device().is_cuda() && !s.device_step.defined() && (skip_if.defined() || lr_on_gpu)) {
+      if (p.device().is_cuda() && !s.device_step.defined() && (skip_if.defined() || lr_tensor.defined())) {
         s.device_step = Tensor::full({}, static_cast<double>(s.step), DType::f64, p.device());
       }
       if (!s.device_step.defined()) ++s.step;
@@ -398,7 +388,7 @@ void Adam::update(const Tensor& skip_if) {
     if (!cuda_params.empty()) {
       cuda::adam_step(cuda_params, cuda_grads, cuda_exp_avgs, cuda_exp_avg_sqs, cuda_steps,
                       {lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay(), o.decoupled_weight_decay()},
-                      cuda_device_steps, skip_if, lr_on_gpu ? lr_tensor : Tensor());
+                      cuda_device_steps, skip_if, lr_tensor);
     }
   }
 }

@@ -76,6 +76,8 @@ class Optimizer {
   // The part of capture_refusal that SGD and Adam share: the rates kept on a
   // GPU that holds every parameter with a gradient; `who` names the optimizer.
   std::optional<std::string> rates_capture_refusal(const char* who) const;
+  // The group's rate on a GPU (keep_lr_on_device), else undefined.
+  Tensor gpu_lr(size_t group) const;
 
   struct Group {
     std::vector<Tensor> params;
@@ -114,8 +116,23 @@ class OptimizerWithGroups : public Optimizer {
       param_states_[gi][pi].load(state, prefix, groups_[gi].params[pi]);
     });
   }
+  void step() override { update(Tensor()); }
 
  protected:
+  // One update of every parameter that has a gradient; with `skip_if`
+  // (GradScaler's flag on their GPU) the fused kernels skip it when it is set.
+  virtual void update(const Tensor& skip_if) = 0;
+  // Whether lacks(state, group) holds for some parameter that has a gradient.
+  template <class Lacks>
+  bool any_with_gradient(Lacks&& lacks) const {
+    for (size_t gi = 0; gi < param_states_.size(); ++gi) {
+      for (size_t pi = 0; pi < param_states_[gi].size(); ++pi) {
+        if (groups_[gi].params[pi].grad().defined() && lacks(param_states_[gi][pi], gi)) return true;
+      }
+    }
+    return false;
+  }
+
   std::vector<Options> options_;
   std::vector<std::vector<ParamState>> param_states_;  // per group, per parameter
 
@@ -161,7 +178,6 @@ struct MomentumBuffer {
 class SGD : public OptimizerWithGroups<SGDOptions, MomentumBuffer> {
  public:
   using OptimizerWithGroups::OptimizerWithGroups;
-  void step() override { update(Tensor()); }
   // Nothing once the rates are kept on the device, every parameter that has
   // a gradient is on it, and every momentum buffer is made (after a step).
   std::optional<std::string> capture_refusal() const override;
@@ -173,8 +189,7 @@ class SGD : public OptimizerWithGroups<SGDOptions, MomentumBuffer> {
 
  private:
   bool buffers_made() const;
-  // One update; with `skip_if` (on the GPU) the kernels skip it when it is set.
-  void update(const Tensor& skip_if);
+  void update(const Tensor& skip_if) override;
 };
 
 // AdamOptions(1e-3).betas(0.9, 0.999).weight_decay(0.01), PyTorch's Adam.
@@ -217,7 +232,6 @@ struct AdamMoments {
 class Adam : public OptimizerWithGroups<AdamOptions, AdamMoments> {
  public:
   using OptimizerWithGroups::OptimizerWithGroups;
-  void step() override { update(Tensor()); }
   // With the flag on the GPU that holds every parameter with a gradient, the
   // fused kernels skip on it and advance the step counts on the device
   // (AdamMoments::device_step): nothing is read back. Otherwise the default.
@@ -227,7 +241,7 @@ class Adam : public OptimizerWithGroups<AdamOptions, AdamMoments> {
   std::optional<std::string> capture_refusal() const override;
 
  private:
-  void update(const Tensor& skip_if);
+  void update(const Tensor& skip_if) override;
 };
 
 // torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8,

@@ -53,11 +53,8 @@ CachingAllocator::CachingAllocator(int device, std::unique_ptr<AllocatorBackend>
     : device_(device), backend_(std::move(backend)), caching_(caching) {}
 
 CachingAllocator::Caching CachingAllocator::caching_from_environment() {
-  return environment_choice("LOOM_CUDA_NO_CACHING",
-                            {{"0", "the default: the caching allocator"},
-                             {"1", "no caching allocator, every tensor its own cudaMalloc"}}) == 1
-             ? Caching::off
-             : Caching::on;
+  return environment_switch("LOOM_CUDA_NO_CACHING", {"0", "the default: the caching allocator"}, Caching::on,
+                            {"1", "no caching allocator, every tensor its own cudaMalloc"}, Caching::off);
 }
 
 CachingAllocator::~CachingAllocator() {
