@@ -318,9 +318,10 @@ void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_devi
   if (nbytes == 0) return;
   require_device(device);
   const StreamView stream = current_stream(device);
-  enqueue_copy(dst, dst_on_device, src, src_on_device, nbytes, stream);
-  // One wait of the host, counted once by what it waits for.
+  // One wait of the host, counted once by what it waits for (before the
+  // copy: inside a CUDA graph's capture the copy itself fails).
   detail::count_host_sync(src_on_device && !dst_on_device ? HostSync::device_to_host_copy : HostSync::blocking_copy);
+  enqueue_copy(dst, dst_on_device, src, src_on_device, nbytes, stream);
   DeviceGuard guard(device);
   LOOM_CHECK_CUDA(cudaStreamSynchronize(stream.handle()));
 }
@@ -328,9 +329,9 @@ void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_devi
 void copy_bytes_async(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t nbytes,
                       StreamView stream) {
   if (nbytes == 0) return;
-  enqueue_copy(dst, dst_on_device, src, src_on_device, nbytes, stream);
   // The runtime returns from a copy into pageable host memory only once it is done.
   if (src_on_device && !dst_on_device && !is_pinned(dst)) detail::count_host_sync(HostSync::device_to_host_copy);
+  enqueue_copy(dst, dst_on_device, src, src_on_device, nbytes, stream);
 }
 
 void copy_between_devices(void* dst, int dst_device, const void* src, int src_device, size_t nbytes,
