@@ -5,10 +5,13 @@
 
 namespace loom::train {
 
-std::optional<std::string> CapturedStep::refusal(const Device& device, int world_size, int64_t accumulate_steps,
+std::optional<std::string> CapturedStep::refusal(const Device& device, bool distributed, int64_t accumulate_steps,
                                                  double clip_grad_norm) {
   if (!device.is_cuda()) return "the model is on " + device.str() + ", not a GPU";
-  if (world_size > 1) return std::string("DistributedDataParallel's all-reduces are not captured yet (one process only)");
+  if (distributed) {
+    return std::string("DistributedDataParallel's all-reduces are not captured yet (one process without a process "
+                       "group only)");
+  }
   if (accumulate_steps > 1) return std::string("gradient accumulation (--accumulate-steps) is not captured yet");
   if (clip_grad_norm > 0) return std::string("gradient clipping reads the norm on the host (--clip-grad-norm)");
   return std::nullopt;

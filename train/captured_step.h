@@ -30,7 +30,8 @@ class CapturedStep {
  public:
   // Why the run's steps cannot be captured, from what is known before the
   // first step; nothing when they can (the optimizer is asked at capture).
-  static std::optional<std::string> refusal(const Device& device, int world_size, int64_t accumulate_steps,
+  // `distributed`: the model is wrapped in DistributedDataParallel.
+  static std::optional<std::string> refusal(const Device& device, bool distributed, int64_t accumulate_steps,
                                             double clip_grad_norm);
 
   // Keeps the optimizer's learning rates and the loss scale on `device`.

@@ -106,7 +106,7 @@ class TrainerOptions {
   // Each optimizer step as the replay of one CUDA graph (train/captured_step.h):
   // the first step eager, the second captured, the epoch's smaller last
   // batch eager; the learning rates and the loss scale kept on the GPU. Needs
-  // the model on a GPU (else refused); with several processes, gradient
+  // the model on a GPU (else refused); with a process group (DDP), gradient
   // accumulation or clipping the steps run eagerly, as they do after a
   // failed capture, and rank 0 says why on stderr. Not yet run on a GPU.
   LOOM_OPTION(bool, cuda_graph) = false;

@@ -59,13 +59,20 @@ void Graph::capture(const std::function<void()>& work) {
   (void)cublas_handle(side);
   (void)cudnn_handle(side);
   begin_private_pool(device_, pool_, side);
-  LOOM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    LOOM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  } catch (...) {
+    end_private_pool(device_, side);
+    throw;
+  }
   detail::set_capturing(true);
   std::string failure;
   try {
     work();
   } catch (const std::exception& e) {
     failure = e.what();
+  } catch (...) {
+    failure = "the captured work threw an exception that is not a std::exception";
   }
   const CaptureSyncs syncs = detail::set_capturing(false);
   cudaError_t status = cudaSuccess;

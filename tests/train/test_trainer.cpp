@@ -289,11 +289,11 @@ TEST_SUITE("train.trainer") {
 
   TEST_CASE("a CUDA graph of the step: what makes the Trainer run the steps eagerly, said") {
     using train::CapturedStep;
-    CHECK(CapturedStep::refusal(Device::cuda(0), 1, 1, 0) == std::nullopt);
-    CHECK(CapturedStep::refusal(Device::cpu(), 1, 1, 0)->find("not a GPU") != std::string::npos);
-    CHECK(CapturedStep::refusal(Device::cuda(0), 2, 1, 0)->find("one process only") != std::string::npos);
-    CHECK(CapturedStep::refusal(Device::cuda(0), 1, 4, 0)->find("--accumulate-steps") != std::string::npos);
-    CHECK(CapturedStep::refusal(Device::cuda(0), 1, 1, 1.0)->find("--clip-grad-norm") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), false, 1, 0) == std::nullopt);
+    CHECK(CapturedStep::refusal(Device::cpu(), false, 1, 0)->find("not a GPU") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), true, 1, 0)->find("DistributedDataParallel") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), false, 4, 0)->find("--accumulate-steps") != std::string::npos);
+    CHECK(CapturedStep::refusal(Device::cuda(0), false, 1, 1.0)->find("--clip-grad-norm") != std::string::npos);
     Setup s = make_setup();
     CHECK_THROWS_WITH_AS(CapturedStep(*s.model, *s.optimizer, {}, Device::cpu(), false),
                          doctest::Contains("CUDA graphs need a GPU, not cpu"), Error);
