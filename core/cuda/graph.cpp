@@ -1,9 +1,11 @@
 // cuda::Graph (graph.h) over the CUDA runtime's stream capture.
 #include <loom/core/cuda/graph.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdio>
 #include <string>
 
 #include <loom/core/cuda/check.h>
@@ -16,6 +18,8 @@
 namespace loom::cuda {
 namespace {
 std::atomic<uint64_t> g_next_pool{1};
+// cuBLAS's recommended workspace on Hopper (32 MiB; 4 MiB suffices before it).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 // Ends the capture on `stream` whatever state it is in; returns the graph
 // (null when the capture was invalidated).
@@ -30,6 +34,7 @@ cudaGraph_t end_capture(cudaStream_t stream, cudaError_t& status) {
 struct Graph::Captured {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  DeviceBuffer cublas_workspace;  // what the captured matrix products use, as long as they may run
   ~Captured() {
     if (exec != nullptr) cudaGraphExecDestroy(exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -39,6 +44,12 @@ struct Graph::Captured {
 Graph::Graph(int device) : device_(device), pool_(g_next_pool.fetch_add(1)) { require_device(device); }
 
 Graph::~Graph() {
+  // Replays may still run: the pool's memory goes back only after them.
+  try {
+    if (captured_) synchronize(device_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: waiting for a CUDA graph's replays on cuda:%d failed: %s\n", device_, e.what());
+  }
   captured_.reset();
   release_private_pool(device_, pool_);
 }
@@ -46,7 +57,10 @@ Graph::~Graph() {
 bool Graph::captured() const { return captured_ != nullptr; }
 
 void Graph::capture(const std::function<void()>& work) {
-  captured_.reset();
+  if (captured_) {
+    synchronize(device_);  // the old graph's replays done before its memory is captured into again
+    captured_.reset();
+  }
   const DeviceGuard device_guard(device_);
   const StreamView side = pooled_stream(device_);
   Event ready(device_);
@@ -56,7 +70,13 @@ void Graph::capture(const std::function<void()>& work) {
   const cudaStream_t stream = static_cast<cudaStream_t>(side.handle());
   // This thread's cuBLAS and cuDNN handles made and bound to the side stream
   // now: making or binding one inside the capture could allocate or wait.
-  (void)cublas_handle(side);
+  // cuBLAS gets a workspace of the graph's own (its default pool may
+  // allocate inside the capture); binding a stream resets it, so it holds
+  // for the capture, during which the handle stays on the side stream.
+  auto made = std::make_unique<Captured>();
+  made->cublas_workspace = DeviceBuffer(kCublasWorkspaceBytes, device_);
+  LOOM_CHECK_CUBLAS(
+      cublasSetWorkspace(cublas_handle(side), made->cublas_workspace.data(), made->cublas_workspace.size()));
   (void)cudnn_handle(side);
   begin_private_pool(device_, pool_, side);
   try {
@@ -78,7 +98,6 @@ void Graph::capture(const std::function<void()>& work) {
   cudaError_t status = cudaSuccess;
   cudaGraph_t graph = end_capture(stream, status);
   end_private_pool(device_, side);
-  auto made = std::make_unique<Captured>();
   made->graph = graph;
   if (syncs.count > 0) {
     LOOM_FAIL("this step cannot be captured as a CUDA graph: it waits for the device ", syncs.count, " time(s), first by ",

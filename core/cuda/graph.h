@@ -27,7 +27,8 @@ class Graph {
  public:
   // A graph of `device`'s work, not captured yet.
   explicit Graph(int device);
-  // Destroys the graph and hands its memory pool back to the allocator.
+  // Waits for the replays still running (a host sync), destroys the graph
+  // and hands its memory pool back to the allocator.
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
@@ -37,8 +38,9 @@ class Graph {
   // current stream's queued work), its allocations served from this graph's
   // private pool. Nothing runs on the device. Work that a capture cannot
   // hold (a host sync, a CUDA call capture forbids) throws loom::Error
-  // saying why; the graph then stays empty. Capturing again replaces the
-  // graph (its pool is kept).
+  // saying why; the graph then stays empty. cuBLAS works in a 32 MiB
+  // workspace the graph owns. Capturing again waits for the replays and
+  // replaces the graph (its pool is kept).
   void capture(const std::function<void()>& work);
   // Launches the captured work on the device's current stream.
   void replay();

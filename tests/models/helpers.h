@@ -38,8 +38,9 @@ inline std::string safetensors_bytes(const std::string& header, const std::strin
   return out + header + data;
 }
 
-// The first Python that imports torch, torchvision and numpy: $LOOM_TORCH_PYTHON, the repository's
-// .venv (scripts/setup.sh --peers), Debian's /usr/bin/python3; "" when none does (the tests then skip).
+// The first Python that imports torch 2.x, torchvision and numpy: $LOOM_TORCH_PYTHON, the
+// repository's .venv (scripts/setup.sh --peers), /usr/bin/python3; "" when none does (the tests then
+// skip). Debian's python3-torch is 1.13, whose torchvision builds some models with other arguments.
 inline std::string torch_python() {
   static const std::string found = [] {
     std::vector<std::string> candidates;
@@ -48,7 +49,9 @@ inline std::string torch_python() {
     candidates.push_back("/usr/bin/python3");
     for (const std::string& python : candidates) {
       if (std::filesystem::exists(python) &&
-          std::system(("'" + python + "' -c 'import torch, torchvision, numpy' >/dev/null 2>&1").c_str()) == 0)
+          std::system(("'" + python + "' -c 'import sys, torch, torchvision, numpy; "
+                       "sys.exit(int(torch.__version__.split(\".\")[0]) < 2)' >/dev/null 2>&1")
+                          .c_str()) == 0)
         return python;
     }
     return std::string();
@@ -65,7 +68,7 @@ inline int run_python(const std::string& python, const std::string& script, cons
 }
 
 inline constexpr const char* kNoTorchMessage =
-    "skipped: no Python with torch + torchvision + numpy ($LOOM_TORCH_PYTHON, .venv/bin/python from "
-    "scripts/setup.sh --peers, or /usr/bin/python3 with python3-torch python3-torchvision python3-numpy)";
+    "skipped: no Python with torch 2.x + torchvision + numpy ($LOOM_TORCH_PYTHON, .venv/bin/python from "
+    "scripts/setup.sh --peers, or /usr/bin/python3 with them)";
 
 }  // namespace loom::testing
