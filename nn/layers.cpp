@@ -6,6 +6,7 @@
 #include <loom/core/autograd.h>
 #include <loom/nn/init.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/batch_norm_conv2d.h>
 #include <loom/ops/conv2d.h>
 #include <loom/ops/dropout.h>
 #include <loom/ops/layer_norm.h>
@@ -34,14 +35,11 @@ Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
   }
 }
 
-Tensor Conv2d::forward(const Tensor& input) {
-  Conv2dParams params;
-  params.stride = options_.stride();
-  params.padding = options_.padding();
-  params.dilation = options_.dilation();
-  params.groups = options_.groups();
-  return conv2d(input, weight, bias, params);
+Conv2dParams Conv2d::params() const {
+  return {options_.stride(), options_.padding(), options_.dilation(), options_.groups()};
 }
+
+Tensor Conv2d::forward(const Tensor& input) { return conv2d(input, weight, bias, params()); }
 
 BatchNorm2d::BatchNorm2d(const BatchNormOptions& options) : options_(options) {
   const int64_t c = options.num_features();
@@ -75,13 +73,27 @@ Tensor BatchNorm2d::forward_fused(const Tensor& input, FusedTail tail, const Ten
 
 Tensor BatchNorm2d::forward_relu(const Tensor& input) { return normalize(input, Activation::relu); }
 
-Tensor BatchNorm2d::forward_add_relu(const Tensor& input, const Tensor& residual) {
+Tensor BatchNorm2d::forward_add_relu(const Tensor& input, const Tensor& residual, const Tensor& input_stats) {
   LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features(), "BatchNorm2d(", options_.num_features(),
              "): expected (N, ", options_.num_features(), ", H, W) input, got ", input.str());
   const bool use_batch_stats = is_training() || !running_mean.defined();
   count_batch();
   return batch_norm_add_relu(input, residual, weight, bias, running_mean, running_var, use_batch_stats,
-                             options_.momentum(), options_.eps());
+                             options_.momentum(), options_.eps(), input_stats);
+}
+
+Tensor BatchNorm2d::forward_relu_conv(const Tensor& input, const Conv2d& conv, const Tensor& input_stats,
+                                      Tensor* output_stats) {
+  LOOM_CHECK(input.dim() == 4 && input.size(1) == options_.num_features(), "BatchNorm2d(", options_.num_features(),
+             "): expected (N, ", options_.num_features(), ", H, W) input, got ", input.str());
+  LOOM_CHECK(!conv.bias.defined(), "BatchNorm2d::forward_relu_conv: the convolution must have no bias");
+  const bool use_batch_stats = is_training() || !running_mean.defined();
+  count_batch();
+  BatchNormReluConv2d out =
+      batch_norm_relu_conv2d(input, weight, bias, running_mean, running_var, use_batch_stats, options_.momentum(),
+                             options_.eps(), conv.weight, conv.params(), input_stats, output_stats != nullptr);
+  if (output_stats) *output_stats = std::move(out.output_stats);
+  return std::move(out.output);
 }
 
 Tensor BatchNorm2d::forward_relu_max_pool_2x2(const Tensor& input) {

@@ -14,6 +14,7 @@
 #include <loom/core/options.h>
 #include <loom/nn/module.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/conv2d.h>
 #include <loom/ops/dropout.h>
 
 namespace loom::nn {
@@ -55,6 +56,8 @@ class Conv2d : public Module {
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Conv2d"; }
   const Conv2dOptions& options() const { return options_; }
+  // The options' geometry, as conv2d takes it.
+  Conv2dParams params() const;
 
   Tensor weight;  // (out, in, kh, kw)
   Tensor bias;    // (out) or undefined
@@ -96,7 +99,15 @@ class BatchNorm2d : public Module {
   virtual Tensor forward_relu(const Tensor& input);
   // relu(forward(input) + residual) as one fused op (batch_norm_add_relu): the
   // tail of a ResNet block, with this class's (local) statistics.
-  Tensor forward_add_relu(const Tensor& input, const Tensor& residual);
+  // `input_stats`: the input's per-channel sums when what wrote it computed
+  // them (forward_relu_conv's `output_stats`).
+  Tensor forward_add_relu(const Tensor& input, const Tensor& residual, const Tensor& input_stats = Tensor());
+  // conv.forward(relu(forward(input))) as one op (batch_norm_relu_conv2d),
+  // with this class's (local) statistics, for a Conv2d without bias. With
+  // `output_stats` non-null, in training, sets it to the output's
+  // per-channel sums for the next batch norm (else to undefined).
+  Tensor forward_relu_conv(const Tensor& input, const Conv2d& conv, const Tensor& input_stats = Tensor(),
+                           Tensor* output_stats = nullptr);
   // max_pool2d(relu(forward(input)), 2) as one fused op
   // (batch_norm_relu_max_pool2d): the ConvNet's block tail, BatchNorm2d, ReLU
   // and MaxPool2d(2), with this class's (local) statistics.

@@ -3,6 +3,8 @@
 #include <loom/core/autograd.h>
 #include <loom/core/enum_names.h>
 #include <loom/nn/init.h>
+#include <loom/ops/autocast.h>
+#include <loom/ops/batch_norm_conv2d.h>
 #include <loom/ops/elementwise.h>
 
 namespace loom::nn {
@@ -30,6 +32,16 @@ Tensor bn_add_relu(BatchNorm2d& bn, Module& relu, const Tensor& x, const Tensor&
   return relu.forward(add(bn.forward(x), identity));
 }
 
+// Whether bn -> relu -> conv runs as one op (BatchNorm2d::forward_relu_conv,
+// batch_norm_relu_conv2d) for an input x: where ops::batch_norm_conv_fusion
+// says so for x's device (CUDA under LOOM_CUDNN_GRAPH=1), the modules declare
+// what the op computes (a batch norm with the relu tail, not SyncBatchNorm;
+// a ReLU; a convolution without bias) and autocast changes no dtype.
+bool fuses_into_conv(BatchNorm2d& bn, Module& relu, const Conv2d& conv, const Tensor& x) {
+  return ops::batch_norm_conv_fusion(x.device()) && bn.fuses(FusedTail::relu) && relu.computes_relu() &&
+         !conv.bias.defined() && !ops::autocast_lowers({x, conv.weight});
+}
+
 }  // namespace
 
 namespace {
@@ -55,9 +67,20 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int64_t stride, std:
   if (downsample_) register_module("downsample", downsample, std::move(downsample_));
 }
 
+// With the batch norm and the convolution after it fused (fuses_into_conv),
+// the statistics of each fused convolution's output go to the next batch
+// norm; the autograd graph records the same order of ops otherwise.
 Tensor BasicBlock::forward(const Tensor& input) {
-  Tensor out = bn_relu(*bn1, *relu, conv1->forward(input));
-  out = conv2->forward(out);
+  Tensor out = conv1->forward(input);
+  if (fuses_into_conv(*bn1, *relu, *conv2, out)) {
+    const bool tail_fuses = bn2->fuses(FusedTail::add_relu) && relu->computes_relu();
+    Tensor stats;
+    out = bn1->forward_relu_conv(out, *conv2, {}, tail_fuses ? &stats : nullptr);
+    const Tensor identity = downsample ? downsample->forward(input) : input;
+    if (tail_fuses) return bn2->forward_add_relu(out, identity, stats);
+    return bn_add_relu(*bn2, *relu, out, identity);
+  }
+  out = conv2->forward(bn_relu(*bn1, *relu, out));
   const Tensor identity = downsample ? downsample->forward(input) : input;
   return bn_add_relu(*bn2, *relu, out, identity);
 }
@@ -74,8 +97,17 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int64_t stride, std:
 }
 
 Tensor Bottleneck::forward(const Tensor& input) {
-  Tensor out = bn_relu(*bn1, *relu, conv1->forward(input));
-  out = bn_relu(*bn2, *relu, conv2->forward(out));
+  Tensor out = conv1->forward(input);
+  if (fuses_into_conv(*bn1, *relu, *conv2, out) && fuses_into_conv(*bn2, *relu, *conv3, out)) {
+    const bool tail_fuses = bn3->fuses(FusedTail::add_relu) && relu->computes_relu();
+    Tensor stats2, stats3;
+    out = bn1->forward_relu_conv(out, *conv2, {}, &stats2);
+    out = bn2->forward_relu_conv(out, *conv3, stats2, tail_fuses ? &stats3 : nullptr);
+    const Tensor identity = downsample ? downsample->forward(input) : input;
+    if (tail_fuses) return bn3->forward_add_relu(out, identity, stats3);
+    return bn_add_relu(*bn3, *relu, out, identity);
+  }
+  out = bn_relu(*bn2, *relu, conv2->forward(bn_relu(*bn1, *relu, out)));
   out = conv3->forward(out);
   const Tensor identity = downsample ? downsample->forward(input) : input;
   return bn_add_relu(*bn3, *relu, out, identity);

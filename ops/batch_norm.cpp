@@ -1,5 +1,6 @@
 #include <loom/core/profiler.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/batch_norm_parts.h>
 
 #include <loom/ops/dispatch.h>
 #include <loom/ops/elementwise.h>
@@ -10,9 +11,6 @@
 namespace loom {
 
 namespace {
-// Row `i` of a (2, C) tensor of per-channel pairs, as a (C) view.
-Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
-
 void check_per_channel(const char* op, const char* what, const Tensor& t, const Tensor& input) {
   if (!t.defined()) return;
   const int64_t channels = input.size(1);
@@ -44,21 +42,14 @@ void ops::check_statistics_count(const char* op, const StatisticsCount& count, D
              ": the total count must be an f64 tensor of one element on ", device.str(), ", got ", total.str());
 }
 
-namespace {
-// The mean and variance a forward normalises with, and the elements per
-// channel they cover (over every participant once reduced).
-struct ForwardStatistics {
-  Tensor mean, var;  // (C)
-  StatisticsCount count;
-};
+namespace ops::detail {
 
-// batch_norm's statistics for `op` (its name in errors): in training the
-// batch's (reduced by `reduce` when given; the running stats updated), in
-// eval the running stats, cloned when `keep_for_backward` so that backward
-// sees this forward's values even if a later step updates the buffers in place.
+Tensor row(const Tensor& pairs, int64_t i) { return pairs.slice(0, i, i + 1).reshape({pairs.size(1)}); }
+
 ForwardStatistics forward_statistics(const char* op, const Tensor& input, const Tensor& running_mean,
                                      const Tensor& running_var, bool training, double momentum,
-                                     const BatchStatisticsReduction& reduce, bool keep_for_backward) {
+                                     const BatchStatisticsReduction& reduce, bool keep_for_backward,
+                                     const Tensor& input_stats) {
   LOOM_CHECK(training || running_mean.defined(), op,
              ": eval mode normalises with the running statistics, but none were given");
   const int64_t channels = input.size(1);
@@ -72,7 +63,14 @@ ForwardStatistics forward_statistics(const char* op, const Tensor& input, const 
     out.var = keep_for_backward ? running_var.clone() : running_var;
     return out;
   }
-  const Tensor stats = LOOM_DISPATCH(input, batch_norm_stats, input);
+  LOOM_CHECK(!input_stats.defined() || (input_stats.dtype() == DType::f64 && input_stats.device() == input.device() &&
+                                        input_stats.sizes() == Shape{2, channels}),
+             op, ": the input's statistics must be an f64 (2, ", channels, ") tensor on ", input.device().str(),
+             ", got ", input_stats.str());
+  // A reduction sums in place: the caller's statistics stay as they were.
+  const Tensor stats = !input_stats.defined() ? LOOM_DISPATCH(input, batch_norm_stats, input)
+                       : reduce               ? input_stats.clone()
+                                              : input_stats;
   if (reduce) {
     out.count = reduce.forward(stats, out.count.known);
     // A total on the device is at least `known`, which the reduction makes more than one.
@@ -86,16 +84,6 @@ ForwardStatistics forward_statistics(const char* op, const Tensor& input, const 
   return out;
 }
 
-// What batch_norm's backward keeps from the forward.
-struct SavedForward {
-  Tensor input, weight;  // detached; weight undefined without an affine transform
-  ForwardStatistics statistics;
-  bool training = false;
-  double eps = 0;
-  BatchStatisticsReduction reduce;  // empty in eval mode
-  DType weight_dtype = DType::f32, bias_dtype = DType::f32;
-};
-
 SavedForward save_forward(const Tensor& input, const Tensor& weight, const Tensor& bias,
                           const ForwardStatistics& statistics, bool training, double eps,
                           const BatchStatisticsReduction& reduce) {
@@ -103,18 +91,12 @@ SavedForward save_forward(const Tensor& input, const Tensor& weight, const Tenso
           weight.defined() ? weight.dtype() : DType::f32, bias.defined() ? bias.dtype() : DType::f32};
 }
 
-// Whether batch_norm_gradients needs backward_reduce's sums.
 bool needs_sums(const Node& node, const SavedForward& s, size_t weight_index) {
   return s.training || node.needs_input_grad(weight_index) || node.needs_input_grad(weight_index + 1);
 }
 
-// The input, weight and bias gradients of batch norm for the output gradient
-// dy (masked by `relu` inside the kernels when enabled); weight and bias are
-// the node's inputs `weight_index` and `weight_index + 1`. `reduced`, when
-// defined, are backward_reduce's sums for dy, computed by the caller
-// (batch_norm_add_relu's, with its mask).
-TensorList batch_norm_gradients(const Node& node, const Tensor& dy, const SavedForward& s, const ops::FusedRelu& relu,
-                                size_t weight_index, const Tensor& reduced = Tensor()) {
+TensorList batch_norm_gradients(const Node& node, const Tensor& dy, const SavedForward& s, const FusedRelu& relu,
+                                size_t weight_index, const Tensor& reduced) {
   const Tensor& x = s.input;
   const Tensor &mean = s.statistics.mean, &var = s.statistics.var;
   const size_t bias_index = weight_index + 1;
@@ -140,7 +122,15 @@ TensorList batch_norm_gradients(const Node& node, const Tensor& dy, const SavedF
       node.needs_input_grad(bias_index) ? gradient_to_destination(node, bias_index, row(sums, 0), s.bias_dtype)
                                         : Tensor()};
 }
-}  // namespace
+
+}  // namespace ops::detail
+
+using ops::detail::batch_norm_gradients;
+using ops::detail::forward_statistics;
+using ops::detail::ForwardStatistics;
+using ops::detail::needs_sums;
+using ops::detail::row;
+using ops::detail::save_forward;
 
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, Activation activation,
@@ -168,7 +158,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
 
 Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight, const Tensor& bias,
                            const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
-                           double eps) {
+                           double eps, const Tensor& input_stats) {
   LOOM_CHECK(residual.defined() && input.defined() && residual.sizes() == input.sizes(),
              "batch_norm_add_relu: the residual ", residual.defined() ? shape_str(residual.sizes()) : "(undefined)",
              " must have the input's shape ", input.defined() ? shape_str(input.sizes()) : "(undefined)");
@@ -177,7 +167,7 @@ Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Te
   check_batch_norm_arguments("batch_norm_add_relu", input, weight, bias, running_mean, running_var);
   const ForwardStatistics statistics =
       forward_statistics("batch_norm_add_relu", input, running_mean, running_var, training, momentum, {},
-                         any_requires_grad({input, residual, weight, bias}));
+                         any_requires_grad({input, residual, weight, bias}), input_stats);
   Tensor out;
   {
     NoGradGuard no_grad;

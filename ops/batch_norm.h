@@ -85,10 +85,14 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
 // Backward, with g = dy where the output is positive, else 0:
 //   d residual = g,  d input / d weight / d bias = batch_norm's rules for g.
 // On both backends one pass writes the output (batch_norm_apply with a
-// residual; no normalised or summed tensor in between).
+// residual; no normalised or summed tensor in between). `input_stats`, when
+// defined, are the input's per-channel (sum, sum of squares) as
+// batch_norm_stats returns them, computed by whatever wrote the input
+// (batch_norm_relu_conv2d's `output_stats`); training then skips its own
+// statistics pass over the input.
 Tensor batch_norm_add_relu(const Tensor& input, const Tensor& residual, const Tensor& weight, const Tensor& bias,
                            const Tensor& running_mean, const Tensor& running_var, bool training, double momentum = 0.1,
-                           double eps = 1e-5);
+                           double eps = 1e-5, const Tensor& input_stats = Tensor());
 
 // max_pool2d(relu(batch_norm(input)), 2) (2x2 windows, stride 2, no
 // padding) in one op: the ConvNet's block tail (BatchNorm2d, ReLU,

@@ -19,9 +19,9 @@
 // (cuda::Counters::graph_fallbacks); the caller runs the unfused ops. Plans
 // are built once per (device, shape, dtype, padding, stride, dilation) and
 // cached, refusals too. Not yet proven on a GPU, so behind a flag: the
-// training path is to take the graphs only when conv_graphs_enabled()
-// (LOOM_CUDNN_GRAPH=1; nothing in nn/ calls them yet); the tests call them
-// directly.
+// training path takes them (batch_norm_relu_conv2d, ops/batch_norm_conv2d.h,
+// in nn's ResNet blocks) only when conv_graphs_enabled() (LOOM_CUDNN_GRAPH=1);
+// the tests also call them directly.
 #pragma once
 
 #include <array>
@@ -39,8 +39,9 @@ namespace loom::ops::cuda {
 bool conv_graphs_built_in();
 
 // Whether LOOM_CUDNN_GRAPH=1 is set (read once, at the first call): the
-// switch for the training path, once it calls the graphs. Off by default until a GPU run proves the
-// graphs; the graph functions themselves run whatever it says. Throws
+// switch for the training path (ops::batch_norm_conv_fusion). Off by default
+// until a GPU run proves the graphs; the graph functions themselves run
+// whatever it says. Throws
 // loom::Error for a value other than 0 or 1 (conv_graphs_switch).
 bool conv_graphs_enabled();
 
@@ -95,6 +96,20 @@ struct BatchNormBackwardTerms {
   Tensor dgamma, dbeta;  // (C) f32
   Tensor eq_scale_dy, eq_scale_x, eq_bias;  // (C) f32: dx = eq_scale_dy * dz + eq_scale_x * x + eq_bias
 };
+
+// What the graphs take of a batch norm's forward, made in one launch by
+// graph_batch_norm.
+struct GraphBatchNorm {
+  Tensor scale, shift;   // (C) in the convolution's dtype: the prologue's weight * invstd and bias - mean * weight * invstd
+  BatchNormSaved saved;  // (C) f32, for the data-gradient graph
+};
+
+// From a batch norm's mean and (biased) variance, (C) of a floating dtype;
+// its weight and bias, (C) of a floating dtype or undefined (1 and 0); its
+// eps; for a convolution of `dtype` (f16 or bf16). All on one CUDA device;
+// invstd = 1 / sqrt(var + eps) in f64, as batch_norm_apply computes it.
+GraphBatchNorm graph_batch_norm(const Tensor& mean, const Tensor& var, const Tensor& weight, const Tensor& bias,
+                                double eps, DType dtype);
 
 // The data gradient of such a convolution carried back through its input's
 // ReLU and into the batch norm before it, as one cuDNN kernel. With x that

@@ -1,6 +1,7 @@
 // The fused cuDNN graphs (ops/cuda/conv2d_graph.h, issue 47) against the
 // unfused CUDA ops and the CPU, on ResNet-50's shapes at batch 32, f16 and
-// bf16; a suite of their own (gpu.conv_graphs), so that slow plan builds
+// bf16, directly and through the op that nn's ResNet blocks take
+// (batch_norm_relu_conv2d) and a whole ResNet-50 step; a suite of their own (gpu.conv_graphs), so that slow plan builds
 // cannot cut gpu.backend_ops short. The graphs run whatever LOOM_CUDNN_GRAPH
 // says (it gates the training path only). In a build without cudnn-frontend
 // every graph must be refused.
@@ -9,13 +10,19 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <loom/core/cuda/counters.h>
 #include <loom/core/memory_format.h>
+#include <loom/nn/resnet.h>
 #include <loom/ops/batch_norm.h>
+#include <loom/ops/batch_norm_conv2d.h>
+#include <loom/ops/dispatch.h>
+#include <loom/ops/elementwise.h>
+#include <loom/ops/loss.h>
 #include <loom/ops/conv2d.h>
 #include <loom/ops/cuda/conv2d_graph.h>
 #include "tests/gpu/compare.h"
@@ -89,7 +96,7 @@ GraphRun run_checking_refusal(const std::function<bool()>& graph, const Tensor& 
 // ReLU; conv2d; batch_norm_stats) and against the CPU's in f32. Returns whether
 // it ran; a refusal must leave y untouched and count one graph fallback.
 bool check_conv_graph_case(const ConvGraphCase& c, DType dtype) {
-  INFO(c.name, " ", dtype_name(dtype), " x ", shape_str({c.n, c.c, c.h, c.w}), " w ",
+  INFO(std::string(c.name), " ", std::string(dtype_name(dtype)), " x ", shape_str({c.n, c.c, c.h, c.w}), " w ",
        shape_str({c.k, c.c, c.r, c.r}), " stride ", c.stride, " padding ", c.padding);
   const Conv2dParams params{.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}};
   const double bound = std::sqrt(3.0 / static_cast<double>(c.c * c.r * c.r));  // w's variance 1 / fan-in
@@ -152,7 +159,7 @@ bool check_conv_graph_case(const ConvGraphCase& c, DType dtype) {
 // (training: dx = gamma invstd (dz - Σdz / M - xhat Σ(dz xhat) / M), M = N H W)
 // rebuilt from cuDNN's equivalent coefficients. Returns whether it ran.
 bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
-  INFO(c.name, " ", dtype_name(dtype), " (data gradient)");
+  INFO(std::string(c.name), " ", std::string(dtype_name(dtype)), " (data gradient)");
   const Conv2dParams params{.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}};
   const double bound = std::sqrt(3.0 / static_cast<double>(c.c * c.r * c.r));
   const Shape x_sizes{c.n, c.c, c.h, c.w};
@@ -242,6 +249,58 @@ bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
   return true;
 }
 
+// ||a - b||_2 / max(||b||_2, 1e-30) over the logical values: a few elements
+// whose ReLU mask flips where z rounds across 0 weigh little, unlike in the
+// max-norm.
+double relative_l2(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = host_values(a), y = host_values(b);
+  REQUIRE(x.size() == y.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), norm += y[i] * y[i];
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// One forward and backward of batch_norm_relu_conv2d (fused) or of
+// conv2d(relu(batch_norm)) on `device`: x drawn in `dtype` (channels-last on
+// CUDA), computed in `compute` (the CPU's f32 reference takes the same
+// values). Output, output statistics, running stats, then the gradients.
+std::vector<Tensor> run_batch_norm_conv(bool fused, Device device, DType dtype, DType compute, const ConvGraphCase& c,
+                                        bool training) {
+  const Conv2dParams params{.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}};
+  const double bound = std::sqrt(3.0 / static_cast<double>(c.c * c.r * c.r));
+  // Images and weights in `compute` (channels-last on CUDA); the batch
+  // norm's parameters and running stats in f32, as amp O2 keeps them.
+  const auto image = [&](const Tensor& t) {
+    return (device.is_cuda() ? to_gpu(t.to(compute), true) : t.to(compute)).set_requires_grad(true);
+  };
+  const auto channel = [&](const Tensor& t, bool grad) {
+    Tensor out = t.to(device);
+    return grad ? out.set_requires_grad(true) : out;
+  };
+  Tensor x = image(random_cpu({c.n, c.c, c.h, c.w}, 101, dtype, -1.0, 2.0));
+  Tensor w = image(random_cpu({c.k, c.c, c.r, c.r}, 104, dtype, -bound, bound));
+  Tensor gamma = channel(random_cpu({c.c}, 102, DType::f32, 0.5, 1.5), true);
+  Tensor beta = channel(random_cpu({c.c}, 103, DType::f32, -0.5, 0.5), true);
+  Tensor running_mean = channel(random_cpu({c.c}, 105, DType::f32, -0.2, 0.2), false);
+  Tensor running_var = channel(random_cpu({c.c}, 106, DType::f32, 0.5, 1.5), false);
+  Tensor y, stats;
+  if (fused) {
+    BatchNormReluConv2d out = batch_norm_relu_conv2d(x, gamma, beta, running_mean, running_var, training, 0.1, 1e-5, w,
+                                                     params, Tensor(), true);
+    y = out.output;
+    stats = out.output_stats;
+  } else {
+    y = conv2d(relu(batch_norm(x, gamma, beta, running_mean, running_var, training, 0.1, 1e-5)), w, Tensor(), params);
+    if (training) stats = LOOM_DISPATCH(y, batch_norm_stats, y.detach());
+  }
+  const Tensor dy = random_cpu(y.sizes(), 107, dtype);
+  y.backward(device.is_cuda() ? to_gpu(dy.to(compute), true) : dy.to(compute));
+  return {y, stats, running_mean, running_var, x.grad(), gamma.grad(), beta.grad(), w.grad()};
+}
+
+const char* const kBatchNormConvNames[] = {"output",  "output_stats", "running_mean", "running_var",
+                                           "d input", "d gamma",      "d beta",       "d w"};
+
 // ResNet-50's convolutions between two batch norms at batch 32: layer1's 3x3,
 // its 1x1 reduction and expansion, layer2's strided 3x3.
 const ConvGraphCase kLayer1Conv3x3{"layer1 3x3", 32, 64, 56, 56, 64, 3, 1, 1};
@@ -257,7 +316,8 @@ void check_resnet_cases(const std::vector<ConvGraphCase>& cases, bool (*check_ca
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (const ConvGraphCase& c : cases) {
       const bool ran = check_case(c, dtype);
-      INFO(c.name, " ", dtype_name(dtype), ": cudnn-frontend built in: ", ops::cuda::conv_graphs_built_in());
+      INFO(std::string(c.name), " ", std::string(dtype_name(dtype)),
+           ": cudnn-frontend built in: ", ops::cuda::conv_graphs_built_in());
       CHECK(ran == ops::cuda::conv_graphs_built_in());
     }
   }
@@ -299,6 +359,83 @@ TEST_CASE("cuDNN graph: a refused graph writes nothing and counts a fallback") {
 
 TEST_CASE("cuDNN graph: conv2d data gradient + ReLU mask + batch-norm backward terms against the unfused ops and f64") {
   check_resnet_cases({kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}, check_dgrad_graph_case);
+}
+
+TEST_CASE("batch_norm_relu_conv2d on CUDA through the graphs (f16, bf16, channels-last) against the ops apart and the CPU") {
+  // ResNet-50's shapes at batch 8. Fused and apart differ by the prologue's
+  // coefficients rounded to the dtype, the summation orders and the few
+  // elements whose ReLU mask flips: measured in the L2 norm against the
+  // suite's tolerances.
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (ConvGraphCase c : {kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}) {
+      c.n = 8;
+      for (bool training : {true, false}) {
+        INFO(std::string(c.name), " ", std::string(dtype_name(dtype)), std::string(training ? " training" : " eval"));
+        const cuda::Counters before = cuda::counters();
+        const auto fused = run_batch_norm_conv(true, kCuda, dtype, dtype, c, training);
+        const cuda::Counters counted = cuda::counters() - before;
+        // Built in, cuDNN must take both graphs; without it both are refused.
+        CHECK(counted.graph_fallbacks == (ops::cuda::conv_graphs_built_in() ? 0 : 2));
+        const auto apart = run_batch_norm_conv(false, kCuda, dtype, dtype, c, training);
+        const auto cpu = run_batch_norm_conv(false, Device::cpu(), dtype, DType::f32, c, training);
+        const Tolerance tolerance = tolerance_for(dtype);
+        for (size_t i = 0; i < fused.size(); ++i) {
+          INFO(std::string(kBatchNormConvNames[i]));
+          REQUIRE(fused[i].defined() == apart[i].defined());
+          if (!fused[i].defined()) continue;
+          CHECK(relative_l2(fused[i], apart[i]) <= tolerance.backward);
+          CHECK(relative_l2(fused[i], cpu[i]) <= tolerance.backward);
+        }
+        CHECK(is_channels_last(fused[0]));
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm_relu_conv2d on CUDA in f32 (no graph) equals the CUDA ops apart bit for bit") {
+  ConvGraphCase c = kLayer2Conv3x3Stride2;
+  c.n = 4;
+  const cuda::Counters before = cuda::counters();
+  const auto fused = run_batch_norm_conv(true, kCuda, DType::f32, DType::f32, c, true);
+  CHECK((cuda::counters() - before).graph_fallbacks == 0);  // not a candidate: no graph asked
+  const auto apart = run_batch_norm_conv(false, kCuda, DType::f32, DType::f32, c, true);
+  for (size_t i = 0; i < fused.size(); ++i) {
+    INFO(std::string(kBatchNormConvNames[i]));
+    check_close(fused[i], apart[i], 0, kBatchNormConvNames[i]);
+  }
+}
+
+TEST_CASE("ResNet-50 (f16, channels-last) forward and backward with the fused graphs against without") {
+  // The training path as LOOM_CUDNN_GRAPH=1 takes it (FuseBatchNormConv
+  // here): 32 fused convolutions; a shape cuDNN refuses runs apart, counted.
+  const auto run = [](bool fused, cuda::Counters* counted) {
+    manual_seed(3);
+    auto model = nn::resnet50(nn::ResNetOptions().num_classes(10).stem(nn::ResNetStem::cifar));
+    model->to(MemoryFormat::nhwc);
+    model->to(DType::f16);
+    model->to(kCuda);
+    const Tensor images = to_gpu(random_cpu({8, 3, 32, 32}, 111, DType::f16), true);
+    const Tensor labels = random_labels(8, 10, 112).to(kCuda);
+    const cuda::Counters before = cuda::counters();
+    std::optional<ops::FuseBatchNormConv> fuse;
+    if (fused) fuse.emplace();
+    Tensor loss = cross_entropy((*model)(images), labels);
+    loss.backward();
+    if (counted) *counted = cuda::counters() - before;
+    std::vector<Tensor> out{loss};
+    for (const Tensor& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  cuda::Counters counted;
+  const auto fused = run(true, &counted);
+  const auto apart = run(false, nullptr);
+  MESSAGE("fused ResNet-50 step: ", counted.graph_fallbacks, " graph fallbacks of 64 graph calls");
+  if (ops::cuda::conv_graphs_built_in()) CHECK(counted.graph_fallbacks == 0);
+  CHECK(relative_l2(fused[0], apart[0]) <= 1e-2);
+  double worst = 0;
+  for (size_t i = 1; i < fused.size(); ++i) worst = std::max(worst, relative_l2(fused[i], apart[i]));
+  INFO("worst parameter gradient, relative L2: ", worst);
+  CHECK(worst <= 5e-2);
 }
 
 }  // TEST_SUITE
