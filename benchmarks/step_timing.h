@@ -142,7 +142,7 @@ inline std::string step_timing_json(const StepTiming& t, const Device& device) {
           ", \"event\": ", t.per_step(c.event_synchronizes), ", \"device\": ", t.per_step(c.device_synchronizes),
           ", \"device_to_host_copy\": ", t.per_step(c.device_to_host_copies),
           ", \"blocking_copy\": ", t.per_step(c.blocking_copies), "}, \"graph_fallbacks_per_step\": ",
-          t.per_step(c.graph_fallbacks));
+          t.per_step(c.graph_fallbacks), ", \"graph_runs_per_step\": ", t.per_step(c.graph_runs));
   if (device.is_cuda()) {
     const cuda::MemoryStats runs = cuda::memory_stats(device.index), all = memory_since_start(t, device.index);
     json += str(", \"peak_allocated_bytes\": ", all.peak_allocated_bytes, ", \"peak_reserved_bytes\": ",

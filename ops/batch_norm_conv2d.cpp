@@ -85,7 +85,7 @@ std::optional<BatchNormReluConv2d> graph_forward(const Tensor& input, const ops:
 }
 
 // The gradients of the input, the batch norm's weight and bias through one
-// data-gradient graph, or nothing when cuDNN refuses.
+// data-gradient graph, or nothing when cuDNN refuses. dy channels-last.
 std::optional<TensorList> graph_backward(const Node& node, const Tensor& dy, const SavedForward& s,
                                          const ops::cuda::GraphBatchNorm& bn, const Tensor& conv_weight,
                                          const Conv2dParams& params) {
@@ -97,10 +97,23 @@ std::optional<TensorList> graph_backward(const Node& node, const Tensor& dy, con
       empty_with_format(x.sizes(), x.dtype(), device, MemoryFormat::nhwc), row(sums, 1), row(sums, 0),
       Tensor::empty({channels}, DType::f32, device), Tensor::empty({channels}, DType::f32, device),
       Tensor::empty({channels}, DType::f32, device)};
-  const Tensor dy_nhwc = in_memory_format(dy, MemoryFormat::nhwc);
-  if (!ops::cuda::conv2d_dgrad_relu_bn_backward(dy_nhwc, conv_weight, x, bn.saved, params, terms)) return std::nullopt;
+  if (!ops::cuda::conv2d_dgrad_relu_bn_backward(dy, conv_weight, x, bn.saved, params, terms)) return std::nullopt;
   // dz is already masked by the ReLU; batch_norm's input gradient from its sums.
   return ops::detail::batch_norm_gradients(node, terms.dz, s, {}, 1, sums.to(DType::f64));
+}
+
+// The convolution weight's gradient through the weight-gradient graph (the
+// activation recomputed inside it), into the node's gradient destination
+// where that fits; undefined when cuDNN refuses. dy channels-last.
+Tensor graph_weight_gradient(const Node& node, const Tensor& dy, const Tensor& x, const ops::cuda::GraphBatchNorm& bn,
+                             const Tensor& conv_weight, const Conv2dParams& params) {
+  const Tensor& destination = node.gradient_destination(3);
+  const bool fits = destination.defined() && destination.sizes() == conv_weight.sizes() &&
+                    destination.dtype() == x.dtype() && destination.device() == x.device() &&
+                    is_channels_last(destination);
+  const Tensor dw =
+      fits ? destination : empty_with_format(conv_weight.sizes(), x.dtype(), x.device(), MemoryFormat::nhwc);
+  return ops::cuda::conv2d_wgrad_bn_prologue(dy, x, bn.scale, bn.shift, params, dw) ? dw : Tensor();
 }
 #endif
 
@@ -141,35 +154,42 @@ BatchNormReluConv2d batch_norm_relu_conv2d(const Tensor& input, const Tensor& we
   record("batch_norm_relu_conv2d", {input, weight, bias, conv_weight}, {&out.output},
          [saved, b, w = conv_weight.detach(), params, graph_state](const TensorList& g, const Node& node) {
            const Tensor dy = g[0].to(saved.input.dtype());
-           const bool batch_norm_grads = node.needs_input_grad(0) || node.needs_input_grad(1) || node.needs_input_grad(2);
-           const bool weight_grad = node.needs_input_grad(3);
+           bool batch_norm_grads = node.needs_input_grad(0) || node.needs_input_grad(1) || node.needs_input_grad(2);
+           bool weight_grad = node.needs_input_grad(3);
+           TensorList grads{Tensor(), Tensor(), Tensor()};
+           Tensor dw;
 #if defined(LOOM_CUDA_OPS)
-           if (graph_state && batch_norm_grads) {
+           // The graphs where the forward ran as one; what they refuse runs below.
+           if (graph_state) {
              const auto& bn = *static_cast<const ops::cuda::GraphBatchNorm*>(graph_state.get());
-             if (auto grads = graph_backward(node, dy, saved, bn, w, params)) {
-               Tensor dw;
-               if (weight_grad) {
-                 dw = LOOM_DISPATCH(dy, conv2d_backward_weight, dy, activation(saved, b), w.sizes(), params,
-                                    node.gradient_destination(3));
+             const Tensor dy_nhwc = in_memory_format(dy, MemoryFormat::nhwc);
+             if (batch_norm_grads) {
+               if (auto fused = graph_backward(node, dy_nhwc, saved, bn, w, params)) {
+                 grads = std::move(*fused);
+                 batch_norm_grads = false;
                }
-               return TensorList{(*grads)[0], (*grads)[1], (*grads)[2], dw};
+             }
+             if (weight_grad) {
+               dw = graph_weight_gradient(node, dy_nhwc, saved.input, bn, w, params);
+               weight_grad = !dw.defined();
              }
            }
 #endif
            // The ops apart, as their own backwards run them.
-           const Tensor a = activation(saved, b);
-           Tensor da, dw;
-           if (batch_norm_grads && weight_grad) {
-             std::tie(da, dw) =
-                 LOOM_DISPATCH(dy, conv2d_backward_input_weight, dy, a, w, params, node.gradient_destination(3), Tensor());
-           } else if (batch_norm_grads) {
-             da = LOOM_DISPATCH(dy, conv2d_backward_input, dy, w, a.sizes(), params, Tensor());
-           } else if (weight_grad) {
-             dw = LOOM_DISPATCH(dy, conv2d_backward_weight, dy, a, w.sizes(), params, node.gradient_destination(3));
-           }
-           TensorList grads{Tensor(), Tensor(), Tensor()};
-           if (batch_norm_grads) {
-             grads = ops::detail::batch_norm_gradients(node, da, saved, ops::FusedRelu{true, saved.weight, b}, 1);
+           if (batch_norm_grads || weight_grad) {
+             const Tensor a = activation(saved, b);
+             Tensor da;
+             if (batch_norm_grads && weight_grad) {
+               std::tie(da, dw) = LOOM_DISPATCH(dy, conv2d_backward_input_weight, dy, a, w, params,
+                                                node.gradient_destination(3), Tensor());
+             } else if (batch_norm_grads) {
+               da = LOOM_DISPATCH(dy, conv2d_backward_input, dy, w, a.sizes(), params, Tensor());
+             } else {
+               dw = LOOM_DISPATCH(dy, conv2d_backward_weight, dy, a, w.sizes(), params, node.gradient_destination(3));
+             }
+             if (batch_norm_grads) {
+               grads = ops::detail::batch_norm_gradients(node, da, saved, ops::FusedRelu{true, saved.weight, b}, 1);
+             }
            }
            return TensorList{grads[0], grads[1], grads[2], dw};
          });

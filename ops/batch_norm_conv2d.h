@@ -11,13 +11,16 @@
 //     as it reads the input, convolves, and sums the output per channel for
 //     the next batch norm (ops/cuda/conv2d_graph.h, conv2d_bn_prologue_stats);
 //     backward runs the data gradient, the ReLU mask and the batch norm's
-//     reductions as one more (conv2d_dgrad_relu_bn_backward). A shape cuDNN
-//     refuses runs the path below, counted as a graph fallback;
+//     reductions as one more (conv2d_dgrad_relu_bn_backward), and the weight
+//     gradient, recomputing the activation as it reads the input, as a third
+//     (conv2d_wgrad_bn_prologue). What cuDNN refuses runs as below, counted
+//     as a graph fallback;
 //   - elsewhere the batch norm's kernels and the convolution's run in turn,
 //     exactly as the ops apart (the same kernels in the same order: the same
 //     values bit for bit);
 //   - either way only the input is kept for backward, not the activation
-//     relu(batch_norm(input)): backward recomputes it for the weight gradient.
+//     relu(batch_norm(input)): backward recomputes it for the weight gradient
+//     (inside the graph, or with batch_norm_apply).
 //
 // `output_stats` (asked by `want_output_stats`, in training) are the output's
 // per-channel (sum, sum of squares) as batch_norm_stats returns them, an f64

@@ -8,10 +8,11 @@ namespace loom::cuda {
 namespace {
 
 // The fields of Counters, one atomic slot each, in this order.
-constexpr std::array<int64_t Counters::*, 9> kFields{
-    &Counters::kernel_launches,     &Counters::library_calls,      &Counters::device_copies,
-    &Counters::stream_synchronizes, &Counters::event_synchronizes, &Counters::device_synchronizes,
-    &Counters::device_to_host_copies, &Counters::blocking_copies,   &Counters::graph_fallbacks};
+constexpr std::array<int64_t Counters::*, 10> kFields{
+    &Counters::kernel_launches,       &Counters::library_calls,      &Counters::device_copies,
+    &Counters::stream_synchronizes,   &Counters::event_synchronizes, &Counters::device_synchronizes,
+    &Counters::device_to_host_copies, &Counters::blocking_copies,    &Counters::graph_fallbacks,
+    &Counters::graph_runs};
 static_assert(sizeof(Counters) == kFields.size() * sizeof(int64_t), "a field of Counters is missing from kFields");
 std::array<std::atomic<int64_t>, kFields.size()> g_counts{};
 thread_local bool t_capturing = false;
@@ -75,6 +76,10 @@ void count_host_sync(HostSync kind) noexcept {
   }
 }
 void count_graph_fallback() noexcept { bump(&Counters::graph_fallbacks); }
+void count_graph_run() noexcept {
+  bump(&Counters::graph_runs);
+  bump(&Counters::library_calls);
+}
 CaptureSyncs set_capturing(bool capturing) noexcept {
   const CaptureSyncs seen = t_capture_syncs;
   t_capturing = capturing;

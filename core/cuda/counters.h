@@ -16,8 +16,8 @@
 //                             item(), an asynchronous copy into pageable memory
 //     blocking_copies         other synchronous copies (host to device, within a device)
 //   graph_fallbacks   fused cuDNN graphs refused (ops/cuda/conv2d_graph.h), each
-//                     call whose caller then runs the unfused ops; a graph that
-//                     runs counts as one library call
+//                     call whose caller then runs the unfused ops
+//   graph_runs        fused cuDNN graphs run; each also counts as one library call
 // Not counted: work that cuDNN or cuBLAS launch inside a call, cudaMemsetAsync,
 // cudaFree (which waits for the device; MemoryStats::device_frees counts it).
 #pragma once
@@ -36,6 +36,7 @@ struct Counters {
   int64_t device_to_host_copies = 0;
   int64_t blocking_copies = 0;
   int64_t graph_fallbacks = 0;
+  int64_t graph_runs = 0;
 
   // Every call that made the host wait for the device.
   int64_t host_syncs() const {
@@ -74,6 +75,7 @@ void count_library_call() noexcept;
 void count_device_copy() noexcept;
 void count_host_sync(HostSync kind) noexcept;
 void count_graph_fallback() noexcept;
+void count_graph_run() noexcept;  // also counts the library call
 // Marks the calling thread as capturing a graph (true) or not, and returns
 // the host syncs it counted since the mark was set.
 CaptureSyncs set_capturing(bool capturing) noexcept;

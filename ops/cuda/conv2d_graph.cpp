@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <loom/core/cuda/counters.h>
@@ -86,6 +87,19 @@ void check_prologue_stats_arguments(const Tensor& x, const Tensor& scale, const 
   require(op, "sq_sum", sq_sum, x.device(), DType::f32, out_channels, Layout::contiguous);
 }
 
+// The contract of conv2d_wgrad_bn_prologue.
+void check_wgrad_prologue_arguments(const Tensor& dy, const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                    const Conv2dParams& params, const Tensor& dw) {
+  const char* op = "conv2d_wgrad_bn_prologue";
+  LOOM_CHECK(dw.defined() && dw.dim() == 4, op, ": dw must be a 4-d tensor, got ",
+             dw.defined() ? dw.str() : "an undefined tensor");
+  const Shape out_sizes = check_convolution(op, x, dw, params);
+  require(op, "dy", dy, x.device(), x.dtype(), out_sizes, Layout::channels_last);
+  const Shape channels{x.size(1)};
+  require(op, "scale", scale, x.device(), x.dtype(), channels, Layout::contiguous);
+  require(op, "bias", bias, x.device(), x.dtype(), channels, Layout::contiguous);
+}
+
 // The contract of conv2d_dgrad_relu_bn_backward.
 void check_dgrad_relu_bn_arguments(const Tensor& dy, const Tensor& w, const Tensor& x, const BatchNormSaved& saved,
                                    const Conv2dParams& params, const BatchNormBackwardTerms& out) {
@@ -112,7 +126,8 @@ using TensorNode = std::shared_ptr<fe::graph::Tensor_attributes>;
 // The user tensors' ids in a graph's variant pack.
 enum Uid : int64_t {
   kX = 1, kScale, kBias, kW, kY, kSum, kSqSum,                                // forward
-  kDy, kMean, kInvstd, kGamma, kBeta, kDz, kDgamma, kDbeta, kEqScaleDy, kEqScaleX, kEqBias  // backward
+  kDy, kMean, kInvstd, kGamma, kBeta, kDz, kDgamma, kDbeta, kEqScaleDy, kEqScaleX, kEqBias,  // backward
+  kDw                                                                                          // weight gradient
 };
 
 // A cached outcome: a built graph and its workspace, or cuDNN's refusal.
@@ -207,18 +222,25 @@ Attributes conv_geometry(const char* name, const Conv2dParams& p) {
       .set_dilation({p.dilation[0], p.dilation[1]});
 }
 
-// Prologue (scale, bias, ReLU per input channel) + conv + genstats.
+// The prologue: max(x * scale[c] + bias[c], 0) for the user tensors x (kX),
+// scale (kScale) and bias (kBias), the last two per channel of the io type.
+TensorNode prologue(fe::graph::Graph& graph, DType dtype, const Shape& x_sizes) {
+  const int64_t channels = x_sizes[1];
+  auto x = image(graph, "x", kX, x_sizes);
+  auto scale = graph.tensor(per_channel("scale", kScale, channels, graph_type(dtype)));
+  auto bias = graph.tensor(per_channel("bias", kBias, channels, graph_type(dtype)));
+  auto scaled = graph.pointwise(x, scale, pointwise("scale", fe::PointwiseMode_t::MUL));
+  auto shifted = graph.pointwise(scaled, bias, pointwise("bias", fe::PointwiseMode_t::ADD));
+  return graph.pointwise(shifted, pointwise("relu", fe::PointwiseMode_t::RELU_FWD));
+}
+
+// Prologue + conv + genstats. `y_sizes`: the output's.
 Plan build_prologue_stats(cudnnHandle_t handle, DType dtype, const Shape& x_sizes, const Shape& w_sizes,
                           const Shape& y_sizes, const Conv2dParams& params) {
   auto graph = new_graph(dtype);
-  const int64_t channels = x_sizes[1], out_channels = w_sizes[0];
-  auto x = image(*graph, "x", kX, x_sizes);
-  auto scale = graph->tensor(per_channel("scale", kScale, channels, graph_type(dtype)));
-  auto bias = graph->tensor(per_channel("bias", kBias, channels, graph_type(dtype)));
+  const int64_t out_channels = w_sizes[0];
+  auto active = prologue(*graph, dtype, x_sizes);
   auto w = image(*graph, "w", kW, w_sizes);
-  auto scaled = graph->pointwise(x, scale, pointwise("scale", fe::PointwiseMode_t::MUL));
-  auto shifted = graph->pointwise(scaled, bias, pointwise("bias", fe::PointwiseMode_t::ADD));
-  auto active = graph->pointwise(shifted, pointwise("relu", fe::PointwiseMode_t::RELU_FWD));
   auto y = graph->conv_fprop(active, w, conv_geometry<fe::graph::Conv_fprop_attributes>("conv", params));
   y->set_output(true).set_uid(kY).set_data_type(graph_type(dtype)).set_dim(y_sizes).set_stride(
       channels_last_strides(y_sizes));
@@ -226,6 +248,18 @@ Plan build_prologue_stats(cudnnHandle_t handle, DType dtype, const Shape& x_size
   as_output(sum, per_channel("sum", kSum, out_channels));
   as_output(sq_sum, per_channel("sq_sum", kSqSum, out_channels));
   return finish(std::move(graph), handle, "conv2d_bn_prologue_stats", dtype, x_sizes, w_sizes);
+}
+
+// Prologue + wgrad: dw for the output gradient dy (`dy_sizes`).
+Plan build_wgrad_prologue(cudnnHandle_t handle, DType dtype, const Shape& x_sizes, const Shape& w_sizes,
+                          const Shape& dy_sizes, const Conv2dParams& params) {
+  auto graph = new_graph(dtype);
+  auto dy = image(*graph, "dy", kDy, dy_sizes);
+  auto dw = graph->conv_wgrad(dy, prologue(*graph, dtype, x_sizes),
+                              conv_geometry<fe::graph::Conv_wgrad_attributes>("wgrad", params));
+  dw->set_output(true).set_uid(kDw).set_data_type(graph_type(dtype)).set_dim(w_sizes).set_stride(
+      channels_last_strides(w_sizes));
+  return finish(std::move(graph), handle, "conv2d_wgrad_bn_prologue", dtype, x_sizes, w_sizes);
 }
 
 // dgrad + ReLU mask from the recomputed batch-norm output + BN backward weights.
@@ -275,11 +309,15 @@ std::shared_ptr<const Plan> cached_plan(const ConvGraphKey& key, Build&& build) 
   return found->second;
 }
 
-// Runs the plan of `key` (built by `build` on first use) on the current
+// Builds a graph's plan: handle, io dtype, x's, w's and the third image's
+// sizes (y or dy), the geometry.
+using BuildPlan = Plan (*)(cudnnHandle_t, DType, const Shape&, const Shape&, const Shape&, const Conv2dParams&);
+
+// Runs the plan of (kind, x, w, params) (built by `build` on first use, from
+// those and `other_sizes`) with the user tensors `pack` on the current
 // stream of x's device, or counts a fallback: whether it ran.
-template <class Build>
-bool run_graph(const char* op, ConvGraphKind kind, const Tensor& x, const Tensor& w, const Conv2dParams& params,
-               std::unordered_map<int64_t, void*> pack, Build&& build) {
+bool run_graph(const char* op, ConvGraphKind kind, const Tensor& x, const Tensor& w, const Shape& other_sizes,
+               const Conv2dParams& params, std::unordered_map<int64_t, void*> pack, BuildPlan build) {
   if (params.groups != 1) {
     lc::detail::count_graph_fallback();
     return false;
@@ -288,7 +326,8 @@ bool run_graph(const char* op, ConvGraphKind kind, const Tensor& x, const Tensor
   const lc::DeviceGuard device_guard(device);
   cudnnHandle_t handle = lc::cudnn_handle(lc::current_stream(device));
   const std::shared_ptr<const Plan> plan =
-      cached_plan(conv_graph_key(kind, device, x.dtype(), x.sizes(), w.sizes(), params), [&] { return build(handle); });
+      cached_plan(conv_graph_key(kind, device, x.dtype(), x.sizes(), w.sizes(), params),
+                  [&] { return build(handle, x.dtype(), x.sizes(), w.sizes(), other_sizes, params); });
   if (!plan->graph) {
     lc::detail::count_graph_fallback();
     return false;
@@ -297,7 +336,7 @@ bool run_graph(const char* op, ConvGraphKind kind, const Tensor& x, const Tensor
   fe::error_t status = plan->graph->execute(handle, pack, workspace.data());
   LOOM_CHECK(status.is_good(), op, ": cuDNN failed to run the graph it built for x ", x.str(), " and w ", w.str(), ": ",
              status.get_message());
-  lc::detail::count_library_call();
+  lc::detail::count_graph_run();
   return true;
 }
 
@@ -306,39 +345,40 @@ bool run_graph(const char* op, ConvGraphKind kind, const Tensor& x, const Tensor
 bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& w,
                               const Conv2dParams& params, const Tensor& y, const Tensor& sum, const Tensor& sq_sum) {
   check_prologue_stats_arguments(x, scale, bias, w, params, y, sum, sq_sum);
-  return run_graph("conv2d_bn_prologue_stats", ConvGraphKind::forward_prologue_stats, x, w, params,
-                   {{kX, x.raw_data()},
-                    {kScale, scale.raw_data()},
-                    {kBias, bias.raw_data()},
-                    {kW, w.raw_data()},
-                    {kY, y.raw_data()},
-                    {kSum, sum.raw_data()},
-                    {kSqSum, sq_sum.raw_data()}},
-                   [&](cudnnHandle_t handle) {
-                     return build_prologue_stats(handle, x.dtype(), x.sizes(), w.sizes(), y.sizes(), params);
-                   });
+  std::unordered_map<int64_t, void*> pack{{kX, x.raw_data()},   {kScale, scale.raw_data()}, {kBias, bias.raw_data()},
+                                          {kW, w.raw_data()},   {kY, y.raw_data()},         {kSum, sum.raw_data()},
+                                          {kSqSum, sq_sum.raw_data()}};
+  return run_graph("conv2d_bn_prologue_stats", ConvGraphKind::forward_prologue_stats, x, w, y.sizes(), params,
+                   std::move(pack), build_prologue_stats);
 }
 
 bool conv2d_dgrad_relu_bn_backward(const Tensor& dy, const Tensor& w, const Tensor& x, const BatchNormSaved& saved,
                                    const Conv2dParams& params, const BatchNormBackwardTerms& out) {
   check_dgrad_relu_bn_arguments(dy, w, x, saved, params, out);
-  return run_graph("conv2d_dgrad_relu_bn_backward", ConvGraphKind::backward_data_relu_bn, x, w, params,
-                   {{kDy, dy.raw_data()},
-                    {kW, w.raw_data()},
-                    {kX, x.raw_data()},
-                    {kMean, saved.mean.raw_data()},
-                    {kInvstd, saved.invstd.raw_data()},
-                    {kGamma, saved.gamma.raw_data()},
-                    {kBeta, saved.beta.raw_data()},
-                    {kDz, out.dz.raw_data()},
-                    {kDgamma, out.dgamma.raw_data()},
-                    {kDbeta, out.dbeta.raw_data()},
-                    {kEqScaleDy, out.eq_scale_dy.raw_data()},
-                    {kEqScaleX, out.eq_scale_x.raw_data()},
-                    {kEqBias, out.eq_bias.raw_data()}},
-                   [&](cudnnHandle_t handle) {
-                     return build_dgrad_relu_bn(handle, x.dtype(), x.sizes(), w.sizes(), dy.sizes(), params);
-                   });
+  std::unordered_map<int64_t, void*> pack{{kDy, dy.raw_data()},
+                                          {kW, w.raw_data()},
+                                          {kX, x.raw_data()},
+                                          {kMean, saved.mean.raw_data()},
+                                          {kInvstd, saved.invstd.raw_data()},
+                                          {kGamma, saved.gamma.raw_data()},
+                                          {kBeta, saved.beta.raw_data()},
+                                          {kDz, out.dz.raw_data()},
+                                          {kDgamma, out.dgamma.raw_data()},
+                                          {kDbeta, out.dbeta.raw_data()},
+                                          {kEqScaleDy, out.eq_scale_dy.raw_data()},
+                                          {kEqScaleX, out.eq_scale_x.raw_data()},
+                                          {kEqBias, out.eq_bias.raw_data()}};
+  return run_graph("conv2d_dgrad_relu_bn_backward", ConvGraphKind::backward_data_relu_bn, x, w, dy.sizes(), params,
+                   std::move(pack), build_dgrad_relu_bn);
+}
+
+bool conv2d_wgrad_bn_prologue(const Tensor& dy, const Tensor& x, const Tensor& scale, const Tensor& bias,
+                              const Conv2dParams& params, const Tensor& dw) {
+  check_wgrad_prologue_arguments(dy, x, scale, bias, params, dw);
+  std::unordered_map<int64_t, void*> pack{{kDy, dy.raw_data()},       {kX, x.raw_data()}, {kScale, scale.raw_data()},
+                                          {kBias, bias.raw_data()}, {kDw, dw.raw_data()}};
+  return run_graph("conv2d_wgrad_bn_prologue", ConvGraphKind::backward_weight_prologue, x, dw, dy.sizes(), params,
+                   std::move(pack), build_wgrad_prologue);
 }
 
 #else  // no cudnn-frontend: every graph is refused
@@ -353,6 +393,13 @@ bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor
 bool conv2d_dgrad_relu_bn_backward(const Tensor& dy, const Tensor& w, const Tensor& x, const BatchNormSaved& saved,
                                    const Conv2dParams& params, const BatchNormBackwardTerms& out) {
   check_dgrad_relu_bn_arguments(dy, w, x, saved, params, out);
+  lc::detail::count_graph_fallback();
+  return false;
+}
+
+bool conv2d_wgrad_bn_prologue(const Tensor& dy, const Tensor& x, const Tensor& scale, const Tensor& bias,
+                              const Conv2dParams& params, const Tensor& dw) {
+  check_wgrad_prologue_arguments(dy, x, scale, bias, params, dw);
   lc::detail::count_graph_fallback();
   return false;
 }

@@ -11,8 +11,9 @@
 //   sum[k] = Σ_{n,p,q} y[n,k,p,q]               the next batch norm's statistics
 //   sq_sum[k] = Σ_{n,p,q} y[n,k,p,q]²           (epilogue, f32)
 //
-// and its data gradient through the ReLU and the first batch norm's backward
-// reductions (conv2d_dgrad_relu_bn_backward, below).
+// its data gradient through the ReLU and the first batch norm's backward
+// reductions (conv2d_dgrad_relu_bn_backward, below), and its weight gradient
+// with the prologue recomputed as the kernel reads x (conv2d_wgrad_bn_prologue).
 //
 // A shape, dtype or GPU for which cuDNN has no engine is refused: the call
 // returns false having written nothing, and counts a graph fallback
@@ -54,7 +55,7 @@ inline bool conv_graphs_switch(const char* value) {
 }
 
 // Which graph a plan is for.
-enum class ConvGraphKind : int64_t { forward_prologue_stats = 1, backward_data_relu_bn = 2 };
+enum class ConvGraphKind : int64_t { forward_prologue_stats = 1, backward_data_relu_bn = 2, backward_weight_prologue = 3 };
 
 // What a plan is built for and cached by: the graph, the device, the dtype,
 // x's (N, C, H, W) (the convolution's input, or the gradient's), w's (K, R, S) (w's C is x's: groups = 1), padding, stride
@@ -82,6 +83,17 @@ inline ConvGraphKey conv_graph_key(ConvGraphKind kind, int device, DType dtype, 
 [[nodiscard]] bool conv2d_bn_prologue_stats(const Tensor& x, const Tensor& scale, const Tensor& bias,
                                             const Tensor& w, const Conv2dParams& params, const Tensor& y,
                                             const Tensor& sum, const Tensor& sq_sum);
+
+// The weight gradient of that forward's convolution, its input's prologue
+// recomputed inside the kernel (nothing but x is read):
+//   dw = the weight gradient of conv2d(max(x * scale[c] + bias[c], 0), w) for dy
+//   dy (N, K, P, Q), x (N, C, H, W): channels-last, f16 or bf16 (one dtype);
+//   scale, bias as conv2d_bn_prologue_stats takes them; dw (K, C, R, S)
+//   channels-last, x's dtype, written in place; params.groups == 1.
+// Returns false, writing nothing, when the graph is refused; throws as
+// conv2d_bn_prologue_stats does.
+[[nodiscard]] bool conv2d_wgrad_bn_prologue(const Tensor& dy, const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                            const Conv2dParams& params, const Tensor& dw);
 
 // What the batch norm before a convolution saved in its forward: per channel
 // (C), contiguous f32.
@@ -120,7 +132,8 @@ GraphBatchNorm graph_batch_norm(const Tensor& mean, const Tensor& var, const Ten
 //   dgamma[c] = Σ_{n,h,w} dz * (x - mean[c]) * invstd[c],  dbeta[c] = Σ dz
 //   eq_scale_dy, eq_scale_x, eq_bias: the batch norm's input gradient in
 //   training as dx = eq_scale_dy[c] * dz + eq_scale_x[c] * x + eq_bias[c]
-//   (cuDNN's batch-norm backward-weights operation; the caller applies it)
+//   (cuDNN's batch-norm backward-weights operation; batch_norm_relu_conv2d
+//   takes dx from dgamma and dbeta through batch_norm_backward_apply instead)
 //   dy (N, K, P, Q), w (K, C, R, S), x (N, C, H, W): channels-last, f16 or bf16
 //   (one dtype), params.groups == 1; `saved` and `out` as their comments say.
 // Returns false, writing nothing, when the graph is refused; throws as

@@ -32,9 +32,10 @@ TEST_CASE("reset_counters zeroes every counter and each call bumps its own") {
   counting::count_host_sync(HostSync::device_to_host_copy);
   counting::count_host_sync(HostSync::blocking_copy);
   counting::count_graph_fallback();
+  counting::count_graph_run();
   const cuda::Counters c = cuda::counters();
   CHECK(c.kernel_launches == 2);
-  CHECK(c.library_calls == 1);
+  CHECK(c.library_calls == 2);  // a graph run is a library call too
   CHECK(c.device_copies == 1);
   CHECK(c.stream_synchronizes == 1);
   CHECK(c.event_synchronizes == 1);
@@ -42,8 +43,9 @@ TEST_CASE("reset_counters zeroes every counter and each call bumps its own") {
   CHECK(c.device_to_host_copies == 2);
   CHECK(c.blocking_copies == 1);
   CHECK(c.graph_fallbacks == 1);  // neither a launch nor a host wait
+  CHECK(c.graph_runs == 1);
   CHECK(c.host_syncs() == 1 + 1 + 1 + 2 + 1);
-  CHECK(c.launches() == 2 + 1 + 1);
+  CHECK(c.launches() == 2 + 2 + 1);
   cuda::reset_counters();
   CHECK(cuda::counters().host_syncs() == 0);
   CHECK(cuda::counters().launches() == 0);

@@ -249,6 +249,36 @@ bool check_dgrad_graph_case(const ConvGraphCase& c, DType dtype) {
   return true;
 }
 
+// The weight-gradient graph (the prologue recomputed as it reads x) on `c`
+// in `dtype`, against the unfused CUDA weight gradient of the prologue's
+// output and the CPU's in f32. Returns whether it ran.
+bool check_wgrad_graph_case(const ConvGraphCase& c, DType dtype) {
+  INFO(std::string(c.name), " ", std::string(dtype_name(dtype)), " (weight gradient)");
+  const Conv2dParams params{.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}};
+  const Tensor x = random_cpu({c.n, c.c, c.h, c.w}, 121, dtype, -2.0, 2.0);
+  const Tensor scale = random_cpu({c.c}, 122, dtype, 0.5, 1.5), bias = random_cpu({c.c}, 123, dtype, -0.5, 0.5);
+  const Size2 out_hw = conv2d_output_size({c.h, c.w}, {c.r, c.r}, params);
+  const Tensor dy = random_cpu({c.n, c.k, out_hw[0], out_hw[1]}, 124, dtype);
+  const Shape w_sizes{c.k, c.c, c.r, c.r};
+  const Tensor xg = to_gpu(x, true), dyg = to_gpu(dy, true), scale_g = to_gpu(scale), bias_g = to_gpu(bias);
+  Tensor dw = empty_with_format(w_sizes, dtype, kCuda, MemoryFormat::nhwc);
+  dw.fill_(7.0);
+  const GraphRun run = run_checking_refusal(
+      [&] { return ops::cuda::conv2d_wgrad_bn_prologue(dyg, xg, scale_g, bias_g, params, dw); }, dw);
+  if (!run.ran) return false;
+  const Tensor zeros = Tensor::zeros({c.c}, DType::f32, kCuda), ones = Tensor::ones({c.c}, DType::f32, kCuda);
+  const Tensor a = ops::cuda::batch_norm_apply(xg, zeros, ones, scale_g, bias_g, 0.0, Activation::relu);
+  check_close(dw, ops::cuda::conv2d_backward_weight(dyg, a, w_sizes, params), tolerance_for(dtype).backward,
+              "fused dw against the unfused ops");
+  const Tensor a_cpu = ops::cpu::batch_norm_apply(x.to(DType::f32), Tensor::zeros({c.c}), Tensor::ones({c.c}),
+                                                  scale.to(DType::f32), bias.to(DType::f32), 0.0, Activation::relu)
+                           .to(dtype)
+                           .to(DType::f32);
+  check_close(dw.to(DType::f32), ops::cpu::conv2d_backward_weight(dy.to(DType::f32), a_cpu, w_sizes, params),
+              tolerance_for(dtype).backward, "fused dw against the CPU");
+  return true;
+}
+
 // ||a - b||_2 / max(||b||_2, 1e-30) over the logical values: a few elements
 // whose ReLU mask flips where z rounds across 0 weigh little, unlike in the
 // max-norm.
@@ -361,6 +391,10 @@ TEST_CASE("cuDNN graph: conv2d data gradient + ReLU mask + batch-norm backward t
   check_resnet_cases({kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}, check_dgrad_graph_case);
 }
 
+TEST_CASE("cuDNN graph: batch-norm prologue + conv2d weight gradient against the unfused ops and the CPU") {
+  check_resnet_cases({kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}, check_wgrad_graph_case);
+}
+
 TEST_CASE("batch_norm_relu_conv2d on CUDA through the graphs (f16, bf16, channels-last) against the ops apart and the CPU") {
   // ResNet-50's shapes at batch 8. Fused and apart differ by the prologue's
   // coefficients rounded to the dtype, the summation orders and the few
@@ -374,8 +408,10 @@ TEST_CASE("batch_norm_relu_conv2d on CUDA through the graphs (f16, bf16, channel
         const cuda::Counters before = cuda::counters();
         const auto fused = run_batch_norm_conv(true, kCuda, dtype, dtype, c, training);
         const cuda::Counters counted = cuda::counters() - before;
-        // Built in, cuDNN must take both graphs; without it both are refused.
-        CHECK(counted.graph_fallbacks == (ops::cuda::conv_graphs_built_in() ? 0 : 2));
+        // Built in, cuDNN must take the three graphs (forward, data and
+        // weight gradients); without it none is asked for.
+        CHECK(counted.graph_fallbacks == 0);
+        CHECK(counted.graph_runs == (ops::cuda::conv_graphs_built_in() ? 3 : 0));
         const auto apart = run_batch_norm_conv(false, kCuda, dtype, dtype, c, training);
         const auto cpu = run_batch_norm_conv(false, Device::cpu(), dtype, DType::f32, c, training);
         const Tolerance tolerance = tolerance_for(dtype);
@@ -397,7 +433,8 @@ TEST_CASE("batch_norm_relu_conv2d on CUDA in f32 (no graph) equals the CUDA ops 
   c.n = 4;
   const cuda::Counters before = cuda::counters();
   const auto fused = run_batch_norm_conv(true, kCuda, DType::f32, DType::f32, c, true);
-  CHECK((cuda::counters() - before).graph_fallbacks == 0);  // not a candidate: no graph asked
+  const cuda::Counters counted = cuda::counters() - before;
+  CHECK(counted.graph_fallbacks + counted.graph_runs == 0);  // not a candidate: no graph asked for
   const auto apart = run_batch_norm_conv(false, kCuda, DType::f32, DType::f32, c, true);
   for (size_t i = 0; i < fused.size(); ++i) {
     INFO(std::string(kBatchNormConvNames[i]));
@@ -429,8 +466,9 @@ TEST_CASE("ResNet-50 (f16, channels-last) forward and backward with the fused gr
   cuda::Counters counted;
   const auto fused = run(true, &counted);
   const auto apart = run(false, nullptr);
-  MESSAGE("fused ResNet-50 step: ", counted.graph_fallbacks, " graph fallbacks of 64 graph calls");
-  if (ops::cuda::conv_graphs_built_in()) CHECK(counted.graph_fallbacks == 0);
+  MESSAGE("fused ResNet-50 step: ", counted.graph_runs, " graphs ran, ", counted.graph_fallbacks, " refused");
+  // 32 fused convolutions, 3 graphs each; refusals are allowed (they run apart) but none expected.
+  if (ops::cuda::conv_graphs_built_in()) CHECK(counted.graph_runs == 96);
   CHECK(relative_l2(fused[0], apart[0]) <= 1e-2);
   double worst = 0;
   for (size_t i = 1; i < fused.size(); ++i) worst = std::max(worst, relative_l2(fused[i], apart[i]));

@@ -35,6 +35,7 @@ if runs:
 expect(r.get("timing") == "steady_clock" and r.get("repeats") == 3 and r.get("steps") == 2 and r.get("warmup") == 1
        and r.get("size") == 32, f"the protocol in the line: {r}")
 expect(r.get("launches_per_step") == 0 and r.get("syncs_per_step") == 0 and r.get("graph_fallbacks_per_step") == 0
+       and r.get("graph_runs_per_step") == 0
        and set(r.get("sync_kinds_per_step", {})) == {"stream", "event", "device", "device_to_host_copy", "blocking_copy"},
        "no CUDA counts on the CPU, every kind of host sync named")
 expect(r.get("loss_last", 99) < r.get("loss_first", 0), "the loss fell")
