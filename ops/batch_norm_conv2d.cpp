@@ -72,7 +72,8 @@ bool graph_candidate(const Tensor& input, const Tensor& conv_weight, const Conv2
 std::optional<BatchNormReluConv2d> graph_forward(const Tensor& input, const ops::cuda::GraphBatchNorm& bn,
                                                  const Tensor& conv_weight, const Conv2dParams& params,
                                                  bool want_output_stats) {
-  const Size2 hw = conv2d_output_size({input.size(2), input.size(3)}, {conv_weight.size(2), conv_weight.size(3)}, params);
+  const Size2 hw =
+      conv2d_output_size({input.size(2), input.size(3)}, {conv_weight.size(2), conv_weight.size(3)}, params);
   const int64_t out_channels = conv_weight.size(0);
   const Tensor y = empty_with_format({input.size(0), out_channels, hw[0], hw[1]}, input.dtype(), input.device(),
                                      MemoryFormat::nhwc);
@@ -92,7 +93,8 @@ std::optional<TensorList> graph_backward(const Node& node, const Tensor& dy, con
   const Tensor& x = s.input;
   const Device device = x.device();
   const int64_t channels = x.size(1);
-  const Tensor sums = Tensor::empty({2, channels}, DType::f32, device);  // (sum dz, sum dz * xhat), backward_reduce's rows
+  // (sum dz, sum dz * xhat): backward_reduce's rows.
+  const Tensor sums = Tensor::empty({2, channels}, DType::f32, device);
   const ops::cuda::BatchNormBackwardTerms terms{
       empty_with_format(x.sizes(), x.dtype(), device, MemoryFormat::nhwc), row(sums, 1), row(sums, 0),
       Tensor::empty({channels}, DType::f32, device), Tensor::empty({channels}, DType::f32, device),

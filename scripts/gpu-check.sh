@@ -22,6 +22,7 @@
 #                    gpu.elastic_cuda checkpoints resumed at world 2 -> 1 -> 3 on GPU 0,
 #                    gpu.device_ordinal cuda:1 where two GPUs are visible, gpu.conv_graphs the
 #                    fused cuDNN graphs (issue 47, behind LOOM_CUDNN_GRAPH) against the unfused ops,
+#                    directly, through batch_norm_relu_conv2d and in a ResNet-50 step,
 #                    gpu.batch_norm_v2 LOOM_CUDA_BATCH_NORM=v2 against the CPU at ResNet-50's shapes
 #   staged.*         train_mnist on CUDA over gloo and shm (collectives staged through host
 #                    memory), the ranks sharing GPU 0, 20 steps each: gloo -g 2 --sync-bn,

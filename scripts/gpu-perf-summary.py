@@ -73,7 +73,8 @@ def loom_figures(text):
                 "launches_per_step", "kernel_launches_per_step", "library_calls_per_step", "device_copies_per_step",
                 "syncs_per_step", "sync_kinds_per_step", "peak_allocated_bytes", "peak_reserved_bytes",
                 "peak_allocated_bytes_runs", "peak_reserved_bytes_runs",
-                "images_per_s", "skipped_steps", "gpu")
+                "images_per_s", "skipped_steps", "graph_runs_per_step", "graph_fallbacks_per_step", "cuda_graph",
+                "gpu")
         return {k: r[k] for k in keep if k in r}
     skipped = re.findall(r"skipped: (.*)", text)
     if skipped:

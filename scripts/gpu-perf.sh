@@ -44,7 +44,10 @@
 # VARIABLE=value settings given to loom's binary (default
 # "default:;channels_last:--channels-last"). A variant with a flag the binary does
 # not list in its --help is recorded as skipped, not failed (hooks for what later
-# work adds: NCHW/NHWC, old/new batch norm); a setting is passed as it is.
+# work adds: NCHW/NHWC, old/new batch norm); a setting is passed as it is, e.g.
+# "fused:--channels-last LOOM_CUDNN_GRAPH=1" (issue 47's fused convolutions;
+# their rows' graph_runs_per_step and graph_fallbacks_per_step say what ran)
+# or "graph:--channels-last --cuda-graph" (the step as one CUDA graph).
 #
 # OUT holds at most 6 files at any moment: summary.json (the step table and every
 # figure, rewritten atomically before and after every step), perf.json (a list of

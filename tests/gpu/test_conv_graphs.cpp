@@ -395,7 +395,8 @@ TEST_CASE("cuDNN graph: batch-norm prologue + conv2d weight gradient against the
   check_resnet_cases({kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}, check_wgrad_graph_case);
 }
 
-TEST_CASE("batch_norm_relu_conv2d on CUDA through the graphs (f16, bf16, channels-last) against the ops apart and the CPU") {
+TEST_CASE("batch_norm_relu_conv2d on CUDA through the graphs (f16, bf16, channels-last) against the ops apart and "
+          "the CPU") {
   // ResNet-50's shapes at batch 8. Fused and apart differ by the prologue's
   // coefficients rounded to the dtype, the summation orders and the few
   // elements whose ReLU mask flips: measured in the L2 norm against the

@@ -171,8 +171,10 @@ TEST_SUITE("batch_norm_relu_conv2d") {
   }
 
   TEST_CASE("misuse is refused by name") {
-    const Tensor x = random_tensor({2, 4, 5, 5}, 31, -1, 1, DType::f32), w = random_tensor({3, 4, 1, 1}, 32, -1, 1, DType::f32);
-    CHECK_THROWS_WITH_AS(batch_norm_relu_conv2d(x, {}, {}, {}, {}, true, 0.1, 1e-5, random_tensor({3, 5, 1, 1}, 33, -1, 1, DType::f32), {}),
+    const Tensor x = random_tensor({2, 4, 5, 5}, 31, -1, 1, DType::f32);
+    const Tensor w = random_tensor({3, 4, 1, 1}, 32, -1, 1, DType::f32);
+    const Tensor w_for_5_channels = random_tensor({3, 5, 1, 1}, 33, -1, 1, DType::f32);
+    CHECK_THROWS_WITH_AS(batch_norm_relu_conv2d(x, {}, {}, {}, {}, true, 0.1, 1e-5, w_for_5_channels, {}),
                          doctest::Contains("batch_norm_relu_conv2d: the convolution weight"), Error);
     CHECK_THROWS_WITH_AS(batch_norm_relu_conv2d(x, {}, {}, {}, {}, true, 0.1, 1e-5, w.to(DType::f64), {}),
                          doctest::Contains("batch_norm_relu_conv2d"), Error);
