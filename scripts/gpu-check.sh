@@ -15,14 +15,16 @@
 #   build            `-k 0`: one compile error loses only what depends on it; each later
 #                    step runs when its binary exists
 #   gpu.runtime, gpu.backend_ops, gpu.training, gpu.nccl, gpu.host_staging,
-#   gpu.elastic_cuda, gpu.device_ordinal, gpu.data_loader, gpu.conv_graphs, gpu.batch_norm_v2
+#   gpu.elastic_cuda, gpu.device_ordinal, gpu.data_loader, gpu.conv_graphs, gpu.conv_graphs_training,
+#   gpu.batch_norm_v2
 #                    the gpu test suites, one ctest call each, every test cut at
 #                    LOOM_GPU_TEST_TIMEOUT (120 s); gpu.nccl runs at world N on N GPUs,
 #                    gpu.host_staging 2 and 4 ranks on GPU 0 over gloo and shm,
 #                    gpu.elastic_cuda checkpoints resumed at world 2 -> 1 -> 3 on GPU 0,
 #                    gpu.device_ordinal cuda:1 where two GPUs are visible, gpu.conv_graphs the
 #                    fused cuDNN graphs (issue 47, behind LOOM_CUDNN_GRAPH) against the unfused ops,
-#                    directly, through batch_norm_relu_conv2d and in a ResNet-50 step,
+#                    gpu.conv_graphs_training the same through batch_norm_relu_conv2d and in a
+#                    ResNet-50 step,
 #                    gpu.batch_norm_v2 LOOM_CUDA_BATCH_NORM=v2 against the CPU at ResNet-50's shapes
 #   staged.*         train_mnist on CUDA over gloo and shm (collectives staged through host
 #                    memory), the ranks sharing GPU 0, 20 steps each: gloo -g 2 --sync-bn,
@@ -212,7 +214,7 @@ main() {
   add_step build 480 "" "$(printf '%q' "$self") --internal build $q_build $jobs $targets"
   local suite
   for suite in runtime backend_ops training nccl host_staging elastic_cuda device_ordinal data_loader conv_graphs \
-      batch_norm_v2; do
+      conv_graphs_training batch_norm_v2; do
     local binary=$build/tests/gpu/test_gpu
     [[ $suite == nccl || $suite == host_staging || $suite == elastic_cuda ]] && binary=$build/tests/gpu/test_gpu_nccl
     add_step "gpu.$suite" $(( test_timeout + 30 )) "$binary" "$ctest_cmd '^gpu\\.$suite\$'"

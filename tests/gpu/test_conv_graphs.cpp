@@ -1,7 +1,8 @@
 // The fused cuDNN graphs (ops/cuda/conv2d_graph.h, issue 47) against the
 // unfused CUDA ops and the CPU, on ResNet-50's shapes at batch 32, f16 and
-// bf16, directly and through the op that nn's ResNet blocks take
-// (batch_norm_relu_conv2d) and a whole ResNet-50 step; a suite of their own (gpu.conv_graphs), so that slow plan builds
+// bf16 (gpu.conv_graphs), then through the op that nn's ResNet blocks take
+// (batch_norm_relu_conv2d) and a whole ResNet-50 step
+// (gpu.conv_graphs_training): suites of their own, so that slow plan builds
 // cannot cut gpu.backend_ops short. The graphs run whatever LOOM_CUDNN_GRAPH
 // says (it gates the training path only). In a build without cudnn-frontend
 // every graph must be refused.
@@ -395,6 +396,12 @@ TEST_CASE("cuDNN graph: batch-norm prologue + conv2d weight gradient against the
   check_resnet_cases({kLayer1Conv3x3, kLayer1Expansion1x1, kLayer2Conv3x3Stride2}, check_wgrad_graph_case);
 }
 
+}  // TEST_SUITE
+
+// The training path into the graphs: the op nn's ResNet blocks take and a
+// whole ResNet-50 step. A suite of its own (gpu.conv_graphs_training): its
+// shapes build plans of their own, which must not cut gpu.conv_graphs short.
+TEST_SUITE("conv_graphs_training") {
 TEST_CASE("batch_norm_relu_conv2d on CUDA through the graphs (f16, bf16, channels-last) against the ops apart and "
           "the CPU") {
   // ResNet-50's shapes at batch 8. Fused and apart differ by the prologue's

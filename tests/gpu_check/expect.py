@@ -15,7 +15,7 @@ SANITIZER = ("sanitizer.memcheck", "sanitizer.memcheck_train_mnist", "sanitizer.
              "sanitizer.racecheck", "sanitizer.synccheck")
 ALL = ("env", "configure", "data", "build", "gpu.runtime", "gpu.backend_ops", "gpu.training", "gpu.nccl",
        "gpu.host_staging", "gpu.elastic_cuda", "gpu.device_ordinal", "gpu.data_loader", "gpu.conv_graphs",
-       "gpu.batch_norm_v2", *STAGED, *SANITIZER,
+       "gpu.conv_graphs_training", "gpu.batch_norm_v2", *STAGED, *SANITIZER,
        "bench.loom_convnet_f32", "bench.torch_convnet", "bench.loom_convnet_tf32",
        "bench.loom_convnet_channels_last_f16", "train_mnist", "bench.resnet50_cifar", "scaling.resnet50",
        "sanitizer.initcheck")
