@@ -133,6 +133,9 @@ class DebugProcessGroup final : public ProcessGroup {
 
   void set_timeout(Milliseconds timeout) override;
   Milliseconds timeout() const override { return inner_->timeout(); }
+  // inner's: at DETAIL the fingerprints are checked on the host once, at the capture.
+  std::optional<std::string> capture_refusal() const override { return inner_->capture_refusal(); }
+  WorkHandle watch_replay(const std::string& description) override { return inner_->watch_replay(description); }
 
   const std::shared_ptr<ProcessGroup>& inner() const { return inner_; }
   DistributedDebugLevel level() const;

@@ -32,6 +32,10 @@ WatchedWork::WatchedWork(std::string name, uint64_t sequence, const std::string&
       mode_(mode) {}
 
 void WatchedWork::wait() {
+  if (captured_ && hooks_.order_caller_after) {  // enqueued (run() returned it): the graph orders the rest
+    hooks_.order_caller_after();
+    return;
+  }
   if (mode_ == WaitMode::host || completed() || !hooks_.order_caller_after) {
     Work::wait();  // blocks until the watchdog finished it; rethrows its error
     return;
@@ -146,7 +150,8 @@ void Watchdog::wait_until_initialized(Milliseconds timeout) {
 
 std::shared_ptr<WatchedWork> Watchdog::run(std::string name, const std::string& details, Milliseconds timeout,
                                            WatchedWork::WaitMode mode, const std::function<void()>& enqueue,
-                                           const std::function<WatchedWork::DeviceHooks()>& enqueued) {
+                                           const std::function<WatchedWork::DeviceHooks()>& enqueued,
+                                           bool captured) {
   std::lock_guard enqueue_lock(enqueue_mutex_);
   std::shared_ptr<WatchedWork> work;
   {
@@ -154,6 +159,7 @@ std::shared_ptr<WatchedWork> Watchdog::run(std::string name, const std::string& 
     if (!failure_.empty())
       LOOM_FAIL(options_.prefix(), name, " called on a process group that failed earlier: ", failure_);
     work = std::make_shared<WatchedWork>(std::move(name), enqueued_count_.load(), details, timeout, mode);
+    work->captured_ = captured;
     pending_.push_back(work);  // from here on its deadline is watched, even while enqueue blocks
   }
   enqueued_count_.fetch_add(1);
@@ -210,13 +216,14 @@ std::string Watchdog::check_oldest(bool& finished_one) {
                kUnusable);
   }
   // Only this thread touches an enqueued work's hooks and started_noted_.
-  bool finished = false;
+  // A captured work's events are the graph's: it is done once enqueued.
+  bool finished = work->captured_;
   try {
-    if (!work->started_noted_ && work->hooks_.started && work->hooks_.started()) {
+    if (!finished && !work->started_noted_ && work->hooks_.started && work->hooks_.started()) {
       work->started_noted_ = true;
       work->mark_started();
     }
-    finished = work->hooks_.finished();
+    if (!finished) finished = work->hooks_.finished();
   } catch (const std::exception& error) {  // a CUDA error while querying its events
     return str(options_.prefix(), work->description(), " failed: ", error.what(), kUnusable);
   }

@@ -145,8 +145,11 @@ class WatchedWork final : public Work {
 
   // Stream mode: orders the caller's stream after the collective without
   // blocking the host (a failure found later is raised by the next
-  // collective or synchronize()); host mode: blocks as synchronize().
+  // collective or synchronize()); host mode: blocks as synchronize(). A
+  // captured work orders the capturing stream after it (the capture's join).
   void wait() override;
+  // Recorded into a CUDA graph: it runs at the graph's replays, not now.
+  bool captured() const { return captured_; }
 
  private:
   friend class Watchdog;
@@ -158,6 +161,7 @@ class WatchedWork final : public Work {
   DeviceHooks hooks_;          // set under the watchdog's mutex once enqueued
   bool enqueued_ = false;      // under the watchdog's mutex
   bool started_noted_ = false;  // the watchdog thread's
+  bool captured_ = false;       // set before it is shared
 };
 
 // Runs collectives on a communicator and watches them: completes each when
@@ -184,10 +188,13 @@ class Watchdog {
   // the communicator to leave in_progress and calls `enqueued` for the
   // device hooks. Throws loom::Error when the group failed earlier, or when
   // this collective failed or timed out while being enqueued (the group is
-  // then unusable).
+  // then unusable). A `captured` collective (the caller's stream captures a
+  // CUDA graph) is watched until it is enqueued, and then done: its events
+  // belong to the graph and cannot be queried (ProcessGroup::watch_replay
+  // watches the replays instead); its hooks only order the capture.
   std::shared_ptr<WatchedWork> run(std::string name, const std::string& details, Milliseconds timeout,
                                    WatchedWork::WaitMode mode, const std::function<void()>& enqueue,
-                                   const std::function<WatchedWork::DeviceHooks()>& enqueued);
+                                   const std::function<WatchedWork::DeviceHooks()>& enqueued, bool captured = false);
 
   // The first failure ("" while the group is usable).
   std::string failure() const;

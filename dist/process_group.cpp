@@ -289,6 +289,13 @@ Tensor ProcessGroup::new_buffer(int64_t numel, DType dtype, Device device) {
   return Tensor::zeros({numel}, dtype, device);
 }
 
+std::optional<std::string> ProcessGroup::capture_refusal() const {
+  return str("the ", backend_name(), " process group runs its collectives on the host, which a CUDA graph cannot "
+             "capture (the nccl backend's can be)");
+}
+
+WorkHandle ProcessGroup::watch_replay(const std::string&) { return nullptr; }
+
 std::shared_ptr<ProcessGroup> default_process_group() {
   std::lock_guard lock(default_group_mutex);
   LOOM_CHECK(default_group != nullptr, "no default process group: call loom::dist::init_process_group() first");

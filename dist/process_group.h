@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,6 +144,21 @@ class ProcessGroup {
   // Timeout of collectives enqueued from now on.
   virtual void set_timeout(Milliseconds timeout) = 0;
   virtual Milliseconds timeout() const = 0;
+
+  // CUDA graphs (cuda::Graph, the Trainer's --cuda-graph): why this group's
+  // collectives cannot be captured into one; nothing where they can. A group
+  // that can (nccl) records a collective called while the caller's stream
+  // captures into the graph (it runs at each replay, not at the call); its
+  // Work's wait() joins the capture back, and the rest of the Work is done
+  // at once. gloo and shm run their collectives on the host: they cannot.
+  virtual std::optional<std::string> capture_refusal() const;
+  // After each replay of a graph that holds this group's collectives: watches
+  // the work queued so far on the caller's stream as one more collective
+  // under the group's timeout, so that a replay stuck in a captured
+  // collective (a peer died) fails the group and aborts its communicator as
+  // an eager collective would; the next collective or watch then throws. The
+  // Work completes when the replay has run. Null where nothing is captured.
+  virtual WorkHandle watch_replay(const std::string& description);
 
  protected:
   int rank_;

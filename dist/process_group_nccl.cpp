@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include <loom/core/autograd.h>
@@ -286,6 +287,24 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
   Milliseconds timeout() const override { return timeout_.load(); }
 
+  // A collective called while the caller's stream captures is recorded into the graph (run()).
+  std::optional<std::string> capture_refusal() const override { return std::nullopt; }
+
+  // The replay's end on the caller's stream, watched as one more collective.
+  WorkHandle watch_replay(const std::string& description) override {
+    cuda::DeviceGuard device_guard(device_);
+    const cuda::StreamView caller = cuda::current_stream(device_);
+    LOOM_CHECK(!capturing(caller), prefix(), "watch_replay is called after a replay, not while capturing");
+    auto done = std::make_shared<cuda::Event>(device_);
+    return watchdog_->run("graph replay", description, timeout_.load(), nccl::WatchedWork::WaitMode::stream, [] {},
+                          [&] {
+                            done->record(caller);
+                            return nccl::WatchedWork::DeviceHooks{
+                                nullptr, [done] { return done->query(); },
+                                [done, device = device_] { cuda::current_stream(device).wait(*done); }};
+                          });
+  }
+
  private:
   // One collective being prepared on the caller's thread: the tensors the
   // NCCL call reads and writes (the caller's own when contiguous, else
@@ -330,6 +349,16 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   int device_index() const { return device_; }
+
+  // Whether `stream` captures a CUDA graph now (a capture invalidated by an
+  // earlier call is an error: its graph would lack this collective).
+  bool capturing(const cuda::StreamView& stream) const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    LOOM_CHECK_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream.handle()), &status));
+    LOOM_CHECK(status != cudaStreamCaptureStatusInvalidated, prefix(),
+               "the caller's stream is in a CUDA graph capture that an earlier call invalidated");
+    return status == cudaStreamCaptureStatusActive;
+  }
   std::string prefix() const { return str("ProcessGroupNCCL rank ", rank(), " of ", size(), " (cuda:", device_, "): "); }
 
   // Orders the collective after the caller's current stream, runs it on the
@@ -338,6 +367,11 @@ class ProcessGroupNCCL final : public ProcessGroup {
     cuda::DeviceGuard device_guard(device_);
     NoGradGuard no_grad;  // staging copies are not differentiable
     const cuda::StreamView caller = cuda::current_stream(device_);
+    // Captured into the caller's graph: the NCCL stream joins the capture
+    // through the event below and leaves it when the caller waits for `done`.
+    const bool captured = capturing(caller);
+    LOOM_CHECK(!captured || collective.wait_mode != nccl::WatchedWork::WaitMode::host, prefix(), collective.name,
+               " cannot be captured in a CUDA graph: its wait blocks the host");
     auto started = std::make_shared<cuda::Event>(device_);  // on the NCCL stream before the collective
     auto done = std::make_shared<cuda::Event>(device_);     // and after it
     auto enqueue = [&] {
@@ -372,7 +406,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
           [done, device = device_] { cuda::current_stream(device).wait(*done); }};
     };
     return watchdog_->run(collective.name, collective.details, timeout_.load(), collective.wait_mode, enqueue,
-                          enqueued);
+                          enqueued, captured);
   }
 
   std::shared_ptr<Store> store_;  // kept for the group's lifetime, as the Gloo group keeps its own

@@ -5,22 +5,33 @@
 
 namespace loom::train {
 
-std::optional<std::string> CapturedStep::refusal(const Device& device, bool distributed, int64_t accumulate_steps,
-                                                 double clip_grad_norm) {
+std::optional<std::string> CapturedStep::refusal(const Device& device, const dist::ProcessGroup* group, bool join,
+                                                 int64_t accumulate_steps, double clip_grad_norm) {
   if (!device.is_cuda()) return "the model is on " + device.str() + ", not a GPU";
-  if (distributed) {
-    return std::string("DistributedDataParallel's all-reduces are not captured yet (one process without a process "
-                       "group only)");
+  if (group != nullptr) {
+    if (std::optional<std::string> why = group->capture_refusal())
+      return "DistributedDataParallel's all-reduces cannot be captured: " + *why;
   }
+  if (join) return std::string("uneven inputs (Join) agree on every rank's progress on the host at each step");
   if (accumulate_steps > 1) return std::string("gradient accumulation (--accumulate-steps) is not captured yet");
   if (clip_grad_norm > 0) return std::string("gradient clipping reads the norm on the host (--clip-grad-norm)");
   return std::nullopt;
 }
 
 CapturedStep::CapturedStep(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer,
-                           CapturedStepFunction step_function, Device device, bool report)
-    : model_(model), optimizer_(optimizer), step_function_(std::move(step_function)), device_(device), report_(report) {
+                           CapturedStepFunction step_function, Device device, bool report,
+                           std::shared_ptr<dist::ProcessGroup> group)
+    : model_(model),
+      optimizer_(optimizer),
+      step_function_(std::move(step_function)),
+      device_(device),
+      report_(report),
+      group_(std::move(group)) {
   LOOM_CHECK(device.is_cuda(), "CapturedStep: CUDA graphs need a GPU, not ", device.str());
+  if (group_) {
+    const std::optional<std::string> why = group_->capture_refusal();
+    LOOM_CHECK(!why, "CapturedStep: ", *why);
+  }
   optimizer_.optimizer().keep_lr_on_device(device);
   optimizer_.place_loss_scale(device);
 }
@@ -49,26 +60,37 @@ Tensor CapturedStep::eager(const data::Batch& batch) {
   return step(batch);
 }
 
+std::optional<std::string> CapturedStep::capture(const data::Batch& batch) {
+  std::optional<std::string> why = optimizer_.optimizer().capture_refusal();
+  if (!why) {
+    input_.images = empty_with_format(batch.images.sizes(), batch.images.dtype(), device_,
+                                      memory_format_of(batch.images)).copy_(batch.images);
+    input_.labels = batch.labels.clone();
+    input_.index = batch.index;
+    input_.samples = batch.samples;
+    graph_.emplace(device_.index);
+    try {
+      graph_->capture([&] { loss_ = step(input_); });
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (group_ && group_->size() > 1) {
+    // NCCL: a collective captured on one rank must be captured on all. Eager,
+    // outside the capture; every rank takes part whatever its own outcome.
+    const int64_t captured = why ? 0 : 1;
+    if (dist::all_reduce_values(*group_, {captured}, dist::ReduceOp::min)[0] == 0 && !why)
+      why = std::string("another rank's capture of the step failed, so every rank runs eagerly");
+  }
+  if (why) graph_.reset();
+  return why;
+}
+
 Tensor CapturedStep::run(const data::Batch& batch) {
   if (failure_ || eager_steps_ == 0) return eager(batch);
   if (graph_ && !fits(batch)) return eager(batch);
   if (!graph_) {
-    std::optional<std::string> why = optimizer_.optimizer().capture_refusal();
-    if (!why) {
-      input_.images = empty_with_format(batch.images.sizes(), batch.images.dtype(), device_,
-                                        memory_format_of(batch.images)).copy_(batch.images);
-      input_.labels = batch.labels.clone();
-      input_.index = batch.index;
-      input_.samples = batch.samples;
-      graph_.emplace(device_.index);
-      try {
-        graph_->capture([&] { loss_ = step(input_); });
-      } catch (const Error& e) {
-        why = e.what();
-        graph_.reset();
-      }
-    }
-    if (why) {
+    if (std::optional<std::string> why = capture(batch)) {
       failure_ = why;
       if (report_) std::fprintf(stderr, "--cuda-graph: the training steps run eagerly: %s\n", why->c_str());
       return eager(batch);
@@ -79,6 +101,7 @@ Tensor CapturedStep::run(const data::Batch& batch) {
   }
   graph_->replay();
   ++replays_;
+  if (group_) group_->watch_replay(str("step ", replays_, " (", group_->size(), " ranks)"));
   return loss_.clone();
 }
 

@@ -9,6 +9,15 @@
 // loss scale live on the GPU (Optimizer::keep_lr_on_device,
 // MixedPrecisionOptimizer::place_loss_scale), so schedules, warm-up and the
 // loss-scale schedule act on replays as on eager steps.
+//
+// With DistributedDataParallel over a group whose collectives a graph can
+// hold (nccl: ProcessGroup::capture_refusal), the bucket all-reduces that
+// backward launches are captured too, and every replay runs them. NCCL needs
+// every rank to capture the same collectives: the ranks agree after the
+// capture (one all-reduce) and run eagerly together when any rank's capture
+// failed. Each replay is watched under the group's timeout
+// (ProcessGroup::watch_replay), so a peer that died mid-replay fails the
+// group as an eager collective would, instead of hanging the device.
 #pragma once
 
 #include <cstdio>
@@ -17,6 +26,7 @@
 
 #include <loom/core/cuda/graph.h>
 #include <loom/data/loader.h>
+#include <loom/dist/process_group.h>
 #include <loom/nn/module.h>
 #include <loom/optim/amp.h>
 
@@ -30,14 +40,17 @@ class CapturedStep {
  public:
   // Why the run's steps cannot be captured, from what is known before the
   // first step; nothing when they can (the optimizer is asked at capture).
-  // `distributed`: the model is wrapped in DistributedDataParallel.
-  static std::optional<std::string> refusal(const Device& device, bool distributed, int64_t accumulate_steps,
-                                            double clip_grad_norm);
+  // `group`: DistributedDataParallel's process group when it wraps the model
+  // (null without); `join`: uneven inputs (TrainerOptions::join).
+  static std::optional<std::string> refusal(const Device& device, const dist::ProcessGroup* group, bool join,
+                                            int64_t accumulate_steps, double clip_grad_norm);
 
   // Keeps the optimizer's learning rates and the loss scale on `device`.
-  // `report` (rank 0) says once, on stderr, why a capture failed.
+  // `report` (rank 0) says once, on stderr, why a capture failed. `group`:
+  // DistributedDataParallel's, when `model` is one (its all-reduces are
+  // captured; refusal() said the group allows it).
   CapturedStep(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer, CapturedStepFunction step_function,
-               Device device, bool report);
+               Device device, bool report, std::shared_ptr<dist::ProcessGroup> group = nullptr);
 
   // One optimizer step on `batch`: zero_grad, forward and loss, scaled
   // backward, optimizer step; eagerly, or as the graph's replay. Returns the
@@ -56,12 +69,15 @@ class CapturedStep {
   Tensor step(const data::Batch& batch);
   bool fits(const data::Batch& batch) const;
   Tensor eager(const data::Batch& batch);
+  // Captures the step on `batch` copied into input tensors of its own; why it failed, or nothing.
+  std::optional<std::string> capture(const data::Batch& batch);
 
   nn::Module& model_;
   amp::MixedPrecisionOptimizer& optimizer_;
   CapturedStepFunction step_function_;
   Device device_;
   bool report_;
+  std::shared_ptr<dist::ProcessGroup> group_;  // DDP's: its all-reduces are in the graph
   std::optional<cuda::Graph> graph_;
   data::Batch input_;  // the captured step's batch: its images and labels are copied into
   Tensor loss_;        // the captured step's loss

@@ -190,11 +190,13 @@ FitResult Trainer::fit(data::DataLoader& train_data, data::DataLoader* test_data
     LOOM_CHECK(device.is_cuda(), "TrainerOptions::cuda_graph (--cuda-graph) needs the model on a GPU, not on ",
                device.str());
     const std::optional<std::string> why =
-        CapturedStep::refusal(device, ddp_ != nullptr, options_.accumulate_steps(), options_.clip_grad_norm());
+        CapturedStep::refusal(device, ddp_ ? ddp_->process_group().get() : nullptr,
+                              ddp_ && options_.join() && options_.join()->enable(), options_.accumulate_steps(),
+                              options_.clip_grad_norm());
     if (!why) {
       captured.emplace(trained, optimizer, [this](nn::Module& m, const data::Batch& b) {
         return step_function_ ? step_function_(m, b) : cross_entropy(m(b.images), b.labels);
-      }, device, leader);
+      }, device, leader, ddp_ ? ddp_->process_group() : nullptr);
     } else if (leader) {
       std::fprintf(stderr, "--cuda-graph: the training steps run eagerly: %s\n", why->c_str());
     }

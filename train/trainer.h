@@ -105,10 +105,12 @@ class TrainerOptions {
   LOOM_OPTION(std::string, tensorboard_dir);
   // Each optimizer step as the replay of one CUDA graph (train/captured_step.h):
   // the first step eager, the second captured, the epoch's smaller last
-  // batch eager; the learning rates and the loss scale kept on the GPU. Needs
-  // the model on a GPU (else refused); with a process group (DDP), gradient
-  // accumulation or clipping the steps run eagerly, as they do after a
-  // failed capture, and rank 0 says why on stderr. Not yet run on a GPU.
+  // batch eager; the learning rates and the loss scale kept on the GPU; with
+  // a process group (DDP) over nccl its all-reduces in the graph too. Needs
+  // the model on a GPU (else refused); with a gloo or shm group, uneven
+  // inputs (join), gradient accumulation or clipping the steps run eagerly,
+  // as they do after a failed capture, and rank 0 says why on stderr. Not yet
+  // run on a GPU.
   LOOM_OPTION(bool, cuda_graph) = false;
   // Chrome trace file (one per rank, FILE.rank<k>.json, when several run); '': none.
   LOOM_OPTION(std::string, trace_path);

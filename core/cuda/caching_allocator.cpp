@@ -188,16 +188,24 @@ void CachingAllocator::free(void* ptr) noexcept {
       release_block(block);
       return;
     }
-    // Other streams may still be using the memory: reuse it only once the work
-    // they have queued so far is done.
-    for (StreamHandle stream : block->other_streams) {
-      pending_.push_back({block, backend_->record_event(stream)});
-      ++block->pending_events;
+    if (!capturing_.empty()) {
+      deferred_.push_back(block);  // its events once the capture ended
+      return;
     }
-    block->other_streams.clear();
+    record_free_events(block);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom: CUDA allocator of device %d could not free %p: %s\n", device_, ptr, e.what());
   }
+}
+
+void CachingAllocator::record_free_events(Block* block) {
+  // Other streams may still be using the memory: reuse it only once the work
+  // they have queued so far is done.
+  for (StreamHandle stream : block->other_streams) {
+    pending_.push_back({block, backend_->record_event(stream)});
+    ++block->pending_events;
+  }
+  block->other_streams.clear();
 }
 
 void CachingAllocator::record_stream(void* ptr, StreamHandle stream) {
@@ -311,6 +319,9 @@ void CachingAllocator::begin_private_pool(uint64_t id, StreamHandle stream) {
 void CachingAllocator::end_private_pool(StreamHandle stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   LOOM_CHECK(capturing_.erase(stream) == 1, "CUDA allocator: end_private_pool on a stream that began none");
+  if (!capturing_.empty()) return;
+  for (Block* block : deferred_) record_free_events(block);
+  deferred_.clear();
 }
 
 void CachingAllocator::release_private_pool(uint64_t id) {

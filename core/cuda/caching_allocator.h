@@ -18,7 +18,10 @@
 // those segments, freed during the capture or after it, return to pool `id`:
 // no other work reuses the memory a graph's replays write. Pending frees are
 // not processed while a pool is being captured (an event query is not
-// allowed then). release_private_pool(id), once the graph is gone, hands the
+// allowed then), and a block used on other streams (a collective's buffer on
+// the NCCL stream, which joined the capture) that is freed during a capture
+// records its events only once no capture runs: recorded on a capturing
+// stream, they would be nodes of the graph that nothing could query. release_private_pool(id), once the graph is gone, hands the
 // pool's segments back to the general pools.
 //
 // The bookkeeping is plain C++; the device calls go through an
@@ -126,6 +129,7 @@ class CachingAllocator {
   Block* new_segment(size_t size, StreamHandle stream, uint64_t private_pool);
   void split(Block* block, size_t size, Pool& pool);
   void release_block(Block* block);  // back to its pool, merged with free neighbours
+  void record_free_events(Block* block);  // on the block's other streams; released once they completed
   void process_pending(bool wait);
   void release_cached_segments();
   void update_peaks();
@@ -141,6 +145,7 @@ class CachingAllocator {
     void* event;
   };
   std::vector<PendingFree> pending_;  // in free order
+  std::vector<Block*> deferred_;      // freed during a capture, used on other streams: events once it ends
   std::unordered_map<StreamHandle, uint64_t> capturing_;  // stream -> private pool it allocates from
   std::set<uint64_t> released_pools_;
   MemoryStats stats_;

@@ -104,6 +104,12 @@ TEST_SUITE("debug") {
     auto inner = std::make_shared<ProcessGroupGloo>(store, 0, 1, GlooOptions().timeout(5s));
     DebugProcessGroup group(inner, store);
     CHECK(std::string(group.backend_name()) == "gloo");
+    // CUDA graphs: inner's answer (gloo cannot be captured; a group that can, can through the wrapper).
+    CHECK(contains(group.capture_refusal().value_or(""), "the gloo process group runs its collectives on the host"));
+    CHECK(group.watch_replay("step 1") == nullptr);
+    auto capturable = std::make_shared<loom::testing::FinishedGroup>();
+    capturable->allow_capture();
+    CHECK(DebugProcessGroup(capturable, local_store()).capture_refusal() == std::nullopt);
     Tensor x = Tensor::full({4}, 3.0);
     WorkHandle work = group.all_reduce(x);
     work->wait();

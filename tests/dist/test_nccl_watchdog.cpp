@@ -177,6 +177,44 @@ TEST_SUITE("nccl_watchdog") {
     CHECK(first->succeeded());
   }
 
+  TEST_CASE("a captured collective is done once enqueued, its events never queried; a stuck replay fails the group") {
+    TwoRanks ranks;
+    auto& [store, fake0, fake1, rank0, rank1] = ranks;
+    // #0: an eager collective queued before the capture, finished on the device later.
+    std::atomic<bool> eager_done{false};
+    auto eager = run_collective(rank0, "all_reduce", kLongTimeout, [] {}, [&] {
+      return WatchedWork::DeviceHooks{nullptr, [&] { return eager_done.load(); }, nullptr};
+    });
+    // #1, captured into a CUDA graph: its events are the graph's nodes.
+    std::atomic<int> queries{0}, joins{0};
+    auto captured = rank0.run("all_reduce", "f16[8], avg", kShortTimeout, WatchedWork::WaitMode::stream, [] {}, [&] {
+      return WatchedWork::DeviceHooks{[&] { return ++queries, false; }, [&] { return ++queries, false; },
+                                      [&] { ++joins; }};
+    }, /*captured=*/true);
+    CHECK(captured->captured());
+    CHECK_FALSE(eager->captured());
+    captured->wait();  // the capture's join, at once: not behind the eager collective
+    CHECK(joins == 1);
+    std::this_thread::sleep_for(2 * kShortTimeout);  // past its deadline, still behind #0: no timeout
+    CHECK(rank0.failure().empty());
+    eager_done = true;
+    CHECK(captured->wait_for(kLongTimeout));  // done after the collective before it, never by its events
+    CHECK(captured->succeeded());
+    CHECK(queries == 0);
+    // ProcessGroupNCCL::watch_replay: no communicator call, the replay's end
+    // on the device watched; a replay that never ends (a captured collective
+    // a peer never reached) fails the group and aborts the communicator.
+    auto replay = run_collective(rank0, "graph replay", kShortTimeout, [] {}, never_finished_hooks);
+    CHECK(contains(error_of([&] { replay->synchronize(); }),
+                   "graph replay #2 (f32[4], sum) did not finish within the timeout of 0.3 s"));
+    CHECK(fake0->aborted());
+    CHECK(contains(error_of([&] {
+                     rank0.run("all_reduce", "f16[8], avg", kLongTimeout, WatchedWork::WaitMode::stream, [] {},
+                               finished_hooks, /*captured=*/true);
+                   }),
+                   "all_reduce called on a process group that failed earlier"));
+  }
+
   TEST_CASE("a collective whose enqueue call never returns is timed out and the call ends with the abort") {
     TwoRanks ranks;
     auto& [store, fake, fake1, rank0, rank1] = ranks;

@@ -411,6 +411,8 @@ TEST_SUITE("process_group") {
     auto store = local_store();
     ProcessGroupShm group(store, 0, 1, ShmOptions().timeout(5s));
     CHECK(group.chunk_bytes() == (size_t{1} << 20));
+    CHECK(contains(group.capture_refusal().value_or(""), "the shm process group runs its collectives on the host, "
+                                                         "which a CUDA graph cannot capture"));
     check_world_of_one(group);
     CHECK(contains(error_of([&] { ProcessGroupShm(store, 0, 1, ShmOptions().timeout(5s).chunk_bytes(100)); }),
                    "chunk_bytes 100 must be a multiple of 64"));
@@ -448,6 +450,8 @@ TEST_SUITE("process_group") {
     auto store = local_store();
     ProcessGroupGloo group(store, 0, 1, GlooOptions().timeout(5s));
     check_world_of_one(group);
+    CHECK(contains(group.capture_refusal().value_or(""), "the gloo process group runs its collectives on the host"));
+    CHECK(group.watch_replay("step 1") == nullptr);
   }
 
   TEST_CASE("init_process_group: nccl, unknown backends and init methods") {

@@ -62,6 +62,7 @@ class FakeDevice final : public AllocatorBackend {
     for (auto& e : events_) e->done = true;
   }
   size_t used() const { return used_; }
+  size_t recorded_events() const { return events_.size(); }
 
   int allocate_calls = 0, free_calls = 0, destroyed_events = 0;
 
@@ -369,6 +370,42 @@ TEST_CASE("a private pool (a CUDA graph's capture) keeps its memory from other w
   CHECK(reused == a);
   f.allocator->free(reused);
   f.allocator->empty_cache();
+  CHECK(f.allocator->stats().reserved_bytes == 0);
+  CHECK(f.device->used() == 0);
+}
+
+TEST_CASE("a block another stream used, freed during a capture, records its events only after the capture") {
+  // A collective's buffer: allocated in the capture, used on the NCCL stream
+  // (which joined the capture), freed before the capture ends. An event
+  // recorded then would be a node of the graph, never completed on its own.
+  Fixture f;
+  const StreamHandle captured = fake_stream(1), nccl = fake_stream(2), elsewhere = fake_stream(3);
+  f.allocator->begin_private_pool(4, captured);
+  f.allocator->begin_private_pool(9, elsewhere);  // a second capture, on another thread
+  void* staged = f.allocator->allocate(4000, captured);
+  f.allocator->record_stream(staged, nccl);
+  f.allocator->free(staged);
+  CHECK(f.device->recorded_events() == 0);
+  void* next = f.allocator->allocate(4000, captured);
+  CHECK(next != staged);  // not reused inside the capture: the NCCL stream's captured work may still read it
+  f.allocator->end_private_pool(captured);
+  CHECK(f.device->recorded_events() == 0);  // another capture still runs
+  f.allocator->end_private_pool(elsewhere);
+  CHECK(f.device->recorded_events() == 1);  // on the NCCL stream, now that nothing captures
+  f.allocator->free(next);
+  f.allocator->begin_private_pool(4, captured);  // the graph captured again into its pool
+  void* first = f.allocator->allocate(4000, captured);
+  void* second = f.allocator->allocate(4000, captured);
+  CHECK(first == next);
+  CHECK(second != staged);  // waits for its event on the NCCL stream
+  f.allocator->end_private_pool(captured);
+  f.device->complete_events();
+  f.allocator->free(first);
+  f.allocator->free(second);
+  f.allocator->release_private_pool(4);
+  f.allocator->release_private_pool(9);
+  f.allocator->empty_cache();
+  CHECK(f.device->destroyed_events == 1);
   CHECK(f.allocator->stats().reserved_bytes == 0);
   CHECK(f.device->used() == 0);
 }

@@ -2,7 +2,8 @@
 // returns, for tests and benchmarks of what wraps a group (DebugProcessGroup):
 // with no failure message each one succeeds at once (what is left to time is
 // the caller's side); with one, each fails with it, as a backend's timed-out
-// collective does.
+// collective does. allow_capture() makes it say that CUDA graphs can hold
+// its collectives, as nccl does (for the logic that asks).
 #pragma once
 
 #include <chrono>
@@ -37,6 +38,10 @@ class FinishedGroup final : public dist::ProcessGroup {
   dist::WorkHandle barrier() override { return finished("barrier"); }
   void set_timeout(dist::Milliseconds) override {}
   dist::Milliseconds timeout() const override { return std::chrono::seconds(1); }
+  std::optional<std::string> capture_refusal() const override {
+    return capturable_ ? std::nullopt : ProcessGroup::capture_refusal();
+  }
+  void allow_capture() { capturable_ = true; }
 
  private:
   dist::WorkHandle finished(const char* name) {
@@ -50,6 +55,7 @@ class FinishedGroup final : public dist::ProcessGroup {
     return work;
   }
   std::optional<std::string> failure_;
+  bool capturable_ = false;
 };
 
 }  // namespace loom::testing

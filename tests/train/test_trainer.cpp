@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/support/finished_group.h"
 #include "tests/support/generated_dataset.h"
 #include "tests/support/temp_dir.h"
 #include <loom/core/generator.h>
@@ -289,11 +290,23 @@ TEST_SUITE("train.trainer") {
 
   TEST_CASE("a CUDA graph of the step: what makes the Trainer run the steps eagerly, said") {
     using train::CapturedStep;
-    CHECK(CapturedStep::refusal(Device::cuda(0), false, 1, 0) == std::nullopt);
-    CHECK(CapturedStep::refusal(Device::cpu(), false, 1, 0)->find("not a GPU") != std::string::npos);
-    CHECK(CapturedStep::refusal(Device::cuda(0), true, 1, 0)->find("DistributedDataParallel") != std::string::npos);
-    CHECK(CapturedStep::refusal(Device::cuda(0), false, 4, 0)->find("--accumulate-steps") != std::string::npos);
-    CHECK(CapturedStep::refusal(Device::cuda(0), false, 1, 1.0)->find("--clip-grad-norm") != std::string::npos);
+    const Device gpu = Device::cuda(0);
+    // What refusal() says, as a doctest string (doctest::Contains compares with it).
+    const auto said = [](const std::optional<std::string>& why) { return doctest::String(why.value_or("").c_str()); };
+    CHECK(CapturedStep::refusal(gpu, nullptr, false, 1, 0) == std::nullopt);
+    CHECK(said(CapturedStep::refusal(Device::cpu(), nullptr, false, 1, 0)) == doctest::Contains("not a GPU"));
+    // DDP: its all-reduces go into the graph where the group can be captured (nccl), not over gloo or shm.
+    auto host_group = std::make_shared<loom::testing::FinishedGroup>();
+    auto capturable = std::make_shared<loom::testing::FinishedGroup>();
+    capturable->allow_capture();
+    CHECK(CapturedStep::refusal(gpu, capturable.get(), false, 1, 0) == std::nullopt);
+    CHECK(said(CapturedStep::refusal(gpu, host_group.get(), false, 1, 0)) ==
+          doctest::Contains("DistributedDataParallel's all-reduces cannot be captured: the no-op process group runs its "
+                            "collectives on the host"));
+    CHECK(said(CapturedStep::refusal(gpu, capturable.get(), true, 1, 0)) ==
+          doctest::Contains("uneven inputs (Join)"));
+    CHECK(said(CapturedStep::refusal(gpu, nullptr, false, 4, 0)) == doctest::Contains("--accumulate-steps"));
+    CHECK(said(CapturedStep::refusal(gpu, nullptr, false, 1, 1.0)) == doctest::Contains("--clip-grad-norm"));
     Setup s = make_setup();
     CHECK_THROWS_WITH_AS(CapturedStep(*s.model, *s.optimizer, {}, Device::cpu(), false),
                          doctest::Contains("CUDA graphs need a GPU, not cpu"), Error);
