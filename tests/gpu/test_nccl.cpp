@@ -2,8 +2,9 @@
 // starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): every
 // collective in every dtype against hand-computed values, ordering with the
 // caller's compute stream (the NCCL stream waits for it; Work::wait() makes it
-// wait without blocking the host), errors, and DDP with CUDA parameters
-// against the bare model. World 1 always (NCCL refuses two ranks on one GPU),
+// wait without blocking the host), errors, DDP with CUDA parameters
+// against the bare model, and DDP's all-reduces captured in a CUDA graph
+// against eager DDP steps. World 1 always (NCCL refuses two ranks on one GPU),
 // world 2 (and one rank per GPU) when there are that many GPUs, plus a stalled
 // peer that must produce a timeout error naming the collective and the rank,
 // and (at world 1) a peer that never joins the initialisation.
@@ -26,6 +27,7 @@
 
 #include <loom/core/autograd.h>
 #include <loom/core/cuda/counters.h>
+#include <loom/core/cuda/graph.h>
 #include <loom/core/cuda/runtime.h>
 #include <loom/core/cuda/stream.h>
 #include <loom/core/error.h>
@@ -289,6 +291,56 @@ LOOM_DIST_SCENARIO("nccl_ddp") {
   std::printf("rank %d: DDP on %s equals the bare model\n", rank, device.str().c_str());
 }
 
+// DDP's bucket all-reduces captured in a CUDA graph (what the Trainer's
+// --cuda-graph does with DDP over nccl): one eager step, then the step
+// captured with a hook that all-reduces every bucket even at world 1, and
+// replayed 4 times, each replay one launch from the host and watched under
+// the group's timeout (watch_replay). The parameters equal 5 eager DDP steps'.
+LOOM_DIST_SCENARIO("nccl_ddp_captured") {
+  auto group = nccl_group();
+  const int rank = group->rank(), world = group->size();
+  const Device device = group->device();
+  const int64_t share = kSamples / world;
+  expect(!group->capture_refusal(), "the nccl group refuses capture: ", group->capture_refusal().value_or(""));
+  const auto train = [&](bool graphed) {
+    auto model = tiny_model(100 + rank, device);
+    DistributedDataParallel ddp(model, group,
+                                DistributedDataParallelOptions().first_bucket_bytes_cap(64).bucket_bytes_cap(128));
+    ddp.register_comm_hook([](ProcessGroup& g, const Tensor& bucket) -> BucketReduction {
+      return {g.all_reduce(bucket, ReduceOp::avg), nullptr, bucket.nbytes()};
+    });
+    const Tensor x = inputs(rank * share, share, device), y = targets(rank * share, share, device);
+    const auto step = [&] {
+      mse(ddp.forward(x), y).backward();
+      sgd_step(*model, 0.1);
+    };
+    step();  // eager: the first step of a captured run is
+    if (!graphed) {
+      for (int i = 0; i < 4; ++i) step();
+      return model;
+    }
+    cuda::Graph graph(device.index);
+    graph.capture(step);
+    for (int i = 0; i < 4; ++i) {
+      const cuda::Counters before = cuda::counters();
+      graph.replay();
+      const int64_t launches = (cuda::counters() - before).launches();
+      expect(launches == 1, "replay ", i, " made ", launches, " launches from the host");
+      WorkHandle watched = group->watch_replay(str("replay ", i));
+      expect(watched != nullptr, "watch_replay gave no work on an nccl group");
+      watched->synchronize();  // done when the replay is
+      expect(watched->succeeded(), "the watched replay ", i, " failed");
+    }
+    return model;
+  };
+  auto eager = train(false);
+  auto graphed = train(true);
+  expect_close(graphed->named_parameters(), eager->named_parameters(),
+               str("captured DDP steps vs eager ones, rank ", rank, " of ", world), false);
+  group->barrier()->wait();
+  std::printf("rank %d: 4 replays of a captured DDP step (bucket all-reduces inside) equal eager steps\n", rank);
+}
+
 // Rank 1 never joins the all-reduce: rank 0 gets an error naming it within
 // the timeout instead of hanging.
 LOOM_DIST_SCENARIO("nccl_timeout") {
@@ -364,10 +416,11 @@ LOOM_DIST_SCENARIO("nccl_stop_agreement") {
 }
 
 TEST_SUITE("nccl") {
-  TEST_CASE("world 1: collectives, stream ordering, DDP") {
+  TEST_CASE("world 1: collectives, stream ordering, DDP, DDP captured in a CUDA graph") {
     run_ranks("nccl_collectives", 1);
     run_ranks("nccl_stream_order", 1);
     run_ranks("nccl_ddp", 1);
+    run_ranks("nccl_ddp_captured", 1);
     run_ranks("nccl_stop_agreement", 1);
     run_ranks("nccl_init_timeout", 1, 60s);
   }
@@ -381,6 +434,7 @@ TEST_SUITE("nccl") {
     run_ranks("nccl_collectives", 2);
     run_ranks("nccl_stream_order", 2);
     run_ranks("nccl_ddp", 2);
+    run_ranks("nccl_ddp_captured", 2);
     run_ranks("nccl_stop_agreement", 2);
     if (gpus > 2) {
       run_ranks("nccl_collectives", gpus);
