@@ -75,13 +75,7 @@ std::optional<std::string> CapturedStep::capture(const data::Batch& batch) {
       why = e.what();
     }
   }
-  if (group_ && group_->size() > 1) {
-    // NCCL: a collective captured on one rank must be captured on all. Eager,
-    // outside the capture; every rank takes part whatever its own outcome.
-    const int64_t captured = why ? 0 : 1;
-    if (dist::all_reduce_values(*group_, {captured}, dist::ReduceOp::min)[0] == 0 && !why)
-      why = std::string("another rank's capture of the step failed, so every rank runs eagerly");
-  }
+  if (group_) why = detail::agree_on_capture(*group_, std::move(why));  // eager, outside the capture
   if (why) graph_.reset();
   return why;
 }
@@ -104,5 +98,15 @@ Tensor CapturedStep::run(const data::Batch& batch) {
   if (group_) group_->watch_replay(str("step ", replays_, " (", group_->size(), " ranks)"));
   return loss_.clone();
 }
+
+namespace detail {
+std::optional<std::string> agree_on_capture(dist::ProcessGroup& group, std::optional<std::string> why) {
+  if (group.size() == 1) return why;
+  const int64_t captured = why ? 0 : 1;
+  if (dist::all_reduce_values(group, {captured}, dist::ReduceOp::min)[0] == 0 && !why)
+    why = std::string("another rank's capture of the step failed, so every rank runs eagerly");
+  return why;
+}
+}  // namespace detail
 
 }  // namespace loom::train

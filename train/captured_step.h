@@ -85,4 +85,12 @@ class CapturedStep {
   int64_t replays_ = 0, eager_steps_ = 0;
 };
 
+namespace detail {
+// NCCL's rule for captured collectives, kept after a capture attempt: every
+// rank captured, or none runs the graph. Returns `why` (this rank's reason
+// its capture failed, or nothing) unless another rank's failed, which it
+// then says. Collective over `group` (one all-reduce), on every rank.
+std::optional<std::string> agree_on_capture(dist::ProcessGroup& group, std::optional<std::string> why);
+}  // namespace detail
+
 }  // namespace loom::train

@@ -4,7 +4,7 @@
 // caller's compute stream (the NCCL stream waits for it; Work::wait() makes it
 // wait without blocking the host), errors, DDP with CUDA parameters
 // against the bare model, and DDP's all-reduces captured in a CUDA graph
-// against eager DDP steps. World 1 always (NCCL refuses two ranks on one GPU),
+// against eager DDP steps, also through the Trainer. World 1 always (NCCL refuses two ranks on one GPU),
 // world 2 (and one rank per GPU) when there are that many GPUs, plus a stalled
 // peer that must produce a timeout error naming the collective and the rank,
 // and (at world 1) a peer that never joins the initialisation.
@@ -35,13 +35,18 @@
 #include <loom/dist/ddp.h>
 #include <loom/dist/process_group.h>
 #include <loom/dist/process_group_nccl.h>
+#include <loom/data/loader.h>
+#include <loom/data/sampler.h>
 #include <loom/dist/store.h>
 #include <loom/nn/layers.h>
 #include <loom/ops/elementwise.h>
 #include <loom/train/stop.h>
+#include <loom/train/trainer.h>
 #include "tests/dist/multiprocess.h"
 #include "tests/dist/tiny_mlp.h"
+#include "tests/gpu/convnet_o2.h"
 #include "tests/gpu/no_gpu.h"
+#include "tests/support/generated_dataset.h"
 
 using namespace loom;
 using namespace loom::dist;
@@ -70,6 +75,16 @@ Tensor ranked(DType dtype, int64_t n, int rank, Device device, double scale = 1.
   std::vector<double> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) values[i] = scale * (rank + 1) * base(i);
   return Tensor::from_vector_as(values, {n}, DType::f64).to(dtype).to(device);
+}
+
+// One bucket for each of tiny_model's four parameters.
+DistributedDataParallelOptions four_buckets() {
+  return DistributedDataParallelOptions().first_bucket_bytes_cap(64).bucket_bytes_cap(128);
+}
+// A communication hook that all-reduces every bucket, also at world 1 (where
+// the default hook launches nothing), so that the NCCL path runs there too.
+BucketReduction all_reduce_every_bucket(ProcessGroup& group, const Tensor& bucket) {
+  return {group.all_reduce(bucket, ReduceOp::avg), nullptr, bucket.nbytes()};
 }
 
 // Exact unless `tolerance` (relative) is given: the values are small integers
@@ -241,14 +256,9 @@ LOOM_DIST_SCENARIO("nccl_ddp") {
   for (bool every_bucket : {false, true}) {
     const std::string hook = every_bucket ? "all-reduce-avg hook" : "default hook";
     auto model = tiny_model(100 + rank, device);  // rank 0's parameters reach every rank through DDP
-    DistributedDataParallel ddp(model, group,
-                                DistributedDataParallelOptions().first_bucket_bytes_cap(64).bucket_bytes_cap(128));
+    DistributedDataParallel ddp(model, group, four_buckets());
     expect(ddp.bucket_parameter_names().size() == 4, "expected 4 buckets");
-    if (every_bucket) {
-      ddp.register_comm_hook([](ProcessGroup& g, const Tensor& bucket) -> BucketReduction {
-        return {g.all_reduce(bucket, ReduceOp::avg), nullptr, bucket.nbytes()};
-      });
-    }
+    if (every_bucket) ddp.register_comm_hook(all_reduce_every_bucket);
     Tensor loss = mse(ddp.forward(inputs(rank * share, share, device)), targets(rank * share, share, device));
     loss.backward();
     expect_close(model->named_parameters(), reference->named_parameters(), str(hook, ": gradients, rank ", rank), true);
@@ -296,6 +306,7 @@ LOOM_DIST_SCENARIO("nccl_ddp") {
 // captured with a hook that all-reduces every bucket even at world 1, and
 // replayed 4 times, each replay one launch from the host and watched under
 // the group's timeout (watch_replay). The parameters equal 5 eager DDP steps'.
+// Then the same through the Trainer's --cuda-graph.
 LOOM_DIST_SCENARIO("nccl_ddp_captured") {
   auto group = nccl_group();
   const int rank = group->rank(), world = group->size();
@@ -304,11 +315,8 @@ LOOM_DIST_SCENARIO("nccl_ddp_captured") {
   expect(!group->capture_refusal(), "the nccl group refuses capture: ", group->capture_refusal().value_or(""));
   const auto train = [&](bool graphed) {
     auto model = tiny_model(100 + rank, device);
-    DistributedDataParallel ddp(model, group,
-                                DistributedDataParallelOptions().first_bucket_bytes_cap(64).bucket_bytes_cap(128));
-    ddp.register_comm_hook([](ProcessGroup& g, const Tensor& bucket) -> BucketReduction {
-      return {g.all_reduce(bucket, ReduceOp::avg), nullptr, bucket.nbytes()};
-    });
+    DistributedDataParallel ddp(model, group, four_buckets());
+    ddp.register_comm_hook(all_reduce_every_bucket);
     const Tensor x = inputs(rank * share, share, device), y = targets(rank * share, share, device);
     const auto step = [&] {
       mse(ddp.forward(x), y).backward();
@@ -333,12 +341,49 @@ LOOM_DIST_SCENARIO("nccl_ddp_captured") {
     }
     return model;
   };
-  auto eager = train(false);
-  auto graphed = train(true);
-  expect_close(graphed->named_parameters(), eager->named_parameters(),
+  auto eager_model = train(false);
+  auto graphed_model = train(true);
+  expect_close(graphed_model->named_parameters(), eager_model->named_parameters(),
                str("captured DDP steps vs eager ones, rank ", rank, " of ", world), false);
+
+  // The Trainer's --cuda-graph with DDP over nccl: the ConvNet (batch norms:
+  // their buffers are broadcast in each forward) at O2 on 150 generated
+  // samples, batch 16 per rank, 2 epochs. The run with the graph ends where
+  // the eager run ends, bit for bit at world 1 and 2 (a sum of two is exact
+  // in any order), and launches far less from the host.
+  auto dataset = std::make_shared<loom::testing::GeneratedDataset>(
+      "generated", 150, data::SampleShape{1, 28, 28}, [](int64_t index, float* pixels) -> int64_t {
+        for (int64_t k = 0; k < 28 * 28; ++k) pixels[k] = static_cast<float>(std::sin(0.013 * k + 0.7 * index));
+        return index % 10;
+      });
+  const auto run = [&](bool graphed, int64_t& launches) {
+    const gpu_testing::ConvNetO2 convnet(device);
+    const auto& [model, optimizer] = convnet;
+    data::DataLoader loader(dataset, data::DataLoaderOptions().batch_size(16).seed(4).dtype(DType::f16).device(device),
+                            std::make_shared<data::DistributedSampler>(150, world, rank, /*shuffle=*/true, 4));
+    train::Trainer trainer(model, optimizer,
+                           train::TrainerOptions().epochs(2).cuda_graph(graphed).process_group(group).log_interval(1000));
+    const cuda::Counters before = cuda::counters();
+    trainer.fit(loader, nullptr);
+    launches = (cuda::counters() - before).launches();
+    return convnet.state();
+  };
+  int64_t eager_launches = 0, graph_launches = 0;
+  const auto eager = run(false, eager_launches);
+  const auto graphed = run(true, graph_launches);
+  expect(graph_launches * 2 < eager_launches, "rank ", rank, ": ", graph_launches, " launches with the graph, ",
+         eager_launches, " without");
+  expect(graphed.size() == eager.size(), "state sizes differ");
+  for (size_t i = 0; i < eager.size(); ++i) {
+    for (size_t k = 0; k < eager[i].size(); ++k) {
+      const double tolerance = world <= 2 ? 0 : 1e-3 * std::max(1.0, std::abs(eager[i][k]));
+      expect(std::abs(graphed[i][k] - eager[i][k]) <= tolerance, "rank ", rank, ": state entry ", i, " element ", k,
+             " is ", graphed[i][k], " with the graph, ", eager[i][k], " eagerly");
+    }
+  }
   group->barrier()->wait();
-  std::printf("rank %d: 4 replays of a captured DDP step (bucket all-reduces inside) equal eager steps\n", rank);
+  std::printf("rank %d: captured DDP steps equal eager ones, also the Trainer's (%lld vs %lld launches)\n", rank,
+              static_cast<long long>(graph_launches), static_cast<long long>(eager_launches));
 }
 
 // Rank 1 never joins the all-reduce: rank 0 gets an error naming it within

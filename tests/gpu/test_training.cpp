@@ -26,6 +26,7 @@
 #include <loom/optim/grad_scaler.h>
 #include <loom/optim/optimizer.h>
 #include "tests/gpu/compare.h"
+#include "tests/gpu/convnet_o2.h"
 
 using namespace loom;
 using namespace loom::gpu_testing;
@@ -446,13 +447,8 @@ TEST_CASE("the Trainer's --cuda-graph steps end where its eager steps do, bit fo
   };
   auto dataset = std::make_shared<loom::testing::GeneratedDataset>("synthetic", 150, data::SampleShape{1, 28, 28}, sample);
   const auto run = [&](bool graphed, int64_t& launches) {
-    manual_seed(11);
-    auto model = std::make_shared<nn::ConvNet>();
-    model->to(kCuda);
-    std::shared_ptr<amp::MixedPrecisionOptimizer> optimizer = amp::initialize(
-        *model,
-        [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.05).momentum(0.9)); },
-        amp::OptLevel::O2, optim::GradScalerOptions().init_scale(1024));
+    const ConvNetO2 convnet(kCuda);
+    const auto& [model, optimizer] = convnet;
     data::DataLoader loader(dataset,
                             data::DataLoaderOptions().batch_size(32).seed(4).dtype(DType::f16).device(kCuda),
                             std::make_shared<data::DistributedSampler>(150, 1, 0, /*shuffle=*/true, 4));
@@ -467,10 +463,7 @@ TEST_CASE("the Trainer's --cuda-graph steps end where its eager steps do, bit fo
     launches = (cuda::counters() - before).launches();
     CHECK(result.steps == 10);
     CHECK(steps == 10);
-    std::vector<std::vector<double>> state;
-    for (auto& [name, t] : model->state_dict()) state.push_back(host_values(t));
-    state.push_back({optimizer->scaler().get_scale()});
-    return state;
+    return convnet.state();
   };
   int64_t eager_launches = 0, graph_launches = 0;
   const auto eager = run(false, eager_launches);

@@ -4,7 +4,8 @@
 // the epoch's leftover batches make one step of their own; checkpoints and
 // stops happen between optimizer steps, so a stopped run resumes exactly;
 // clip_grad_norm limits the update and reports the norm before clipping; a
-// schedule stepped per optimizer step (OneCycleLR) counts steps, not batches.
+// schedule stepped per optimizer step (OneCycleLR) counts steps, not batches;
+// --cuda-graph's ranks replay only when every rank captured the step.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include <loom/optim/amp.h>
 #include <loom/optim/lr_scheduler.h>
 #include <loom/optim/optimizer.h>
+#include <loom/train/captured_step.h>
 #include <loom/train/stop.h>
 #include <loom/train/trainer.h>
 
@@ -97,6 +99,23 @@ LOOM_DIST_SCENARIO("accumulate_two_ranks") {
   group->barrier()->wait();
 }
 
+// --cuda-graph's agreement after the capture (train::detail::agree_on_capture),
+// over gloo: rank 1's capture failed, so every rank runs eagerly; with every
+// capture done, every rank replays.
+LOOM_DIST_SCENARIO("capture_agreement") {
+  auto group = dist::init_process_group(dist::InitOptions().init_method("env://").timeout(30s));
+  const int rank = group->rank();
+  const std::optional<std::string> mine =
+      rank == 1 ? std::optional<std::string>("a host sync in the step") : std::nullopt;
+  const std::optional<std::string> agreed = train::detail::agree_on_capture(*group, mine);
+  const std::string expected = rank == 1 ? "a host sync in the step"
+                                         : "another rank's capture of the step failed, so every rank runs eagerly";
+  dist::testing::expect(agreed == expected, "rank ", rank, " agreed on: ", agreed.value_or("(replay)"));
+  dist::testing::expect(train::detail::agree_on_capture(*group, std::nullopt) == std::nullopt, "rank ", rank,
+                        ": every capture succeeded, yet it runs eagerly");
+  group->barrier()->wait();
+}
+
 TEST_SUITE("accumulation") {
   TEST_CASE("K = 2 batches of 16 per step equal batches of 32, the leftover batch a step of its own") {
     Run whole = make_run(32);
@@ -125,6 +144,14 @@ TEST_SUITE("accumulation") {
     train::Trainer plain(summed.model, summed.optimizer, quiet().epochs(2).max_steps_per_epoch(7));
     plain.fit(summed.loader);
     CHECK(relative_difference(values_of(*summed.model), values_of(*whole.model)) > 1e-3);
+  }
+
+  TEST_CASE("--cuda-graph: the ranks run the graph only when every rank captured it") {
+    for (const auto& rank : dist::testing::spawn_ranks("capture_agreement", 3, {.deadline = 60s}))
+      CHECK_MESSAGE(rank.ok(), rank.describe());
+    auto alone = dist::testing::world_of_one();
+    CHECK(train::detail::agree_on_capture(*alone, std::nullopt) == std::nullopt);
+    CHECK(train::detail::agree_on_capture(*alone, std::string("why")) == std::optional<std::string>("why"));
   }
 
   TEST_CASE("two ranks, K = 2 batches of 8 each: equal to one process on batches of 32") {
