@@ -149,8 +149,9 @@ class ProcessGroup {
   // collectives cannot be captured into one; nothing where they can. A group
   // that can (nccl) records a collective called while the caller's stream
   // captures into the graph (it runs at each replay, not at the call); its
-  // Work's wait() joins the capture back, and the rest of the Work is done
-  // at once. gloo and shm run their collectives on the host: they cannot.
+  // Work's wait() joins the capture back at once, and the Work completes
+  // without the device (its events are the graph's). gloo and shm run their
+  // collectives on the host: they cannot.
   virtual std::optional<std::string> capture_refusal() const;
   // After each replay of a graph that holds this group's collectives: watches
   // the work queued so far on the caller's stream as one more collective
