@@ -21,8 +21,9 @@
 // allowed then), and a block used on other streams (a collective's buffer on
 // the NCCL stream, which joined the capture) that is freed during a capture
 // records its events only once no capture runs: recorded on a capturing
-// stream, they would be nodes of the graph that nothing could query. release_private_pool(id), once the graph is gone, hands the
-// pool's segments back to the general pools.
+// stream, they would be nodes of the graph that nothing could query.
+// release_private_pool(id), once the graph is gone, hands the pool's
+// segments back to the general pools.
 //
 // The bookkeeping is plain C++; the device calls go through an
 // AllocatorBackend, so tests can drive it without a GPU.

@@ -361,8 +361,8 @@ LOOM_DIST_SCENARIO("nccl_ddp_captured") {
     const auto& [model, optimizer] = convnet;
     data::DataLoader loader(dataset, data::DataLoaderOptions().batch_size(16).seed(4).dtype(DType::f16).device(device),
                             std::make_shared<data::DistributedSampler>(150, world, rank, /*shuffle=*/true, 4));
-    train::Trainer trainer(model, optimizer,
-                           train::TrainerOptions().epochs(2).cuda_graph(graphed).process_group(group).log_interval(1000));
+    train::TrainerOptions options = train::TrainerOptions().epochs(2).cuda_graph(graphed).process_group(group);
+    train::Trainer trainer(model, optimizer, options.log_interval(1000));
     const cuda::Counters before = cuda::counters();
     trainer.fit(loader, nullptr);
     launches = (cuda::counters() - before).launches();

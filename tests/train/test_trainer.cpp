@@ -301,8 +301,8 @@ TEST_SUITE("train.trainer") {
     capturable->allow_capture();
     CHECK(CapturedStep::refusal(gpu, capturable.get(), false, 1, 0) == std::nullopt);
     CHECK(said(CapturedStep::refusal(gpu, host_group.get(), false, 1, 0)) ==
-          doctest::Contains("DistributedDataParallel's all-reduces cannot be captured: the no-op process group runs its "
-                            "collectives on the host"));
+          doctest::Contains("DistributedDataParallel's all-reduces cannot be captured: the no-op process group "
+                            "runs its collectives on the host"));
     CHECK(said(CapturedStep::refusal(gpu, capturable.get(), true, 1, 0)) ==
           doctest::Contains("uneven inputs (Join)"));
     CHECK(said(CapturedStep::refusal(gpu, nullptr, false, 4, 0)) == doctest::Contains("--accumulate-steps"));
